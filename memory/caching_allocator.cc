@@ -1,0 +1,180 @@
+#include "memory/caching_allocator.h"
+
+#include <cstdlib>
+#include <stdexcept>
+#include <vector>
+
+namespace gtron::memory {
+
+struct CachingAllocator::Block {
+  char* ptr;
+  size_t size;
+  uintptr_t stream;
+  bool small;
+  bool free = true;
+  Block* prev = nullptr;  // neighbours inside one segment
+  Block* next = nullptr;
+};
+
+bool CachingAllocator::BySize::operator()(const Block* a, const Block* b) const {
+  if (a->size != b->size) return a->size < b->size;
+  return a->ptr < b->ptr;
+}
+
+namespace {
+
+class CpuBackend : public RawBackend {
+ public:
+  void* raw_alloc(size_t bytes) override { return std::aligned_alloc(64, bytes); }
+  void raw_free(void* ptr) override { std::free(ptr); }
+  std::string name() const override { return "cpu"; }
+};
+
+std::string gib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f GiB", static_cast<double>(bytes) / (1ull << 30));
+  return buf;
+}
+
+}  // namespace
+
+std::unique_ptr<RawBackend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+CachingAllocator::CachingAllocator(std::unique_ptr<RawBackend> backend)
+    : backend_(std::move(backend)) {}
+
+CachingAllocator::~CachingAllocator() {
+  // Live blocks at destruction are leaked on purpose (static teardown order); free segments go back.
+  release_unused_segments();
+}
+
+size_t CachingAllocator::round_size(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  return (bytes + kRound - 1) / kRound * kRound;
+}
+
+CachingAllocator::FreeSet& CachingAllocator::free_set(uintptr_t stream, bool small) {
+  return free_[{stream, small}];
+}
+
+CachingAllocator::Block* CachingAllocator::find_free(FreeSet& set, size_t size, uintptr_t stream) {
+  Block key{nullptr, size, stream, false};
+  auto it = set.lower_bound(&key);
+  if (it == set.end()) return nullptr;
+  Block* b = *it;
+  set.erase(it);
+  return b;
+}
+
+CachingAllocator::Block* CachingAllocator::new_segment(size_t size, uintptr_t stream, bool small) {
+  size_t seg = small ? kSegment : (size + kSegment - 1) / kSegment * kSegment;
+  void* p = backend_->raw_alloc(seg);
+  if (p == nullptr) {
+    release_unused_segments();
+    p = backend_->raw_alloc(seg);
+    if (p == nullptr) return nullptr;
+  }
+  stats_.misses++;
+  stats_.reserved += seg;
+  if (stats_.reserved > stats_.peak_reserved) stats_.peak_reserved = stats_.reserved;
+  Block* b = new Block{static_cast<char*>(p), seg, stream, small};
+  segments_.insert(b);
+  return b;
+}
+
+void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t size = round_size(bytes);
+  bool small = size <= kSmallSize;
+  stats_.requests++;
+  FreeSet& set = free_set(stream, small);
+  Block* b = find_free(set, size, stream);
+  if (b == nullptr) b = new_segment(size, stream, small);
+  if (b == nullptr) throw std::runtime_error(oom_message(size));
+  size_t min_split = small ? kRound : kSmallSize;
+  if (b->size - size >= min_split) {
+    Block* rest = new Block{b->ptr + size, b->size - size, stream, small};
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+    set.insert(rest);
+  }
+  b->free = false;
+  live_[b->ptr] = b;
+  stats_.allocated += b->size;
+  if (stats_.allocated > stats_.peak_allocated) stats_.peak_allocated = stats_.allocated;
+  return b->ptr;
+}
+
+void CachingAllocator::deallocate(void* ptr) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) throw std::logic_error("CachingAllocator: free of an unknown pointer");
+  Block* b = it->second;
+  live_.erase(it);
+  stats_.allocated -= b->size;
+  b->free = true;
+  FreeSet& set = free_set(b->stream, b->small);
+  // Merge with free neighbours; the segment head (prev == nullptr) keeps its identity.
+  if (b->next && b->next->free) {
+    Block* n = b->next;
+    set.erase(n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    delete n;
+  }
+  if (b->prev && b->prev->free) {
+    Block* p = b->prev;
+    set.erase(p);
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next) b->next->prev = p;
+    delete b;
+    b = p;
+  }
+  set.insert(b);
+}
+
+void CachingAllocator::release_unused_segments() {
+  std::vector<Block*> unused;
+  for (Block* head : segments_) {
+    if (head->free && head->next == nullptr) unused.push_back(head);
+  }
+  for (Block* head : unused) {
+    free_set(head->stream, head->small).erase(head);
+    segments_.erase(head);
+    stats_.reserved -= head->size;
+    backend_->raw_free(head->ptr);
+    delete head;
+  }
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  release_unused_segments();
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak_allocated = stats_.allocated;
+  stats_.peak_reserved = stats_.reserved;
+}
+
+std::string CachingAllocator::oom_message(size_t asked) const {
+  size_t cached = stats_.reserved - stats_.allocated;
+  return "out of memory on " + backend_->name() + ": asked for " + gib(asked) + "; " +
+         gib(stats_.allocated) + " allocated in live tensors, " + gib(cached) +
+         " cached but unused (fragmented across streams/pools), " + gib(stats_.reserved) +
+         " reserved in all. Hint: lower train.micro_batch or train.seq_len.";
+}
+
+}  // namespace gtron::memory

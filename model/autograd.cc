@@ -1,0 +1,97 @@
+#include "model/autograd.h"
+
+#include "model/stream.h"
+
+namespace gtron {
+
+namespace {
+thread_local bool t_grad_enabled = true;
+thread_local std::vector<std::function<void()>> t_tape;
+}  // namespace
+
+Parameter::Parameter(std::string n, Tensor d, bool wd)
+    : name(std::move(n)), data(std::move(d)), weight_decay(wd) {
+  main_grad = Tensor::zeros(data.shape(), data.dtype(), data.device());
+}
+
+void Parameter::zero_grad() { main_grad.zero_(); }
+
+Var Var::constant(Tensor value) {
+  Var v;
+  v.impl_ = std::make_shared<VarImpl>();
+  v.impl_->value = std::move(value);
+  return v;
+}
+
+Var Var::leaf(Tensor value) {
+  Var v = constant(std::move(value));
+  v.impl_->requires_grad = true;
+  return v;
+}
+
+Var Var::param(Parameter& p) {
+  p.make_ready();
+  Var v = constant(p.data);
+  v.impl_->requires_grad = grad_enabled();
+  v.impl_->param = &p;
+  return v;
+}
+
+Var Var::output(Tensor value, bool requires_grad) {
+  Var v = constant(std::move(value));
+  v.impl_->requires_grad = requires_grad && grad_enabled();
+  return v;
+}
+
+Tensor& Var::grad() const {
+  GTRON_CHECK(requires_grad(), "grad() of a Var that does not require grad");
+  if (impl_->param != nullptr) return impl_->param->main_grad;
+  if (!impl_->grad.defined()) {
+    impl_->grad = Tensor::zeros(impl_->value.shape(), impl_->value.dtype(), impl_->value.device());
+  }
+  return impl_->grad;
+}
+
+bool grad_enabled() { return t_grad_enabled; }
+
+NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }
+
+void record_backward(std::function<void()> fn) {
+  if (t_grad_enabled) t_tape.push_back(std::move(fn));
+}
+
+size_t tape_size() { return t_tape.size(); }
+
+void clear_tape() { t_tape.clear(); }
+
+namespace {
+void run_tape() {
+  // Move the tape out first: a closure must not see (or extend) the tape it runs from.
+  std::vector<std::function<void()>> tape = std::move(t_tape);
+  t_tape.clear();
+  for (auto it = tape.rbegin(); it != tape.rend(); ++it) {
+    (*it)();
+    *it = nullptr;  // frees the activations this closure held, as early as possible
+  }
+}
+}  // namespace
+
+void backward(const Var& loss, double seed) {
+  GTRON_CHECK(loss.value().numel() == 1, "backward() takes a scalar loss; got ",
+              loss.shape().str());
+  GTRON_CHECK(loss.requires_grad(), "backward() of a loss that does not require grad");
+  Tensor g = Tensor::from_vector({seed}, loss.shape(), loss.dtype());
+  if (loss.device().is_cuda()) g = g.to(loss.device());
+  loss.grad().copy_from(g);
+  run_tape();
+}
+
+void backward_with(const Var& y, const Tensor& grad) {
+  GTRON_CHECK(grad.shape() == y.shape(), "backward_with: grad ", grad.shape().str(), " for ",
+              y.shape().str());
+  y.grad().copy_from(grad);
+  run_tape();
+}
+
+}  // namespace gtron
