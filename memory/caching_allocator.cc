@@ -1,6 +1,8 @@
 #include "memory/caching_allocator.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -25,16 +27,35 @@ namespace {
 
 class CpuBackend : public RawBackend {
  public:
-  void* raw_alloc(size_t bytes) override { return std::aligned_alloc(64, bytes); }
+  // Aligned to kRound so that every block (segment base + a multiple of kRound) is too. Segment
+  // sizes are multiples of kSegment, as aligned_alloc requires.
+  void* raw_alloc(size_t bytes) override {
+    return std::aligned_alloc(CachingAllocator::kRound, bytes);
+  }
   void raw_free(void* ptr) override { std::free(ptr); }
   std::string name() const override { return "cpu"; }
 };
 
-std::string gib(size_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f GiB", static_cast<double>(bytes) / (1ull << 30));
+// "1.500 MiB (1572864 bytes)": a readable unit plus the exact count (small test limits and
+// off-by-a-segment questions need the exact number).
+std::string format_bytes(size_t bytes) {
+  const char* unit = "GiB";
+  double scale = static_cast<double>(size_t{1} << 30);
+  if (bytes < (size_t{1} << 20)) {
+    unit = "KiB";
+    scale = 1024.0;
+  } else if (bytes < (size_t{1} << 30)) {
+    unit = "MiB";
+    scale = static_cast<double>(size_t{1} << 20);
+  }
+  char buf[80];
+  std::snprintf(buf, sizeof buf, "%.3f %s (%zu bytes)", static_cast<double>(bytes) / scale, unit,
+                bytes);
   return buf;
 }
+
+// Largest request whose rounding to kRound and to kSegment cannot overflow size_t.
+constexpr size_t kMaxRequest = std::numeric_limits<size_t>::max() - CachingAllocator::kSegment;
 
 }  // namespace
 
@@ -44,7 +65,8 @@ CachingAllocator::CachingAllocator(std::unique_ptr<RawBackend> backend)
     : backend_(std::move(backend)) {}
 
 CachingAllocator::~CachingAllocator() {
-  // Live blocks at destruction are leaked on purpose (static teardown order); free segments go back.
+  // Live blocks at destruction are leaked on purpose (static teardown order); free segments go
+  // back.
   release_unused_segments();
 }
 
@@ -68,13 +90,13 @@ CachingAllocator::Block* CachingAllocator::find_free(FreeSet& set, size_t size, 
 
 CachingAllocator::Block* CachingAllocator::new_segment(size_t size, uintptr_t stream, bool small) {
   size_t seg = small ? kSegment : (size + kSegment - 1) / kSegment * kSegment;
+  stats_.misses++;  // this request goes to the backend, whether or not the backend can serve it
   void* p = backend_->raw_alloc(seg);
   if (p == nullptr) {
     release_unused_segments();
     p = backend_->raw_alloc(seg);
     if (p == nullptr) return nullptr;
   }
-  stats_.misses++;
   stats_.reserved += seg;
   if (stats_.reserved > stats_.peak_reserved) stats_.peak_reserved = stats_.reserved;
   Block* b = new Block{static_cast<char*>(p), seg, stream, small};
@@ -84,9 +106,11 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t size, uintptr_t st
 
 void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  stats_.requests++;
+  // A request near SIZE_MAX would wrap around in the rounding below and come back as a tiny block.
+  if (bytes > kMaxRequest) throw std::runtime_error(oom_message(bytes));
   size_t size = round_size(bytes);
   bool small = size <= kSmallSize;
-  stats_.requests++;
   FreeSet& set = free_set(stream, small);
   Block* b = find_free(set, size, stream);
   if (b == nullptr) b = new_segment(size, stream, small);
@@ -171,9 +195,9 @@ void CachingAllocator::reset_peak() {
 
 std::string CachingAllocator::oom_message(size_t asked) const {
   size_t cached = stats_.reserved - stats_.allocated;
-  return "out of memory on " + backend_->name() + ": asked for " + gib(asked) + "; " +
-         gib(stats_.allocated) + " allocated in live tensors, " + gib(cached) +
-         " cached but unused (fragmented across streams/pools), " + gib(stats_.reserved) +
+  return "out of memory on " + backend_->name() + ": asked for " + format_bytes(asked) + "; " +
+         format_bytes(stats_.allocated) + " allocated in live tensors, " + format_bytes(cached) +
+         " cached but unused (fragmented across streams/pools), " + format_bytes(stats_.reserved) +
          " reserved in all. Hint: lower train.micro_batch or train.seq_len.";
 }
 

@@ -89,15 +89,15 @@ void Event::record(Stream& stream) {
     cuda::event_record(native_, stream.native());
     return;
   }
-  // A CPU stream has run everything queued so far, so the event is complete at once (or, while
-  // capturing, completes when the replay reaches this point).
+  // A CPU stream has run everything queued before this point by the time the closure runs, so the
+  // record arms and completes at once. While capturing that happens at each replay, not at capture
+  // time: arming at capture would leave the event pending until a replay (a host synchronize would
+  // hang), and every replay after the first would complete one record too many, so a later arm()
+  // by a collective worker would count as done before complete().
   auto state = cpu_;
-  {
-    std::lock_guard<std::mutex> lock(state->mu);
-    state->armed++;
-  }
   stream.run([state] {
     std::lock_guard<std::mutex> lock(state->mu);
+    state->armed++;
     state->done++;
     state->cv.notify_all();
   });

@@ -75,11 +75,14 @@ class Tensor {
   Device device() const { return storage_ ? storage_->device : Device::cpu(); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
 
-  void* raw() const { return static_cast<char*>(storage_->data) + offset_ * dtype_size(dtype_); }
+  void* raw() const {
+    GTRON_CHECK(storage_ != nullptr, "raw() of an undefined tensor");
+    return static_cast<char*>(storage_->data) + offset_ * dtype_size(dtype_);
+  }
   template <typename T>
   T* data() const {
-    GTRON_CHECK(DTypeOf<T>::value == dtype_, "data<", dtype_name(DTypeOf<T>::value),
-                ">() on a ", dtype_name(dtype_), " tensor");
+    GTRON_CHECK(DTypeOf<T>::value == dtype_, "data<", dtype_name(DTypeOf<T>::value), ">() on a ",
+                dtype_name(dtype_), " tensor");
     return static_cast<T*>(raw());
   }
 

@@ -1,6 +1,8 @@
 // Causal multi-head self-attention on a packed qkv projection (GPT-2 layout).
 #pragma once
 
+#include <cstdint>
+
 #include "model/autograd.h"
 
 namespace gtron {
@@ -10,5 +12,18 @@ namespace gtron {
 //   out_h[t] = Σ_{s<=t} softmax_s(q_h[t]·k_h[s] / sqrt(HS)) · v_h[s].
 // Backward accumulates into dqkv. Softmax statistics in the tensor's float type (fp32 on GPU).
 Var causal_attention(const Var& qkv, int NH);
+
+namespace cpu {
+// qkv: [B, Tlen, 3·NH·HS], out: [B, Tlen, NH·HS]. Also writes lse: [B, NH, Tlen], the log-sum-exp
+// of each scaled score row, from which the backward recomputes the probabilities (memory O(T),
+// not O(T²), per head).
+template <typename T>
+void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, int64_t NH,
+                       int64_t HS);
+// Accumulates dqkv += d(out·dout)/dqkv.
+template <typename T>
+void attention_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, int64_t B, int64_t Tlen,
+                        int64_t NH, int64_t HS);
+}  // namespace cpu
 
 }  // namespace gtron

@@ -1,11 +1,21 @@
 // gelu (tanh approximation, as GPT-2): y = 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))).
 #pragma once
 
+#include <cstdint>
+
 #include "model/autograd.h"
 
 namespace gtron {
 
 // Any shape. Backward accumulates dx += gelu'(x)·dy.
 Var gelu(const Var& x);
+
+namespace cpu {
+template <typename T>
+void gelu_forward(const T* x, T* y, int64_t n);
+// Accumulates dx += gelu'(x)·dy.
+template <typename T>
+void gelu_backward(const T* x, const T* dy, T* dx, int64_t n);
+}  // namespace cpu
 
 }  // namespace gtron

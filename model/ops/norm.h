@@ -2,6 +2,8 @@
 // Statistics are kept in the tensor's own float type on CPU (f32 or f64) and fp32 on GPU.
 #pragma once
 
+#include <cstdint>
+
 #include "model/autograd.h"
 
 namespace gtron {
@@ -16,5 +18,24 @@ Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps = kLay
 // x: [..., C], gamma: [C]. y = x / sqrt(mean(x²) + eps) · gamma.
 // Backward accumulates into dx, dgamma.
 Var rmsnorm(const Var& x, const Var& gamma, double eps = kRMSNormEps);
+
+namespace cpu {
+// N rows of C. Also writes the row statistics the backward reuses: mean[N] and rstd[N]
+// (1 / sqrt(var + eps)).
+template <typename T>
+void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd, int64_t N,
+                       int64_t C, double eps);
+// Any of dx, dgamma, dbeta may be null. Accumulates.
+template <typename T>
+void layernorm_backward(const T* x, const T* gamma, const T* mean, const T* rstd, const T* dy,
+                        T* dx, T* dgamma, T* dbeta, int64_t N, int64_t C);
+// Also writes rrms[N] = 1 / sqrt(mean(x²) + eps).
+template <typename T>
+void rmsnorm_forward(const T* x, const T* gamma, T* y, T* rrms, int64_t N, int64_t C, double eps);
+// dx or dgamma may be null. Accumulates.
+template <typename T>
+void rmsnorm_backward(const T* x, const T* gamma, const T* rrms, const T* dy, T* dx, T* dgamma,
+                      int64_t N, int64_t C);
+}  // namespace cpu
 
 }  // namespace gtron

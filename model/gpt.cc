@@ -1,0 +1,118 @@
+#include "model/gpt.h"
+
+#include "model/ops/add.h"
+#include "model/ops/embedding.h"
+#include "model/ops/linear.h"
+#include "model/ops/loss.h"
+
+namespace gtron {
+
+GPT::GPT(const GPTConfig& cfg, DType dtype, Device device, uint64_t seed)
+    : cfg_(cfg), params_(dtype, device, seed) {
+  GTRON_CHECK(cfg.n_embd % cfg.n_head == 0, "n_embd ", cfg.n_embd, " % n_head ", cfg.n_head);
+  const int64_t C = cfg.n_embd;
+  const int64_t Vp = cfg.padded_vocab();
+  wte_ = &params_.add("wte.weight", {Vp, C}, Init::kNormal, cfg.init_std, false);
+  // The padded rows are never looked up and get zero gradient from the loss: keep them zero.
+  if (Vp > cfg.vocab_size) {
+    Tensor pad = wte_->data.rows(cfg.vocab_size, Vp);
+    pad.zero_();
+  }
+  wpe_ = &params_.add("wpe.weight", {cfg.context_length, C}, Init::kNormal, cfg.init_std, false);
+  const BlockDims dims{C, cfg.n_head, cfg.n_layer, cfg.init_std};
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    blocks_.emplace_back(params_, "blocks." + std::to_string(l), dims);
+  }
+  ln_f_ = LayerNormLayer(params_, "ln_f", C);
+  if (cfg.tied_embeddings) {
+    head_ = wte_;
+  } else {
+    head_ = &params_.add("lm_head.weight", {Vp, C}, Init::kNormal, cfg.init_std);
+    Tensor pad = head_->data.rows(cfg.vocab_size, Vp);
+    pad.zero_();
+  }
+  for (int k = 1; k <= cfg.mtp_depth; ++k) {
+    mtp_.emplace_back(params_, "mtp." + std::to_string(k), dims);
+  }
+}
+
+Tensor window_inputs(const Tensor& window, int shift) {
+  const int64_t B = window.dim(0), T = window.dim(1) - 1;
+  Tensor out = Tensor::empty({B, T}, DType::kI32);
+  const int32_t* w = window.data<int32_t>();
+  int32_t* o = out.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      o[b * T + t] = t + shift <= T ? w[b * (T + 1) + t + shift] : 0;
+  return out;
+}
+
+Tensor window_targets(const Tensor& window, int shift) {
+  const int64_t B = window.dim(0), T = window.dim(1) - 1;
+  Tensor out = Tensor::empty({B, T}, DType::kI32);
+  const int32_t* w = window.data<int32_t>();
+  int32_t* o = out.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      o[b * T + t] = t + shift + 1 <= T ? w[b * (T + 1) + t + shift + 1] : kMaskedTarget;
+  return out;
+}
+
+Var GPT::trunk(const Tensor& inputs) {
+  const int64_t T = inputs.dim(1);
+  GTRON_CHECK(T >= 1 && T <= cfg_.context_length, "sequence length ", T, " outside [1, ",
+              cfg_.context_length, "]");
+  WeightAccess& w = *weights_;
+  // The embedding is a sharded weight under GTP: it goes through the weight access like the head.
+  Var x = add_positions(embedding(inputs, w.use(*wte_)), Var::param(*wpe_));
+  for (const TransformerBlock& block : blocks_) x = block.forward(x, w);
+  return x;
+}
+
+Tensor GPT::logits(const Tensor& inputs) {
+  GTRON_CHECK(inputs.rank() == 2 && inputs.dtype() == DType::kI32, "inputs must be i32 [B, T]");
+  NoGradGuard no_grad;
+  return linear(ln_f_.forward(trunk(inputs)), weights_->use(*head_), Var()).value();
+}
+
+GPTOutput GPT::forward(const Tensor& window) {
+  GTRON_CHECK(window.rank() == 2 && window.dtype() == DType::kI32, "window must be i32 [B, T+1]");
+  WeightAccess& w = *weights_;
+  Var x = trunk(window_inputs(window, 0));
+
+  GPTOutput out;
+  out.main_loss =
+      cross_entropy(linear(ln_f_.forward(x), w.use(*head_), Var()), window_targets(window, 0),
+                    cfg_.vocab_size);
+  out.loss = out.main_loss;
+  Var h = x;
+  for (int k = 1; k <= cfg_.mtp_depth; ++k) {
+    Var emb = embedding(window_inputs(window, k), w.use(*wte_));
+    h = mtp_[k - 1].forward(h, emb, w);
+    Var ce = cross_entropy(linear(ln_f_.forward(h), w.use(*head_), Var()),
+                           window_targets(window, k), cfg_.vocab_size);
+    out.mtp_losses.push_back(ce);
+    out.loss = add(out.loss, scale(ce, cfg_.mtp_loss_weight / cfg_.mtp_depth));
+  }
+  return out;
+}
+
+int64_t GPT::num_parameters() const {
+  int64_t n = 0;
+  for (const Parameter* p : params_.all()) n += p->data.numel();
+  return n;
+}
+
+double GPT::flops_per_token(int64_t T) const {
+  // N counts the weights that enter GEMMs: lookups (wpe, and wte when untied) do not; the head is
+  // used once more per MTP depth.
+  const double C = static_cast<double>(cfg_.n_embd);
+  const double head = static_cast<double>(cfg_.padded_vocab()) * C;
+  double n = static_cast<double>(num_parameters()) - static_cast<double>(wpe_->data.numel());
+  if (!cfg_.tied_embeddings) n -= head;
+  n += cfg_.mtp_depth * head;
+  const double layers = cfg_.n_layer + cfg_.mtp_depth;
+  return 6.0 * n + 6.0 * layers * C * static_cast<double>(T);
+}
+
+}  // namespace gtron

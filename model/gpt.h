@@ -1,0 +1,81 @@
+// The GPT model: GPT-2 architecture (learned positions, pre-LN blocks, GELU-tanh MLP, final
+// LayerNorm, output head tied to the token embedding by default, vocab padded to a multiple of 64)
+// with D Multi-Token-Prediction depths (DeepSeek-V3) sharing the embedding, final norm and head.
+//
+// Loss = CE_main + (λ/D)·Σ_k CE_k. Depth k (1..D) at position t combines the previous depth's
+// hidden state (k = 1: the main model's last hidden state, before the final norm) with the
+// embedding of token t+k and predicts token t+k+1; positions whose target lies beyond the sampled
+// window are masked.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/layers.h"
+
+namespace gtron {
+
+struct GPTConfig {
+  int64_t vocab_size = 50257;      // V: real vocabulary
+  int64_t context_length = 1024;   // Tmax: rows of the position table
+  int n_layer = 12;                // L
+  int n_head = 12;                 // NH
+  int64_t n_embd = 768;            // C
+  int mtp_depth = 0;               // D
+  double mtp_loss_weight = 0.3;    // λ
+  bool tied_embeddings = true;
+  double init_std = 0.02;
+
+  int64_t padded_vocab() const { return (vocab_size + 63) / 64 * 64; }  // Vp
+};
+
+struct GPTOutput {
+  Var loss;                     // scalar: CE_main + (λ/D)·Σ_k CE_k
+  Var main_loss;                // scalar CE of the next-token head
+  std::vector<Var> mtp_losses;  // D scalars, CE_k of depth k (unweighted)
+};
+
+class GPT {
+ public:
+  GPT(const GPTConfig& cfg, DType dtype, Device device, uint64_t seed);
+  GPT(const GPT&) = delete;
+  GPT& operator=(const GPT&) = delete;
+
+  // window: i32 [B, T+1] tokens (inputs are [:, 0:T], next-token targets [:, 1:T+1]; MTP depth k
+  // needs tokens up to t+k+1). Records the backward on the tape when grad mode is on.
+  GPTOutput forward(const Tensor& window);
+  // Next-token logits [B, T, Vp] for i32 inputs [B, T] (no MTP; sampling). Runs without grad.
+  Tensor logits(const Tensor& inputs);
+
+  const GPTConfig& config() const { return cfg_; }
+  const std::vector<Parameter*>& parameters() const { return params_.all(); }
+  Parameter* find(const std::string& name) const { return params_.find(name); }
+  int64_t num_parameters() const;
+  // Training FLOPs per token for sequence length T: 6·N + 6·L'·C·T, N = weights entering GEMMs
+  // (the head once per use), L' = main layers + MTP blocks (the attention term).
+  double flops_per_token(int64_t T) const;
+
+  // The weight access seam (GTP). Default: DirectWeights. Not owned.
+  void set_weight_access(WeightAccess* w) { weights_ = w ? w : &direct_; }
+
+ private:
+  // inputs i32 [B, T] -> last hidden state [B, T, C] (before the final norm).
+  Var trunk(const Tensor& inputs);
+
+  GPTConfig cfg_;
+  ParamRegistry params_;
+  Parameter* wte_ = nullptr;   // [Vp, C] token embedding (rows >= V are zero)
+  Parameter* wpe_ = nullptr;   // [Tmax, C]
+  Parameter* head_ = nullptr;  // [Vp, C]: wte_ when tied
+  std::vector<TransformerBlock> blocks_;
+  LayerNormLayer ln_f_;
+  std::vector<MTPModule> mtp_;
+  DirectWeights direct_;
+  WeightAccess* weights_ = &direct_;
+};
+
+// Host-side token tensors for one window (exposed for tests). All i32 [B, T].
+Tensor window_inputs(const Tensor& window, int shift);   // x[:, t+shift], 0 past the window
+Tensor window_targets(const Tensor& window, int shift);  // x[:, t+shift+1], kMaskedTarget past it
+
+}  // namespace gtron

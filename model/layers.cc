@@ -1,0 +1,97 @@
+#include "model/layers.h"
+
+#include <cmath>
+
+#include "model/init.h"
+#include "model/ops/add.h"
+#include "model/ops/attention.h"
+#include "model/ops/concat.h"
+#include "model/ops/gelu.h"
+#include "model/ops/linear.h"
+#include "model/ops/norm.h"
+
+namespace gtron {
+
+Parameter& ParamRegistry::add(const std::string& name, const Shape& shape, Init init, double std,
+                              bool weight_decay) {
+  GTRON_CHECK(find(name) == nullptr, "duplicate parameter name ", name);
+  Tensor t = Tensor::empty(shape, dtype_, Device::cpu());
+  switch (init) {
+    case Init::kNormal:
+      init_normal(t, std, seed_, name);
+      break;
+    case Init::kZeros:
+      init_constant(t, 0.0);
+      break;
+    case Init::kOnes:
+      init_constant(t, 1.0);
+      break;
+  }
+  if (device_.is_cuda()) t = t.to(device_);
+  owned_.push_back(std::make_unique<Parameter>(name, t, weight_decay));
+  order_.push_back(owned_.back().get());
+  return *order_.back();
+}
+
+Parameter* ParamRegistry::find(const std::string& name) const {
+  for (Parameter* p : order_)
+    if (p->name == name) return p;
+  return nullptr;
+}
+
+LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, int64_t out,
+                         bool has_bias, double std) {
+  weight = &reg.add(name + ".weight", {out, in}, Init::kNormal, std);
+  if (has_bias) bias = &reg.add(name + ".bias", {out}, Init::kZeros, 0, /*weight_decay=*/false);
+}
+
+Var LinearLayer::forward(const Var& x, WeightAccess& w) const {
+  return linear(x, w.use(*weight), bias ? Var::param(*bias) : Var());
+}
+
+LayerNormLayer::LayerNormLayer(ParamRegistry& reg, const std::string& name, int64_t C) {
+  weight = &reg.add(name + ".weight", {C}, Init::kOnes, 0, false);
+  bias = &reg.add(name + ".bias", {C}, Init::kZeros, 0, false);
+}
+
+Var LayerNormLayer::forward(const Var& x) const {
+  return layernorm(x, Var::param(*weight), Var::param(*bias));
+}
+
+RMSNormLayer::RMSNormLayer(ParamRegistry& reg, const std::string& name, int64_t C) {
+  weight = &reg.add(name + ".weight", {C}, Init::kOnes, 0, false);
+}
+
+Var RMSNormLayer::forward(const Var& x) const { return rmsnorm(x, Var::param(*weight)); }
+
+TransformerBlock::TransformerBlock(ParamRegistry& reg, const std::string& name, const BlockDims& d)
+    : NH(d.NH) {
+  const double resid_std = d.std / std::sqrt(2.0 * d.L);
+  ln1 = LayerNormLayer(reg, name + ".ln1", d.C);
+  qkv = LinearLayer(reg, name + ".attn.qkv", d.C, 3 * d.C, true, d.std);
+  attn_proj = LinearLayer(reg, name + ".attn.proj", d.C, d.C, true, resid_std);
+  ln2 = LayerNormLayer(reg, name + ".ln2", d.C);
+  fc = LinearLayer(reg, name + ".mlp.fc", d.C, 4 * d.C, true, d.std);
+  mlp_proj = LinearLayer(reg, name + ".mlp.proj", 4 * d.C, d.C, true, resid_std);
+}
+
+Var TransformerBlock::forward(const Var& x, WeightAccess& w) const {
+  Var a = attn_proj.forward(causal_attention(qkv.forward(ln1.forward(x), w), NH), w);
+  Var h = add(x, a);
+  Var m = mlp_proj.forward(gelu(fc.forward(ln2.forward(h), w)), w);
+  return add(h, m);
+}
+
+MTPModule::MTPModule(ParamRegistry& reg, const std::string& name, const BlockDims& d) {
+  hnorm = RMSNormLayer(reg, name + ".hnorm", d.C);
+  enorm = RMSNormLayer(reg, name + ".enorm", d.C);
+  proj = LinearLayer(reg, name + ".proj", 2 * d.C, d.C, false, d.std);
+  block = TransformerBlock(reg, name + ".block", d);
+}
+
+Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w) const {
+  Var z = proj.forward(concat_features(hnorm.forward(h), enorm.forward(emb)), w);
+  return block.forward(z, w);
+}
+
+}  // namespace gtron

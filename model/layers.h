@@ -1,0 +1,108 @@
+// Layers of the GPT-2 / MTP model: thin structs over Parameters plus a forward() that composes ops.
+//
+// Parameters live in a ParamRegistry (one per model) in creation order with documented names
+// (README "Checkpoint names"). Linear weights are read through a WeightAccess: directly in a
+// single process, through gathered shards under GTP (parallel/ implements it). Norm weights and
+// biases are always whole and read directly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/autograd.h"
+
+namespace gtron {
+
+// How a layer reads a (possibly sharded) weight. use() returns a Var whose value is the full weight
+// for this use and whose backward delivers the weight's gradient into its main_grad.
+class WeightAccess {
+ public:
+  virtual ~WeightAccess() = default;
+  virtual Var use(Parameter& p) = 0;
+};
+
+// The single-process access: the parameter itself.
+class DirectWeights : public WeightAccess {
+ public:
+  Var use(Parameter& p) override { return Var::param(p); }
+};
+
+enum class Init { kNormal, kZeros, kOnes };
+
+class ParamRegistry {
+ public:
+  ParamRegistry(DType dtype, Device device, uint64_t seed) : dtype_(dtype), device_(device), seed_(seed) {}
+  // Creates and initializes a parameter (normal uses (seed, name); see model/init.h).
+  Parameter& add(const std::string& name, const Shape& shape, Init init, double std = 0,
+                 bool weight_decay = true);
+  const std::vector<Parameter*>& all() const { return order_; }
+  Parameter* find(const std::string& name) const;
+  DType dtype() const { return dtype_; }
+
+ private:
+  DType dtype_;
+  Device device_;
+  uint64_t seed_;
+  std::vector<std::unique_ptr<Parameter>> owned_;
+  std::vector<Parameter*> order_;
+};
+
+struct LinearLayer {
+  Parameter* weight = nullptr;  // [out, in]
+  Parameter* bias = nullptr;    // [out] or null
+  LinearLayer() = default;
+  LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, int64_t out, bool bias,
+              double std);
+  Var forward(const Var& x, WeightAccess& w) const;
+};
+
+struct LayerNormLayer {
+  Parameter* weight = nullptr;  // [C]
+  Parameter* bias = nullptr;    // [C]
+  LayerNormLayer() = default;
+  LayerNormLayer(ParamRegistry& reg, const std::string& name, int64_t C);
+  Var forward(const Var& x) const;
+};
+
+struct RMSNormLayer {
+  Parameter* weight = nullptr;  // [C]
+  RMSNormLayer() = default;
+  RMSNormLayer(ParamRegistry& reg, const std::string& name, int64_t C);
+  Var forward(const Var& x) const;
+};
+
+struct BlockDims {
+  int64_t C = 0;   // n_embd
+  int NH = 0;      // heads
+  int L = 0;       // main-model layers (residual init scale 1/sqrt(2L))
+  double std = 0;  // init std of weights
+};
+
+// GPT-2 pre-LN block: x + attn(ln1(x)), then + mlp(ln2(x)) with a GELU-tanh MLP of width 4C.
+struct TransformerBlock {
+  LayerNormLayer ln1, ln2;
+  LinearLayer qkv;       // [3C, C]
+  LinearLayer attn_proj;  // [C, C], residual-scaled init
+  LinearLayer fc;         // [4C, C]
+  LinearLayer mlp_proj;   // [C, 4C], residual-scaled init
+  int NH = 0;
+  TransformerBlock() = default;
+  TransformerBlock(ParamRegistry& reg, const std::string& name, const BlockDims& d);
+  // x: [B, T, C] -> [B, T, C]
+  Var forward(const Var& x, WeightAccess& w) const;
+};
+
+// DeepSeek-V3 MTP depth: h' = Block(W · concat(RMSNorm(h), RMSNorm(Emb(tokens shifted by k)))).
+struct MTPModule {
+  RMSNormLayer hnorm, enorm;
+  LinearLayer proj;  // [C, 2C], no bias
+  TransformerBlock block;
+  MTPModule() = default;
+  MTPModule(ParamRegistry& reg, const std::string& name, const BlockDims& d);
+  // h: [B, T, C] previous depth's hidden state; emb: [B, T, C] embeddings of the shifted tokens.
+  Var forward(const Var& h, const Var& emb, WeightAccess& w) const;
+};
+
+}  // namespace gtron

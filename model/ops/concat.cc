@@ -1,0 +1,55 @@
+#include "model/ops/concat.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "model/ops/shape_check.h"
+#include "model/stream.h"
+
+namespace gtron {
+
+Var concat_features(const Var& a, const Var& b) {
+  const int r = a.shape().rank();
+  GTRON_CHECK(r >= 1 && b.shape().rank() == r, "concat_features: shapes ", a.shape().str(), " and ",
+              b.shape().str(), " must have equal rank >= 1");
+  std::vector<int64_t> ad = a.shape().vec();
+  std::vector<int64_t> bd = b.shape().vec();
+  const int64_t Ca = ad.back();
+  const int64_t Cb = bd.back();
+  GTRON_CHECK(std::equal(ad.begin(), ad.end() - 1, bd.begin()), "concat_features: shapes ",
+              a.shape().str(), " and ", b.shape().str(), " differ before the last dim");
+  check_same_device_dtype("concat_features", a.value(), b.value());
+  int64_t N = 1;  // rows: the product of the leading dims
+  for (size_t i = 0; i + 1 < ad.size(); ++i) N *= ad[i];
+
+  ad.back() = Ca + Cb;
+  Device dev = a.device();
+  require_cpu("concat_features", dev);
+  Stream& s = current_stream(dev);
+  Tensor y = Tensor::empty(Shape(ad), a.dtype(), dev, &s);
+  dispatch_float(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* ap = a.value().data<T>();
+    const T* bp = b.value().data<T>();
+    T* yp = y.data<T>();
+    s.run([=] { cpu::concat_forward<T>(ap, bp, yp, N, Ca, Cb); });
+  });
+
+  Var out = Var::output(y, a.requires_grad() || b.requires_grad());
+  if (out.requires_grad()) {
+    record_backward([a, b, out, N, Ca, Cb] {
+      if (!out.has_grad()) return;
+      Stream& s = current_stream(out.device());
+      dispatch_float(out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        const T* dyp = out.grad().data<T>();
+        T* da = a.requires_grad() ? a.grad().data<T>() : nullptr;
+        T* db = b.requires_grad() ? b.grad().data<T>() : nullptr;
+        s.run([=] { cpu::concat_backward<T>(dyp, da, db, N, Ca, Cb); });
+      });
+    });
+  }
+  return out;
+}
+
+}  // namespace gtron

@@ -1,0 +1,89 @@
+#include "model/ops/embedding.h"
+
+#include "model/ops/shape_check.h"
+#include "model/stream.h"
+
+namespace gtron {
+
+Var embedding(const Tensor& tokens, const Var& table) {
+  GTRON_CHECK(tokens.dtype() == DType::kI32 && tokens.device().is_cpu(),
+              "embedding: tokens must be a CPU i32 tensor; got ", tokens.device().str(), "/",
+              dtype_name(tokens.dtype()));
+  GTRON_CHECK(tokens.rank() < Shape::kMaxRank, "embedding: tokens ", tokens.shape().str(),
+              " leave no room for the feature dim");
+  GTRON_CHECK(table.shape().rank() == 2, "embedding: table ", table.shape().str(),
+              ", expected [V, C]");
+  const int64_t V = table.shape()[0];
+  const int64_t C = table.shape()[1];
+  const int64_t N = tokens.numel();
+
+  std::vector<int64_t> ydims = tokens.shape().vec();
+  ydims.push_back(C);
+  Device dev = table.device();
+  require_cpu("embedding", dev);
+  Stream& s = current_stream(dev);
+  Tensor y = Tensor::empty(Shape(ydims), table.dtype(), dev, &s);
+  dispatch_float(table.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const int32_t* tp = tokens.data<int32_t>();
+    const T* wp = table.value().data<T>();
+    T* yp = y.data<T>();
+    s.run([=] { cpu::embedding_forward<T>(tp, wp, yp, N, V, C); });
+  });
+
+  Var out = Var::output(y, table.requires_grad());
+  if (out.requires_grad()) {
+    record_backward([tokens, table, out, N, V, C] {
+      if (!out.has_grad()) return;
+      Stream& s = current_stream(out.device());
+      dispatch_float(out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        const int32_t* tp = tokens.data<int32_t>();
+        const T* dyp = out.grad().data<T>();
+        T* dw = table.grad().data<T>();
+        s.run([=] { cpu::embedding_backward<T>(tp, dyp, dw, N, V, C); });
+      });
+    });
+  }
+  return out;
+}
+
+Var add_positions(const Var& x, const Var& wpe) {
+  GTRON_CHECK(x.shape().rank() == 3, "add_positions: x ", x.shape().str(), ", expected [B, T, C]");
+  const int64_t B = x.shape()[0];
+  const int64_t Tlen = x.shape()[1];
+  const int64_t C = x.shape()[2];
+  GTRON_CHECK(wpe.shape().rank() == 2 && wpe.shape()[1] == C && wpe.shape()[0] >= Tlen,
+              "add_positions: wpe ", wpe.shape().str(), ", expected [Tmax >= ", Tlen, ", ", C, "]");
+  check_same_device_dtype("add_positions", x.value(), wpe.value());
+
+  Device dev = x.device();
+  require_cpu("add_positions", dev);
+  Stream& s = current_stream(dev);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), dev, &s);
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = x.value().data<T>();
+    const T* pp = wpe.value().data<T>();
+    T* yp = y.data<T>();
+    s.run([=] { cpu::add_positions_forward<T>(xp, pp, yp, B, Tlen, C); });
+  });
+
+  Var out = Var::output(y, x.requires_grad() || wpe.requires_grad());
+  if (out.requires_grad()) {
+    record_backward([x, wpe, out, B, Tlen, C] {
+      if (!out.has_grad()) return;
+      Stream& s = current_stream(out.device());
+      dispatch_float(out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        const T* dyp = out.grad().data<T>();
+        T* dx = x.requires_grad() ? x.grad().data<T>() : nullptr;
+        T* dp = wpe.requires_grad() ? wpe.grad().data<T>() : nullptr;
+        s.run([=] { cpu::add_positions_backward<T>(dyp, dx, dp, B, Tlen, C); });
+      });
+    });
+  }
+  return out;
+}
+
+}  // namespace gtron

@@ -1,0 +1,86 @@
+// CPU kernels of embedding and add_positions.
+//
+// Determinism policy: the forward passes and dx write each output element from exactly one
+// thread. The reductions into shared rows (the embedding scatter-add, where ids repeat, and the
+// Σ_b into dwpe) run serially in a fixed order, so gradients are bit-identical run to run
+// whatever the thread count.
+#include <cstring>
+
+#include "model/check.h"
+#include "model/ops/embedding.h"
+
+namespace gtron::cpu {
+
+namespace {
+constexpr int64_t kParallelMin = 1 << 15;  // elements; below this a thread team costs more
+}  // namespace
+
+template <typename T>
+void embedding_forward(const int32_t* tokens, const T* table, T* y, int64_t N, int64_t V,
+                       int64_t C) {
+  for (int64_t i = 0; i < N; ++i) {
+    GTRON_CHECK(tokens[i] >= 0 && tokens[i] < V, "embedding: token ", tokens[i], " at row ", i,
+                " outside [0, ", V, ")");
+  }
+#pragma omp parallel for if (N * C >= kParallelMin)
+  for (int64_t i = 0; i < N; ++i) {
+    std::memcpy(y + i * C, table + static_cast<int64_t>(tokens[i]) * C, sizeof(T) * C);
+  }
+}
+
+template <typename T>
+void embedding_backward(const int32_t* tokens, const T* dy, T* dtable, int64_t N, int64_t V,
+                        int64_t C) {
+  for (int64_t i = 0; i < N; ++i) {
+    GTRON_CHECK(tokens[i] >= 0 && tokens[i] < V, "embedding: token ", tokens[i], " at row ", i,
+                " outside [0, ", V, ")");
+    T* d = dtable + static_cast<int64_t>(tokens[i]) * C;
+    const T* g = dy + i * C;
+    for (int64_t c = 0; c < C; ++c) d[c] += g[c];
+  }
+}
+
+template <typename T>
+void add_positions_forward(const T* x, const T* wpe, T* y, int64_t B, int64_t Tlen, int64_t C) {
+#pragma omp parallel for if (B * Tlen * C >= kParallelMin)
+  for (int64_t r = 0; r < B * Tlen; ++r) {
+    const T* p = wpe + (r % Tlen) * C;
+    const T* xr = x + r * C;
+    T* yr = y + r * C;
+    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] + p[c];
+  }
+}
+
+template <typename T>
+void add_positions_backward(const T* dy, T* dx, T* dwpe, int64_t B, int64_t Tlen, int64_t C) {
+  const int64_t n = B * Tlen * C;
+  if (dx != nullptr) {
+#pragma omp parallel for if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i) dx[i] += dy[i];
+  }
+  if (dwpe != nullptr) {
+    // Serial over b for each t: dwpe[t] receives Σ_b in the order b = 0..B-1.
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < Tlen * C; ++i) dwpe[i] += dy[b * Tlen * C + i];
+    }
+  }
+}
+
+template void embedding_forward<float>(const int32_t*, const float*, float*, int64_t, int64_t,
+                                       int64_t);
+template void embedding_forward<double>(const int32_t*, const double*, double*, int64_t, int64_t,
+                                        int64_t);
+template void embedding_backward<float>(const int32_t*, const float*, float*, int64_t, int64_t,
+                                        int64_t);
+template void embedding_backward<double>(const int32_t*, const double*, double*, int64_t, int64_t,
+                                         int64_t);
+template void add_positions_forward<float>(const float*, const float*, float*, int64_t, int64_t,
+                                           int64_t);
+template void add_positions_forward<double>(const double*, const double*, double*, int64_t, int64_t,
+                                            int64_t);
+template void add_positions_backward<float>(const float*, float*, float*, int64_t, int64_t,
+                                            int64_t);
+template void add_positions_backward<double>(const double*, double*, double*, int64_t, int64_t,
+                                             int64_t);
+
+}  // namespace gtron::cpu

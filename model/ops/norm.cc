@@ -1,0 +1,107 @@
+#include "model/ops/norm.h"
+
+#include "model/ops/shape_check.h"
+#include "model/stream.h"
+
+namespace gtron {
+
+namespace {
+
+// The row statistics a norm keeps for its backward: one value per row of x ([N]).
+Tensor row_stats(const Var& x, int64_t N, Stream& s) {
+  return Tensor::empty(Shape{N}, x.dtype(), x.device(), &s);
+}
+
+}  // namespace
+
+Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps) {
+  GTRON_CHECK(x.shape().rank() >= 1, "layernorm: x must have a feature dim; got ", x.shape().str());
+  const int64_t C = x.shape()[x.shape().rank() - 1];
+  const int64_t N = C > 0 ? x.value().numel() / C : 0;
+  check_shape("layernorm gamma", gamma.shape(), Shape{C});
+  check_shape("layernorm beta", beta.shape(), Shape{C});
+  check_same_device_dtype("layernorm", x.value(), gamma.value());
+  check_same_device_dtype("layernorm", x.value(), beta.value());
+
+  Device dev = x.device();
+  require_cpu("layernorm", dev);
+  Stream& s = current_stream(dev);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), dev, &s);
+  Tensor mean = row_stats(x, N, s);  // [N]
+  Tensor rstd = row_stats(x, N, s);  // [N]
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = x.value().data<T>();
+    const T* gp = gamma.value().data<T>();
+    const T* bp = beta.value().data<T>();
+    T* yp = y.data<T>();
+    T* mp = mean.data<T>();
+    T* rp = rstd.data<T>();
+    s.run([=] { cpu::layernorm_forward<T>(xp, gp, bp, yp, mp, rp, N, C, eps); });
+  });
+
+  bool need = x.requires_grad() || gamma.requires_grad() || beta.requires_grad();
+  Var out = Var::output(y, need);
+  if (out.requires_grad()) {
+    record_backward([x, gamma, beta, mean, rstd, out, N, C] {
+      if (!out.has_grad()) return;
+      Stream& s = current_stream(out.device());
+      dispatch_float(out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        const T* xp = x.value().data<T>();
+        const T* gp = gamma.value().data<T>();
+        const T* mp = mean.data<T>();
+        const T* rp = rstd.data<T>();
+        const T* dyp = out.grad().data<T>();
+        T* dx = x.requires_grad() ? x.grad().data<T>() : nullptr;
+        T* dg = gamma.requires_grad() ? gamma.grad().data<T>() : nullptr;
+        T* db = beta.requires_grad() ? beta.grad().data<T>() : nullptr;
+        s.run([=] { cpu::layernorm_backward<T>(xp, gp, mp, rp, dyp, dx, dg, db, N, C); });
+      });
+    });
+  }
+  return out;
+}
+
+Var rmsnorm(const Var& x, const Var& gamma, double eps) {
+  GTRON_CHECK(x.shape().rank() >= 1, "rmsnorm: x must have a feature dim; got ", x.shape().str());
+  const int64_t C = x.shape()[x.shape().rank() - 1];
+  const int64_t N = C > 0 ? x.value().numel() / C : 0;
+  check_shape("rmsnorm gamma", gamma.shape(), Shape{C});
+  check_same_device_dtype("rmsnorm", x.value(), gamma.value());
+
+  Device dev = x.device();
+  require_cpu("rmsnorm", dev);
+  Stream& s = current_stream(dev);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), dev, &s);
+  Tensor rrms = row_stats(x, N, s);  // [N]
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = x.value().data<T>();
+    const T* gp = gamma.value().data<T>();
+    T* yp = y.data<T>();
+    T* rp = rrms.data<T>();
+    s.run([=] { cpu::rmsnorm_forward<T>(xp, gp, yp, rp, N, C, eps); });
+  });
+
+  Var out = Var::output(y, x.requires_grad() || gamma.requires_grad());
+  if (out.requires_grad()) {
+    record_backward([x, gamma, rrms, out, N, C] {
+      if (!out.has_grad()) return;
+      Stream& s = current_stream(out.device());
+      dispatch_float(out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        const T* xp = x.value().data<T>();
+        const T* gp = gamma.value().data<T>();
+        const T* rp = rrms.data<T>();
+        const T* dyp = out.grad().data<T>();
+        T* dx = x.requires_grad() ? x.grad().data<T>() : nullptr;
+        T* dg = gamma.requires_grad() ? gamma.grad().data<T>() : nullptr;
+        s.run([=] { cpu::rmsnorm_backward<T>(xp, gp, rp, dyp, dx, dg, N, C); });
+      });
+    });
+  }
+  return out;
+}
+
+}  // namespace gtron

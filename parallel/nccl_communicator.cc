@@ -1,0 +1,182 @@
+#include "parallel/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <utility>
+#include <vector>
+
+#include "model/check.h"
+
+// The backend-call checks of model/cuda/check.cuh, restated for this .cc (that header is private to
+// the nvcc-compiled target): a failure aborts with the call, file, line and device.
+#define GTRON_NCCL_CHECK_CALL(ok, call, what)                                \
+  do {                                                                       \
+    if (!(ok)) {                                                             \
+      int dev_ = -1;                                                         \
+      cudaGetDevice(&dev_);                                                  \
+      ::gtron::check_failed(call, __FILE__, __LINE__,                        \
+                            ::gtron::str_cat(what, " (device ", dev_, ")")); \
+    }                                                                        \
+  } while (0)
+
+#define CUDA_CHECK(expr)                                                         \
+  do {                                                                           \
+    cudaError_t err_ = (expr);                                                   \
+    GTRON_NCCL_CHECK_CALL(err_ == cudaSuccess, #expr, cudaGetErrorString(err_)); \
+  } while (0)
+
+#define NCCL_CHECK(expr)                                                         \
+  do {                                                                           \
+    ncclResult_t res_ = (expr);                                                  \
+    GTRON_NCCL_CHECK_CALL(res_ == ncclSuccess, #expr, ncclGetErrorString(res_)); \
+  } while (0)
+
+namespace gtron::parallel {
+namespace {
+
+ncclComm_t as_comm(void* p) { return static_cast<ncclComm_t>(p); }
+cudaStream_t as_stream(void* p) { return static_cast<cudaStream_t>(p); }
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF64:
+      return ncclFloat64;
+    case DType::kI32:
+      return ncclInt32;
+  }
+  GTRON_CHECK(false, "no NCCL type for ", dtype_name(t));
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclMax; }
+
+// An event recorded after the collective; holds the collective's tensors until released.
+class NcclCompletion final : public Completion {
+ public:
+  NcclCompletion(Device device, std::vector<Tensor> keep) : keep_(std::move(keep)) {
+    CUDA_CHECK(cudaSetDevice(device.index));
+    CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
+  ~NcclCompletion() override { cudaEventDestroy(event_); }
+
+  cudaEvent_t event() const { return event_; }
+
+  void wait(Stream& stream) override {
+    GTRON_CHECK(stream.device().is_cuda(), "an NCCL work waited on ", stream.device().str(),
+                "; use synchronize() to wait on the host");
+    CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream.native()), event_, 0));
+  }
+  void synchronize() override { CUDA_CHECK(cudaEventSynchronize(event_)); }
+  bool done() override {
+    cudaError_t err = cudaEventQuery(event_);
+    if (err == cudaErrorNotReady) return false;
+    CUDA_CHECK(err);
+    return true;
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+  std::vector<Tensor> keep_;
+};
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(StoreClient& store, const std::string& name, int rank, int size,
+                                   Device device)
+    : name_(name), rank_(rank), size_(size), device_(device), stream_(device), ready_(device) {
+  GTRON_CHECK(device.is_cuda(), "an NCCL communicator needs a CUDA device, got ", device.str());
+  GTRON_CHECK(size >= 1 && rank >= 0 && rank < size, "communicator '", name, "': rank ", rank,
+              " of ", size);
+  ncclUniqueId id;
+  const std::string key = name + "/nccl_id";
+  if (rank == 0) {
+    NCCL_CHECK(ncclGetUniqueId(&id));
+    store.set(key, std::string(id.internal, sizeof id.internal));
+  } else {
+    std::string bytes = store.get(key);
+    GTRON_CHECK(bytes.size() == sizeof id.internal, "NCCL id of ", bytes.size(), " bytes");
+    std::copy(bytes.begin(), bytes.end(), id.internal);
+  }
+  CUDA_CHECK(cudaSetDevice(device.index));
+  ncclComm_t comm = nullptr;
+  NCCL_CHECK(ncclCommInitRank(&comm, size, id, rank));
+  comm_ = comm;
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  cudaSetDevice(device_.index);
+  stream_.synchronize();
+  if (comm_ != nullptr) ncclCommDestroy(as_comm(comm_));
+}
+
+template <typename Call>
+Work NcclCommunicator::launch(const Tensor& a, const Tensor& b, Call call) {
+  CUDA_CHECK(cudaSetDevice(device_.index));
+  ready_.record(current_stream(device_));
+  ready_.wait(stream_);
+  call(as_stream(stream_.native()));
+  auto completion = std::make_shared<NcclCompletion>(device_, std::vector<Tensor>{a, b});
+  CUDA_CHECK(cudaEventRecord(completion->event(), as_stream(stream_.native())));
+  return Work(completion);
+}
+
+Work NcclCommunicator::all_gather(const Tensor& in, Tensor& out) {
+  check_all_gather_args(*this, in, out);
+  return launch(in, out, [&](cudaStream_t s) {
+    NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()),
+                             nccl_type(in.dtype()), as_comm(comm_), s));
+  });
+}
+
+Work NcclCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
+  check_reduce_scatter_args(*this, in, out);
+  return launch(in, out, [&](cudaStream_t s) {
+    NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), static_cast<size_t>(out.numel()),
+                                 nccl_type(in.dtype()), nccl_op(op), as_comm(comm_), s));
+  });
+}
+
+Work NcclCommunicator::all_reduce(Tensor& inout, ReduceOp op) {
+  check_tensor_args(*this, "all_reduce", inout);
+  return launch(inout, Tensor(), [&](cudaStream_t s) {
+    NCCL_CHECK(ncclAllReduce(inout.raw(), inout.raw(), static_cast<size_t>(inout.numel()),
+                             nccl_type(inout.dtype()), nccl_op(op), as_comm(comm_), s));
+  });
+}
+
+Work NcclCommunicator::broadcast(Tensor& inout, int root) {
+  check_tensor_args(*this, "broadcast", inout);
+  check_broadcast_root(*this, root);
+  return launch(inout, Tensor(), [&](cudaStream_t s) {
+    NCCL_CHECK(ncclBroadcast(inout.raw(), inout.raw(), static_cast<size_t>(inout.numel()),
+                             nccl_type(inout.dtype()), root, as_comm(comm_), s));
+  });
+}
+
+void NcclCommunicator::barrier() {
+  // NCCL has no barrier: a one-element all-reduce that the host waits for does the same.
+  if (!barrier_buf_.defined()) barrier_buf_ = Tensor::zeros({1}, DType::kF32, device_, &stream_);
+  all_reduce(barrier_buf_).synchronize();
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(StoreClient& store, const std::string& name,
+                                                     int rank, int size, Device device) {
+  return std::make_unique<NcclCommunicator>(store, name, rank, size, device);
+}
+
+Grid make_nccl_grid(StoreClient& store, int world_rank, int world_size, int gtp, Device device,
+                    const std::string& prefix) {
+  return make_grid(
+      store, world_rank, world_size, gtp,
+      [device](StoreClient& s, const std::string& name, int rank, int size) {
+        return make_nccl_communicator(s, name, rank, size, device);
+      },
+      prefix);
+}
+
+}  // namespace gtron::parallel

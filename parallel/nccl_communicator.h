@@ -1,0 +1,72 @@
+// The GPU backend of Communicator, on NCCL.
+//
+// Policy:
+// - Bootstrap: rank 0 of the group creates the NCCL unique id and publishes it in the store under
+//   "<name>/nccl_id"; every rank then joins with ncclCommInitRank on its device.
+// - Each communicator owns its CUDA stream. A collective makes that stream wait the caller's
+//   current stream of the device (an event recorded there), runs on it, and records a fresh event
+//   after it; the Work waits or queries that event. No host synchronization on the hot path.
+// - Types: f32, bf16, f64 and i32; sum and max.
+// - Errors from NCCL or CUDA calls abort with call, file, line and device (the backend-call policy
+//   of model/check.h).
+//
+// This header includes no CUDA or NCCL header: handles are opaque pointers.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "model/stream.h"
+#include "model/tensor.h"
+#include "parallel/communicator.h"
+#include "parallel/grid.h"
+#include "parallel/store.h"
+
+namespace gtron::parallel {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Collective over the `size` ranks. REQUIRES: `name` unique per store; `device` a CUDA device.
+  NcclCommunicator(StoreClient& store, const std::string& name, int rank, int size, Device device);
+  // Waits for the communicator's stream, then destroys the NCCL communicator.
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Device device() const override { return device_; }
+  const std::string& name() const override { return name_; }
+  // The communicator's own stream (collectives run there).
+  Stream& stream() { return stream_; }
+
+  Work all_gather(const Tensor& in, Tensor& out) override;
+  Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::kSum) override;
+  Work all_reduce(Tensor& inout, ReduceOp op = ReduceOp::kSum) override;
+  Work broadcast(Tensor& inout, int root) override;
+  void barrier() override;
+
+ private:
+  // Orders the communicator's stream after the caller's, runs `call` on it (the cudaStream_t is
+  // passed as void*), and returns a Work that keeps `a` and `b` alive.
+  template <typename Call>
+  Work launch(const Tensor& a, const Tensor& b, Call call);
+
+  std::string name_;
+  int rank_ = 0;
+  int size_ = 1;
+  Device device_;
+  void* comm_ = nullptr;  // ncclComm_t
+  Stream stream_;
+  Event ready_;         // recorded on the caller's stream before each collective
+  Tensor barrier_buf_;  // [1] f32 on device_, for barrier()
+};
+
+std::unique_ptr<Communicator> make_nccl_communicator(StoreClient& store, const std::string& name,
+                                                     int rank, int size, Device device);
+
+// make_grid with NCCL communicators on `device`.
+Grid make_nccl_grid(StoreClient& store, int world_rank, int world_size, int gtp, Device device,
+                    const std::string& prefix = "grid");
+
+}  // namespace gtron::parallel

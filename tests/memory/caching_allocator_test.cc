@@ -1,0 +1,600 @@
+// Tests of the caching allocator policy written at the top of memory/caching_allocator.h: size
+// classes, best fit, splitting and merging, per-stream reuse, exact stats, the out-of-memory retry
+// and message, and a fixed-seed stress run checked against an independent model of the policy.
+#include "memory/caching_allocator.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace gtron::memory {
+namespace {
+
+constexpr size_t KiB = size_t{1} << 10;
+constexpr size_t MiB = size_t{1} << 20;
+constexpr size_t kRound = CachingAllocator::kRound;
+
+// What the fake backend saw; shared with the test because the allocator owns the backend.
+struct FakeState {
+  size_t limit = std::numeric_limits<size_t>::max();  // bytes the backend can hold at once
+  size_t live_bytes = 0;
+  int allocs = 0;                       // successful raw_alloc calls
+  int frees = 0;                        // raw_free calls
+  int failures = 0;                     // raw_alloc calls refused for the limit
+  uintptr_t next = uintptr_t{1} << 40;  // bump pointer: segments are contiguous, never reused
+  uintptr_t last_ptr = 0;
+  size_t last_size = 0;
+  std::map<uintptr_t, size_t> live;  // segment base -> size
+};
+
+// Hands out fake addresses (the allocator never touches the memory) under a byte limit.
+class FakeBackend : public RawBackend {
+ public:
+  explicit FakeBackend(std::shared_ptr<FakeState> state) : state_(std::move(state)) {}
+  void* raw_alloc(size_t bytes) override {
+    if (bytes > state_->limit - state_->live_bytes) {
+      state_->failures++;
+      return nullptr;
+    }
+    uintptr_t p = state_->next;
+    state_->next += bytes;
+    state_->live_bytes += bytes;
+    state_->allocs++;
+    state_->live[p] = bytes;
+    state_->last_ptr = p;
+    state_->last_size = bytes;
+    return reinterpret_cast<void*>(p);
+  }
+  void raw_free(void* ptr) override {
+    auto it = state_->live.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == state_->live.end()) throw std::logic_error("fake backend: unknown segment freed");
+    state_->live_bytes -= it->second;
+    state_->live.erase(it);
+    state_->frees++;
+  }
+  std::string name() const override { return "fake-gpu:7"; }
+
+ private:
+  std::shared_ptr<FakeState> state_;
+};
+
+struct Fixture {
+  std::shared_ptr<FakeState> fake = std::make_shared<FakeState>();
+  CachingAllocator alloc{std::make_unique<FakeBackend>(fake)};
+};
+
+uintptr_t addr(void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+TEST(CachingAllocator, RoundsTo512AndZeroIsAUniqueBlock) {
+  Fixture f;
+  void* a = f.alloc.allocate(1);
+  EXPECT_EQ(f.alloc.stats().allocated, 512u);
+  void* b = f.alloc.allocate(513);
+  EXPECT_EQ(f.alloc.stats().allocated, 512u + 1024u);
+  void* c = f.alloc.allocate(0);
+  void* d = f.alloc.allocate(0);
+  EXPECT_EQ(f.alloc.stats().allocated, 512u + 1024u + 512u + 512u);
+  EXPECT_NE(c, d);
+  // Blocks are carved back to back from one segment: the offsets show the rounded sizes.
+  EXPECT_EQ(addr(b) - addr(a), 512u);
+  EXPECT_EQ(addr(c) - addr(b), 1024u);
+  EXPECT_EQ(addr(d) - addr(c), 512u);
+  for (void* p : {a, b, c, d}) f.alloc.deallocate(p);
+  EXPECT_EQ(f.alloc.stats().allocated, 0u);
+}
+
+TEST(CachingAllocator, CpuBackendBlocksAreAlignedToRound) {
+  CachingAllocator alloc(make_cpu_backend());
+  EXPECT_EQ(alloc.backend_name(), "cpu");
+  std::vector<void*> ptrs;
+  for (size_t bytes : {size_t{1}, size_t{700}, 3 * MiB, size_t{100}, 5 * MiB + 3}) {
+    ptrs.push_back(alloc.allocate(bytes));
+    EXPECT_EQ(addr(ptrs.back()) % kRound, 0u) << bytes << " bytes";
+  }
+  // The memory is real: write the whole of a large block.
+  std::fill_n(static_cast<char*>(ptrs[2]), 3 * MiB, 'x');
+  for (void* p : ptrs) alloc.deallocate(p);
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.stats().reserved, 0u);
+}
+
+TEST(CachingAllocator, SmallRequestsShareTwoMiBSegments) {
+  Fixture f;
+  void* a = f.alloc.allocate(MiB);  // the largest small request
+  EXPECT_EQ(f.fake->last_size, 2 * MiB);
+  void* b = f.alloc.allocate(MiB);  // the second half of the same segment
+  EXPECT_EQ(addr(b), addr(a) + MiB);
+  EXPECT_EQ(f.fake->allocs, 1);
+  void* c = f.alloc.allocate(4 * KiB);  // the segment is full: a new one
+  EXPECT_EQ(f.fake->allocs, 2);
+  EXPECT_EQ(f.fake->last_size, 2 * MiB);
+  AllocatorStats s = f.alloc.stats();
+  EXPECT_EQ(s.reserved, 4 * MiB);
+  EXPECT_EQ(s.allocated, 2 * MiB + 4 * KiB);
+  EXPECT_EQ(s.misses, 2u);
+  for (void* p : {a, b, c}) f.alloc.deallocate(p);
+}
+
+TEST(CachingAllocator, LargeRequestsRoundToTwoMiBAndPoolsNeverMix) {
+  Fixture f;
+  // 1 MiB + 1 rounds to 1 MiB + 512: large, one 2 MiB segment. The tail (1 MiB - 512) is below
+  // the large split threshold, so the block keeps the whole segment and counts as allocated.
+  void* a = f.alloc.allocate(MiB + 1);
+  EXPECT_EQ(f.fake->last_size, 2 * MiB);
+  EXPECT_EQ(f.alloc.stats().allocated, 2 * MiB);
+  // 5 MiB: a 6 MiB segment; the 1 MiB tail is split off and stays free in the large pool.
+  void* b = f.alloc.allocate(5 * MiB);
+  EXPECT_EQ(f.fake->last_size, 6 * MiB);
+  EXPECT_EQ(f.alloc.stats().allocated, 7 * MiB);
+  // 2.5 MiB: a 4 MiB segment, 1.5 MiB tail split off; a 1.25 MiB request then takes that whole
+  // tail (its 0.25 MiB remainder is below the split threshold).
+  void* c = f.alloc.allocate(2 * MiB + 512 * KiB);
+  EXPECT_EQ(f.fake->last_size, 4 * MiB);
+  void* d = f.alloc.allocate(MiB + 256 * KiB);
+  EXPECT_EQ(addr(d), addr(c) + 2 * MiB + 512 * KiB);
+  EXPECT_EQ(f.fake->allocs, 3);
+  // A free large block is never used for a small request, nor a free small block for a large one.
+  f.alloc.deallocate(a);
+  void* e = f.alloc.allocate(4 * KiB);
+  EXPECT_EQ(f.fake->allocs, 4);
+  EXPECT_EQ(f.fake->last_size, 2 * MiB);
+  EXPECT_EQ(addr(e), f.fake->last_ptr);
+  f.alloc.deallocate(e);
+  void* g = f.alloc.allocate(MiB + 512);  // reuses a's large block, not e's free small segment
+  EXPECT_EQ(g, a);
+  EXPECT_EQ(f.fake->allocs, 4);
+  AllocatorStats s = f.alloc.stats();
+  EXPECT_EQ(s.reserved, 2 * MiB + 6 * MiB + 4 * MiB + 2 * MiB);
+  EXPECT_EQ(s.allocated, 2 * MiB + 5 * MiB + (2 * MiB + 512 * KiB) + (MiB + 512 * KiB));
+  for (void* p : {b, c, d, g}) f.alloc.deallocate(p);
+}
+
+TEST(CachingAllocator, BestFitTakesTheSmallestAdequateFreeBlock) {
+  Fixture f;
+  // Free holes of 64, 16 and 32 KiB, kept apart by live separators, then the segment's tail.
+  void* h64 = f.alloc.allocate(64 * KiB);
+  void* s1 = f.alloc.allocate(KiB);
+  void* h16 = f.alloc.allocate(16 * KiB);
+  void* s2 = f.alloc.allocate(KiB);
+  void* h32 = f.alloc.allocate(32 * KiB);
+  void* s3 = f.alloc.allocate(KiB);
+  for (void* p : {h64, h16, h32}) f.alloc.deallocate(p);
+  uint64_t misses = f.alloc.stats().misses;
+
+  EXPECT_EQ(f.alloc.allocate(20 * KiB), h32);         // 16 is too small; 32 beats 64 and the tail
+  void* rest32 = static_cast<char*>(h32) + 20 * KiB;  // the 12 KiB split remainder
+  EXPECT_EQ(f.alloc.allocate(12 * KiB), rest32);      // an exact fit
+  EXPECT_EQ(f.alloc.allocate(16 * KiB), h16);
+  EXPECT_EQ(f.alloc.allocate(40 * KiB), h64);
+  EXPECT_EQ(f.alloc.stats().misses, misses);
+  for (void* p : {s1, s2, s3}) f.alloc.deallocate(p);
+}
+
+TEST(CachingAllocator, AdjacentFreeBlocksMergeAndServeALargerRequest) {
+  Fixture f;
+  void* a = f.alloc.allocate(256 * KiB);
+  void* b = f.alloc.allocate(256 * KiB);
+  void* c = f.alloc.allocate(256 * KiB);  // keeps a+b apart from the segment's free tail
+  EXPECT_EQ(addr(b), addr(a) + 256 * KiB);
+  f.alloc.deallocate(a);
+  f.alloc.deallocate(b);
+  uint64_t misses = f.alloc.stats().misses;
+  // 512 KiB fits only the merged a+b (the tail is 1.25 MiB, a worse fit).
+  void* ab = f.alloc.allocate(512 * KiB);
+  EXPECT_EQ(ab, a);
+  EXPECT_EQ(f.alloc.stats().misses, misses);
+  // Freeing everything merges the segment back into one block: a 2 MiB-segment-sized request
+  // (the largest small one, twice) fits without a miss.
+  f.alloc.deallocate(ab);
+  f.alloc.deallocate(c);
+  void* x = f.alloc.allocate(MiB);
+  void* y = f.alloc.allocate(MiB);
+  EXPECT_EQ(x, a);
+  EXPECT_EQ(addr(y), addr(a) + MiB);
+  EXPECT_EQ(f.alloc.stats().misses, misses);
+  f.alloc.deallocate(y);  // merges with nothing on the right, then x merges with y
+  f.alloc.deallocate(x);
+  f.alloc.empty_cache();
+  EXPECT_EQ(f.fake->frees, 1);  // one whole segment again
+  EXPECT_EQ(f.alloc.stats().reserved, 0u);
+}
+
+TEST(CachingAllocator, BlocksFreedOnOneStreamAreNotReusedByAnother) {
+  Fixture f;
+  void* a = f.alloc.allocate(64 * KiB, /*stream=*/1);
+  f.alloc.deallocate(a);
+  void* b = f.alloc.allocate(64 * KiB, /*stream=*/2);
+  EXPECT_EQ(f.alloc.stats().misses, 2u);  // stream 2 had nothing cached
+  EXPECT_NE(b, a);
+  // Stream 2's segment is not stream 1's: b is at the start of a second segment.
+  EXPECT_EQ(addr(b), f.fake->last_ptr);
+  void* c = f.alloc.allocate(64 * KiB, /*stream=*/1);
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(f.alloc.stats().misses, 2u);
+  f.alloc.deallocate(b);
+  f.alloc.deallocate(c);
+}
+
+TEST(CachingAllocator, StatsAddUpExactly) {
+  Fixture f;
+  void* a = f.alloc.allocate(100 * KiB);  // miss: small segment
+  void* b = f.alloc.allocate(3 * MiB);    // miss: 4 MiB large segment (1 MiB tail split)
+  AllocatorStats s = f.alloc.stats();
+  EXPECT_EQ(s.requests, 2u);
+  EXPECT_EQ(s.misses, 2u);
+  EXPECT_EQ(s.allocated, 100 * KiB + 3 * MiB);
+  EXPECT_EQ(s.reserved, 2 * MiB + 4 * MiB);
+  EXPECT_EQ(s.peak_allocated, s.allocated);
+  EXPECT_EQ(s.peak_reserved, s.reserved);
+
+  f.alloc.deallocate(b);
+  void* c = f.alloc.allocate(10 * KiB);  // hit in a's segment
+  s = f.alloc.stats();
+  EXPECT_EQ(s.requests, 3u);
+  EXPECT_EQ(s.misses, 2u);
+  EXPECT_EQ(s.allocated, 110 * KiB);
+  EXPECT_EQ(s.peak_allocated, 100 * KiB + 3 * MiB);
+  EXPECT_EQ(s.reserved, 6 * MiB);
+
+  f.alloc.empty_cache();  // the large segment is unused now
+  s = f.alloc.stats();
+  EXPECT_EQ(s.reserved, 2 * MiB);
+  EXPECT_EQ(s.peak_reserved, 6 * MiB);
+  EXPECT_EQ(f.fake->live_bytes, s.reserved);
+
+  f.alloc.reset_peak();
+  s = f.alloc.stats();
+  EXPECT_EQ(s.peak_allocated, 110 * KiB);
+  EXPECT_EQ(s.peak_reserved, 2 * MiB);
+  f.alloc.deallocate(a);
+  f.alloc.deallocate(c);
+  s = f.alloc.stats();
+  EXPECT_EQ(s.allocated, 0u);
+  EXPECT_EQ(s.peak_allocated, 110 * KiB);
+}
+
+TEST(CachingAllocator, SteadyStateStepsMakeNoMisses) {
+  Fixture f;
+  // One "training step": activations allocated in forward order, some freed early, the rest in
+  // reverse order in backward, with gradient buffers in between; on two streams.
+  const std::vector<size_t> sizes = {3 * KiB, 700 * KiB, 5 * MiB, 48 * KiB, 1536 * KiB,
+                                     200,     MiB,       9 * MiB, 33 * KiB};
+  std::vector<uintptr_t> first_addresses;
+  auto step = [&](std::vector<uintptr_t>* addresses) {
+    std::vector<void*> acts;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      acts.push_back(f.alloc.allocate(sizes[i], i % 3 == 0 ? 2 : 1));
+      addresses->push_back(addr(acts.back()));
+      if (i % 4 == 1) {  // a temporary
+        void* t = f.alloc.allocate(sizes[i] / 2 + 1, 1);
+        addresses->push_back(addr(t));
+        f.alloc.deallocate(t);
+      }
+    }
+    for (size_t i = acts.size(); i-- > 0;) {
+      void* g = f.alloc.allocate(sizes[i], 1);
+      addresses->push_back(addr(g));
+      f.alloc.deallocate(acts[i]);
+      f.alloc.deallocate(g);
+    }
+  };
+  for (int warmup = 0; warmup < 2; ++warmup) {
+    first_addresses.clear();
+    step(&first_addresses);
+  }
+  AllocatorStats warm = f.alloc.stats();
+  for (int i = 0; i < 20; ++i) {
+    std::vector<uintptr_t> addresses;
+    step(&addresses);
+    EXPECT_EQ(addresses, first_addresses) << "step " << i;
+  }
+  AllocatorStats s = f.alloc.stats();
+  EXPECT_EQ(s.misses, warm.misses);
+  EXPECT_EQ(s.reserved, warm.reserved);
+  EXPECT_EQ(s.requests, warm.requests + 20 * (warm.requests / 2));
+  EXPECT_EQ(s.allocated, 0u);
+}
+
+TEST(CachingAllocator, EmptyCacheReturnsOnlyUnusedSegments) {
+  Fixture f;
+  void* a = f.alloc.allocate(KiB, 1);      // segment 1 (small, stream 1): stays in use
+  void* b = f.alloc.allocate(KiB, 2);      // segment 2 (small, stream 2): freed
+  void* c = f.alloc.allocate(3 * MiB, 1);  // segment 3 (large): freed
+  void* d = f.alloc.allocate(8 * MiB, 1);  // segment 4 (large): stays in use
+  f.alloc.deallocate(b);
+  f.alloc.deallocate(c);
+  EXPECT_EQ(f.alloc.stats().reserved, 2 * MiB + 2 * MiB + 4 * MiB + 8 * MiB);
+  f.alloc.empty_cache();
+  EXPECT_EQ(f.fake->frees, 2);
+  EXPECT_EQ(f.alloc.stats().reserved, 2 * MiB + 8 * MiB);
+  EXPECT_EQ(f.fake->live_bytes, 10 * MiB);
+  EXPECT_EQ(f.fake->live.count(addr(a)), 1u);
+  EXPECT_EQ(f.fake->live.count(addr(d)), 1u);
+  // After the release a request on stream 2 is a miss again.
+  void* e = f.alloc.allocate(KiB, 2);
+  EXPECT_EQ(f.fake->allocs, 5);
+  for (void* p : {a, d, e}) f.alloc.deallocate(p);
+  f.alloc.empty_cache();
+  EXPECT_EQ(f.fake->live_bytes, 0u);
+  EXPECT_EQ(f.alloc.stats().reserved, 0u);
+}
+
+TEST(CachingAllocator, OutOfMemoryReleasesCachedSegmentsAndRetries) {
+  Fixture f;
+  f.fake->limit = 10 * MiB;
+  void* live = f.alloc.allocate(3 * MiB, 2);  // 4 MiB segment, stays live
+  void* s1 = f.alloc.allocate(KiB, 1);        // two cached small segments, both freed
+  void* s2 = f.alloc.allocate(KiB, 2);
+  void* big = f.alloc.allocate(MiB + KiB, 1);  // a cached 2 MiB large segment
+  for (void* p : {s1, s2, big}) f.alloc.deallocate(p);
+  EXPECT_EQ(f.fake->live_bytes, 10 * MiB);
+
+  // 5 MiB needs a 6 MiB segment: the backend refuses, the allocator returns the 6 MiB of unused
+  // segments (of every stream and pool) and the retry succeeds.
+  void* x = f.alloc.allocate(5 * MiB, 1);
+  EXPECT_EQ(f.fake->failures, 1);
+  EXPECT_EQ(f.fake->frees, 3);
+  EXPECT_EQ(addr(x), f.fake->last_ptr);
+  AllocatorStats s = f.alloc.stats();
+  EXPECT_EQ(s.reserved, 10 * MiB);
+  EXPECT_EQ(s.allocated, 3 * MiB + 5 * MiB);
+  EXPECT_EQ(s.misses, 5u);
+  EXPECT_EQ(f.fake->live_bytes, s.reserved);
+  f.alloc.deallocate(x);
+  f.alloc.deallocate(live);
+}
+
+TEST(CachingAllocator, OutOfMemoryMessageSaysWhereTheMemoryIs) {
+  Fixture f;
+  f.fake->limit = 8 * MiB;
+  void* live = f.alloc.allocate(3 * MiB);  // 4 MiB segment: 3 MiB live, 1 MiB free tail (cached)
+  void* small = f.alloc.allocate(KiB);     // 2 MiB small segment, mostly free (cached)
+  // 3 MiB needs 4 MiB; 2 MiB are left and no segment is wholly unused, so the retry fails too.
+  try {
+    f.alloc.allocate(3 * MiB);
+    FAIL() << "expected an out-of-memory error";
+  } catch (const std::runtime_error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("fake-gpu:7"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("asked for 3.000 MiB (3145728 bytes)"), std::string::npos) << msg;
+    // allocated = 3 MiB + 1 KiB; cached = 6 MiB reserved - allocated.
+    EXPECT_NE(msg.find("(3146752 bytes) allocated"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(3144704 bytes) cached"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(6291456 bytes) reserved"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(f.fake->failures, 2);  // the first try and the retry
+  EXPECT_EQ(f.fake->frees, 0);     // nothing was unused
+  AllocatorStats s = f.alloc.stats();
+  EXPECT_EQ(s.requests, 3u);
+  EXPECT_EQ(s.misses, 3u);  // the failed call went to the backend too
+  EXPECT_EQ(s.reserved, 6 * MiB);
+  EXPECT_EQ(s.allocated, 3 * MiB + KiB);
+  // The allocator still works after the error, and freeing makes room.
+  f.alloc.deallocate(live);
+  void* again = f.alloc.allocate(3 * MiB);
+  EXPECT_EQ(again, live);
+  f.alloc.deallocate(again);
+  f.alloc.deallocate(small);
+}
+
+TEST(CachingAllocator, HugeRequestsAreOutOfMemoryNotATinyBlock) {
+  Fixture f;
+  f.fake->limit = size_t{1} << 30;
+  // Rounding SIZE_MAX up to 512 would wrap to 0; the request must fail, not succeed.
+  for (size_t bytes : {std::numeric_limits<size_t>::max(), std::numeric_limits<size_t>::max() - 100,
+                       std::numeric_limits<size_t>::max() / 2}) {
+    EXPECT_THROW(f.alloc.allocate(bytes), std::runtime_error) << bytes;
+  }
+  EXPECT_EQ(f.alloc.stats().allocated, 0u);
+  EXPECT_EQ(f.alloc.stats().reserved, 0u);
+}
+
+TEST(CachingAllocator, FreeOfUnknownPointerIsAnErrorAndNullIsANoOp) {
+  Fixture f;
+  f.alloc.deallocate(nullptr);
+  void* a = f.alloc.allocate(KiB);
+  EXPECT_THROW(f.alloc.deallocate(static_cast<char*>(a) + 512), std::logic_error);
+  f.alloc.deallocate(a);
+  EXPECT_THROW(f.alloc.deallocate(a), std::logic_error);  // double free
+}
+
+TEST(CachingAllocator, ConcurrentUseKeepsAccountsExact) {
+  Fixture f;
+  std::atomic<uint64_t> allocations{0};
+  auto worker = [&](uintptr_t stream, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<void*> live;
+    for (int i = 0; i < 2000; ++i) {
+      if (live.size() < 4 || (live.size() < 32 && rng() % 2 == 0)) {
+        live.push_back(f.alloc.allocate(rng() % (64 * KiB), stream));
+        allocations++;
+      } else {
+        size_t k = rng() % live.size();
+        f.alloc.deallocate(live[k]);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+      }
+    }
+    for (void* p : live) f.alloc.deallocate(p);
+  };
+  std::thread t1(worker, 1, 11);
+  std::thread t2(worker, 2, 22);
+  t1.join();
+  t2.join();
+  AllocatorStats s = f.alloc.stats();
+  EXPECT_EQ(s.allocated, 0u);
+  EXPECT_EQ(s.requests, allocations.load());
+  EXPECT_EQ(f.fake->live_bytes, s.reserved);
+  f.alloc.empty_cache();
+  EXPECT_EQ(f.fake->live_bytes, 0u);
+}
+
+// An independent, deliberately naive restatement of the policy: every block of every segment in
+// one address-ordered map, best fit by linear scan (smallest size, then lowest address). The
+// stress test checks that the allocator returns exactly the addresses and stats this predicts.
+class PolicyModel {
+ public:
+  explicit PolicyModel(const FakeState* fake) : fake_(fake) {}
+
+  // Call right after the real allocate(): on a predicted miss the new segment is the fake
+  // backend's last one.
+  uintptr_t allocate(size_t bytes, uintptr_t stream) {
+    stats_.requests++;
+    size_t size = std::max<size_t>(bytes, 1);
+    size = (size + kRound - 1) / kRound * kRound;
+    bool small = size <= CachingAllocator::kSmallSize;
+    uintptr_t best = 0;
+    for (const auto& [a, b] : blocks_) {
+      if (!b.free || b.stream != stream || b.small != small || b.size < size) continue;
+      if (best == 0 || b.size < blocks_[best].size) best = a;  // ties keep the lower address
+    }
+    if (best == 0) {
+      size_t seg = small ? CachingAllocator::kSegment
+                         : (size + CachingAllocator::kSegment - 1) / CachingAllocator::kSegment *
+                               CachingAllocator::kSegment;
+      EXPECT_EQ(fake_->last_size, seg);
+      best = fake_->last_ptr;
+      blocks_[best] = {seg, stream, small, true};
+      segments_[best] = seg;
+      stats_.misses++;
+      stats_.reserved += seg;
+      stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+    }
+    Block& b = blocks_[best];
+    size_t min_split = small ? kRound : CachingAllocator::kSmallSize;
+    if (b.size - size >= min_split) {
+      blocks_[best + size] = {b.size - size, stream, small, true};
+      b.size = size;
+    }
+    b.free = false;
+    stats_.allocated += b.size;
+    stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+    return best;
+  }
+
+  void deallocate(uintptr_t a) {
+    auto it = blocks_.find(a);
+    it->second.free = true;
+    stats_.allocated -= it->second.size;
+    auto next = std::next(it);
+    if (next != blocks_.end() && next->second.free && segments_.count(next->first) == 0) {
+      it->second.size += next->second.size;
+      blocks_.erase(next);
+    }
+    if (segments_.count(a) == 0) {  // not a segment head: the block before is in the segment
+      auto prev = std::prev(it);
+      if (prev->second.free) {
+        prev->second.size += it->second.size;
+        blocks_.erase(it);
+      }
+    }
+  }
+
+  void empty_cache() {
+    for (auto it = segments_.begin(); it != segments_.end();) {
+      const Block& b = blocks_[it->first];
+      if (b.free && b.size == it->second) {
+        stats_.reserved -= it->second;
+        blocks_.erase(it->first);
+        it = segments_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  const AllocatorStats& stats() const { return stats_; }
+
+ private:
+  struct Block {
+    size_t size;
+    uintptr_t stream;
+    bool small;
+    bool free;
+  };
+  const FakeState* fake_;
+  std::map<uintptr_t, Block> blocks_;
+  std::map<uintptr_t, size_t> segments_;  // base -> size
+  AllocatorStats stats_;
+};
+
+void expect_stats_eq(const AllocatorStats& got, const AllocatorStats& want, int op) {
+  EXPECT_EQ(got.allocated, want.allocated) << "op " << op;
+  EXPECT_EQ(got.reserved, want.reserved) << "op " << op;
+  EXPECT_EQ(got.peak_allocated, want.peak_allocated) << "op " << op;
+  EXPECT_EQ(got.peak_reserved, want.peak_reserved) << "op " << op;
+  EXPECT_EQ(got.requests, want.requests) << "op " << op;
+  EXPECT_EQ(got.misses, want.misses) << "op " << op;
+}
+
+size_t random_size(std::mt19937_64& rng) {
+  uint64_t r = rng() % 100;
+  if (r < 3) return 0;
+  if (r < 65) return 1 + rng() % (64 * KiB);
+  if (r < 88) return 1 + rng() % MiB;  // up to the largest small request
+  return MiB + 1 + rng() % (7 * MiB);  // large
+}
+
+TEST(CachingAllocator, RandomizedStressMatchesThePolicyModel) {
+  Fixture f;
+  PolicyModel model(f.fake.get());
+  std::mt19937_64 rng(20240520);
+  std::map<uintptr_t, size_t> live;  // address -> rounded request size
+  const int kOps = 20000;
+  for (int op = 0; op < kOps; ++op) {
+    bool alloc = live.size() < 8 || (live.size() < 96 && rng() % 100 < 55);
+    if (alloc) {
+      size_t bytes = random_size(rng);
+      uintptr_t stream = 1 + rng() % 2;
+      uintptr_t got = addr(f.alloc.allocate(bytes, stream));
+      uintptr_t want = model.allocate(bytes, stream);
+      ASSERT_EQ(got, want) << "op " << op << ": " << bytes << " bytes on stream " << stream;
+      ASSERT_EQ(got % kRound, 0u);
+      // No overlap with any live block: check both address-order neighbours.
+      size_t len = std::max<size_t>(bytes, 1);
+      auto next = live.lower_bound(got);
+      if (next != live.end()) ASSERT_LE(got + len, next->first) << "op " << op;
+      if (next != live.begin()) {
+        auto prev = std::prev(next);
+        ASSERT_LE(prev->first + prev->second, got) << "op " << op;
+      }
+      live[got] = len;
+    } else {
+      auto it = live.begin();
+      std::advance(it, static_cast<std::ptrdiff_t>(rng() % live.size()));
+      f.alloc.deallocate(reinterpret_cast<void*>(it->first));
+      model.deallocate(it->first);
+      live.erase(it);
+    }
+    if (op % 750 == 749) {
+      f.alloc.empty_cache();
+      model.empty_cache();
+    }
+    expect_stats_eq(f.alloc.stats(), model.stats(), op);
+    ASSERT_EQ(f.fake->live_bytes, f.alloc.stats().reserved) << "op " << op;
+    if (HasFailure()) return;
+  }
+  EXPECT_GT(f.alloc.stats().misses, 20u);  // the run did exercise growth
+  EXPECT_LT(f.alloc.stats().misses, static_cast<uint64_t>(kOps / 10));  // and mostly reuse
+  for (const auto& [a, len] : live) {
+    f.alloc.deallocate(reinterpret_cast<void*>(a));
+    model.deallocate(a);
+  }
+  f.alloc.empty_cache();
+  model.empty_cache();
+  expect_stats_eq(f.alloc.stats(), model.stats(), kOps);
+  EXPECT_EQ(f.alloc.stats().reserved, 0u);
+  EXPECT_EQ(f.fake->live_bytes, 0u);
+}
+
+}  // namespace
+}  // namespace gtron::memory

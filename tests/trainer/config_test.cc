@@ -1,0 +1,308 @@
+#include "trainer/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/check.h"
+
+namespace gtron {
+namespace {
+
+Config from_text(const std::string& text, const std::vector<std::string>& sets = {}) {
+  return config_from_json_text(text, sets, "test.json");
+}
+
+// Expects fn to throw a UserError whose message starts "config error: " and holds every piece
+// (the key path or file name, and the bad value).
+void expect_user_error(const std::function<void()>& fn, const std::vector<std::string>& pieces) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("config error: ", 0), 0u) << msg;
+    EXPECT_NE(msg.find("Hint: "), std::string::npos) << msg;
+    for (const std::string& p : pieces) {
+      EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' missing from: " << msg;
+    }
+    return;
+  }
+  ADD_FAILURE() << "expected a UserError holding '" << pieces.front() << "'";
+}
+
+void expect_text_error(const std::string& text, const std::vector<std::string>& pieces,
+                       const std::vector<std::string>& sets = {}) {
+  SCOPED_TRACE(text);
+  expect_user_error([&] { from_text(text, sets); }, pieces);
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const std::string path = std::string(::testing::TempDir()) + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ConfigDefaults, MatchTheSchema) {
+  const Config c = default_config();
+  EXPECT_EQ(c.model.vocab_size, 50257);
+  EXPECT_EQ(c.model.padded_vocab(), 50304);
+  EXPECT_EQ(c.model.context_length, 1024);
+  EXPECT_EQ(c.model.n_layer, 12);
+  EXPECT_EQ(c.model.n_head, 12);
+  EXPECT_EQ(c.model.n_embd, 768);
+  EXPECT_TRUE(c.model.tied_embeddings);
+  EXPECT_DOUBLE_EQ(c.model.init_std, 0.02);
+  EXPECT_EQ(c.mtp.depth, 0);
+  EXPECT_DOUBLE_EQ(c.mtp.loss_weight, 0.3);
+  EXPECT_EQ(c.data.train, "");
+  EXPECT_EQ(c.data.synthetic.order, 2);
+  EXPECT_EQ(c.data.synthetic.vocab, 64);
+  EXPECT_DOUBLE_EQ(c.data.synthetic.alpha, 0.2);
+  EXPECT_EQ(c.data.synthetic.tokens, 2000000);
+  EXPECT_EQ(c.data.synthetic.val_tokens, 100000);
+  EXPECT_EQ(c.data.synthetic.seed, 1234u);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 6e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_DOUBLE_EQ(c.optimizer.grad_clip, 1.0);
+  EXPECT_FALSE(c.optimizer.decay_embeddings);
+  EXPECT_EQ(c.schedule.kind, ScheduleKind::kCosine);
+  EXPECT_DOUBLE_EQ(c.schedule.min_lr_ratio, 0.1);
+  EXPECT_DOUBLE_EQ(c.schedule.wsd_decay_fraction, 0.2);
+  EXPECT_EQ(c.train.steps, 1000);
+  EXPECT_EQ(c.train.global_batch, 8);
+  EXPECT_EQ(c.train.micro_batch, 8);
+  EXPECT_EQ(c.train.seq_len, 1024);
+  EXPECT_EQ(c.train.seed, 1337u);
+  EXPECT_EQ(c.train.device, DeviceChoice::kAuto);
+  EXPECT_EQ(c.train.precision, PrecisionChoice::kAuto);
+  EXPECT_EQ(c.train.eval_batches, 4);
+  EXPECT_EQ(c.train.out_dir, "runs/default");
+  EXPECT_EQ(c.parallel.gtp, 1);
+  EXPECT_TRUE(c.parallel.distributed_optimizer);
+  EXPECT_DOUBLE_EQ(c.parallel.bucket_mb, 25.0);
+  EXPECT_TRUE(c.parallel.gtp_reuse_repeated_send_buffer);
+  EXPECT_EQ(c.graphs.scope, GraphScope::kNone);
+  EXPECT_EQ(c.graphs.warmup, 2);
+  EXPECT_EQ(c.checkpoint.keep, 3);
+  EXPECT_EQ(c.log.every, 1);
+  EXPECT_EQ(c.log.metrics_file, "metrics.jsonl");
+  EXPECT_EQ(checkpoint_dir(c), "runs/default/checkpoints");
+  EXPECT_EQ(metrics_path(c), "runs/default/metrics.jsonl");
+  validate(c, 1);
+}
+
+TEST(ConfigDefaults, EmptyObjectAndResolvedJsonRoundTrip) {
+  const Config d = default_config();
+  EXPECT_EQ(from_text("{}"), d);
+  EXPECT_EQ(from_text(resolved_json(d)), d);
+}
+
+TEST(ConfigFiles, TinyLoadsAndValidates) {
+  const Config c = load_config("configs/tiny.json");
+  EXPECT_EQ(c.model.vocab_size, 64);
+  EXPECT_EQ(c.model.n_layer, 2);
+  EXPECT_EQ(c.model.n_head, 4);
+  EXPECT_EQ(c.model.n_embd, 64);
+  EXPECT_EQ(c.mtp.depth, 1);
+  EXPECT_EQ(c.train.seq_len, 64);
+  EXPECT_EQ(c.train.steps, 600);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-3);
+  EXPECT_EQ(c.schedule.warmup_steps, 30);
+  EXPECT_EQ(c.log.every, 10);
+  EXPECT_EQ(c.checkpoint.every, 200);
+  validate(c, 1);
+  validate(c, 2);
+  EXPECT_EQ(grad_accum_steps(c, 1), 2);
+  EXPECT_EQ(grad_accum_steps(c, 2), 1);
+  expect_user_error([&] { validate(c, 4); }, {"train.global_batch = 16", "32"});
+}
+
+TEST(ConfigFiles, Gpt2LoadsAndValidates) {
+  const Config c = load_config("configs/gpt2_124m.json");
+  EXPECT_EQ(c.model.vocab_size, 50257);
+  EXPECT_EQ(c.model.n_embd, 768);
+  EXPECT_EQ(c.train.micro_batch, 16);
+  EXPECT_EQ(c.schedule.warmup_steps, 700);
+  EXPECT_EQ(c.train.device, DeviceChoice::kCuda);
+  EXPECT_EQ(c.train.precision, PrecisionChoice::kBf16);
+  validate(c, 1);
+  EXPECT_EQ(resolve_device(c.train, true), DeviceChoice::kCuda);
+  expect_user_error([&] { resolve_device(c.train, false); }, {"train.device = \"cuda\""});
+}
+
+TEST(ConfigOverrides, NumbersBoolsStringsAndNestedKeys) {
+  const Config c = load_config("configs/tiny.json", {
+                                                        "train.steps=50",
+                                                        "optimizer.lr=1e-3",
+                                                        "model.tied_embeddings=false",
+                                                        "train.device=cpu",
+                                                        "schedule.kind=\"wsd\"",
+                                                        "data.train=data/shard_*.bin",
+                                                        "data.synthetic.seed=7",
+                                                        "data.synthetic.tokens=3e5",
+                                                        "train.out_dir=2024",
+                                                        "graphs.scope=layers",
+                                                        "train.steps=70",
+                                                    });
+  EXPECT_EQ(c.train.steps, 70);  // the later override wins
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_FALSE(c.model.tied_embeddings);
+  EXPECT_EQ(c.train.device, DeviceChoice::kCpu);
+  EXPECT_EQ(c.schedule.kind, ScheduleKind::kWsd);
+  EXPECT_EQ(c.data.train, "data/shard_*.bin");
+  EXPECT_EQ(c.data.synthetic.seed, 7u);
+  EXPECT_EQ(c.data.synthetic.tokens, 300000);
+  EXPECT_EQ(c.train.out_dir, "2024");  // a string key keeps the raw text
+  EXPECT_EQ(c.graphs.scope, GraphScope::kLayers);
+  EXPECT_EQ(c.model.n_layer, 2);  // untouched keys keep the file's values
+  // An override may name a section the file does not have.
+  EXPECT_EQ(from_text("{}", {"checkpoint.keep=9"}).checkpoint.keep, 9);
+}
+
+TEST(ConfigRoundTrip, ResolvedJsonReparsesToTheSameConfig) {
+  const Config c = load_config("configs/tiny.json",
+                               {"parallel.gtp=2", "optimizer.eps=1.5e-7", "data.val=v/*.bin"});
+  const std::string text = resolved_json(c);
+  const Config back = from_text(text);
+  EXPECT_EQ(back, c);
+  EXPECT_EQ(resolved_json(back), text);
+  for (const std::string& path : config_key_paths()) {
+    const std::string leaf = path.substr(path.rfind('.') + 1);
+    EXPECT_NE(text.find("\"" + leaf + "\""), std::string::npos) << path;
+  }
+  Config changed = back;
+  changed.optimizer.beta1 = 0.8;
+  EXPECT_NE(changed, c);
+}
+
+TEST(ConfigDocs, MarkdownTableListsEveryKey) {
+  const std::string md = config_markdown_table();
+  const std::vector<std::string> paths = config_key_paths();
+  for (const std::string& path : paths) {
+    EXPECT_NE(md.find("| `" + path + "` |"), std::string::npos) << path;
+  }
+  size_t rows = 0;
+  for (char ch : md) rows += ch == '\n';
+  EXPECT_EQ(rows, paths.size() + 2);  // header, separator, one row per key
+  EXPECT_NE(md.find("| `schedule.kind` | enum | `\"cosine\"` | \"cosine\", \"linear\", "
+                    "\"constant\", \"wsd\" |"),
+            std::string::npos);
+  EXPECT_NE(md.find("| `optimizer.beta2` | float | `0.95` | [0, 1) |"), std::string::npos);
+}
+
+TEST(ConfigErrors, UnknownKeys) {
+  expect_text_error(R"({"optimiser": {"lr": 0.1}})",
+                    {"optimiser = {\"lr\":0.1}", "unknown key in test.json", "optimizer"});
+  expect_text_error(R"({"model": {"n_layers": 3}})",
+                    {"model.n_layers = 3", "did you mean model.n_layer?"});
+  expect_text_error(R"({"n_layer": 3})", {"n_layer = 3", "did you mean model.n_layer?"});
+  expect_text_error(R"({"model": {"n_layer.x": 3}})", {"model.n_layer.x = 3", "plain names"});
+  expect_text_error(R"({"model": 5})", {"model = 5", "must be a JSON object"});
+}
+
+TEST(ConfigErrors, WrongJsonTypes) {
+  expect_text_error(R"({"model": {"n_layer": "12"}})",
+                    {"model.n_layer = \"12\"", "expected an integer", "got a JSON string"});
+  expect_text_error(R"({"model": {"n_layer": 1.5}})",
+                    {"model.n_layer = 1.5", "non-integral number"});
+  expect_text_error(R"({"model": {"n_layer": 1e30}})", {"model.n_layer = 1e+30", "beyond 64-bit"});
+  expect_text_error(R"({"model": {"tied_embeddings": 1}})",
+                    {"model.tied_embeddings = 1", "expected true or false"});
+  expect_text_error(R"({"optimizer": {"lr": "fast"}})",
+                    {"optimizer.lr = \"fast\"", "expected a number"});
+  expect_text_error(R"({"data": {"train": 3}})", {"data.train = 3", "expected a string"});
+  expect_text_error(R"({"train": {"seed": null}})", {"train.seed = null", "got a JSON null"});
+  expect_text_error("[1, 2]", {"test.json", "top level must be a JSON object", "array"});
+}
+
+TEST(ConfigErrors, OutOfRangeAndBadEnums) {
+  expect_text_error(R"({"optimizer": {"lr": -0.001}})", {"optimizer.lr = -0.001", "must be > 0"});
+  expect_text_error(R"({"mtp": {"depth": -1}})", {"mtp.depth = -1", "must be [0, 16]"});
+  expect_text_error(R"({"checkpoint": {"keep": 0}})", {"checkpoint.keep = 0", "must be >= 1"});
+  expect_text_error(R"({"log": {"every": 0}})", {"log.every = 0", "must be >= 1"});
+  expect_text_error(R"({"optimizer": {"beta2": 1}})", {"optimizer.beta2 = 1", "[0, 1)"});
+  expect_text_error(R"({"train": {"out_dir": ""}})", {"train.out_dir = \"\"", "not be empty"});
+  expect_text_error(R"({"train": {"device": "tpu"}})",
+                    {"train.device = \"tpu\"", "one of \"auto\", \"cpu\", \"cuda\""});
+  expect_text_error(R"({"schedule": {"kind": "cosin"}})",
+                    {"schedule.kind = \"cosin\"", "did you mean \"cosine\"?"});
+}
+
+TEST(ConfigErrors, InconsistentCombinations) {
+  expect_text_error(R"({"model": {"n_embd": 64, "n_head": 5}})",
+                    {"model.n_head = 5", "must divide model.n_embd (64)", "4 or 8"});
+  expect_text_error(R"({"model": {"context_length": 64}, "train": {"seq_len": 128}})",
+                    {"train.seq_len = 128", "model.context_length (64)"});
+  expect_text_error(
+      R"({"train": {"global_batch": 12, "micro_batch": 8}})",
+      {"train.global_batch = 12", "train.micro_batch (8)", "set train.global_batch to 16"});
+  expect_text_error(R"({"train": {"seq_len": 8}, "mtp": {"depth": 8}})",
+                    {"mtp.depth = 8", "train.seq_len (8)"});
+  expect_text_error(R"({"schedule": {"warmup_steps": 2000}})",
+                    {"schedule.warmup_steps = 2000", "train.steps (1000)"});
+  expect_text_error(R"({"train": {"device": "cpu", "precision": "bf16"}})",
+                    {"train.precision = \"bf16\"", "train.device = \"cpu\""});
+  expect_text_error(R"({"model": {"vocab_size": 50}})",
+                    {"data.synthetic.vocab = 64", "model.vocab_size (50)"});
+  // A real data set lifts the synthetic-vocab limit for the train split only.
+  expect_text_error(R"({"model": {"vocab_size": 50}, "data": {"train": "t/*.bin"}})",
+                    {"data.synthetic.vocab = 64", "data.val"});
+  from_text(R"({"model": {"vocab_size": 50}, "data": {"train": "t/*.bin", "val": "v/*.bin"}})");
+  expect_text_error(R"({"data": {"synthetic": {"tokens": 100}}})",
+                    {"data.synthetic.tokens = 100", "1025"});
+  // parallel.gtp ranks at least, so global_batch must already split over them.
+  expect_text_error(R"({"parallel": {"gtp": 2}})",
+                    {"train.global_batch = 8", "at least parallel.gtp = 2", "16"});
+}
+
+TEST(ConfigErrors, WorldSizeChecks) {
+  const Config c = from_text(R"({"parallel": {"gtp": 2}, "train": {"global_batch": 48}})");
+  validate(c, 2);
+  validate(c, 6);
+  expect_user_error([&] { validate(c, 3); }, {"parallel.gtp = 2", "world size (3)"});
+  expect_user_error([&] { validate(c, 4); },
+                    {"train.global_batch = 48", "data ranks (4, the world size) = 32"});
+  Config hand = default_config();
+  hand.optimizer.beta1 = 1.0;  // validate() re-checks every key of a hand-built Config
+  expect_user_error([&] { validate(hand, 1); }, {"optimizer.beta1 = 1.0", "[0, 1)"});
+}
+
+TEST(ConfigErrors, FilesAndOverrides) {
+  expect_user_error([] { load_config("no_such_config.json"); },
+                    {"\"no_such_config.json\"", "No such file or directory"});
+  const std::string bad = write_temp("malformed.json", "{\n  \"model\": {\"n_layer\": 2,}\n}\n");
+  expect_user_error([&] { load_config(bad); }, {"cannot parse " + bad, "line 2"});
+  expect_user_error([] { load_config(::testing::TempDir()); }, {"is a directory"});
+  expect_text_error("{}", {"--set \"model.n_layer4\"", "expected key.path=value"},
+                    {"model.n_layer4"});
+  expect_text_error("{}", {"--set model.n_layers=4", "did you mean model.n_layer?"},
+                    {"model.n_layers=4"});
+  expect_text_error("{}", {"--set model=4", "is a section", "model.vocab_size=..."}, {"model=4"});
+  expect_text_error("{}", {"train.steps = \"abc\" (from --set)", "expected an integer"},
+                    {"train.steps=abc"});
+}
+
+TEST(ConfigRuntime, DeviceAndPrecisionResolution) {
+  TrainConfig t = default_config().train;
+  EXPECT_EQ(resolve_device(t, true), DeviceChoice::kCuda);
+  EXPECT_EQ(resolve_device(t, false), DeviceChoice::kCpu);
+  EXPECT_EQ(resolve_precision(t, DeviceChoice::kCuda), PrecisionChoice::kBf16);
+  EXPECT_EQ(resolve_precision(t, DeviceChoice::kCpu), PrecisionChoice::kFp32);
+  t.precision = PrecisionChoice::kFp32;
+  EXPECT_EQ(resolve_precision(t, DeviceChoice::kCuda), PrecisionChoice::kFp32);
+  t.precision = PrecisionChoice::kBf16;  // device "auto" that found no GPU
+  expect_user_error([&] { resolve_precision(t, DeviceChoice::kCpu); },
+                    {"train.precision = \"bf16\"", "train.device = \"auto\""});
+  EXPECT_STREQ(to_string(ScheduleKind::kWsd), "wsd");
+  EXPECT_STREQ(to_string(GraphScope::kFull), "full");
+  EXPECT_STREQ(to_string(PrecisionChoice::kFp32), "fp32");
+}
+
+}  // namespace
+}  // namespace gtron

@@ -1,0 +1,529 @@
+// Reading, checking and printing configs (Note [config schema] in config.h).
+//
+// Policy: checks run in a fixed order, so a config with several faults always reports the same one:
+//   1. the source: the file opens, its JSON parses, the top level is an object;
+//   2. the overrides: each has the form key.path=value and names a schema key;
+//   3. the file's structure: no unknown or dotted keys, sections are objects (in key order);
+//   4. each key's value against its spec: type, range, enum name (in schema order);
+//   5. combinations of keys; validate() adds those that need the world size.
+// Every message reads "config error: <key path> = <value received>: <what is allowed>. Hint: ...".
+
+#include "trainer/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "model/check.h"
+#include "trainer/config_schema.h"
+
+namespace gtron {
+namespace {
+
+using config_internal::find_key;
+using config_internal::is_section;
+using config_internal::KeySpec;
+using config_internal::KeyType;
+using config_internal::schema;
+using json = nlohmann::json;
+
+[[noreturn]] void fail(const std::string& what, const std::string& hint) {
+  throw UserError("config error: " + what + ". Hint: " + hint);
+}
+
+// A value as the user wrote it, cut short when long (a whole section given by mistake).
+std::string show_value(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return s.size() <= 80 ? s : s.substr(0, 77) + "...";
+}
+
+// Where each key's value came from, for messages.
+struct Origin {
+  std::string source;                // the file name, or "config text"
+  std::set<std::string> overridden;  // key paths given by --set
+};
+
+std::string show(const std::string& path, const json& v, const Origin* origin = nullptr) {
+  std::string s = path + " = " + show_value(v);
+  if (origin && origin->overridden.count(path)) s += " (from --set)";
+  return s;
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
+  return out;
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  for (std::string part; std::getline(ss, part, '.');) parts.push_back(part);
+  return parts;
+}
+
+std::string pointer_of(const std::string& path) {
+  std::string p = "/" + path;
+  std::replace(p.begin(), p.end(), '.', '/');
+  return p;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string last_part(const std::string& path) {
+  size_t dot = path.rfind('.');
+  return dot == std::string::npos ? path : path.substr(dot + 1);
+}
+
+// The known key (or section) closest to an unknown path; "" when nothing is close. A key whose
+// last part matches exactly wins ("n_layer" -> "model.n_layer"); else the smallest edit distance.
+std::string closest_key(const std::string& unknown) {
+  std::vector<std::string> candidates;
+  for (const KeySpec& k : schema()) {
+    std::vector<std::string> parts = split_path(k.path);
+    std::string prefix;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      prefix += (i ? "." : "") + parts[i];
+      if (std::find(candidates.begin(), candidates.end(), prefix) == candidates.end()) {
+        candidates.push_back(prefix);
+      }
+    }
+    candidates.push_back(k.path);
+  }
+  for (const std::string& c : candidates) {
+    if (find_key(c) && last_part(c) == last_part(unknown)) return c;
+  }
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const std::string& c : candidates) {
+    size_t d = edit_distance(unknown, c);
+    if (d < best_d) best = c, best_d = d;
+  }
+  return best_d <= 2 + unknown.size() / 8 ? best : "";
+}
+
+// The first schema key inside a section, for examples in hints.
+std::string first_key_under(const std::string& section) {
+  for (const KeySpec& k : schema()) {
+    if (k.path.compare(0, section.size() + 1, section + ".") == 0) return k.path;
+  }
+  return section;
+}
+
+std::string unknown_key_hint(const std::string& path) {
+  std::string near = closest_key(path);
+  std::string hint = near.empty() ? "" : "did you mean " + near + "? ";
+  return hint + "`gtron print-config` lists every key with its default";
+}
+
+// Step 3: every key of the file is a schema key or a section, and sections are objects.
+void check_structure(const json& obj, const std::string& prefix, const Origin& origin) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    const std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (it.key().empty() || it.key().find('.') != std::string::npos) {
+      fail(str_cat(show(path, *it), ": keys in ", origin.source, " must be plain names"),
+           "nest sections as objects, e.g. {\"model\": {\"n_layer\": 4}}, or use --set "
+           "model.n_layer=4");
+    }
+    if (find_key(path)) continue;  // its value is checked in step 4
+    if (is_section(path)) {
+      if (!it->is_object()) {
+        fail(str_cat(show(path, *it), ": is a section in ", origin.source,
+                     " and must be a JSON object"),
+             str_cat("e.g. \"", it.key(), "\": {\"", last_part(first_key_under(path)),
+                     "\": ...}; `gtron print-config` shows its keys"));
+      }
+      check_structure(*it, path, origin);
+      continue;
+    }
+    fail(str_cat(show(path, *it), ": unknown key in ", origin.source), unknown_key_hint(path));
+  }
+}
+
+std::string describe_allowed(const KeySpec& k) {
+  switch (k.type) {
+    case KeyType::kInt:
+    case KeyType::kFloat:
+      return k.range.describe();
+    case KeyType::kBool:
+      return "true, false";
+    case KeyType::kString:
+      return k.non_empty ? "non-empty string" : "any string";
+    case KeyType::kEnum: {
+      std::vector<std::string> quoted;
+      for (const std::string& a : k.allowed) quoted.push_back("\"" + a + "\"");
+      return join(quoted, ", ");
+    }
+  }
+  return "";
+}
+
+std::string default_hint(const KeySpec& k) {
+  return "the default is " + show_value(k.default_value);
+}
+
+// Step 4: checks one value against its spec and returns it in the form KeySpec::set takes.
+json checked_value(const KeySpec& k, const json& v, const Origin* origin) {
+  const std::string got = str_cat("got a JSON ", v.type_name());
+  switch (k.type) {
+    case KeyType::kInt: {
+      json n;
+      if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}) {
+        fail(str_cat(show(k.path, v, origin), ": must be ", k.range.describe()), default_hint(k));
+      } else if (v.is_number_integer()) {
+        n = v.get<int64_t>();
+      } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
+                 std::fabs(v.get<double>()) < 9.2e18) {
+        n = static_cast<int64_t>(v.get<double>());  // 2e6 is a fine way to write an integer
+      } else {
+        const char* number = v.is_number() && std::floor(v.get<double>()) == v.get<double>()
+                                 ? "got a number beyond 64-bit integers"
+                                 : "got a non-integral number";
+        fail(str_cat(show(k.path, v, origin), ": expected an integer, ",
+                     v.is_number() ? number : got),
+             str_cat("write a whole number without quotes; ", default_hint(k)));
+      }
+      if (!k.range.contains(static_cast<double>(n.get<int64_t>()))) {
+        fail(str_cat(show(k.path, v, origin), ": must be ", k.range.describe()), default_hint(k));
+      }
+      return n;
+    }
+    case KeyType::kFloat:
+      if (!v.is_number()) {
+        fail(str_cat(show(k.path, v, origin), ": expected a number, ", got),
+             str_cat("write a number without quotes; ", default_hint(k)));
+      }
+      if (!k.range.contains(v.get<double>())) {
+        fail(str_cat(show(k.path, v, origin), ": must be ", k.range.describe()), default_hint(k));
+      }
+      return v.get<double>();
+    case KeyType::kBool:
+      if (!v.is_boolean()) {
+        fail(str_cat(show(k.path, v, origin), ": expected true or false, ", got),
+             "write true or false without quotes");
+      }
+      return v;
+    case KeyType::kString:
+      if (!v.is_string()) {
+        fail(str_cat(show(k.path, v, origin), ": expected a string, ", got),
+             "put the value in double quotes");
+      }
+      if (k.non_empty && v.get<std::string>().empty()) {
+        fail(str_cat(show(k.path, v, origin), ": must not be empty"),
+             str_cat(default_hint(k), "; use \".\" for the current directory"));
+      }
+      return v;
+    case KeyType::kEnum: {
+      const std::string allowed = describe_allowed(k);
+      if (!v.is_string()) {
+        fail(str_cat(show(k.path, v, origin), ": expected one of ", allowed, ", ", got),
+             "put the name in double quotes");
+      }
+      const std::string name = v.get<std::string>();
+      if (std::find(k.allowed.begin(), k.allowed.end(), name) != k.allowed.end()) return v;
+      std::string near = k.allowed.front();
+      for (const std::string& a : k.allowed) {
+        if (edit_distance(name, a) < edit_distance(name, near)) near = a;
+      }
+      fail(str_cat(show(k.path, v, origin), ": must be one of ", allowed),
+           edit_distance(name, near) <= 2 ? "did you mean \"" + near + "\"?" : default_hint(k));
+    }
+  }
+  GTRON_CHECK(false, "unhandled key type for ", k.path);
+}
+
+// Step 2: "key.path=value" -> (key path, JSON value).
+std::pair<std::string, json> parse_override(const std::string& text) {
+  const size_t eq = text.find('=');
+  auto trim = [](std::string s) {
+    const char* ws = " \t\r\n";
+    s.erase(0, s.find_first_not_of(ws));
+    s.erase(s.find_last_not_of(ws) + 1);
+    return s;
+  };
+  const std::string path = eq == std::string::npos ? "" : trim(text.substr(0, eq));
+  if (path.empty()) {
+    fail(str_cat("--set \"", text, "\": expected key.path=value"),
+         "e.g. --set train.steps=100 or --set train.device=cpu");
+  }
+  const std::string raw = text.substr(eq + 1);
+  const KeySpec* k = find_key(path);
+  if (!k) {
+    fail(str_cat("--set ", path, "=", raw, ": ",
+                 is_section(path) ? "is a section, not a key" : "unknown key"),
+         is_section(path) ? "set its keys one by one, e.g. --set " + first_key_under(path) + "=..."
+                          : unknown_key_hint(path));
+  }
+  json v = json::parse(raw, nullptr, /*allow_exceptions=*/false);
+  const bool wants_text = k->type == KeyType::kString || k->type == KeyType::kEnum;
+  if (v.is_discarded() || (wants_text && !v.is_string())) v = raw;  // a bare string
+  return {path, v};
+}
+
+// The value at a key path in a checked tree, or nullptr.
+const json* value_at(const json& tree, const std::string& path) {
+  const json* node = &tree;
+  for (const std::string& part : split_path(path)) {
+    auto it = node->find(part);
+    if (it == node->end()) return nullptr;
+    node = &*it;
+  }
+  return node;
+}
+
+// Nearest divisors of n below and above d, as "a or b" (for hints).
+std::string nearby_divisors(int64_t n, int64_t d) {
+  int64_t lo = std::min(d, n), hi = d;
+  while (lo > 1 && n % lo != 0) --lo;
+  while (hi < n && n % hi != 0) ++hi;
+  return lo == hi || hi > n ? std::to_string(lo) : str_cat(lo, " or ", hi);
+}
+
+// train.global_batch must split evenly into micro-batches over `ranks` data ranks.
+void check_batch(const Config& c, int64_t ranks, const std::string& ranks_text) {
+  const TrainConfig& t = c.train;
+  if (t.global_batch % t.micro_batch == 0 && (t.global_batch / t.micro_batch) % ranks == 0) return;
+  const int64_t unit = t.micro_batch * ranks;
+  const std::string times = ranks == 1 ? "" : str_cat(" × data ranks (", ranks_text, ")");
+  fail(str_cat("train.global_batch = ", t.global_batch,
+               ": must be a multiple of train.micro_batch (", t.micro_batch, ")", times, " = ",
+               unit),
+       str_cat("set train.global_batch to ", (t.global_batch + unit - 1) / unit * unit,
+               ", or lower train.micro_batch; every rank runs whole micro-batches"));
+}
+
+// Step 5: combinations that do not depend on the world size.
+void check_combinations(const Config& c) {
+  const ModelConfig& m = c.model;
+  if (m.n_embd % m.n_head != 0) {
+    fail(str_cat("model.n_head = ", m.n_head, ": must divide model.n_embd (", m.n_embd, ")"),
+         str_cat("use model.n_head = ", nearby_divisors(m.n_embd, m.n_head),
+                 ", or change model.n_embd"));
+  }
+  if (c.train.seq_len > m.context_length) {
+    fail(str_cat("train.seq_len = ", c.train.seq_len, ": must be <= model.context_length (",
+                 m.context_length, ")"),
+         "lower train.seq_len or raise model.context_length");
+  }
+  if (c.mtp.depth >= c.train.seq_len) {
+    fail(str_cat("mtp.depth = ", c.mtp.depth, ": must be < train.seq_len (", c.train.seq_len, ")"),
+         "depth k predicts the token k+1 places ahead, which must lie inside the window");
+  }
+  if (c.schedule.warmup_steps > c.train.steps) {
+    fail(str_cat("schedule.warmup_steps = ", c.schedule.warmup_steps, ": must be <= train.steps (",
+                 c.train.steps, ")"),
+         "lower schedule.warmup_steps or raise train.steps");
+  }
+  const SyntheticDataConfig& s = c.data.synthetic;
+  if ((c.data.train.empty() || c.data.val.empty()) && s.vocab > m.vocab_size) {
+    fail(str_cat("data.synthetic.vocab = ", s.vocab, ": must be <= model.vocab_size (",
+                 m.vocab_size, ") when data.train or data.val is \"\" (the synthetic source)"),
+         "lower data.synthetic.vocab or raise model.vocab_size");
+  }
+  const int64_t window = c.train.seq_len + 1 + c.mtp.depth;  // tokens one sample reads
+  if (c.data.train.empty() && s.tokens < window) {
+    fail(str_cat("data.synthetic.tokens = ", s.tokens,
+                 ": must be >= train.seq_len + 1 + mtp.depth (", window,
+                 ") when data.train is \"\""),
+         "raise data.synthetic.tokens");
+  }
+  if (c.data.val.empty() && s.val_tokens < window) {
+    fail(str_cat("data.synthetic.val_tokens = ", s.val_tokens,
+                 ": must be >= train.seq_len + 1 + mtp.depth (", window, ") when data.val is \"\""),
+         "raise data.synthetic.val_tokens");
+  }
+  if (c.train.precision == PrecisionChoice::kBf16 && c.train.device == DeviceChoice::kCpu) {
+    fail("train.precision = \"bf16\": needs a CUDA device, but train.device = \"cpu\"",
+         "use train.precision = \"fp32\" or \"auto\" on CPU");
+  }
+  // Every layout has at least parallel.gtp ranks, so this much is known before launch.
+  check_batch(c, c.parallel.gtp, str_cat("at least parallel.gtp = ", c.parallel.gtp));
+}
+
+// Steps 2 to 5 on a parsed JSON tree.
+Config parse_config(const json& j, const std::vector<std::string>& sets,
+                    const std::string& source) {
+  if (!j.is_object()) {
+    fail(str_cat(source, ": the top level must be a JSON object, got a JSON ", j.type_name()),
+         "a config looks like {\"model\": {\"n_layer\": 4}, \"train\": {\"steps\": 100}}");
+  }
+  Origin origin{source, {}};
+  std::vector<std::pair<std::string, json>> overrides;
+  for (const std::string& s : sets) overrides.push_back(parse_override(s));
+  check_structure(j, "", origin);
+  json tree = j;
+  for (const auto& [path, value] : overrides) {
+    tree[json::json_pointer(pointer_of(path))] = value;  // creates missing sections
+    origin.overridden.insert(path);
+  }
+  Config c = default_config();
+  for (const KeySpec& k : schema()) {
+    if (const json* v = value_at(tree, k.path)) k.set(c, checked_value(k, *v, &origin));
+  }
+  check_combinations(c);
+  return c;
+}
+
+// Byte offset -> "line L, column C" is already in nlohmann's message; drop its "[json...] " tag.
+std::string parse_error_text(const json::parse_error& e) {
+  std::string what = e.what();
+  size_t tag_end = what.find("] ");
+  return tag_end == std::string::npos ? what : what.substr(tag_end + 2);
+}
+
+}  // namespace
+
+int64_t ModelConfig::padded_vocab() const { return (vocab_size + 63) / 64 * 64; }
+
+Config config_from_json_text(const std::string& text, const std::vector<std::string>& sets,
+                             const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    fail(str_cat("cannot parse ", source, ": ", parse_error_text(e)),
+         "JSON needs double-quoted keys and strings, commas between entries, no trailing commas "
+         "and no comments");
+  }
+  return parse_config(j, sets, source);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& sets) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    fail(str_cat("cannot read config file \"", path, "\": it is a directory"),
+         "pass a JSON file, e.g. --config configs/tiny.json");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    fail(str_cat("cannot open config file \"", path, "\": ", std::strerror(errno)),
+         "paths are relative to the current directory; configs/ holds examples, e.g. "
+         "configs/tiny.json");
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) {
+    fail(str_cat("cannot read config file \"", path, "\": ", std::strerror(errno)),
+         "check the file's permissions");
+  }
+  return config_from_json_text(ss.str(), sets, path);
+}
+
+void validate(const Config& cfg, int world_size) {
+  GTRON_CHECK(world_size >= 1, "world_size = ", world_size);
+  for (const KeySpec& k : schema()) checked_value(k, k.get(cfg), nullptr);
+  check_combinations(cfg);
+  if (world_size % cfg.parallel.gtp != 0) {
+    fail(str_cat("parallel.gtp = ", cfg.parallel.gtp, ": must divide the world size (", world_size,
+                 ")"),
+         str_cat("launch a multiple of ", cfg.parallel.gtp, " processes, or use parallel.gtp = ",
+                 nearby_divisors(world_size, cfg.parallel.gtp)));
+  }
+  check_batch(cfg, world_size, str_cat(world_size, ", the world size"));
+}
+
+std::string resolved_json(const Config& cfg) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const KeySpec& k : schema()) {
+    out[nlohmann::ordered_json::json_pointer(pointer_of(k.path))] = k.get(cfg);
+  }
+  return out.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+std::string config_markdown_table() {
+  auto cell = [](std::string s) {  // a '|' would end the cell
+    for (size_t p = s.find('|'); p != std::string::npos; p = s.find('|', p + 2)) s.insert(p, "\\");
+    return s;
+  };
+  std::string md = "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
+  for (const KeySpec& k : schema()) {
+    md += str_cat("| `", k.path, "` | ", config_internal::type_name(k.type), " | `",
+                  show_value(k.default_value), "` | ", cell(describe_allowed(k)), " | ",
+                  cell(k.doc), " |\n");
+  }
+  return md;
+}
+
+std::vector<std::string> config_key_paths() {
+  std::vector<std::string> paths;
+  for (const KeySpec& k : schema()) paths.push_back(k.path);
+  return paths;
+}
+
+bool operator==(const Config& a, const Config& b) {
+  for (const KeySpec& k : schema()) {
+    if (k.get(a) != k.get(b)) return false;
+  }
+  return true;
+}
+
+bool operator!=(const Config& a, const Config& b) { return !(a == b); }
+
+DeviceChoice resolve_device(const TrainConfig& train, bool cuda_available) {
+  if (train.device == DeviceChoice::kCuda && !cuda_available) {
+    fail("train.device = \"cuda\": no CUDA device is available on this machine",
+         "use train.device = \"auto\" or \"cpu\" to run on the CPU");
+  }
+  if (train.device == DeviceChoice::kAuto) {
+    return cuda_available ? DeviceChoice::kCuda : DeviceChoice::kCpu;
+  }
+  return train.device;
+}
+
+PrecisionChoice resolve_precision(const TrainConfig& train, DeviceChoice resolved_device) {
+  GTRON_CHECK(resolved_device != DeviceChoice::kAuto, "resolve the device first");
+  const bool cuda = resolved_device == DeviceChoice::kCuda;
+  if (train.precision == PrecisionChoice::kAuto) {
+    return cuda ? PrecisionChoice::kBf16 : PrecisionChoice::kFp32;
+  }
+  if (train.precision == PrecisionChoice::kBf16 && !cuda) {
+    fail(str_cat(
+             "train.precision = \"bf16\": needs a CUDA device, but the run is on cpu (train.device"
+             " = \"",
+             to_string(train.device), "\")"),
+         "use train.precision = \"fp32\" or \"auto\" on CPU");
+  }
+  return train.precision;
+}
+
+int64_t grad_accum_steps(const Config& cfg, int world_size) {
+  const int64_t per_step = cfg.train.micro_batch * world_size;
+  GTRON_CHECK(world_size >= 1 && cfg.train.global_batch % per_step == 0,
+              "call validate() first: global_batch ", cfg.train.global_batch, ", micro_batch ",
+              cfg.train.micro_batch, ", world_size ", world_size);
+  return cfg.train.global_batch / per_step;
+}
+
+std::string checkpoint_dir(const Config& cfg) {
+  if (!cfg.checkpoint.dir.empty()) return cfg.checkpoint.dir;
+  return (std::filesystem::path(cfg.train.out_dir) / "checkpoints").string();
+}
+
+std::string metrics_path(const Config& cfg) {
+  const std::filesystem::path file(cfg.log.metrics_file);
+  if (file.is_absolute()) return file.string();
+  return (std::filesystem::path(cfg.train.out_dir) / file).string();
+}
+
+}  // namespace gtron

@@ -1,0 +1,196 @@
+// The trainer's configuration: a plain C++ struct, and the functions that build it from JSON (a
+// config file plus `--set key.path=value` overrides), check it and print it.
+//
+// Note [config schema]
+// - One schema table (config_schema.cc) lists every key path ("model.n_layer"), its type (int,
+//   float, bool, string, enum), its default, its allowed range or values and a one-line doc.
+//   Parsing, defaults, validation, resolved_json() and config_markdown_table() are all driven by
+//   it: a key exists if and only if it is in the table.
+// - A config file gives any subset of the keys; the others keep their defaults. Unknown keys,
+//   wrong JSON types, out-of-range values, bad enum names and inconsistent combinations are
+//   gtron::UserError, thrown before any work starts, naming the key path, the value received and
+//   what is allowed.
+// - JSON types: int keys take JSON integers, or numbers with an exact integral value (2e6); float
+//   keys take any JSON number; bool keys take true/false; string and enum keys take JSON strings.
+//   null is never a value.
+// - Overrides (`key.path=value`) apply after the file, in order. The value is parsed as JSON when
+//   it parses (numbers, true/false, quoted strings), else it is taken as a bare string; for string
+//   and enum keys the raw text is used whenever it is not a JSON string (`train.out_dir=2024`).
+// - Nothing below trainer/ reads JSON; this header does not include it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gtron {
+
+enum class ScheduleKind { kCosine, kLinear, kConstant, kWsd };
+enum class DeviceChoice { kAuto, kCpu, kCuda };
+enum class PrecisionChoice { kAuto, kFp32, kBf16 };
+enum class GraphScope { kNone, kLayers, kFull };
+
+// The names the config uses ("cosine", "cuda", ...).
+const char* to_string(ScheduleKind v);
+const char* to_string(DeviceChoice v);
+const char* to_string(PrecisionChoice v);
+const char* to_string(GraphScope v);
+
+// The fields below are value-initialised only; the defaults live in the schema table. Start from
+// default_config() rather than from a bare `Config{}`.
+
+struct ModelConfig {
+  int64_t vocab_size = 0;        // V: real vocabulary size
+  int64_t context_length = 0;    // Tmax: rows of the position table
+  int64_t n_layer = 0;           // L: transformer blocks
+  int64_t n_head = 0;            // NH: attention heads; divides n_embd
+  int64_t n_embd = 0;            // C: hidden size
+  bool tied_embeddings = false;  // the output head shares the token embedding
+  double init_std = 0;           // std of the normal init of weights
+
+  // Vp: vocab_size rounded up to a multiple of 64 (rows of the embedding and head).
+  int64_t padded_vocab() const;
+};
+
+struct MtpConfig {
+  int64_t depth = 0;       // D: MTP depths (0 = off)
+  double loss_weight = 0;  // λ: loss = CE_main + (λ/D)·Σ_k CE_k
+};
+
+struct SyntheticDataConfig {
+  int64_t order = 0;       // Markov order of the synthetic source
+  int64_t vocab = 0;       // tokens the source emits (0..vocab-1); <= model.vocab_size
+  double alpha = 0;        // Dirichlet concentration of each transition row (small = peaky)
+  int64_t tokens = 0;      // train split length
+  int64_t val_tokens = 0;  // val split length
+  uint64_t seed = 0;       // source seed (transition table and samples)
+};
+
+struct DataConfig {
+  std::string train;  // glob of token shards; "" = synthetic source written into train.out_dir
+  std::string val;    // glob of token shards; "" = the synthetic val split
+  SyntheticDataConfig synthetic;
+};
+
+struct OptimizerConfig {                // AdamW
+  double lr = 0;                        // peak learning rate
+  double beta1 = 0;                     // first-moment decay
+  double beta2 = 0;                     // second-moment decay
+  double eps = 0;                       // added to sqrt(v)
+  double weight_decay = 0;              // decoupled weight decay
+  double grad_clip = 0;                 // max global grad norm; 0 = off
+  bool decay_embeddings = false;        // apply weight decay to embeddings and the head
+  bool decay_norms_and_biases = false;  // apply weight decay to norm weights and biases
+};
+
+struct ScheduleConfig {
+  ScheduleKind kind = ScheduleKind::kCosine;  // shape after warmup
+  int64_t warmup_steps = 0;                   // linear warmup from 0; <= train.steps
+  double min_lr_ratio = 0;                    // floor of the decay, as a fraction of lr
+  double wsd_decay_fraction = 0;              // wsd: final fraction of steps that decays
+};
+
+struct TrainConfig {
+  int64_t steps = 0;                          // optimizer steps
+  int64_t global_batch = 0;                   // sequences per step, over all ranks
+  int64_t micro_batch = 0;                    // sequences per rank per forward/backward
+  int64_t seq_len = 0;                        // T: tokens per sequence; <= model.context_length
+  uint64_t seed = 0;                          // model init and data sampling
+  DeviceChoice device = DeviceChoice::kAuto;  // see resolve_device()
+  PrecisionChoice precision = PrecisionChoice::kAuto;  // see resolve_precision()
+  int64_t eval_every = 0;    // steps between evaluations; 0 = only at the end
+  int64_t eval_batches = 0;  // micro-batches per evaluation
+  std::string out_dir;       // run directory (metrics, checkpoints, synthetic data)
+};
+
+struct ParallelConfig {
+  int64_t gtp = 0;                              // G: GTP group size; divides the world size
+  bool distributed_optimizer = false;           // shard optimizer state over DP
+  bool overlap_param_gather = false;            // gather DP params lazily in the next forward
+  double bucket_mb = 0;                         // DP gradient bucket size, MiB
+  bool gtp_symmetric_memory = false;            // send buffers in NCCL symmetric windows
+  bool gtp_reuse_repeated_send_buffer = false;  // Note [GTP repeated backward]
+};
+
+struct GraphsConfig {
+  GraphScope scope = GraphScope::kNone;  // what is captured into graphs
+  int64_t warmup = 0;                    // eager iterations before capture; >= 2
+};
+
+struct CheckpointConfig {
+  std::string dir;    // "" = <train.out_dir>/checkpoints; see checkpoint_dir()
+  int64_t every = 0;  // steps between checkpoints; 0 = only at the end
+  int64_t keep = 0;   // newest checkpoints kept on disk; >= 1
+};
+
+struct LogConfig {
+  int64_t every = 0;         // steps between printed lines; >= 1
+  std::string metrics_file;  // JSON-lines file, relative to train.out_dir; see metrics_path()
+};
+
+struct Config {
+  ModelConfig model;
+  MtpConfig mtp;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  TrainConfig train;
+  ParallelConfig parallel;
+  GraphsConfig graphs;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+};
+
+// Every key at its schema default.
+Config default_config();
+
+// Reads a JSON config file, applies the overrides ("key.path=value") and runs every check that does
+// not need the world size. Throws UserError for a missing or unreadable file, malformed JSON (file
+// name, line and column), and every bad key, value or combination.
+Config load_config(const std::string& path, const std::vector<std::string>& sets = {});
+
+// Same as load_config() for JSON text already in memory; `source` names it in error messages.
+Config config_from_json_text(const std::string& text, const std::vector<std::string>& sets = {},
+                             const std::string& source = "config text");
+
+// The checks that need the world size (DP × GTP ranks): parallel.gtp divides it, and
+// train.global_batch is a multiple of train.micro_batch × world_size. Also re-runs the checks of
+// load_config(), so it accepts a hand-built Config. Throws UserError.
+// REQUIRES: world_size >= 1.
+void validate(const Config& cfg, int world_size);
+
+// Pretty JSON holding every key (schema order); config_from_json_text() of it gives back `cfg`.
+// Used by print-config and saved in checkpoints.
+std::string resolved_json(const Config& cfg);
+
+// A Markdown table of every key: | key | type | default | allowed | meaning |.
+std::string config_markdown_table();
+
+// Every key path in schema order.
+std::vector<std::string> config_key_paths();
+
+// Equal when every schema key has the same value (floats compared exactly).
+bool operator==(const Config& a, const Config& b);
+bool operator!=(const Config& a, const Config& b);
+
+// Derived values.
+
+// The device a run uses, kCpu or kCuda (auto = cuda when one is present). Throws UserError for
+// train.device "cuda" without a CUDA device.
+DeviceChoice resolve_device(const TrainConfig& train, bool cuda_available);
+
+// kFp32 or kBf16 for the resolved device (auto = bf16 on cuda, fp32 on cpu). Throws UserError for
+// bf16 on cpu (the case train.device "auto" fell back to cpu).
+PrecisionChoice resolve_precision(const TrainConfig& train, DeviceChoice resolved_device);
+
+// Micro-batches each rank runs per step: global_batch / (micro_batch · world_size).
+// REQUIRES: validate(cfg, world_size) passed.
+int64_t grad_accum_steps(const Config& cfg, int world_size);
+
+// checkpoint.dir, or <train.out_dir>/checkpoints when it is empty.
+std::string checkpoint_dir(const Config& cfg);
+
+// log.metrics_file under train.out_dir (kept as is when absolute).
+std::string metrics_path(const Config& cfg);
+
+}  // namespace gtron

@@ -1,0 +1,301 @@
+// The schema table: every config key, its type, default, bounds and doc (Note [config schema] in
+// config.h). Adding a key = adding its field to config.h and one line here.
+
+#include "trainer/config_schema.h"
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace gtron {
+namespace {
+
+using nlohmann::json;
+
+// Enum names, in declaration order: the config's spelling of each value.
+const std::vector<std::string>& enum_names(ScheduleKind) {
+  static const std::vector<std::string> names = {"cosine", "linear", "constant", "wsd"};
+  return names;
+}
+const std::vector<std::string>& enum_names(DeviceChoice) {
+  static const std::vector<std::string> names = {"auto", "cpu", "cuda"};
+  return names;
+}
+const std::vector<std::string>& enum_names(PrecisionChoice) {
+  static const std::vector<std::string> names = {"auto", "fp32", "bf16"};
+  return names;
+}
+const std::vector<std::string>& enum_names(GraphScope) {
+  static const std::vector<std::string> names = {"none", "layers", "full"};
+  return names;
+}
+
+template <typename E>
+const char* enum_to_string(E v) {
+  return enum_names(v).at(static_cast<size_t>(v)).c_str();
+}
+
+}  // namespace
+
+const char* to_string(ScheduleKind v) { return enum_to_string(v); }
+const char* to_string(DeviceChoice v) { return enum_to_string(v); }
+const char* to_string(PrecisionChoice v) { return enum_to_string(v); }
+const char* to_string(GraphScope v) { return enum_to_string(v); }
+
+namespace config_internal {
+namespace {
+
+// Field <-> JSON conversions, one overload per field type. from_json_value() receives values the
+// parser has already checked against the key's spec.
+json to_json_value(int64_t v) { return v; }
+json to_json_value(uint64_t v) { return v; }
+json to_json_value(double v) { return v; }
+json to_json_value(bool v) { return v; }
+json to_json_value(const std::string& v) { return v; }
+template <typename E, typename = std::enable_if_t<std::is_enum<E>::value>>
+json to_json_value(E v) {
+  return enum_to_string(v);
+}
+
+void from_json_value(const json& j, int64_t* out) { *out = j.get<int64_t>(); }
+void from_json_value(const json& j, uint64_t* out) {
+  *out = static_cast<uint64_t>(j.get<int64_t>());  // the range check made it >= 0
+}
+void from_json_value(const json& j, double* out) { *out = j.get<double>(); }
+void from_json_value(const json& j, bool* out) { *out = j.get<bool>(); }
+void from_json_value(const json& j, std::string* out) { *out = j.get<std::string>(); }
+template <typename E, typename = std::enable_if_t<std::is_enum<E>::value>>
+void from_json_value(const json& j, E* out) {
+  const std::vector<std::string>& names = enum_names(E{});
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == j.get<std::string>()) *out = static_cast<E>(i);
+  }
+}
+
+KeyType key_type_of(const int64_t*) { return KeyType::kInt; }
+KeyType key_type_of(const uint64_t*) { return KeyType::kInt; }
+KeyType key_type_of(const double*) { return KeyType::kFloat; }
+KeyType key_type_of(const bool*) { return KeyType::kBool; }
+KeyType key_type_of(const std::string*) { return KeyType::kString; }
+template <typename E, typename = std::enable_if_t<std::is_enum<E>::value>>
+KeyType key_type_of(const E*) {
+  return KeyType::kEnum;
+}
+
+std::vector<std::string> allowed_of(const void*) { return {}; }
+template <typename E, typename = std::enable_if_t<std::is_enum<E>::value>>
+std::vector<std::string> allowed_of(const E*) {
+  return enum_names(E{});
+}
+
+Range any_value() { return Range{}; }
+Range at_least(double lo) { return Range{lo, std::nullopt, false, false}; }
+Range above(double lo) { return Range{lo, std::nullopt, true, false}; }
+Range closed(double lo, double hi) { return Range{lo, hi, false, false}; }
+Range half_open(double lo, double hi) { return Range{lo, hi, false, true}; }
+
+// Whether a string key may be "".
+enum class Empty { kAllowed, kForbidden };
+
+// One table row. `access` returns a reference to the field (GTRON_FIELD below); the field's C++
+// type decides the key type, and `def` is converted to it.
+template <typename Access, typename D>
+KeySpec key(const char* path, Access access, D def, Range range, const char* doc,
+            Empty empty = Empty::kAllowed) {
+  using T = std::decay_t<decltype(access(std::declval<Config&>()))>;
+  KeySpec k;
+  k.path = path;
+  k.type = key_type_of(static_cast<const T*>(nullptr));
+  k.default_value = to_json_value(static_cast<T>(def));
+  k.range = range;
+  k.non_empty = empty == Empty::kForbidden;
+  k.allowed = allowed_of(static_cast<const T*>(nullptr));
+  k.doc = doc;
+  k.get = [access](const Config& c) { return to_json_value(access(c)); };
+  k.set = [access](Config& c, const json& v) { from_json_value(v, &access(c)); };
+  return k;
+}
+
+// The key path and the field it reads and writes are one piece of text, so they cannot drift.
+#define GTRON_FIELD(path) \
+#path, [](auto& c) -> auto& { return c.path; }
+
+std::vector<KeySpec> build_schema() {
+  const Range any = any_value();
+  return {
+      // model
+      key(GTRON_FIELD(model.vocab_size), 50257, at_least(2),
+          "Real vocabulary size V; embedding and head rows are padded to a multiple of 64."),
+      key(GTRON_FIELD(model.context_length), 1024, at_least(1),
+          "Rows of the learned position table: the longest train.seq_len."),
+      key(GTRON_FIELD(model.n_layer), 12, at_least(1), "Transformer blocks L."),
+      key(GTRON_FIELD(model.n_head), 12, at_least(1), "Attention heads; divides model.n_embd."),
+      key(GTRON_FIELD(model.n_embd), 768, at_least(1), "Hidden size C."),
+      key(GTRON_FIELD(model.tied_embeddings), true, any,
+          "The output head shares the token embedding matrix."),
+      key(GTRON_FIELD(model.init_std), 0.02, above(0), "Std of the normal init of weights."),
+      // mtp
+      key(GTRON_FIELD(mtp.depth), 0, closed(0, 16),
+          "Multi-token-prediction depths D (0 = off); < train.seq_len."),
+      key(GTRON_FIELD(mtp.loss_weight), 0.3, at_least(0), "λ in loss = CE_main + (λ/D)·Σ_k CE_k."),
+      // data
+      key(GTRON_FIELD(data.train), "", any,
+          "Glob of training token shards (llm.c format); \"\" = the synthetic Markov source, "
+          "generated into train.out_dir."),
+      key(GTRON_FIELD(data.val), "", any,
+          "Glob of validation token shards; \"\" = the synthetic val split."),
+      key(GTRON_FIELD(data.synthetic.order), 2, closed(0, 8), "Markov order of the source."),
+      key(GTRON_FIELD(data.synthetic.vocab), 64, at_least(2),
+          "Tokens the source emits; <= model.vocab_size when data.train is \"\"."),
+      key(GTRON_FIELD(data.synthetic.alpha), 0.2, above(0),
+          "Dirichlet concentration of each transition row (small = more predictable)."),
+      key(GTRON_FIELD(data.synthetic.tokens), 2000000, at_least(1), "Train split length, tokens."),
+      key(GTRON_FIELD(data.synthetic.val_tokens), 100000, at_least(1), "Val split length, tokens."),
+      key(GTRON_FIELD(data.synthetic.seed), 1234, at_least(0), "Seed of the synthetic source."),
+      // optimizer
+      key(GTRON_FIELD(optimizer.lr), 6e-4, above(0), "Peak learning rate (AdamW)."),
+      key(GTRON_FIELD(optimizer.beta1), 0.9, half_open(0, 1), "AdamW first-moment decay."),
+      key(GTRON_FIELD(optimizer.beta2), 0.95, half_open(0, 1), "AdamW second-moment decay."),
+      key(GTRON_FIELD(optimizer.eps), 1e-8, above(0), "AdamW epsilon, added to sqrt(v)."),
+      key(GTRON_FIELD(optimizer.weight_decay), 0.1, at_least(0), "Decoupled weight decay."),
+      key(GTRON_FIELD(optimizer.grad_clip), 1.0, at_least(0),
+          "Clip the global gradient norm to this; 0 = off."),
+      key(GTRON_FIELD(optimizer.decay_embeddings), false, any,
+          "Apply weight decay to the embeddings and the output head."),
+      key(GTRON_FIELD(optimizer.decay_norms_and_biases), false, any,
+          "Apply weight decay to norm weights and biases."),
+      // schedule
+      key(GTRON_FIELD(schedule.kind), ScheduleKind::kCosine, any,
+          "Learning-rate shape after warmup (wsd = warmup, stable, decay)."),
+      key(GTRON_FIELD(schedule.warmup_steps), 0, at_least(0),
+          "Linear warmup steps from 0; <= train.steps."),
+      key(GTRON_FIELD(schedule.min_lr_ratio), 0.1, closed(0, 1),
+          "Final learning rate as a fraction of optimizer.lr."),
+      key(GTRON_FIELD(schedule.wsd_decay_fraction), 0.2, closed(0, 1),
+          "wsd: the fraction of train.steps, at the end, that decays."),
+      // train
+      key(GTRON_FIELD(train.steps), 1000, at_least(1), "Optimizer steps."),
+      key(GTRON_FIELD(train.global_batch), 8, at_least(1),
+          "Sequences per step over all ranks; a multiple of micro_batch × world size."),
+      key(GTRON_FIELD(train.micro_batch), 8, at_least(1),
+          "Sequences per rank per forward/backward."),
+      key(GTRON_FIELD(train.seq_len), 1024, at_least(1),
+          "Tokens per sequence T; <= model.context_length."),
+      key(GTRON_FIELD(train.seed), 1337, at_least(0), "Seed of model init and data sampling."),
+      key(GTRON_FIELD(train.device), DeviceChoice::kAuto, any,
+          "auto = cuda when a GPU is present, else cpu."),
+      key(GTRON_FIELD(train.precision), PrecisionChoice::kAuto, any,
+          "auto = bf16 on cuda, fp32 on cpu; bf16 needs cuda."),
+      key(GTRON_FIELD(train.eval_every), 0, at_least(0),
+          "Steps between evaluations; 0 = only at the end."),
+      key(GTRON_FIELD(train.eval_batches), 4, at_least(1), "Micro-batches per evaluation."),
+      key(GTRON_FIELD(train.out_dir), "runs/default", any,
+          "Run directory: metrics, checkpoints, synthetic data.", Empty::kForbidden),
+      // parallel
+      key(GTRON_FIELD(parallel.gtp), 1, at_least(1),
+          "GTP group size G (per-weight sharding); divides the world size."),
+      key(GTRON_FIELD(parallel.distributed_optimizer), true, any,
+          "Shard optimizer state and the update over data-parallel ranks."),
+      key(GTRON_FIELD(parallel.overlap_param_gather), true, any,
+          "Gather updated parameters lazily, bucket by bucket, in the next forward."),
+      key(GTRON_FIELD(parallel.bucket_mb), 25.0, above(0), "Gradient bucket size, MiB."),
+      key(GTRON_FIELD(parallel.gtp_symmetric_memory), true, any,
+          "GTP send buffers in NCCL symmetric-memory windows."),
+      key(GTRON_FIELD(parallel.gtp_reuse_repeated_send_buffer), true, any,
+          "A repeated backward of one weight reuses its own in-flight send buffer."),
+      // graphs
+      key(GTRON_FIELD(graphs.scope), GraphScope::kNone, any,
+          "What is captured into graphs: none, each transformer block, or the whole step."),
+      key(GTRON_FIELD(graphs.warmup), 2, at_least(2), "Eager iterations before capture."),
+      // checkpoint
+      key(GTRON_FIELD(checkpoint.dir), "", any, "\"\" = <train.out_dir>/checkpoints."),
+      key(GTRON_FIELD(checkpoint.every), 0, at_least(0),
+          "Steps between checkpoints; 0 = only at the end."),
+      key(GTRON_FIELD(checkpoint.keep), 3, at_least(1), "Newest checkpoints kept on disk."),
+      // log
+      key(GTRON_FIELD(log.every), 1, at_least(1), "Steps between printed metric lines."),
+      key(GTRON_FIELD(log.metrics_file), "metrics.jsonl", any,
+          "JSON-lines metrics, relative to train.out_dir.", Empty::kForbidden),
+  };
+}
+
+#undef GTRON_FIELD
+
+// Integral bounds print without a decimal point.
+std::string format_bound(double x) {
+  char buf[64];
+  if (std::floor(x) == x && std::fabs(x) < 1e15) {
+    std::snprintf(buf, sizeof(buf), "%.0f", x);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%g", x);
+  }
+  return buf;
+}
+
+}  // namespace
+
+bool Range::contains(double x) const {
+  if (lo && (lo_open ? !(x > *lo) : !(x >= *lo))) return false;
+  if (hi && (hi_open ? !(x < *hi) : !(x <= *hi))) return false;
+  return true;
+}
+
+std::string Range::describe() const {
+  if (lo && hi) {
+    return std::string(lo_open ? "(" : "[") + format_bound(*lo) + ", " + format_bound(*hi) +
+           (hi_open ? ")" : "]");
+  }
+  if (lo) return std::string(lo_open ? "> " : ">= ") + format_bound(*lo);
+  if (hi) return std::string(hi_open ? "< " : "<= ") + format_bound(*hi);
+  return "any";
+}
+
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> table = build_schema();
+  return table;
+}
+
+const KeySpec* find_key(const std::string& path) {
+  for (const KeySpec& k : schema()) {
+    if (k.path == path) return &k;
+  }
+  return nullptr;
+}
+
+bool is_section(const std::string& path) {
+  for (const KeySpec& k : schema()) {
+    if (k.path.size() > path.size() && k.path.compare(0, path.size(), path) == 0 &&
+        k.path[path.size()] == '.') {
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* type_name(KeyType t) {
+  switch (t) {
+    case KeyType::kInt:
+      return "int";
+    case KeyType::kFloat:
+      return "float";
+    case KeyType::kBool:
+      return "bool";
+    case KeyType::kString:
+      return "string";
+    case KeyType::kEnum:
+      return "enum";
+  }
+  return "?";
+}
+
+}  // namespace config_internal
+
+Config default_config() {
+  Config c;
+  for (const config_internal::KeySpec& k : config_internal::schema()) k.set(c, k.default_value);
+  return c;
+}
+
+}  // namespace gtron

@@ -1,0 +1,58 @@
+// The config schema table (internal to //trainer:config; the public API is trainer/config.h).
+//
+// Each KeySpec ties one key path to its type, default, bounds, doc and the Config field it reads
+// and writes. The table order is the order of resolved_json() and of the Markdown table.
+#pragma once
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainer/config.h"
+
+namespace gtron {
+namespace config_internal {
+
+enum class KeyType { kInt, kFloat, kBool, kString, kEnum };
+
+// Bounds of a numeric key; an absent bound is unbounded. Int keys compare as doubles, exact for
+// every value a config uses (|x| < 2^53).
+struct Range {
+  std::optional<double> lo;
+  std::optional<double> hi;
+  bool lo_open = false;  // lo itself is excluded
+  bool hi_open = false;  // hi itself is excluded
+
+  bool contains(double x) const;
+  std::string describe() const;  // ">= 1", "> 0", "[0, 1)", "any"
+};
+
+struct KeySpec {
+  std::string path;  // "model.n_layer"
+  KeyType type = KeyType::kInt;
+  nlohmann::json default_value;      // in the key's JSON form (an enum as its name)
+  Range range;                       // kInt and kFloat only
+  bool non_empty = false;            // kString only: "" is rejected
+  std::vector<std::string> allowed;  // kEnum only, in the enum's declaration order
+  std::string doc;                   // one line, for the Markdown table
+  // get: the field as JSON (an enum as its name). set: writes a value already checked against this
+  // spec (ints as JSON integers, floats as numbers, enums as one of `allowed`).
+  std::function<nlohmann::json(const Config&)> get;
+  std::function<void(Config&, const nlohmann::json&)> set;
+};
+
+// The table, built once on first use (thread-safe static init).
+const std::vector<KeySpec>& schema();
+
+// The spec of a key path, or nullptr.
+const KeySpec* find_key(const std::string& path);
+
+// True when `path` names a section ("model", "data.synthetic"): a strict prefix of a key path.
+bool is_section(const std::string& path);
+
+const char* type_name(KeyType t);  // "int", "float", "bool", "string", "enum"
+
+}  // namespace config_internal
+}  // namespace gtron

@@ -1,0 +1,103 @@
+#include "trainer/metrics.h"
+
+#include <cmath>
+#include <thread>
+
+#include "model/check.h"
+
+namespace gtron {
+
+double peak_flops(Device device, bool bf16) {
+  if (device.is_cuda()) return bf16 ? 989e12 : 67e12;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return cores * 2.5e9 * 32;
+}
+
+std::string describe_peak(Device device, bool bf16) {
+  char buf[160];
+  if (device.is_cuda()) {
+    std::snprintf(buf, sizeof buf, "%.0f TFLOP/s (H100/H200 %s dense)",
+                  peak_flops(device, bf16) / 1e12, bf16 ? "bf16" : "fp32");
+  } else {
+    std::snprintf(buf, sizeof buf, "%.0f GFLOP/s (CPU nominal: %u cores x 2.5 GHz x 32 FLOP/cycle)",
+                  peak_flops(device, bf16) / 1e9,
+                  std::max(1u, std::thread::hardware_concurrency()));
+  }
+  return buf;
+}
+
+namespace {
+
+std::string duration(double s) {
+  char buf[32];
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long t = static_cast<long>(s + 0.5);
+  if (t >= 3600) {
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  }
+  return buf;
+}
+
+// JSON numbers must be finite: NaN/inf become null.
+std::string num(double v, const char* fmt = "%.6g") {
+  if (!std::isfinite(v)) return "null";
+  char buf[48];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
+}
+
+}  // namespace
+
+std::string format_line(const StepMetrics& m) {
+  char buf[512];
+  std::string mtp;
+  for (size_t k = 0; k < m.mtp_losses.size(); ++k) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%s%.4f", k ? "," : "", m.mtp_losses[k]);
+    mtp += b;
+  }
+  std::snprintf(buf, sizeof buf,
+                "step %5ld/%ld | loss %.4f | main %.4f%s%s%s | lr %.3e | gnorm %.3f | %.0f tok/s | "
+                "MFU %.2f%% | mem %.3f GiB | eta %s",
+                static_cast<long>(m.step), static_cast<long>(m.total_steps), m.loss, m.main_loss,
+                mtp.empty() ? "" : " | mtp [", mtp.c_str(), mtp.empty() ? "" : "]", m.lr,
+                m.grad_norm, m.tokens_per_s, 100 * m.mfu, m.peak_mem_gib,
+                duration(m.eta_s).c_str());
+  std::string s = buf;
+  for (const auto& [k, v] : m.extra) s += " | " + k + " " + num(v);
+  return s;
+}
+
+std::string format_json(const StepMetrics& m) {
+  std::string s = "{\"step\": " + std::to_string(m.step) + ", \"loss\": " + num(m.loss, "%.9g") +
+                  ", \"main_loss\": " + num(m.main_loss, "%.9g") + ", \"mtp_losses\": [";
+  for (size_t k = 0; k < m.mtp_losses.size(); ++k) {
+    s += (k ? ", " : "") + num(m.mtp_losses[k], "%.9g");
+  }
+  s += "], \"lr\": " + num(m.lr) + ", \"grad_norm\": " + num(m.grad_norm) +
+       ", \"tokens_per_s\": " + num(m.tokens_per_s) + ", \"mfu\": " + num(m.mfu) +
+       ", \"peak_mem_gib\": " + num(m.peak_mem_gib) + ", \"elapsed_s\": " + num(m.elapsed_s) +
+       ", \"eta_s\": " + num(m.eta_s);
+  for (const auto& [k, v] : m.extra) s += ", \"" + k + "\": " + num(v);
+  return s + "}";
+}
+
+void MetricsWriter::open(const std::string& path, bool append) {
+  f_ = std::fopen(path.c_str(), append ? "a" : "w");
+  if (f_ == nullptr) throw UserError("cannot open metrics file '" + path + "' for writing");
+}
+
+void MetricsWriter::write(const std::string& json_line) {
+  if (f_ == nullptr) return;
+  std::fputs(json_line.c_str(), f_);
+  std::fputc('\n', f_);
+  std::fflush(f_);
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (f_ != nullptr) std::fclose(f_);
+}
+
+}  // namespace gtron

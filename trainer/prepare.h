@@ -1,0 +1,58 @@
+// `gtron prepare`: turns a source (a text file, or a synthetic Markov chain) into token shards.
+//
+// Output directory layout (both sources):
+//   out_dir/train_000.bin   training tokens    (llm.c shard; version 1 when vocab <= 65536, else 7)
+//   out_dir/val_000.bin     validation tokens  (taken from the END of the token stream)
+//   out_dir/meta.json       the parameters and the results; written last, atomically
+//
+// Policy [idempotent prepare]: meta.json is written only after both shards are in place, so its
+// presence marks a complete output. A prepare into an existing non-empty out_dir
+//   - reuses it (writes nothing) when meta.json holds the same parameters and the shards validate
+//     with the recorded token counts;
+//   - otherwise refuses with a UserError naming the directory and the first difference; it never
+//     deletes or overwrites files it did not make.
+//
+// Text: a byte-level tokenizer, token = byte value (vocab 256). The parameters that identify a text
+// prepare are the file's path, byte size and FNV-1a 64 hash, and val_fraction.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gtron {
+
+struct PrepareResult {
+  std::string train_pattern;  // out_dir/train_*.bin
+  std::string val_pattern;    // out_dir/val_*.bin
+  int64_t vocab = 0;
+  int64_t train_tokens = 0;
+  int64_t val_tokens = 0;
+  bool reused = false;  // true: a matching previous output was found and nothing was written
+};
+
+// REQUIRES (else UserError): text_file exists, is readable and non-empty; 0 < val_fraction < 1; the
+// split leaves at least 1 token on each side (val = max(1, floor(bytes * val_fraction))).
+// meta.json: {"source": "text", "tokenizer": "bytes", "vocab": 256, "text_file", "text_bytes",
+// "text_fnv1a64", "val_fraction", "tokens", "val_tokens"}.
+PrepareResult prepare_text(const std::string& text_file, const std::string& out_dir,
+                           double val_fraction);
+
+// One chain of tokens + val_tokens tokens from MarkovSource(order, vocab, alpha, seed), generated
+// with seed splitmix64(seed); the last val_tokens go to val. meta.json is MarkovSource's (with
+// entropy_rate and unigram_entropy). REQUIRES (else UserError): the MarkovSource requirements,
+// tokens >= 1, val_tokens >= 1, tokens <= 2^31 - 1, val_tokens <= 2^31 - 1.
+PrepareResult prepare_synthetic_markov(int order, int vocab, double alpha, int64_t tokens,
+                                       int64_t val_tokens, uint64_t seed,
+                                       const std::string& out_dir);
+
+// Byte-level tokenizer for `gtron sample` prompts: one token per byte, 0..255.
+std::vector<int32_t> tokenize_bytes(const std::string& text);
+
+// Byte-level detokenizer: token t in [0, 256) becomes byte t. Tokens outside that range (e.g. a
+// padded-vocab id a model sampled) become U+FFFD (bytes EF BF BD), so output is never silently
+// lost.
+std::string detokenize_bytes(const int32_t* tokens, int64_t n);
+std::string detokenize_bytes(const std::vector<int32_t>& tokens);
+
+}  // namespace gtron

@@ -1,0 +1,56 @@
+// The training loop (single process here; the multi-process issue adds DP/GTP ranks), evaluation
+// and sampling, shared by the gtron CLI subcommands.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/gpt.h"
+#include "trainer/config.h"
+
+namespace gtron {
+
+// Exit codes of the CLI.
+constexpr int kExitOk = 0;
+constexpr int kExitUserError = 2;
+constexpr int kExitNonFinite = 3;  // NaN/inf loss or gradient: training stopped
+
+GPTConfig gpt_config(const Config& cfg);
+
+// Where a run's data comes from: configured globs, or the embedded synthetic Markov source written
+// to <out_dir>/data (idempotent), whose meta.json gives the entropy floor.
+struct ResolvedData {
+  std::string train_glob;
+  std::string val_glob;
+  std::optional<double> entropy_rate;     // nats/token, when the source is known
+  std::optional<double> unigram_entropy;  // nats/token
+};
+ResolvedData resolve_data(const Config& cfg);
+
+struct TrainSummary {
+  std::vector<double> losses;  // total loss of every step run (resumed runs: only the new steps)
+  int64_t first_step = 1;      // step number of losses[0]
+  double val_loss = 0;         // main val loss at the end
+  std::optional<double> entropy_rate;
+};
+
+// Trains per `cfg` (validated), resuming from the newest complete checkpoint when `resume`.
+// Throws UserError for bad inputs; returns kExitNonFinite if the loss or gradient stops being
+// finite (the last good checkpoint is kept).
+int run_training(const Config& cfg, bool resume, TrainSummary* summary = nullptr);
+
+struct EvalResult {
+  double main_loss = 0;
+  std::vector<double> mtp_losses;
+  int64_t tokens = 0;
+};
+// Mean validation losses over train.eval_batches micro-batches of the val set.
+EvalResult evaluate(GPT& model, const Config& cfg, const std::string& val_glob);
+
+// Byte-level sampling from a checkpoint (model.vocab_size must be >= 256).
+std::string sample_text(GPT& model, const std::string& prompt, int64_t tokens, double temperature,
+                        int64_t top_k, uint64_t seed);
+
+}  // namespace gtron
