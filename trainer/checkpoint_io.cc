@@ -1,5 +1,8 @@
 #include "trainer/checkpoint_io.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -9,7 +12,6 @@
 #include <nlohmann/json.hpp>
 
 #include "model/check.h"
-#include "trainer/durable_io.h"
 #include "trainer/safetensors.h"  // crc32
 
 namespace gtron {
@@ -32,6 +34,36 @@ constexpr size_t kIoChunk = 8u << 20;
 [[noreturn]] void fs_fail(const std::string& what, const std::string& path,
                           const std::error_code& ec) {
   fs_fail(what, path, ec.value());
+}
+
+// fsync a file or a folder: a rename is durable only once the folder holding it is synced.
+void fsync_path(const std::string& path, bool is_dir) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (is_dir ? O_DIRECTORY : 0));
+  if (fd < 0) fs_fail("open for fsync", path, errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) fs_fail("fsync", path, err);
+}
+
+// Creates or truncates `path`, writes `bytes`, and fsyncs it when `sync`.
+void write_file_bytes(const std::string& path, const std::string& bytes, bool sync) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) fs_fail("create", path, errno);
+  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  ok = ok && std::fflush(f) == 0 && (!sync || ::fsync(::fileno(f)) == 0);
+  const int err = errno;
+  const bool closed = std::fclose(f) == 0;
+  if (!ok) fs_fail("write", path, err);
+  if (!closed) fs_fail("write", path, errno);
+}
+
+// Atomically swaps the names of two existing paths (Linux renameat2 RENAME_EXCHANGE). Returns false
+// when the file system cannot swap (the caller falls back to two renames).
+bool exchange_paths(const std::string& a, const std::string& b) {
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) return true;
+  if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) return false;
+  fs_fail("swap with", b, errno);
 }
 
 // CRC32 of a whole file; also returns its size through `bytes`.
@@ -119,7 +151,7 @@ void install_dir(const std::string& root, const std::string& tmp, const std::str
   }
   std::string old = tmp;  // after an exchange the old checkpoint sits at the tmp path
   if (!exchange_paths(tmp, final_path)) {
-    old = str_cat(root, "/.old-", checkpoint_dir_name(step), "-", process_id());
+    old = str_cat(root, "/.old-", checkpoint_dir_name(step), "-", ::getpid());
     fs::remove_all(old, ec);
     if (std::rename(final_path.c_str(), old.c_str()) != 0) fs_fail("move aside", final_path, errno);
     if (std::rename(tmp.c_str(), final_path.c_str()) != 0) {
@@ -231,7 +263,7 @@ std::string save_checkpoint_dir(const std::string& root, int64_t step,
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) fs_fail("create checkpoint root", root, ec);
-  const std::string tmp = str_cat(root, "/.tmp-", name, "-", process_id());
+  const std::string tmp = str_cat(root, "/.tmp-", name, "-", ::getpid());
   const std::string final_path = str_cat(root, "/", name);
   fs::remove_all(tmp, ec);  // a stale leftover of an earlier process with the same pid
   if (!fs::create_directory(tmp, ec)) fs_fail("create temporary checkpoint folder", tmp, ec);
@@ -289,7 +321,7 @@ std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {
 void write_file_atomic_in_dir(const std::string& dir, const std::string& name,
                               const std::string& bytes) {
   GTRON_CHECK(!name.empty() && name.find('/') == std::string::npos, "bad file name '", name, "'");
-  const std::string tmp = str_cat(dir, "/.", name, ".tmp-", process_id());
+  const std::string tmp = str_cat(dir, "/.", name, ".tmp-", ::getpid());
   const std::string path = str_cat(dir, "/", name);
   try {
     write_file_bytes(tmp, bytes, /*sync=*/true);

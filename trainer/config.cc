@@ -131,9 +131,29 @@ std::string first_key_under(const std::string& section) {
   return section;
 }
 
+// Names directly inside a section ("" = the top level), in schema order.
+std::vector<std::string> names_under(const std::string& section) {
+  std::vector<std::string> names;
+  const std::string prefix = section.empty() ? "" : section + ".";
+  for (const KeySpec& k : schema()) {
+    if (k.path.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string name = split_path(k.path.substr(prefix.size())).front();
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  return names;
+}
+
 std::string unknown_key_hint(const std::string& path) {
-  std::string near = closest_key(path);
-  std::string hint = near.empty() ? "" : "did you mean " + near + "? ";
+  const std::string near = closest_key(path);
+  const size_t dot = path.rfind('.');
+  const std::string parent = dot == std::string::npos ? "" : path.substr(0, dot);
+  std::string hint;
+  if (!near.empty()) {
+    hint = "did you mean " + near + "? ";
+  } else if (parent.empty() || is_section(parent)) {
+    hint = str_cat(parent.empty() ? "the sections are " : "the keys of " + parent + " are ",
+                   join(names_under(parent), ", "), "; ");
+  }
   return hint + "`gtron print-config` lists every key with its default";
 }
 
@@ -183,50 +203,75 @@ std::string default_hint(const KeySpec& k) {
   return "the default is " + show_value(k.default_value);
 }
 
+[[noreturn]] void fail_range(const KeySpec& k, const json& v, const Origin* origin) {
+  const bool interval = k.range.lo && k.range.hi;
+  fail(str_cat(show(k.path, v, origin), ": must be ", interval ? "in " : "", k.range.describe()),
+       default_hint(k));
+}
+
+json checked_int(const KeySpec& k, const json& v, const Origin* origin) {
+  int64_t n = 0;
+  const bool integral = v.is_number() && std::floor(v.get<double>()) == v.get<double>();
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}) {
+    fail_range(k, v, origin);
+  } else if (v.is_number_integer()) {
+    n = v.get<int64_t>();
+  } else if (v.is_number_float() && integral && std::fabs(v.get<double>()) < 9.2e18) {
+    n = static_cast<int64_t>(v.get<double>());  // 2e6 is a fine way to write an integer
+  } else {
+    const std::string got = !v.is_number() ? str_cat("got a JSON ", v.type_name())
+                            : integral     ? "got a number beyond 64-bit integers"
+                                           : "got a non-integral number";
+    fail(str_cat(show(k.path, v, origin), ": expected an integer, ", got),
+         str_cat("write a whole number without quotes; ", default_hint(k)));
+  }
+  if (!k.range.contains(static_cast<double>(n))) fail_range(k, v, origin);
+  return n;
+}
+
+json checked_float(const KeySpec& k, const json& v, const Origin* origin) {
+  if (!v.is_number()) {
+    fail(str_cat(show(k.path, v, origin), ": expected a number, got a JSON ", v.type_name()),
+         str_cat("write a number without quotes; ", default_hint(k)));
+  }
+  if (!k.range.contains(v.get<double>())) fail_range(k, v, origin);
+  return v.get<double>();
+}
+
+json checked_enum(const KeySpec& k, const json& v, const Origin* origin) {
+  const std::string allowed = describe_allowed(k);
+  if (!v.is_string()) {
+    fail(str_cat(show(k.path, v, origin), ": expected one of ", allowed, ", got a JSON ",
+                 v.type_name()),
+         "put the name in double quotes");
+  }
+  const std::string name = v.get<std::string>();
+  if (std::find(k.allowed.begin(), k.allowed.end(), name) != k.allowed.end()) return v;
+  std::string near = k.allowed.front();
+  for (const std::string& a : k.allowed) {
+    if (edit_distance(name, a) < edit_distance(name, near)) near = a;
+  }
+  fail(str_cat(show(k.path, v, origin), ": must be one of ", allowed),
+       edit_distance(name, near) <= 2 ? "did you mean \"" + near + "\"?" : default_hint(k));
+}
+
 // Step 4: checks one value against its spec and returns it in the form KeySpec::set takes.
 json checked_value(const KeySpec& k, const json& v, const Origin* origin) {
-  const std::string got = str_cat("got a JSON ", v.type_name());
   switch (k.type) {
-    case KeyType::kInt: {
-      json n;
-      if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}) {
-        fail(str_cat(show(k.path, v, origin), ": must be ", k.range.describe()), default_hint(k));
-      } else if (v.is_number_integer()) {
-        n = v.get<int64_t>();
-      } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
-                 std::fabs(v.get<double>()) < 9.2e18) {
-        n = static_cast<int64_t>(v.get<double>());  // 2e6 is a fine way to write an integer
-      } else {
-        const char* number = v.is_number() && std::floor(v.get<double>()) == v.get<double>()
-                                 ? "got a number beyond 64-bit integers"
-                                 : "got a non-integral number";
-        fail(str_cat(show(k.path, v, origin), ": expected an integer, ",
-                     v.is_number() ? number : got),
-             str_cat("write a whole number without quotes; ", default_hint(k)));
-      }
-      if (!k.range.contains(static_cast<double>(n.get<int64_t>()))) {
-        fail(str_cat(show(k.path, v, origin), ": must be ", k.range.describe()), default_hint(k));
-      }
-      return n;
-    }
+    case KeyType::kInt:
+      return checked_int(k, v, origin);
     case KeyType::kFloat:
-      if (!v.is_number()) {
-        fail(str_cat(show(k.path, v, origin), ": expected a number, ", got),
-             str_cat("write a number without quotes; ", default_hint(k)));
-      }
-      if (!k.range.contains(v.get<double>())) {
-        fail(str_cat(show(k.path, v, origin), ": must be ", k.range.describe()), default_hint(k));
-      }
-      return v.get<double>();
+      return checked_float(k, v, origin);
     case KeyType::kBool:
       if (!v.is_boolean()) {
-        fail(str_cat(show(k.path, v, origin), ": expected true or false, ", got),
+        fail(str_cat(show(k.path, v, origin), ": expected true or false, got a JSON ",
+                     v.type_name()),
              "write true or false without quotes");
       }
       return v;
     case KeyType::kString:
       if (!v.is_string()) {
-        fail(str_cat(show(k.path, v, origin), ": expected a string, ", got),
+        fail(str_cat(show(k.path, v, origin), ": expected a string, got a JSON ", v.type_name()),
              "put the value in double quotes");
       }
       if (k.non_empty && v.get<std::string>().empty()) {
@@ -234,23 +279,10 @@ json checked_value(const KeySpec& k, const json& v, const Origin* origin) {
              str_cat(default_hint(k), "; use \".\" for the current directory"));
       }
       return v;
-    case KeyType::kEnum: {
-      const std::string allowed = describe_allowed(k);
-      if (!v.is_string()) {
-        fail(str_cat(show(k.path, v, origin), ": expected one of ", allowed, ", ", got),
-             "put the name in double quotes");
-      }
-      const std::string name = v.get<std::string>();
-      if (std::find(k.allowed.begin(), k.allowed.end(), name) != k.allowed.end()) return v;
-      std::string near = k.allowed.front();
-      for (const std::string& a : k.allowed) {
-        if (edit_distance(name, a) < edit_distance(name, near)) near = a;
-      }
-      fail(str_cat(show(k.path, v, origin), ": must be one of ", allowed),
-           edit_distance(name, near) <= 2 ? "did you mean \"" + near + "\"?" : default_hint(k));
-    }
+    case KeyType::kEnum:
+      break;
   }
-  GTRON_CHECK(false, "unhandled key type for ", k.path);
+  return checked_enum(k, v, origin);
 }
 
 // Step 2: "key.path=value" -> (key path, JSON value).
@@ -305,16 +337,15 @@ void check_batch(const Config& c, int64_t ranks, const std::string& ranks_text) 
   const TrainConfig& t = c.train;
   if (t.global_batch % t.micro_batch == 0 && (t.global_batch / t.micro_batch) % ranks == 0) return;
   const int64_t unit = t.micro_batch * ranks;
-  const std::string times = ranks == 1 ? "" : str_cat(" × data ranks (", ranks_text, ")");
+  const std::string times = ranks == 1 ? "" : str_cat(" × data ranks (", ranks_text, ") = ", unit);
   fail(str_cat("train.global_batch = ", t.global_batch,
-               ": must be a multiple of train.micro_batch (", t.micro_batch, ")", times, " = ",
-               unit),
+               ": must be a multiple of train.micro_batch (", t.micro_batch, ")", times),
        str_cat("set train.global_batch to ", (t.global_batch + unit - 1) / unit * unit,
                ", or lower train.micro_batch; every rank runs whole micro-batches"));
 }
 
-// Step 5: combinations that do not depend on the world size.
-void check_combinations(const Config& c) {
+// Step 5: combinations of keys; those that need the world size only when it is known (> 0).
+void check_combinations(const Config& c, int world_size) {
   const ModelConfig& m = c.model;
   if (m.n_embd % m.n_head != 0) {
     fail(str_cat("model.n_head = ", m.n_head, ": must divide model.n_embd (", m.n_embd, ")"),
@@ -336,29 +367,41 @@ void check_combinations(const Config& c) {
          "lower schedule.warmup_steps or raise train.steps");
   }
   const SyntheticDataConfig& s = c.data.synthetic;
-  if ((c.data.train.empty() || c.data.val.empty()) && s.vocab > m.vocab_size) {
+  const bool synthetic = c.data.train.empty();  // both splits come from the Markov source
+  if (synthetic && s.vocab > m.vocab_size) {
     fail(str_cat("data.synthetic.vocab = ", s.vocab, ": must be <= model.vocab_size (",
-                 m.vocab_size, ") when data.train or data.val is \"\" (the synthetic source)"),
+                 m.vocab_size, ") when data.train is \"\" (the synthetic source)"),
          "lower data.synthetic.vocab or raise model.vocab_size");
   }
   const int64_t window = c.train.seq_len + 1 + c.mtp.depth;  // tokens one sample reads
-  if (c.data.train.empty() && s.tokens < window) {
+  if (synthetic && s.tokens < window) {
     fail(str_cat("data.synthetic.tokens = ", s.tokens,
                  ": must be >= train.seq_len + 1 + mtp.depth (", window,
                  ") when data.train is \"\""),
          "raise data.synthetic.tokens");
   }
-  if (c.data.val.empty() && s.val_tokens < window) {
+  if (synthetic && c.data.val.empty() && s.val_tokens < window) {
     fail(str_cat("data.synthetic.val_tokens = ", s.val_tokens,
-                 ": must be >= train.seq_len + 1 + mtp.depth (", window, ") when data.val is \"\""),
+                 ": must be >= train.seq_len + 1 + mtp.depth (", window,
+                 ") when data.train and data.val are \"\""),
          "raise data.synthetic.val_tokens");
   }
   if (c.train.precision == PrecisionChoice::kBf16 && c.train.device == DeviceChoice::kCpu) {
     fail("train.precision = \"bf16\": needs a CUDA device, but train.device = \"cpu\"",
          "use train.precision = \"fp32\" or \"auto\" on CPU");
   }
-  // Every layout has at least parallel.gtp ranks, so this much is known before launch.
-  check_batch(c, c.parallel.gtp, str_cat("at least parallel.gtp = ", c.parallel.gtp));
+  const ParallelConfig& p = c.parallel;
+  if (world_size <= 0) {
+    // Every layout has at least parallel.gtp ranks, so this much is known before launch.
+    check_batch(c, p.gtp, str_cat("at least parallel.gtp = ", p.gtp));
+    return;
+  }
+  if (world_size % p.gtp != 0) {
+    fail(str_cat("parallel.gtp = ", p.gtp, ": must divide the world size (", world_size, ")"),
+         str_cat("launch a multiple of ", p.gtp,
+                 " processes, or use parallel.gtp = ", nearby_divisors(world_size, p.gtp)));
+  }
+  check_batch(c, world_size, str_cat(world_size, ", the world size"));
 }
 
 // Steps 2 to 5 on a parsed JSON tree.
@@ -381,7 +424,7 @@ Config parse_config(const json& j, const std::vector<std::string>& sets,
   for (const KeySpec& k : schema()) {
     if (const json* v = value_at(tree, k.path)) k.set(c, checked_value(k, *v, &origin));
   }
-  check_combinations(c);
+  check_combinations(c, /*world_size=*/0);
   return c;
 }
 
@@ -433,14 +476,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& sets
 void validate(const Config& cfg, int world_size) {
   GTRON_CHECK(world_size >= 1, "world_size = ", world_size);
   for (const KeySpec& k : schema()) checked_value(k, k.get(cfg), nullptr);
-  check_combinations(cfg);
-  if (world_size % cfg.parallel.gtp != 0) {
-    fail(str_cat("parallel.gtp = ", cfg.parallel.gtp, ": must divide the world size (", world_size,
-                 ")"),
-         str_cat("launch a multiple of ", cfg.parallel.gtp, " processes, or use parallel.gtp = ",
-                 nearby_divisors(world_size, cfg.parallel.gtp)));
-  }
-  check_batch(cfg, world_size, str_cat(world_size, ", the world size"));
+  check_combinations(cfg, world_size);
 }
 
 std::string resolved_json(const Config& cfg) {

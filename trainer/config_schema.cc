@@ -145,8 +145,10 @@ std::vector<KeySpec> build_schema() {
           "Glob of training token shards (llm.c format); \"\" = the synthetic Markov source, "
           "generated into train.out_dir."),
       key(GTRON_FIELD(data.val), "", any,
-          "Glob of validation token shards; \"\" = the synthetic val split."),
-      key(GTRON_FIELD(data.synthetic.order), 2, closed(0, 8), "Markov order of the source."),
+          "Glob of validation token shards; \"\" = the synthetic val split when data.train is "
+          "\"\", "
+          "else data.train."),
+      key(GTRON_FIELD(data.synthetic.order), 2, closed(1, 8), "Markov order of the source."),
       key(GTRON_FIELD(data.synthetic.vocab), 64, at_least(2),
           "Tokens the source emits; <= model.vocab_size when data.train is \"\"."),
       key(GTRON_FIELD(data.synthetic.alpha), 0.2, above(0),

@@ -152,6 +152,17 @@ int run(int argc, char** argv) {
   print->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
   print->add_flag("--markdown", o.markdown, "Print the table of every key (README format)");
 
+  // CLI11 reports a mistyped subcommand only as "a subcommand is required": name it instead.
+  const std::string first = argc > 1 ? argv[1] : "";
+  const bool known = first == "train" || first == "eval" || first == "sample" ||
+                     first == "prepare" || first == "print-config";
+  if (!first.empty() && first[0] != '-' && !known) {
+    std::fprintf(stderr,
+                 "gtron: error: unknown subcommand '%s'; expected one of train, eval, sample, "
+                 "prepare, print-config (see gtron --help)\n",
+                 argv[1]);
+    return kExitUserError;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

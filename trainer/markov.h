@@ -36,6 +36,7 @@ class MarkovSource {
   int order() const { return order_; }
   int vocab() const { return vocab_; }
   int64_t num_contexts() const { return num_contexts_; }
+  // P(next = v | ctx). REQUIRES: 0 <= ctx < num_contexts(), 0 <= v < vocab().
   double transition(int64_t ctx, int v) const { return rows_[ctx * vocab_ + v]; }
 
   // n tokens: the first context is drawn uniformly from the V^K contexts using `seed` (its K tokens

@@ -44,16 +44,24 @@ std::string refuse(const std::string& out_dir, const std::string& why) {
                  ". Hint: choose another output directory, or delete this one to re-prepare.");
 }
 
-// True when every entry of out_dir is a file an interrupted prepare may have left (shards, their
-// temporaries, the meta temporary), so overwriting it destroys nothing of the user's.
+// True when out_dir is empty or every entry is a file an interrupted prepare may have left (shards,
+// their temporaries, the meta temporary), so overwriting it destroys nothing of the user's.
 bool only_partial_prepare_files(const std::string& out_dir) {
   const std::set<std::string> ours = {kTrainFile, kValFile, std::string(kTrainFile) + ".tmp",
                                       std::string(kValFile) + ".tmp",
                                       std::string(kMetaFile) + ".tmp"};
-  for (const auto& entry : fs::directory_iterator(out_dir)) {
+  std::error_code ec;
+  fs::directory_iterator it(out_dir, ec);
+  if (ec) throw UserError(refuse(out_dir, str_cat("cannot list it: ", ec.message())));
+  for (const auto& entry : it) {
     if (ours.count(entry.path().filename().string()) == 0) return false;
   }
   return true;
+}
+
+// meta[key] when it is an integer, else -1 (a hand-edited meta.json must not crash the check).
+int64_t meta_int(const json& meta, const char* key) {
+  return meta.contains(key) && meta[key].is_number_integer() ? meta[key].get<int64_t>() : -1;
 }
 
 // Applies Policy [idempotent prepare]. Returns true when out_dir holds a complete previous output
@@ -67,15 +75,16 @@ bool reuse_or_claim(const std::string& out_dir, const json& params) {
     }
     return false;
   }
-  if (!fs::is_directory(out_dir, ec))
+  if (!fs::is_directory(out_dir, ec)) {
     throw UserError(refuse(out_dir, "exists and is not a directory"));
-  if (fs::is_empty(out_dir, ec) || only_partial_prepare_files(out_dir)) return false;
+  }
+  if (only_partial_prepare_files(out_dir)) return false;  // also true when empty
   const std::string meta_path = join(out_dir, kMetaFile);
   std::ifstream in(meta_path);
-  if (!in)
-    throw UserError(refuse(out_dir,
-                           "is not empty and has no meta.json, so it is not a "
-                           "gtron prepare output"));
+  if (!in) {
+    throw UserError(
+        refuse(out_dir, "is not empty and has no meta.json, so it is not a gtron prepare output"));
+  }
   json meta;
   try {
     in >> meta;
@@ -91,11 +100,10 @@ bool reuse_or_claim(const std::string& out_dir, const json& params) {
     }
   }
   // Same parameters: the shards must be intact and hold the recorded counts.
-  const int64_t vocab = meta.value("vocab", int64_t{0});
+  const int64_t vocab = meta_int(meta, "vocab");
   const auto train_n = static_cast<int64_t>(read_shard(join(out_dir, kTrainFile), vocab).size());
   const auto val_n = static_cast<int64_t>(read_shard(join(out_dir, kValFile), vocab).size());
-  if (train_n != meta.value("tokens", int64_t{-1}) ||
-      val_n != meta.value("val_tokens", int64_t{-1})) {
+  if (vocab < 1 || train_n != meta_int(meta, "tokens") || val_n != meta_int(meta, "val_tokens")) {
     throw UserError(refuse(out_dir, str_cat("its shards hold ", train_n, " + ", val_n,
                                             " tokens, which does not match its meta.json")));
   }

@@ -9,6 +9,8 @@
 // presence marks a complete output. A prepare into an existing non-empty out_dir
 //   - reuses it (writes nothing) when meta.json holds the same parameters and the shards validate
 //     with the recorded token counts;
+//   - completes it when it holds only what an interrupted prepare leaves (shards and their .tmp
+//     files, no meta.json);
 //   - otherwise refuses with a UserError naming the directory and the first difference; it never
 //     deletes or overwrites files it did not make.
 //

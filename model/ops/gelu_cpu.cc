@@ -1,40 +1,49 @@
-// CPU kernels of GELU (tanh approximation). Elementwise: each element on one thread, so the
-// parallel loops are bit-deterministic.
-#include <cmath>
-
+// CPU kernels of GELU (tanh approximation), in fixed blocks (model/ops/cpu_math.h): each element
+// on one thread through the same packet code, so the parallel loops are bit-deterministic.
+#include "model/ops/cpu_math.h"
 #include "model/ops/gelu.h"
 
 namespace gtron::cpu {
 
 namespace {
+
 constexpr int64_t kParallelMin = 1 << 14;  // elements; below this a thread team costs more
 constexpr double kSqrt2OverPi = 0.7978845608028654;  // sqrt(2/π)
 constexpr double kCubic = 0.044715;
+
+// u = sqrt(2/π)·(x + 0.044715·x³)
+template <typename T>
+inline Block<T> gelu_arg(const Block<T>& x) {
+  return T(kSqrt2OverPi) * (x + T(kCubic) * x.cube());
+}
+
 }  // namespace
 
 template <typename T>
 void gelu_forward(const T* x, T* y, int64_t n) {
-  const T k = static_cast<T>(kSqrt2OverPi);
-  const T a = static_cast<T>(kCubic);
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    const T v = x[i];
-    y[i] = T(0.5) * v * (T(1) + std::tanh(k * (v + a * v * v * v)));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t i = b * kBlock;
+    const int len = block_len(i, n);
+    const Block<T> xb = load_block(x + i, len);
+    store_block(y + i, Block<T>(T(0.5) * xb * (T(1) + gelu_arg(xb).tanh())), len);
   }
 }
 
-// With u = k·(x + a·x³):  gelu'(x) = ½(1 + tanh u) + ½·x·(1 − tanh²u)·k·(1 + 3a·x²).
+// gelu'(x) = ½(1 + tanh u) + ½·x·(1 − tanh²u)·sqrt(2/π)·(1 + 3·0.044715·x²).
 template <typename T>
 void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) {
-  const T k = static_cast<T>(kSqrt2OverPi);
-  const T a = static_cast<T>(kCubic);
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    const T v = x[i];
-    const T th = std::tanh(k * (v + a * v * v * v));
-    const T d =
-        T(0.5) * (T(1) + th) + T(0.5) * v * (T(1) - th * th) * k * (T(1) + T(3) * a * v * v);
-    dx[i] += d * dy[i];
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t i = b * kBlock;
+    const int len = block_len(i, n);
+    const Block<T> xb = load_block(x + i, len);
+    const Block<T> th = gelu_arg(xb).tanh();
+    const Block<T> du = T(kSqrt2OverPi) * (T(1) + T(3 * kCubic) * xb.square());
+    const Block<T> d = T(0.5) * (T(1) + th) + T(0.5) * xb * (T(1) - th.square()) * du;
+    add_block(dx + i, Block<T>(d * load_block(dy + i, len)), len);
   }
 }
 

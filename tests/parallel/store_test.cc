@@ -222,7 +222,8 @@ TEST(StoreTest, HostileBytesCloseOnlyThatConnection) {
 
   // So is a key length over the limit.
   int long_key = raw_connect(server.port());
-  const std::string key_header = "GTS1" + std::string(1, '\2') + le(0, 4) + le(1, 4) + le(1 << 20, 4);
+  const std::string key_header =
+      "GTS1" + std::string(1, '\2') + le(0, 4) + le(1, 4) + le(1 << 20, 4);
   ASSERT_EQ(send(long_key, key_header.data(), key_header.size(), 0),
             static_cast<ssize_t>(key_header.size()));
   EXPECT_TRUE(closed_by_peer(long_key, milliseconds(3000)));
@@ -288,8 +289,9 @@ std::string parse_error(const std::map<std::string, std::string>& vars) {
 }
 
 const std::map<std::string, std::string> kFullEnv = {
-    {"RANK", "5"},        {"WORLD_SIZE", "8"},     {"LOCAL_RANK", "1"},
-    {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"MASTER_ADDR", "10.0.0.2"},
+    {"RANK", "5"},           {"WORLD_SIZE", "8"},
+    {"LOCAL_RANK", "1"},     {"LOCAL_WORLD_SIZE", "4"},
+    {"GROUP_RANK", "1"},     {"MASTER_ADDR", "10.0.0.2"},
     {"MASTER_PORT", "29500"}};
 
 TEST(DistEnvTest, AbsentMeansOneProcess) {

@@ -204,6 +204,9 @@ TEST(ConfigErrors, UnknownKeys) {
   expect_text_error(R"({"n_layer": 3})", {"n_layer = 3", "did you mean model.n_layer?"});
   expect_text_error(R"({"model": {"n_layer.x": 3}})", {"model.n_layer.x = 3", "plain names"});
   expect_text_error(R"({"model": 5})", {"model = 5", "must be a JSON object"});
+  expect_text_error(R"({"zzz": 5})", {"zzz = 5", "the sections are model, mtp, data,"});
+  expect_text_error(R"({"graphs": {"zzz": 5}})",
+                    {"graphs.zzz = 5", "the keys of graphs are scope, warmup"});
 }
 
 TEST(ConfigErrors, WrongJsonTypes) {
@@ -223,7 +226,7 @@ TEST(ConfigErrors, WrongJsonTypes) {
 
 TEST(ConfigErrors, OutOfRangeAndBadEnums) {
   expect_text_error(R"({"optimizer": {"lr": -0.001}})", {"optimizer.lr = -0.001", "must be > 0"});
-  expect_text_error(R"({"mtp": {"depth": -1}})", {"mtp.depth = -1", "must be [0, 16]"});
+  expect_text_error(R"({"mtp": {"depth": -1}})", {"mtp.depth = -1", "must be in [0, 16]"});
   expect_text_error(R"({"checkpoint": {"keep": 0}})", {"checkpoint.keep = 0", "must be >= 1"});
   expect_text_error(R"({"log": {"every": 0}})", {"log.every = 0", "must be >= 1"});
   expect_text_error(R"({"optimizer": {"beta2": 1}})", {"optimizer.beta2 = 1", "[0, 1)"});
@@ -250,10 +253,11 @@ TEST(ConfigErrors, InconsistentCombinations) {
                     {"train.precision = \"bf16\"", "train.device = \"cpu\""});
   expect_text_error(R"({"model": {"vocab_size": 50}})",
                     {"data.synthetic.vocab = 64", "model.vocab_size (50)"});
-  // A real data set lifts the synthetic-vocab limit for the train split only.
-  expect_text_error(R"({"model": {"vocab_size": 50}, "data": {"train": "t/*.bin"}})",
-                    {"data.synthetic.vocab = 64", "data.val"});
-  from_text(R"({"model": {"vocab_size": 50}, "data": {"train": "t/*.bin", "val": "v/*.bin"}})");
+  // Real token shards lift the limits on the synthetic source.
+  from_text(R"({"model": {"vocab_size": 50}, "data": {"train": "t/*.bin"}})");
+  from_text(R"({"data": {"train": "t/*.bin", "synthetic": {"tokens": 1, "val_tokens": 1}}})");
+  expect_text_error(R"({"data": {"synthetic": {"val_tokens": 1024}}})",
+                    {"data.synthetic.val_tokens = 1024", "1025"});
   expect_text_error(R"({"data": {"synthetic": {"tokens": 100}}})",
                     {"data.synthetic.tokens = 100", "1025"});
   // parallel.gtp ranks at least, so global_batch must already split over them.

@@ -127,11 +127,12 @@ TEST(Markov, DefaultSourceNeedsContextAndMatchesItsSamples) {
 
   // 2M samples. (1) Their cross-entropy under the true table, -mean log P(x_i | ctx_i), is an
   // unbiased estimate of the entropy rate once the chain is stationary (it mixes within a few
-  // tokens); its standard error is ~sqrt(Var[-log p] / N) ~ 1.5e-3, so 0.01 is ~6 sd.
-  // (2) The plug-in conditional entropy from (ctx, next) counts is biased LOW: ~0.03 nats from
-  // sum_ctx (symbols seen in ctx - 1) / 2N (4096 contexts x ~30 symbols / 4M), plus the mass of
-  // rare unseen symbols that Dirichlet(0.2) rows have; so it must lie in (rate - 0.05, rate), and
-  // the Miller-Madow correction must move it closer.
+  // tokens); its standard error is ~sqrt(Var[-log p] / N) ~ 1.5e-3, so 0.01 is ~6 sd (measured:
+  // 2.8763 vs rate 2.8759). (2) The plug-in conditional entropy from (ctx, next) counts is biased
+  // LOW, deterministically rather than by noise: ~0.03 nats from sum_ctx (symbols seen - 1) / 2N
+  // (4096 contexts x ~30 symbols / 4M) plus the mass of the rare symbols Dirichlet(0.2) rows have
+  // that the counts miss. Measured bias: 0.045 nats (plug-in 2.8311). So it must lie in
+  // (rate - 0.06, rate), and the Miller-Madow correction must move it closer.
   const std::vector<uint32_t> x = m.generate(2000000, 99);
   double cross_entropy = 0;
   for (size_t i = 2; i < x.size(); ++i) {
@@ -141,7 +142,7 @@ TEST(Markov, DefaultSourceNeedsContextAndMatchesItsSamples) {
   EXPECT_NEAR(cross_entropy, m.entropy_rate(), 0.01);
   const ConditionalEntropy est = empirical_conditional_entropy(x, 2, 64);
   EXPECT_LT(est.plug_in, m.entropy_rate());
-  EXPECT_GT(est.plug_in, m.entropy_rate() - 0.05);
+  EXPECT_GT(est.plug_in, m.entropy_rate() - 0.06);
   EXPECT_LT(std::abs(est.miller_madow - m.entropy_rate()), m.entropy_rate() - est.plug_in);
 
   // Token frequencies follow the stationary marginal (L1 over 64 tokens).

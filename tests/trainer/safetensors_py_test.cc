@@ -64,9 +64,9 @@ class SafetensorsPy : public ::testing::Test {
 
 TEST_F(SafetensorsPy, AcceptsGoodFileAndExpectations) {
   const CheckerRun r = check(path_,
-                      "--expect wte.weight=F32:3x2 --expect h.0.bias=BF16:2 --expect "
-                      "f64=F64:1x1x2x2 --expect ids=I32:3 --expect scalar=F32: --expect "
-                      "empty=F32:0x4");
+                             "--expect wte.weight=F32:3x2 --expect h.0.bias=BF16:2 --expect "
+                             "f64=F64:1x1x2x2 --expect ids=I32:3 --expect scalar=F32: --expect "
+                             "empty=F32:0x4");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("wte.weight F32 [3, 2]"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("scalar F32 []"), std::string::npos) << r.output;

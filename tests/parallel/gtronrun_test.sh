@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# scripts/gtronrun end to end: the rank environment, failure propagation (exit code, SIGTERM then
+# SIGKILL of the siblings, no process left), two launchers as two nodes of one job running real
+# Gloo collectives, logs, and argument errors (exit 2).
+#
+# Usage: gtronrun_test.sh GTRONRUN DIST_WORKER
+set -u
+
+GTRONRUN="$1"
+WORKER="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
+TMP="${TEST_TMPDIR:-$(mktemp -d)}/gtronrun_test"
+rm -rf "$TMP"
+mkdir -p "$TMP"
+FAILURES=0
+
+fail() {
+  echo "FAIL: $*" >&2
+  FAILURES=$((FAILURES + 1))
+}
+
+expect_eq() {  # expect_eq WHAT GOT WANT
+  if [[ "$2" != "$3" ]]; then fail "$1: got '$2', want '$3'"; fi
+}
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+less_than() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Every pid listed in the files must be gone.
+expect_gone() {  # expect_gone WHAT FILE...
+  local what="$1"
+  shift
+  for f in "$@"; do
+    if [[ ! -s "$f" ]]; then fail "$what: no pid file $f"; continue; fi
+    local pid
+    pid="$(cat "$f")"
+    if kill -0 "$pid" 2>/dev/null; then
+      fail "$what: process $pid ($f) is still running"
+      kill -9 "$pid" 2>/dev/null
+    fi
+  done
+}
+
+# --- 1. The environment of 3 ranks on one node; OMP_NUM_THREADS defaults to 1; logs.
+PORT="$(free_port)"
+ENV_DIR="$TMP/env"
+mkdir -p "$ENV_DIR"
+OUT="$(env -u OMP_NUM_THREADS "$GTRONRUN" --nproc-per-node 3 --master-port "$PORT" \
+  --log-dir "$TMP/logs" -- bash -c \
+  'echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR $MASTER_PORT $OMP_NUM_THREADS" > "$0/$RANK"; echo "hello from $RANK"' \
+  "$ENV_DIR")"
+expect_eq "env run exit code" "$?" "0"
+for r in 0 1 2; do
+  expect_eq "rank $r environment" "$(cat "$ENV_DIR/$r" 2>/dev/null)" \
+    "$r $r 3 3 0 127.0.0.1 $PORT 1"
+  expect_eq "rank $r log" "$(cat "$TMP/logs/rank_$r.log" 2>/dev/null)" "hello from $r"
+  if ! grep -qx "\[rank $r\] hello from $r" <<<"$OUT"; then fail "console line of rank $r: $OUT"; fi
+done
+# An OMP_NUM_THREADS already set is kept; the command may also come without "--".
+expect_eq "OMP_NUM_THREADS kept" \
+  "$(OMP_NUM_THREADS=4 "$GTRONRUN" --standalone bash -c 'echo $OMP_NUM_THREADS')" "[rank 0] 4"
+
+# --- 2. A worker exits 3: the launcher exits 3 and kills a sleeping sibling (and its child).
+PIDS="$TMP/pids"
+mkdir -p "$PIDS"
+START="$(now)"
+"$GTRONRUN" --standalone --nproc-per-node 3 --grace 5 -- bash -c '
+  echo $$ > "$0/worker_$RANK"
+  if [[ $RANK == 1 ]]; then
+    for r in 0 2; do while [[ ! -s "$0/child_$r" ]]; do sleep 0.05; done; done
+    exit 3
+  fi
+  sleep 300 & echo $! > "$0/child_$RANK"
+  wait' "$PIDS" 2>"$TMP/fail.err"
+expect_eq "failing run exit code" "$?" "3"
+T="$(elapsed "$START")"
+if ! less_than "$T" 4; then fail "failure took ${T}s to propagate (SIGTERM should suffice)"; fi
+grep -q "rank 1 exited with code 3" "$TMP/fail.err" || fail "no failure message: $(cat "$TMP/fail.err")"
+expect_gone "after a failure" "$PIDS"/worker_0 "$PIDS"/worker_1 "$PIDS"/worker_2 \
+  "$PIDS"/child_0 "$PIDS"/child_2
+
+# --- 3. A sibling that ignores SIGTERM is killed after the grace period.
+PIDS="$TMP/pids_stubborn"
+mkdir -p "$PIDS"
+START="$(now)"
+"$GTRONRUN" --standalone --nproc-per-node 2 --grace 1 -- bash -c '
+  if [[ $RANK == 0 ]]; then
+    trap "" TERM
+    echo $$ > "$0/worker_0"
+    while true; do sleep 0.1; done
+  fi
+  while [[ ! -s "$0/worker_0" ]]; do sleep 0.05; done
+  exit 5' "$PIDS" 2>/dev/null
+expect_eq "stubborn run exit code" "$?" "5"
+T="$(elapsed "$START")"
+if less_than "$T" 0.9 || ! less_than "$T" 4; then fail "SIGKILL after a 1 s grace took ${T}s"; fi
+expect_gone "after SIGKILL" "$PIDS"/worker_0
+
+# --- 4. SIGTERM to the launcher stops every worker; exit code 128 + 15.
+PIDS="$TMP/pids_signal"
+mkdir -p "$PIDS"
+"$GTRONRUN" --standalone --nproc-per-node 2 -- bash -c \
+  'sleep 300 & echo $! > "$0/child_$RANK"; wait' "$PIDS" 2>/dev/null &
+LAUNCHER=$!
+while [[ ! -s "$PIDS/child_0" || ! -s "$PIDS/child_1" ]]; do sleep 0.05; done
+kill -TERM "$LAUNCHER"
+wait "$LAUNCHER"
+expect_eq "signalled launcher exit code" "$?" "143"
+expect_gone "after SIGTERM to the launcher" "$PIDS"/child_0 "$PIDS"/child_1
+
+# --- 5. Two nodes on localhost: 2 launchers x 2 ranks, one job with real Gloo collectives.
+PORT="$(free_port)"
+RESULTS="$TMP/two_nodes"
+mkdir -p "$RESULTS"
+"$GTRONRUN" --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-port "$PORT" \
+  "$WORKER" "$RESULTS" 2 >"$TMP/node1.out" 2>&1 &
+NODE1=$!
+"$GTRONRUN" --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-port "$PORT" \
+  -- "$WORKER" "$RESULTS" 2 >"$TMP/node0.out" 2>&1
+expect_eq "node 0 exit code" "$?" "0"
+wait "$NODE1"
+expect_eq "node 1 exit code" "$?" "0"
+# rank world local_rank local_world group_rank sum(rank + 1) gtp_members dp_members
+expect_eq "rank 0" "$(cat "$RESULTS/rank_0.txt" 2>/dev/null)" "0 4 0 2 0 10 0,1 0,2"
+expect_eq "rank 1" "$(cat "$RESULTS/rank_1.txt" 2>/dev/null)" "1 4 1 2 0 10 0,1 1,3"
+expect_eq "rank 2" "$(cat "$RESULTS/rank_2.txt" 2>/dev/null)" "2 4 0 2 1 10 2,3 0,2"
+expect_eq "rank 3" "$(cat "$RESULTS/rank_3.txt" 2>/dev/null)" "3 4 1 2 1 10 2,3 1,3"
+if [[ $FAILURES -gt 0 ]]; then
+  echo "--- node 0 output"; cat "$TMP/node0.out"; echo "--- node 1 output"; cat "$TMP/node1.out"
+fi
+
+# --- 6. Bad arguments exit 2 with a message.
+expect_bad() {  # expect_bad MESSAGE ARGS...
+  local want="$1"
+  shift
+  local err
+  err="$("$GTRONRUN" "$@" 2>&1 >/dev/null)"
+  local code=$?
+  expect_eq "exit code of gtronrun $*" "$code" "2"
+  if ! grep -q -- "$want" <<<"$err"; then fail "gtronrun $*: no '$want' in: $err"; fi
+}
+expect_bad "nnodes must be >= 1" --nnodes 0 true
+expect_bad "node-rank must be in \[0, 1\]" --nnodes 2 --node-rank 2 true
+expect_bad "missing the command" --nproc-per-node 2
+expect_bad "missing the command" --nproc-per-node 2 --
+expect_bad "master-port must be in \[1, 65535\]" --master-port 70000 true
+expect_bad "nproc-per-node must be >= 1" --nproc-per-node 0 true
+expect_bad "standalone runs one node" --standalone --nnodes 2 true
+expect_bad "invalid int value" --nnodes two true
+"$GTRONRUN" --help | grep -q -- "--log-dir" || fail "--help does not document --log-dir"
+
+if [[ $FAILURES -gt 0 ]]; then
+  echo "$FAILURES check(s) failed" >&2
+  exit 1
+fi
+echo "all gtronrun checks passed"
