@@ -7,6 +7,7 @@ namespace gtron {
 namespace {
 thread_local bool t_grad_enabled = true;
 thread_local std::vector<std::function<void()>> t_tape;
+thread_local std::vector<Parameter*> t_noted;  // parameters with uses on the current tape
 }  // namespace
 
 Parameter::Parameter(std::string n, Tensor d, bool wd)
@@ -34,6 +35,7 @@ Var Var::param(Parameter& p) {
   Var v = constant(p.data);
   v.impl_->requires_grad = grad_enabled();
   v.impl_->param = &p;
+  note_param_use(p);
   return v;
 }
 
@@ -63,13 +65,30 @@ void record_backward(std::function<void()> fn) {
 
 size_t tape_size() { return t_tape.size(); }
 
-void clear_tape() { t_tape.clear(); }
+void note_param_use(Parameter& p) {
+  if (!t_grad_enabled) return;
+  ++p.pending_uses;
+  Parameter* pp = &p;
+  t_noted.push_back(pp);
+  t_tape.push_back([pp] {
+    GTRON_CHECK(pp->pending_uses > 0, "grad-ready accounting of ", pp->name);
+    if (--pp->pending_uses == 0 && pp->grad_ready) pp->grad_ready();
+  });
+}
+
+void clear_tape() {
+  // No backward will run for the dropped uses: forget them, or the next pass's count is off.
+  for (Parameter* p : t_noted) p->pending_uses = 0;
+  t_noted.clear();
+  t_tape.clear();
+}
 
 namespace {
 void run_tape() {
   // Move the tape out first: a closure must not see (or extend) the tape it runs from.
   std::vector<std::function<void()>> tape = std::move(t_tape);
   t_tape.clear();
+  t_noted.clear();
   for (auto it = tape.rbegin(); it != tape.rend(); ++it) {
     (*it)();
     *it = nullptr;  // frees the activations this closure held, as early as possible

@@ -29,6 +29,10 @@ struct Parameter {
   // DDP param-ready callback (idempotent). Anything that reads `data` ahead of its owner calls
   // make_ready() first. Null means always ready.
   std::function<void()> ready;
+  // DDP grad-ready hook: called when the backward of every use recorded since the last hook has
+  // run, i.e. when main_grad is final for this backward pass. Null means nobody listens.
+  std::function<void()> grad_ready;
+  int pending_uses = 0;  // uses recorded on the tape whose backward has not run yet
 
   Parameter(std::string name, Tensor data, bool weight_decay = true);
   void make_ready() const {
@@ -88,6 +92,12 @@ class NoGradGuard {
 
 // Records a backward closure on this thread's tape (ops call this only when an input needs grad).
 void record_backward(std::function<void()> fn);
+
+// Counts one use of `p` in this forward and records, before the use's own backward closures, a
+// closure that fires p.grad_ready once every recorded use has run its backward (the tape runs in
+// reverse, so a closure recorded before the ops that use p runs after all of them). No-op without
+// grad mode. Var::param calls it; so does any weight access that makes its own Var for p.
+void note_param_use(Parameter& p);
 // Number of closures recorded since the last backward/clear (tests).
 size_t tape_size();
 // Drops the tape without running it (evaluation paths).

@@ -39,10 +39,17 @@ void load_into(const std::map<std::string, Tensor>& src, const std::string& name
   dst.copy_from(it->second);
 }
 
+// The view of parameter p's moments inside a full flat state tensor.
+Tensor state_view(const Tensor& flat, const FullOptimizerState& opt, const Parameter* p) {
+  const int64_t off = opt.layout->flat_offset(p);
+  return flat.rows(off, off + p->data.numel()).view(p->data.shape());
+}
+
 }  // namespace
 
-std::string save_training_checkpoint(const std::string& root, const GPT& model, const AdamW* opt,
-                                     const TrainerState& state, int keep) {
+std::string save_training_checkpoint(const std::string& root, const GPT& model,
+                                     const FullOptimizerState* opt, const TrainerState& state,
+                                     int keep) {
   return save_checkpoint_dir(
       root, state.step,
       [&](const std::string& dir) {
@@ -52,11 +59,11 @@ std::string save_training_checkpoint(const std::string& root, const GPT& model, 
                           {{"format", "gtron"}, {"step", std::to_string(state.step)}});
         if (opt != nullptr) {
           std::vector<NamedTensor> moments;
-          for (size_t i = 0; i < opt->params().size(); ++i) {
-            moments.push_back({"m." + opt->params()[i]->name, host(opt->m()[i])});
+          for (const Parameter* p : model.parameters()) {
+            moments.push_back({"m." + p->name, host(state_view(opt->m, *opt, p))});
           }
-          for (size_t i = 0; i < opt->params().size(); ++i) {
-            moments.push_back({"v." + opt->params()[i]->name, host(opt->v()[i])});
+          for (const Parameter* p : model.parameters()) {
+            moments.push_back({"v." + p->name, host(state_view(opt->v, *opt, p))});
           }
           write_safetensors(dir + "/" + kOptimizerFile, moments,
                             {{"optimizer", "adamw"}, {"t", std::to_string(state.optimizer_steps)}});
@@ -86,21 +93,23 @@ TrainerState read_trainer_state(const std::string& dir) {
   return s;
 }
 
-void load_training_checkpoint(const std::string& dir, GPT& model, AdamW* opt) {
+int64_t load_training_checkpoint(const std::string& dir, GPT& model, FullOptimizerState* opt) {
   const std::string model_path = dir + "/" + kModelFile;
   auto params = by_name(read_safetensors(model_path));
   for (Parameter* p : model.parameters()) load_into(params, p->name, p->data, model_path);
-  if (opt == nullptr) return;
+  if (opt == nullptr) return 0;
   const std::string opt_path = dir + "/" + kOptimizerFile;
   SafetensorsFile f = read_safetensors(opt_path);
   auto moments = by_name(f);
-  for (size_t i = 0; i < opt->params().size(); ++i) {
-    load_into(moments, "m." + opt->params()[i]->name, opt->m()[i], opt_path);
-    load_into(moments, "v." + opt->params()[i]->name, opt->v()[i], opt_path);
+  for (const Parameter* p : model.parameters()) {
+    Tensor m = state_view(opt->m, *opt, p);
+    Tensor v = state_view(opt->v, *opt, p);
+    load_into(moments, "m." + p->name, m, opt_path);
+    load_into(moments, "v." + p->name, v, opt_path);
   }
   auto t = f.metadata.find("t");
   if (t == f.metadata.end()) throw UserError("checkpoint '" + opt_path + "' has no step count 't'");
-  opt->set_steps_taken(std::stoll(t->second));
+  return std::stoll(t->second);
 }
 
 }  // namespace gtron

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "model/gpt.h"
-#include "trainer/optimizer.h"
+#include "parallel/ddp.h"
 
 namespace gtron {
 
@@ -25,17 +25,26 @@ struct TrainerState {
   std::string config_json;  // resolved config of the run that wrote it
 };
 
+// AdamW moments in the full flat layout of a DataParallel (every parameter at
+// layout.flat_offset(p)); the same on every rank, whatever the DP size.
+struct FullOptimizerState {
+  Tensor m, v;  // [layout.flat_numel()]
+  const parallel::DataParallel* layout = nullptr;
+};
+
 // Writes model, optimizer and trainer state for `state.step` under `root`, keeping the newest
-// `keep`. Returns the directory written.
-std::string save_training_checkpoint(const std::string& root, const GPT& model, const AdamW* opt,
-                                     const TrainerState& state, int keep);
+// `keep`. Returns the directory written. REQUIRES: parameters gathered (ensure_all_ready).
+std::string save_training_checkpoint(const std::string& root, const GPT& model,
+                                     const FullOptimizerState* opt, const TrainerState& state,
+                                     int keep);
 
 // Reads trainer_state.json of a verified checkpoint directory. Throws UserError.
 TrainerState read_trainer_state(const std::string& dir);
 
-// Loads parameters (and optimizer state when `opt` is non-null) from a verified checkpoint dir.
-// Every model parameter must be present with the same shape: a mismatch names the tensor and both
+// Loads parameters (and, when `opt` is non-null, the moments into opt->m/v, which must be allocated
+// in opt->layout's flat layout) from a verified checkpoint dir; returns AdamW's step count. Every
+// model parameter must be present with the same shape: a mismatch names the tensor and both
 // shapes. Throws UserError.
-void load_training_checkpoint(const std::string& dir, GPT& model, AdamW* opt);
+int64_t load_training_checkpoint(const std::string& dir, GPT& model, FullOptimizerState* opt);
 
 }  // namespace gtron

@@ -50,7 +50,7 @@ int cmd_eval(const Options& o) {
   verify_checkpoint_dir(o.checkpoint);
   GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
   load_training_checkpoint(o.checkpoint, model, nullptr);
-  const ResolvedData data = resolve_data(cfg);
+  ResolvedData data = resolve_data(cfg);
   EvalResult r = evaluate(model, cfg, data.val_glob);
   std::printf("{\"checkpoint\": \"%s\", \"val_main_loss\": %.6f, \"val_mtp_losses\": [",
               o.checkpoint.c_str(), r.main_loss);

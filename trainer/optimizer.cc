@@ -20,35 +20,26 @@ void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, doubl
   }
 }
 
-double sum_squares(const float* g, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * g[i];
-  return s;
+AdamW::AdamW(int64_t state_numel, std::unordered_set<const Parameter*> decayed, AdamWHyper hyper)
+    : decayed_(std::move(decayed)), hyper_(hyper) {
+  m_ = Tensor::zeros({std::max<int64_t>(state_numel, 1)}, DType::kF32);
+  v_ = Tensor::zeros({std::max<int64_t>(state_numel, 1)}, DType::kF32);
 }
 
-AdamW::AdamW(std::vector<Parameter*> params, std::vector<bool> decay, AdamWHyper hyper)
-    : params_(std::move(params)), decay_(std::move(decay)), hyper_(hyper) {
-  GTRON_CHECK(decay_.size() == params_.size(), "one decay flag per parameter");
-  for (Parameter* p : params_) {
-    m_.push_back(Tensor::zeros(p->data.shape(), DType::kF32, p->data.device()));
-    v_.push_back(Tensor::zeros(p->data.shape(), DType::kF32, p->data.device()));
-  }
-}
-
-double AdamW::step(double lr, double clip) {
-  double ss = 0;
-  for (Parameter* p : params_) ss += sum_squares(p->main_grad.data<float>(), p->main_grad.numel());
-  const double norm = std::sqrt(ss);
-  float scale = 1.f;
-  if (clip > 0 && norm > clip) scale = static_cast<float>(clip / (norm + 1e-6));
+void AdamW::step(const std::vector<parallel::OwnedSegment>& segments, double lr, float grad_scale) {
   ++t_;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Parameter* p = params_[i];
-    adamw_update(p->data.data<float>(), p->main_grad.data<float>(), m_[i].data<float>(),
-                 v_[i].data<float>(), p->data.numel(), lr, decay_[i] ? hyper_.weight_decay : 0.0,
-                 hyper_, t_, scale);
+  float* m = m_.data<float>();
+  float* v = v_.data<float>();
+  for (const parallel::OwnedSegment& s : segments) {
+    const double wd = decayed_.count(s.param) ? hyper_.weight_decay : 0.0;
+    adamw_update(s.w, s.g, m + s.state_offset, v + s.state_offset, s.n, lr, wd, hyper_, t_,
+                 grad_scale);
   }
-  return norm;
+}
+
+float clip_scale(double norm, double clip) {
+  if (clip <= 0 || !(norm > clip)) return 1.f;
+  return static_cast<float>(clip / (norm + 1e-6));
 }
 
 }  // namespace gtron

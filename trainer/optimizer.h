@@ -1,15 +1,18 @@
-// AdamW on fp32 master weights with decoupled weight decay, and global-norm gradient clipping.
+// AdamW on fp32 master weights with decoupled weight decay.
 //
-// The update works on flat ranges (w, g, m, v of n elements) so the distributed optimizer can run
-// it on its 1/DP slice of contiguous buffers; AdamW below applies it per parameter.
+// The optimizer updates the segments a rank owns (parallel::DataParallel::owned(): everything in a
+// single process, a 1/DP slice of every bucket under the distributed optimizer). Its moments live
+// in flat arrays indexed by each segment's state_offset.
 //   m = β1·m + (1−β1)·g;  v = β2·v + (1−β2)·g²
 //   w -= lr·( m/(1−β1^t) / (sqrt(v/(1−β2^t)) + ε) + wd·w )       (wd only where decay applies)
 #pragma once
 
 #include <cstdint>
+#include <unordered_set>
 #include <vector>
 
 #include "model/autograd.h"
+#include "parallel/ddp.h"
 
 namespace gtron {
 
@@ -24,33 +27,29 @@ struct AdamWHyper {
 void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, double lr,
                   double weight_decay, const AdamWHyper& h, int64_t t, float grad_scale);
 
-// Σ g² over the ranges, accumulated in double in a fixed order (deterministic).
-double sum_squares(const float* g, int64_t n);
-
 class AdamW {
  public:
-  // `decay[i]` says whether params[i] gets weight decay.
-  AdamW(std::vector<Parameter*> params, std::vector<bool> decay, AdamWHyper hyper);
+  // `state_numel` elements of m and v (DataParallel::owned_numel()); `decayed` lists the
+  // parameters that get weight decay.
+  AdamW(int64_t state_numel, std::unordered_set<const Parameter*> decayed, AdamWHyper hyper);
 
-  // Clips by global norm (if clip > 0) and applies one update with learning rate `lr`.
-  // Returns the global gradient norm before clipping. REQUIRES: CPU fp32 parameters.
-  double step(double lr, double clip);
+  // One update of every segment with learning rate `lr`; gradients are multiplied by grad_scale
+  // (clipping) first.
+  void step(const std::vector<parallel::OwnedSegment>& segments, double lr, float grad_scale);
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
-  // State tensors in parameter order: m of each param, then v (for checkpoints).
-  std::vector<Tensor>& m() { return m_; }
-  std::vector<Tensor>& v() { return v_; }
-  const std::vector<Tensor>& m() const { return m_; }
-  const std::vector<Tensor>& v() const { return v_; }
-  const std::vector<Parameter*>& params() const { return params_; }
+  Tensor& m() { return m_; }  // [state_numel]
+  Tensor& v() { return v_; }  // [state_numel]
 
  private:
-  std::vector<Parameter*> params_;
-  std::vector<bool> decay_;
+  std::unordered_set<const Parameter*> decayed_;
   AdamWHyper hyper_;
-  std::vector<Tensor> m_, v_;
+  Tensor m_, v_;
   int64_t t_ = 0;
 };
+
+// The clipping factor for a global gradient norm: min(1, clip / norm); 1 when clip <= 0.
+float clip_scale(double norm, double clip);
 
 }  // namespace gtron

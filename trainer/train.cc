@@ -11,8 +11,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <unordered_set>
 
 #include "model/stream.h"
+#include "parallel/ddp.h"
+#include "parallel/gloo_communicator.h"
+#include "parallel/self_communicator.h"
+#include "parallel/store.h"
 #include "trainer/checkpoint.h"
 #include "trainer/checkpoint_io.h"
 #include "trainer/metrics.h"
@@ -57,20 +62,17 @@ Device pick_device(const Config& cfg) {
   return Device::cpu();
 }
 
-std::vector<bool> decay_flags(const GPT& model, const OptimizerConfig& oc) {
-  std::vector<bool> flags;
+std::unordered_set<const Parameter*> decayed_parameters(const GPT& model,
+                                                       const OptimizerConfig& oc) {
+  std::unordered_set<const Parameter*> out;
   for (const Parameter* p : model.parameters()) {
     const bool embedding =
         p->name == "wte.weight" || p->name == "wpe.weight" || p->name == "lm_head.weight";
-    if (embedding) {
-      flags.push_back(oc.decay_embeddings);
-    } else if (!p->weight_decay) {
-      flags.push_back(oc.decay_norms_and_biases);  // norms and biases
-    } else {
-      flags.push_back(true);
-    }
+    const bool decay = embedding ? oc.decay_embeddings
+                                 : (p->weight_decay || oc.decay_norms_and_biases);
+    if (decay) out.insert(p);
   }
-  return flags;
+  return out;
 }
 
 std::optional<double> meta_number(const std::string& meta_path, const char* key) {
@@ -153,152 +155,240 @@ EvalResult evaluate(GPT& model, const Config& cfg, const std::string& val_glob) 
   return r;
 }
 
-int run_training(const Config& cfg, bool resume, TrainSummary* summary) {
-  validate(cfg, /*world_size=*/1);
-  const Device device = pick_device(cfg);
-  make_dirs(cfg.train.out_dir);
-  const ResolvedData data = resolve_data(cfg);
-  ShardSet train_shards(data.train_glob, cfg.model.vocab_size);
-  SequenceSampler sampler(train_shards, cfg.train.seq_len);
+namespace {
 
-  GPT model(gpt_config(cfg), DType::kF32, device, cfg.train.seed);
-  AdamWHyper hyper{cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.eps,
-                   cfg.optimizer.weight_decay};
-  AdamW opt(model.parameters(), decay_flags(model, cfg.optimizer), hyper);
-  Schedule sched{cfg.schedule.kind, cfg.optimizer.lr,          cfg.schedule.warmup_steps,
-                 cfg.train.steps,   cfg.schedule.min_lr_ratio, cfg.schedule.wsd_decay_fraction};
+// One training run: the process group, model, data-parallel buffers, optimizer and data.
+class Run {
+ public:
+  Run(const Config& cfg, bool resume, TrainSummary* summary);
+  int train();
 
-  const std::string ckpt_root = checkpoint_dir(cfg);
-  int64_t start = 0;  // steps already done
+ private:
+  bool is_rank0() const { return env_.rank == 0; }
+  void print_header(const ResolvedData& data) const;
+  // Mean over the world of a few per-rank values (every rank gets the result).
+  std::vector<double> world_mean(const std::vector<double>& values);
+  void save_checkpoint();
+  void log_step(int64_t done, double lr, double gnorm, const std::vector<double>& losses);
+
+  const Config& cfg_;
+  TrainSummary* summary_;
+  parallel::DistEnv env_;
+  parallel::Rendezvous rdv_;
+  parallel::Grid grid_;
+  parallel::SelfCommunicator self_;
+  Device device_;
+  ResolvedData data_;
+  std::unique_ptr<ShardSet> train_shards_;
+  std::unique_ptr<SequenceSampler> sampler_;
+  std::unique_ptr<GPT> model_;
+  std::unique_ptr<parallel::DataParallel> dp_;
+  std::unique_ptr<AdamW> opt_;
+  Schedule sched_;
+  MetricsWriter metrics_;
+  int64_t start_ = 0;
+  int64_t accum_ = 1;
+  double flops_per_step_ = 0;
+  Clock::time_point t_run_ = Clock::now(), t_window_ = Clock::now();
+  int64_t window_steps_ = 0;
+};
+
+Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
+    : cfg_(cfg), summary_(summary), env_(parallel::dist_env_from_environment()) {
+  validate(cfg_, env_.world_size);
+  device_ = pick_device(cfg_);
+  if (env_.world_size > 1) {
+    rdv_ = parallel::rendezvous(env_);
+    grid_ = parallel::make_gloo_grid(*rdv_.client, env_.rank, env_.world_size,
+                                     static_cast<int>(cfg_.parallel.gtp));
+  }
+  // Rank 0 prepares the synthetic data; the others wait for it at the barrier.
+  if (is_rank0()) make_dirs(cfg_.train.out_dir);
+  if (is_rank0()) data_ = resolve_data(cfg_);
+  if (grid_.world) grid_.world->barrier();
+  if (!is_rank0()) data_ = resolve_data(cfg_);
+  train_shards_ = std::make_unique<ShardSet>(data_.train_glob, cfg_.model.vocab_size);
+  sampler_ = std::make_unique<SequenceSampler>(*train_shards_, cfg_.train.seq_len);
+
+  model_ = std::make_unique<GPT>(gpt_config(cfg_), DType::kF32, device_, cfg_.train.seed);
+  parallel::DdpOptions ddp{cfg_.parallel.distributed_optimizer, cfg_.parallel.overlap_param_gather,
+                           static_cast<size_t>(cfg_.parallel.bucket_mb * (1 << 20))};
+  parallel::Communicator* dp_comm = grid_.world ? grid_.dp.get() : &self_;
+  dp_ = std::make_unique<parallel::DataParallel>(model_->parameters(), dp_comm, ddp);
+  AdamWHyper hyper{cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
+                   cfg_.optimizer.weight_decay};
+  opt_ = std::make_unique<AdamW>(dp_->owned_numel(), decayed_parameters(*model_, cfg_.optimizer),
+                                 hyper);
+  sched_ = Schedule{cfg_.schedule.kind,  cfg_.optimizer.lr,          cfg_.schedule.warmup_steps,
+                    cfg_.train.steps,    cfg_.schedule.min_lr_ratio, cfg_.schedule.wsd_decay_fraction};
+  accum_ = grad_accum_steps(cfg_, env_.world_size);
+  flops_per_step_ = model_->flops_per_token(cfg_.train.seq_len) *
+                    static_cast<double>(cfg_.train.global_batch * cfg_.train.seq_len);
+
   if (resume) {
-    if (auto dir = find_latest_complete(ckpt_root)) {
-      TrainerState st = read_trainer_state(*dir);
-      load_training_checkpoint(*dir, model, &opt);
-      start = st.step;
-      std::printf("resumed from %s (step %ld)\n", dir->c_str(), static_cast<long>(start));
-    } else {
-      std::printf("--resume: no complete checkpoint in %s; starting from step 0\n",
-                  ckpt_root.c_str());
+    const std::string root = checkpoint_dir(cfg_);
+    if (auto dir = find_latest_complete(root)) {
+      FullOptimizerState full{Tensor::zeros({dp_->flat_numel()}, DType::kF32),
+                              Tensor::zeros({dp_->flat_numel()}, DType::kF32), dp_.get()};
+      opt_->set_steps_taken(load_training_checkpoint(*dir, *model_, &full));
+      dp_->scatter_to_owned(full.m, opt_->m());
+      dp_->scatter_to_owned(full.v, opt_->v());
+      start_ = read_trainer_state(*dir).step;
+      if (is_rank0()) std::printf("resumed from %s (step %ld)\n", dir->c_str(), static_cast<long>(start_));
+    } else if (is_rank0()) {
+      std::printf("--resume: no complete checkpoint in %s; starting from step 0\n", root.c_str());
     }
   }
+  if (is_rank0()) {
+    print_header(data_);
+    metrics_.open(metrics_path(cfg_), resume && start_ > 0);
+  }
+  if (summary_) {
+    summary_->first_step = start_ + 1;
+    summary_->entropy_rate = data_.entropy_rate;
+  }
+}
 
-  const int64_t T = cfg.train.seq_len, mb = cfg.train.micro_batch;
-  const int64_t accum = grad_accum_steps(cfg, 1);
-  const int64_t tokens_per_step = cfg.train.global_batch * T;
-  const double flops_per_step = model.flops_per_token(T) * static_cast<double>(tokens_per_step);
-  const bool bf16 = false;
-  std::printf(
-      "gtron train: %ld parameters | L=%ld C=%ld NH=%ld V=%ld (padded %ld) T=%ld | MTP D=%ld\n",
-      static_cast<long>(model.num_parameters()), static_cast<long>(cfg.model.n_layer),
-      static_cast<long>(cfg.model.n_embd), static_cast<long>(cfg.model.n_head),
-      static_cast<long>(cfg.model.vocab_size), static_cast<long>(cfg.model.padded_vocab()),
-      static_cast<long>(T), static_cast<long>(cfg.mtp.depth));
-  std::printf(
-      "device %s, fp32 | batch %ld seqs = %ld micro x %ld accum | %ld tokens/step | MFU "
-      "peak %s\n",
-      device.str().c_str(), static_cast<long>(cfg.train.global_batch), static_cast<long>(mb),
-      static_cast<long>(accum), static_cast<long>(tokens_per_step),
-      describe_peak(device, bf16).c_str());
+void Run::print_header(const ResolvedData& data) const {
+  const Config& c = cfg_;
+  std::printf("gtron train: %ld parameters | L=%ld C=%ld NH=%ld V=%ld (padded %ld) T=%ld | MTP D=%ld\n",
+              static_cast<long>(model_->num_parameters()), static_cast<long>(c.model.n_layer),
+              static_cast<long>(c.model.n_embd), static_cast<long>(c.model.n_head),
+              static_cast<long>(c.model.vocab_size), static_cast<long>(c.model.padded_vocab()),
+              static_cast<long>(c.train.seq_len), static_cast<long>(c.mtp.depth));
+  std::printf("world %d (DP %d x GTP %ld) on %s, fp32 | batch %ld seqs = %ld ranks x %ld micro x %ld "
+              "accum | %ld tokens/step | MFU peak %s\n",
+              env_.world_size, env_.world_size / static_cast<int>(c.parallel.gtp),
+              static_cast<long>(c.parallel.gtp), device_.str().c_str(),
+              static_cast<long>(c.train.global_batch), static_cast<long>(env_.world_size),
+              static_cast<long>(c.train.micro_batch), static_cast<long>(accum_),
+              static_cast<long>(c.train.global_batch * c.train.seq_len),
+              describe_peak(device_, false).c_str());
   std::printf("data: %s (%ld tokens)", data.train_glob.c_str(),
-              static_cast<long>(train_shards.total_tokens()));
+              static_cast<long>(train_shards_->total_tokens()));
   if (data.entropy_rate) {
     std::printf(" | entropy floor %.4f nats/token, unigram %.4f", *data.entropy_rate,
                 data.unigram_entropy.value_or(NAN));
   }
   std::printf("\n");
+  std::fflush(stdout);
+}
 
-  MetricsWriter metrics;
-  metrics.open(metrics_path(cfg), resume && start > 0);
-  if (summary) {
-    summary->first_step = start + 1;
-    summary->entropy_rate = data.entropy_rate;
+std::vector<double> Run::world_mean(const std::vector<double>& values) {
+  if (!grid_.world) return values;
+  Tensor t = Tensor::from_vector(values, {static_cast<int64_t>(values.size())}, DType::kF64);
+  grid_.world->all_reduce(t, parallel::ReduceOp::kSum).synchronize();
+  std::vector<double> out = t.to_vector();
+  for (double& v : out) v /= env_.world_size;
+  return out;
+}
+
+void Run::save_checkpoint() {
+  dp_->ensure_all_ready();
+  FullOptimizerState full{dp_->gather_owned(opt_->m()), dp_->gather_owned(opt_->v()), dp_.get()};
+  if (is_rank0()) {
+    TrainerState st{start_, opt_->steps_taken(), cfg_.train.seed, resolved_json(cfg_)};
+    std::string dir = save_training_checkpoint(checkpoint_dir(cfg_), *model_, &full, st,
+                                               static_cast<int>(cfg_.checkpoint.keep));
+    std::printf("checkpoint %s\n", dir.c_str());
   }
+  if (grid_.world) grid_.world->barrier();
+}
 
-  TrainerState state{start, opt.steps_taken(), cfg.train.seed, resolved_json(cfg)};
-  const int64_t ckpt_every = cfg.checkpoint.every;
-  const auto t_run = Clock::now();
-  auto t_window = Clock::now();
-  int64_t window_steps = 0;
+void Run::log_step(int64_t done, double lr, double gnorm, const std::vector<double>& losses) {
+  const double dt = seconds_since(t_window_);
+  StepMetrics sm;
+  sm.step = done;
+  sm.total_steps = cfg_.train.steps;
+  sm.loss = losses[0];
+  sm.main_loss = losses[1];
+  sm.mtp_losses.assign(losses.begin() + 2, losses.end());
+  sm.lr = lr;
+  sm.grad_norm = gnorm;
+  sm.tokens_per_s =
+      static_cast<double>(window_steps_ * cfg_.train.global_batch * cfg_.train.seq_len) / dt;
+  sm.mfu = flops_per_step_ * static_cast<double>(window_steps_) / dt /
+           (peak_flops(device_, false) * env_.world_size);
+  sm.peak_mem_gib = static_cast<double>(allocator_for(device_).stats().peak_allocated) / (1ull << 30);
+  sm.elapsed_s = seconds_since(t_run_);
+  sm.eta_s = dt / static_cast<double>(window_steps_) * static_cast<double>(cfg_.train.steps - done);
+  std::printf("%s\n", format_line(sm).c_str());
+  std::fflush(stdout);
+  metrics_.write(format_json(sm));
+  t_window_ = Clock::now();
+  window_steps_ = 0;
+}
+
+int Run::train() {
+  const int64_t T = cfg_.train.seq_len, mb = cfg_.train.micro_batch;
+  const size_t D = static_cast<size_t>(cfg_.mtp.depth);
   Tensor window = Tensor::empty({mb, T + 1}, DType::kI32);
-
-  for (int64_t step = start; step < cfg.train.steps; ++step) {
-    for (Parameter* p : model.parameters()) p->zero_grad();
-    double loss = 0, main_loss = 0;
-    std::vector<double> mtp(static_cast<size_t>(cfg.mtp.depth), 0.0);
-    for (int64_t m = 0; m < accum; ++m) {
-      sampler.sample(cfg.train.seed, step, m * mb, mb, window.data<int32_t>());
-      GPTOutput out = model.forward(window);
-      // Each micro-batch's loss is a mean over equal token counts: scaling by 1/accum makes the
-      // gradient the mean over the global batch.
-      backward(out.loss, 1.0 / static_cast<double>(accum));
-      loss += out.loss.value().item() / accum;
-      main_loss += out.main_loss.value().item() / accum;
-      for (size_t k = 0; k < mtp.size(); ++k) mtp[k] += out.mtp_losses[k].value().item() / accum;
+  // Every rank's loss is a mean over equal token counts: seeding backward with 1/(accum·world)
+  // makes the summed gradients the mean over the global batch.
+  const double seed = 1.0 / static_cast<double>(accum_ * env_.world_size);
+  for (int64_t step = start_; step < cfg_.train.steps; ++step) {
+    dp_->zero_grads();
+    std::vector<double> local(2 + D, 0.0);  // total, main, mtp_1..D
+    for (int64_t m = 0; m < accum_; ++m) {
+      dp_->set_last_microbatch(m == accum_ - 1);
+      const int64_t first_seq = (env_.rank * accum_ + m) * mb;
+      sampler_->sample(cfg_.train.seed, step, first_seq, mb, window.data<int32_t>());
+      GPTOutput out = model_->forward(window);
+      backward(out.loss, seed);
+      local[0] += out.loss.value().item() / accum_;
+      local[1] += out.main_loss.value().item() / accum_;
+      for (size_t k = 0; k < D; ++k) local[2 + k] += out.mtp_losses[k].value().item() / accum_;
     }
-    const double lr = sched.at(step);
-    const double gnorm = opt.step(lr, cfg.optimizer.grad_clip);
-    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
-      auto last = find_latest_complete(ckpt_root);
+    dp_->finish_grads();
+    const double gnorm = std::sqrt(dp_->grad_square_sum());
+    const double lr = sched_.at(step);
+    std::vector<double> losses = world_mean(local);
+    if (!std::isfinite(losses[0]) || !std::isfinite(gnorm)) {
+      auto last = find_latest_complete(checkpoint_dir(cfg_));
       std::fprintf(stderr,
                    "gtron: non-finite %s at step %ld (loss %g, grad norm %g); stopping. Last good "
                    "checkpoint: %s. Hint: lower optimizer.lr or enable optimizer.grad_clip.\n",
-                   std::isfinite(loss) ? "gradient" : "loss", static_cast<long>(step + 1), loss,
-                   gnorm, last ? last->c_str() : "none");
+                   std::isfinite(losses[0]) ? "gradient" : "loss", static_cast<long>(step + 1),
+                   losses[0], gnorm, last ? last->c_str() : "none");
       return kExitNonFinite;
     }
-    if (summary) summary->losses.push_back(loss);
-    ++window_steps;
+    opt_->step(dp_->owned(), lr, clip_scale(gnorm, cfg_.optimizer.grad_clip));
+    dp_->after_update();
+    if (summary_) summary_->losses.push_back(losses[0]);
+    ++window_steps_;
     const int64_t done = step + 1;
-    state.step = done;
-    state.optimizer_steps = opt.steps_taken();
-
-    if (done % cfg.log.every == 0 || done == cfg.train.steps) {
-      const double dt = seconds_since(t_window);
-      StepMetrics sm;
-      sm.step = done;
-      sm.total_steps = cfg.train.steps;
-      sm.loss = loss;
-      sm.main_loss = main_loss;
-      sm.mtp_losses = mtp;
-      sm.lr = lr;
-      sm.grad_norm = gnorm;
-      sm.tokens_per_s = static_cast<double>(window_steps * tokens_per_step) / dt;
-      sm.mfu = flops_per_step * static_cast<double>(window_steps) / dt / peak_flops(device, bf16);
-      sm.peak_mem_gib =
-          static_cast<double>(allocator_for(device).stats().peak_allocated) / (1ull << 30);
-      sm.elapsed_s = seconds_since(t_run);
-      sm.eta_s =
-          dt / static_cast<double>(window_steps) * static_cast<double>(cfg.train.steps - done);
-      std::printf("%s\n", format_line(sm).c_str());
-      std::fflush(stdout);
-      metrics.write(format_json(sm));
-      t_window = Clock::now();
-      window_steps = 0;
+    start_ = done;
+    if (is_rank0() && (done % cfg_.log.every == 0 || done == cfg_.train.steps)) {
+      log_step(done, lr, gnorm, losses);
     }
-    if (cfg.train.eval_every > 0 && done % cfg.train.eval_every == 0 && done != cfg.train.steps) {
-      EvalResult ev = evaluate(model, cfg, data.val_glob);
-      std::printf("eval step %ld | val main loss %.4f\n", static_cast<long>(done), ev.main_loss);
+    if (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0 && done != cfg_.train.steps) {
+      dp_->ensure_all_ready();
+      EvalResult ev = evaluate(*model_, cfg_, data_.val_glob);
+      if (is_rank0()) std::printf("eval step %ld | val main loss %.4f\n", static_cast<long>(done), ev.main_loss);
     }
-    if ((ckpt_every > 0 && done % ckpt_every == 0) || done == cfg.train.steps) {
-      std::string dir = save_training_checkpoint(ckpt_root, model, &opt, state,
-                                                 static_cast<int>(cfg.checkpoint.keep));
-      std::printf("checkpoint %s\n", dir.c_str());
+    if ((cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) || done == cfg_.train.steps) {
+      save_checkpoint();
     }
   }
-
-  EvalResult ev = evaluate(model, cfg, data.val_glob);
-  std::printf("final: val main loss %.4f over %ld tokens", ev.main_loss,
-              static_cast<long>(ev.tokens));
-  for (size_t k = 0; k < ev.mtp_losses.size(); ++k) {
-    std::printf(" | val mtp%zu %.4f", k + 1, ev.mtp_losses[k]);
+  dp_->ensure_all_ready();
+  EvalResult ev = evaluate(*model_, cfg_, data_.val_glob);
+  if (summary_) summary_->val_loss = ev.main_loss;
+  if (!is_rank0()) return kExitOk;
+  std::printf("final: val main loss %.4f over %ld tokens", ev.main_loss, static_cast<long>(ev.tokens));
+  for (size_t k = 0; k < ev.mtp_losses.size(); ++k) std::printf(" | val mtp%zu %.4f", k + 1, ev.mtp_losses[k]);
+  if (data_.entropy_rate) {
+    std::printf(" | entropy floor %.4f | gap %.4f nats/token", *data_.entropy_rate,
+                ev.main_loss - *data_.entropy_rate);
   }
-  if (data.entropy_rate) {
-    std::printf(" | entropy floor %.4f | gap %.4f nats/token", *data.entropy_rate,
-                ev.main_loss - *data.entropy_rate);
-  }
-  std::printf(" | %.1f s\n", seconds_since(t_run));
-  if (summary) summary->val_loss = ev.main_loss;
+  std::printf(" | %.1f s\n", seconds_since(t_run_));
   return kExitOk;
+}
+
+}  // namespace
+
+int run_training(const Config& cfg, bool resume, TrainSummary* summary) {
+  Run run(cfg, resume, summary);
+  return run.train();
 }
 
 std::string sample_text(GPT& model, const std::string& prompt, int64_t tokens, double temperature,

@@ -2,23 +2,28 @@
 //
 // Layout: q, k, v and the output of head h are strided [T, HS] blocks read in place from qkv
 // (row stride 3C) and written in place into out / dqkv (row stride C / 3C); nothing is copied.
-// Scores S = Q·Kᵀ are formed on the lower triangle only (Eigen's triangular-result GEMM), and
-// every product with P or dS uses a triangular view, so the masked upper half is never computed
-// or read.
+// Scores S = Q·Kᵀ (and dP = dO·Vᵀ) are formed by full GEMMs over row panels, rows [r0, r1)
+// against keys [0, r1), so only the diagonal panels spill a little above the diagonal (Eigen's
+// triangular-result product does the same work ~4x slower). Every product with P or dS uses a
+// triangular view, so the masked upper half is never read.
+//
+// Row-wise softmax math runs in fixed blocks (model/ops/cpu_math.h).
 //
 // Forward keeps only lse[t] = log Σ_{s<=t} exp(scale·S[t, s]) per row; backward recomputes
 // P = exp(scale·S − lse) (one extra T×T×HS GEMM) instead of storing B·NH·T² probabilities.
 //
 // Determinism policy: the (batch, head) pairs run in parallel, but each pair is computed by one
-// thread, start to finish, and writes only its own columns of out / dqkv; Eigen does not
-// parallelise inside an OpenMP parallel region. So results are bit-identical run to run and
-// whatever the thread count.
+// thread, start to finish, and writes only its own columns of out / dqkv. Eigen's general GEMM
+// would split itself over threads (blocking by thread count) unless it runs inside a team of more
+// than one thread; so the parallel region has no `if` clause: it is always a full team (with one
+// thread allowed, Eigen sees one thread too). Results are bit-identical run to run and whatever
+// the thread count.
+#include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
-#include <limits>
-#include <vector>
 
 #include "model/ops/attention.h"
-#include "model/ops/eigen.h"
+#include "model/ops/cpu_math.h"
 
 namespace gtron::cpu {
 
@@ -42,6 +47,18 @@ struct HeadView {
         v(qkv + b * Tlen * 3 * C + 2 * C + h * HS, Tlen, HS, Eigen::OuterStride<>(3 * C)) {}
 };
 
+// S[t, s] = a[t]·b[s] for s <= t (plus a few entries above the diagonal, which callers ignore).
+template <typename T, typename A, typename B>
+void lower_products(const A& a, const B& b, RowMat<T>& S) {
+  constexpr int64_t kPanel = 64;
+  const int64_t Tlen = S.rows();
+  for (int64_t r0 = 0; r0 < Tlen; r0 += kPanel) {
+    const int64_t rows = std::min(kPanel, Tlen - r0);
+    S.block(r0, 0, rows, r0 + rows).noalias() =
+        a.middleRows(r0, rows) * b.topRows(r0 + rows).transpose();
+  }
+}
+
 // Turns each row t of S's lower triangle (raw scores Q·Kᵀ) into probabilities softmax(scale·S)
 // over s <= t, with max-subtraction, and writes lse[t].
 template <typename T>
@@ -49,16 +66,57 @@ void softmax_rows(RowMat<T>& S, T scale, T* lse) {
   const int64_t Tlen = S.rows();
   for (int64_t t = 0; t < Tlen; ++t) {
     T* row = S.data() + t * Tlen;
-    T m = -std::numeric_limits<T>::infinity();
-    for (int64_t s = 0; s <= t; ++s) m = row[s] > m ? row[s] : m;
-    T sum = 0;
-    for (int64_t s = 0; s <= t; ++s) {
-      row[s] = std::exp((row[s] - m) * scale);
-      sum += row[s];
+    const int64_t n = t + 1;
+    const T m = row_max(row, n);
+    Block<T> acc = Block<T>::Zero();
+    for (int64_t s = 0; s < n; s += kBlock) {
+      const int len = block_len(s, n);
+      const Block<T> e = ((load_block(row + s, len, m) - m) * scale).exp();
+      store_block(row + s, e, len);
+      acc += mask_tail(e, len);
     }
+    const T sum = lane_sum(acc);
     const T inv = T(1) / sum;
-    for (int64_t s = 0; s <= t; ++s) row[s] *= inv;
+    for (int64_t s = 0; s < n; s += kBlock) {
+      const int len = block_len(s, n);
+      store_block(row + s, Block<T>(load_block(row + s, len) * inv), len);
+    }
     lse[t] = m * scale + std::log(sum);
+  }
+}
+
+// Row t of the lower triangle: S (raw scores) -> P = exp(scale·S − lse[t]).
+template <typename T>
+void probabilities_from_lse(RowMat<T>& S, T scale, const T* lse) {
+  const int64_t Tlen = S.rows();
+  for (int64_t t = 0; t < Tlen; ++t) {
+    T* row = S.data() + t * Tlen;
+    for (int64_t s = 0; s <= t; s += kBlock) {
+      const int len = block_len(s, t + 1);
+      store_block(row + s, Block<T>((load_block(row + s, len) * scale - lse[t]).exp()), len);
+    }
+  }
+}
+
+// Row t of the lower triangle: dP -> dS = P ⊙ (dP − Σ_s P·dP) · scale.
+template <typename T>
+void softmax_backward_rows(const RowMat<T>& P, RowMat<T>& dP, T scale) {
+  const int64_t Tlen = P.rows();
+  for (int64_t t = 0; t < Tlen; ++t) {
+    const T* p = P.data() + t * Tlen;
+    T* d = dP.data() + t * Tlen;
+    const int64_t n = t + 1;
+    Block<T> acc = Block<T>::Zero();
+    for (int64_t s = 0; s < n; s += kBlock) {
+      const int len = block_len(s, n);
+      acc += load_block(p + s, len) * load_block(d + s, len);  // padding is 0
+    }
+    const T dot = lane_sum(acc);
+    for (int64_t s = 0; s < n; s += kBlock) {
+      const int len = block_len(s, n);
+      const Block<T> ds = load_block(p + s, len) * (load_block(d + s, len) - dot) * scale;
+      store_block(d + s, ds, len);
+    }
   }
 }
 
@@ -69,14 +127,14 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, in
                        int64_t HS) {
   const int64_t C = NH * HS;
   const T scale = T(1) / std::sqrt(static_cast<T>(HS));
-#pragma omp parallel if (B * NH > 1)
+#pragma omp parallel
   {
     RowMat<T> S(Tlen, Tlen);  // per-thread scratch: scores, then probabilities (lower half)
 #pragma omp for
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
       HeadView<T> hv(qkv, b, h, Tlen, C, HS);
-      S.template triangularView<Eigen::Lower>() = hv.q * hv.k.transpose();
+      lower_products(hv.q, hv.k, S);
       softmax_rows(S, scale, lse + bh * Tlen);
       Strided<T> O(out + b * Tlen * C + h * HS, Tlen, HS, Eigen::OuterStride<>(C));
       O.noalias() = S.template triangularView<Eigen::Lower>() * hv.v;
@@ -91,7 +149,7 @@ void attention_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, int6
                         int64_t NH, int64_t HS) {
   const int64_t C = NH * HS;
   const T scale = T(1) / std::sqrt(static_cast<T>(HS));
-#pragma omp parallel if (B * NH > 1)
+#pragma omp parallel
   {
     RowMat<T> P(Tlen, Tlen);   // per-thread scratch (lower half used)
     RowMat<T> dP(Tlen, Tlen);  // dP, then dS in place
@@ -106,20 +164,11 @@ void attention_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, int6
       Strided<T> dV(dbase + 2 * C, Tlen, HS, Eigen::OuterStride<>(3 * C));
       CStrided<T> dO(dout + b * Tlen * C + h * HS, Tlen, HS, Eigen::OuterStride<>(C));
 
-      P.template triangularView<Eigen::Lower>() = hv.q * hv.k.transpose();
-      for (int64_t t = 0; t < Tlen; ++t) {
-        T* row = P.data() + t * Tlen;
-        for (int64_t s = 0; s <= t; ++s) row[s] = std::exp(row[s] * scale - l[t]);
-      }
+      lower_products(hv.q, hv.k, P);
+      probabilities_from_lse(P, scale, l);
       dV.noalias() += P.template triangularView<Eigen::Lower>().transpose() * dO;
-      dP.template triangularView<Eigen::Lower>() = dO * hv.v.transpose();
-      for (int64_t t = 0; t < Tlen; ++t) {
-        const T* p = P.data() + t * Tlen;
-        T* d = dP.data() + t * Tlen;
-        T dot = 0;
-        for (int64_t s = 0; s <= t; ++s) dot += p[s] * d[s];
-        for (int64_t s = 0; s <= t; ++s) d[s] = p[s] * (d[s] - dot) * scale;
-      }
+      lower_products(dO, hv.v, dP);
+      softmax_backward_rows(P, dP, scale);
       dQ.noalias() += dP.template triangularView<Eigen::Lower>() * hv.k;
       dK.noalias() += dP.template triangularView<Eigen::Lower>().transpose() * hv.q;
     }

@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "model/ops/concat.h"
+#include "model/ops/eigen.h"
 
 namespace gtron::cpu {
 
@@ -24,13 +25,8 @@ void concat_backward(const T* dy, T* da, T* db, int64_t N, int64_t Ca, int64_t C
   const int64_t C = Ca + Cb;
 #pragma omp parallel for if (N * C >= kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
-    const T* g = dy + i * C;
-    if (da != nullptr) {
-      for (int64_t c = 0; c < Ca; ++c) da[i * Ca + c] += g[c];
-    }
-    if (db != nullptr) {
-      for (int64_t c = 0; c < Cb; ++c) db[i * Cb + c] += g[Ca + c];
-    }
+    if (da != nullptr) Vec<T>(da + i * Ca, Ca) += CVec<T>(dy + i * C, Ca);
+    if (db != nullptr) Vec<T>(db + i * Cb, Cb) += CVec<T>(dy + i * C + Ca, Cb);
   }
 }
 

@@ -8,7 +8,8 @@
 
 namespace gtron {
 
-// tokens: i32 [B, T] (CPU tensor for CPU tables), each in [0, V). table: [V, C]. Returns [B, T, C].
+// tokens: i32 [B, T] (CPU tensor for CPU tables), each in [0, V). table: [V, C]. Returns [B, T, C]
+// (any tokens shape of rank <= 3 works: the result is tokens' shape + [C]).
 // Backward accumulates: dtable[tokens[b, t]] += dy[b, t] (scatter-add; repeated ids sum).
 Var embedding(const Tensor& tokens, const Var& table);
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "model/check.h"
+#include "model/ops/eigen.h"
 #include "model/ops/embedding.h"
 
 namespace gtron::cpu {
@@ -34,9 +35,7 @@ void embedding_backward(const int32_t* tokens, const T* dy, T* dtable, int64_t N
   for (int64_t i = 0; i < N; ++i) {
     GTRON_CHECK(tokens[i] >= 0 && tokens[i] < V, "embedding: token ", tokens[i], " at row ", i,
                 " outside [0, ", V, ")");
-    T* d = dtable + static_cast<int64_t>(tokens[i]) * C;
-    const T* g = dy + i * C;
-    for (int64_t c = 0; c < C; ++c) d[c] += g[c];
+    Vec<T>(dtable + static_cast<int64_t>(tokens[i]) * C, C) += CVec<T>(dy + i * C, C);
   }
 }
 
@@ -44,25 +43,20 @@ template <typename T>
 void add_positions_forward(const T* x, const T* wpe, T* y, int64_t B, int64_t Tlen, int64_t C) {
 #pragma omp parallel for if (B * Tlen * C >= kParallelMin)
   for (int64_t r = 0; r < B * Tlen; ++r) {
-    const T* p = wpe + (r % Tlen) * C;
-    const T* xr = x + r * C;
-    T* yr = y + r * C;
-    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] + p[c];
+    Vec<T>(y + r * C, C) = CVec<T>(x + r * C, C) + CVec<T>(wpe + (r % Tlen) * C, C);
   }
 }
 
 template <typename T>
 void add_positions_backward(const T* dy, T* dx, T* dwpe, int64_t B, int64_t Tlen, int64_t C) {
-  const int64_t n = B * Tlen * C;
+  const int64_t TC = Tlen * C;
   if (dx != nullptr) {
-#pragma omp parallel for if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) dx[i] += dy[i];
+#pragma omp parallel for if (B * TC >= kParallelMin)
+    for (int64_t b = 0; b < B; ++b) Vec<T>(dx + b * TC, TC) += CVec<T>(dy + b * TC, TC);
   }
   if (dwpe != nullptr) {
-    // Serial over b for each t: dwpe[t] receives Σ_b in the order b = 0..B-1.
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t i = 0; i < Tlen * C; ++i) dwpe[i] += dy[b * Tlen * C + i];
-    }
+    // Serial: dwpe[t] receives Σ_b in the order b = 0..B-1.
+    for (int64_t b = 0; b < B; ++b) Vec<T>(dwpe, TC) += CVec<T>(dy + b * TC, TC);
   }
 }
 

@@ -1,15 +1,16 @@
 // CPU kernels of the losses.
 //
-// Cross-entropy: per row, a max-subtracted log-sum-exp over the first V columns (the padded tail
-// [V, Vp) is never read, so whatever it holds cannot leak into loss or gradient). Rows whose
-// target is kMaskedTarget are skipped; the loss is the mean over the other rows.
+// Cross-entropy: per row, a max-subtracted log-sum-exp over the first V columns, in fixed blocks
+// (model/ops/cpu_math.h). The padded tail [V, Vp) is never read, so whatever it holds cannot leak
+// into loss or gradient. Rows whose target is kMaskedTarget are skipped; the loss is the mean over
+// the other rows.
 //
 // Determinism policy: the per-row log-sum-exps and the gradient rows run in parallel (each row on
 // one thread); the sum of the row losses into the scalar is serial, rows in order.
 #include <cmath>
-#include <limits>
 
 #include "model/check.h"
+#include "model/ops/cpu_math.h"
 #include "model/ops/loss.h"
 
 namespace gtron::cpu {
@@ -40,12 +41,14 @@ void cross_entropy_forward(const T* logits, const int32_t* targets, T* rmax, T* 
   for (int64_t i = 0; i < N; ++i) {
     if (targets[i] == kMaskedTarget) continue;
     const T* row = logits + i * Vp;
-    T m = -std::numeric_limits<T>::infinity();
-    for (int64_t j = 0; j < V; ++j) m = row[j] > m ? row[j] : m;
-    T sum = 0;
-    for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - m);
+    const T m = row_max(row, V);
+    Block<T> acc = Block<T>::Zero();
+    for (int64_t j = 0; j < V; j += kBlock) {
+      const int len = block_len(j, V);
+      acc += mask_tail(Block<T>((load_block(row + j, len, m) - m).exp()), len);
+    }
     rmax[i] = m;
-    rlse[i] = std::log(sum);
+    rlse[i] = std::log(lane_sum(acc));
   }
   T total = 0;
   for (int64_t i = 0; i < N; ++i) {
@@ -67,12 +70,14 @@ void cross_entropy_backward(const T* logits, const int32_t* targets, const T* rm
     const int32_t t = targets[i];
     if (t == kMaskedTarget) continue;
     const T* row = logits + i * Vp;
+    T* d = dlogits + i * Vp;
     const T m = rmax[i];
     const T l = rlse[i];
-    T* d = dlogits + i * Vp;
-    for (int64_t j = 0; j < V; ++j) {
-      const T p = std::exp(row[j] - m - l);
-      d[j] += (j == t ? p - T(1) : p) * g;
+    for (int64_t j = 0; j < V; j += kBlock) {
+      const int len = block_len(j, V);
+      Block<T> p = (load_block(row + j, len) - m - l).exp();
+      if (t >= j && t < j + len) p[t - j] -= T(1);  // − onehot
+      add_block(d + j, Block<T>(p * g), len);
     }
   }
 }

@@ -1,12 +1,13 @@
-// CPU kernels of layernorm and rmsnorm: one tight loop per row.
+// CPU kernels of layernorm and rmsnorm: one pass of fixed blocks per row (model/ops/cpu_math.h).
 //
 // Determinism policy: rows are independent, so y and dx run row-parallel (each row on one thread,
-// its sums in column order). dgamma and dbeta reduce over rows into shared [C] vectors; they run
-// serially, rows in order 0..N-1, so the gradients are bit-identical whatever the thread count.
-// Statistics use the tensor's own float type; the variance is two-pass (no E[x²] − E[x]²
+// its sums in fixed lane order). dgamma and dbeta reduce over rows into shared [C] vectors; they
+// run serially, rows in order 0..N-1, so the gradients are bit-identical whatever the thread
+// count. Statistics use the tensor's own float type; the variance is two-pass (no E[x²] − E[x]²
 // cancellation).
 #include <cmath>
 
+#include "model/ops/cpu_math.h"
 #include "model/ops/norm.h"
 
 namespace gtron::cpu {
@@ -18,18 +19,22 @@ constexpr int64_t kParallelMin = 1 << 14;  // elements; below this a thread team
 template <typename T>
 void layernorm_forward(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd, int64_t N,
                        int64_t C, double eps) {
-  const T e = static_cast<T>(eps);
 #pragma omp parallel for if (N * C >= kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     const T* xi = x + i * C;
-    T sum = 0;
-    for (int64_t c = 0; c < C; ++c) sum += xi[c];
-    const T m = sum / static_cast<T>(C);
-    T var = 0;
-    for (int64_t c = 0; c < C; ++c) var += (xi[c] - m) * (xi[c] - m);
-    const T r = T(1) / std::sqrt(var / static_cast<T>(C) + e);
-    T* yi = y + i * C;
-    for (int64_t c = 0; c < C; ++c) yi[c] = (xi[c] - m) * r * gamma[c] + beta[c];
+    const T m = row_sum(xi, C) / static_cast<T>(C);
+    Block<T> acc = Block<T>::Zero();
+    for (int64_t c = 0; c < C; c += kBlock) {
+      const Block<T> d = load_block(xi + c, block_len(c, C), m) - m;  // padding gives d = 0
+      acc += d * d;
+    }
+    const T r = T(1) / std::sqrt(lane_sum(acc) / static_cast<T>(C) + static_cast<T>(eps));
+    for (int64_t c = 0; c < C; c += kBlock) {
+      const int len = block_len(c, C);
+      const Block<T> xhat = (load_block(xi + c, len) - m) * r;
+      store_block(y + i * C + c,
+                  Block<T>(xhat * load_block(gamma + c, len) + load_block(beta + c, len)), len);
+    }
     mean[i] = m;
     rstd[i] = r;
   }
@@ -46,18 +51,20 @@ void layernorm_backward(const T* x, const T* gamma, const T* mean, const T* rstd
       const T* dyi = dy + i * C;
       const T m = mean[i];
       const T r = rstd[i];
-      T sum_g = 0, sum_gx = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        const T g = dyi[c] * gamma[c];
+      Block<T> sum_g = Block<T>::Zero(), sum_gx = Block<T>::Zero();
+      for (int64_t c = 0; c < C; c += kBlock) {
+        const int len = block_len(c, C);
+        const Block<T> g = load_block(dyi + c, len) * load_block(gamma + c, len);  // 0 past len
         sum_g += g;
-        sum_gx += g * (xi[c] - m) * r;
+        sum_gx += g * (load_block(xi + c, len) - m) * r;
       }
-      const T mean_g = sum_g / static_cast<T>(C);
-      const T mean_gx = sum_gx / static_cast<T>(C);
-      T* dxi = dx + i * C;
-      for (int64_t c = 0; c < C; ++c) {
-        const T xhat = (xi[c] - m) * r;
-        dxi[c] += r * (dyi[c] * gamma[c] - mean_g - xhat * mean_gx);
+      const T mean_g = lane_sum(sum_g) / static_cast<T>(C);
+      const T mean_gx = lane_sum(sum_gx) / static_cast<T>(C);
+      for (int64_t c = 0; c < C; c += kBlock) {
+        const int len = block_len(c, C);
+        const Block<T> g = load_block(dyi + c, len) * load_block(gamma + c, len);
+        const Block<T> xhat = (load_block(xi + c, len) - m) * r;
+        add_block(dx + i * C + c, Block<T>(r * (g - mean_g - xhat * mean_gx)), len);
       }
     }
   }
@@ -65,28 +72,30 @@ void layernorm_backward(const T* x, const T* gamma, const T* mean, const T* rstd
   for (int64_t i = 0; i < N; ++i) {
     const T* xi = x + i * C;
     const T* dyi = dy + i * C;
-    const T m = mean[i];
-    const T r = rstd[i];
-    if (dgamma != nullptr) {
-      for (int64_t c = 0; c < C; ++c) dgamma[c] += dyi[c] * ((xi[c] - m) * r);
-    }
-    if (dbeta != nullptr) {
-      for (int64_t c = 0; c < C; ++c) dbeta[c] += dyi[c];
+    for (int64_t c = 0; c < C; c += kBlock) {
+      const int len = block_len(c, C);
+      const Block<T> d = load_block(dyi + c, len);
+      if (dgamma != nullptr) {
+        add_block(dgamma + c, Block<T>(d * ((load_block(xi + c, len) - mean[i]) * rstd[i])), len);
+      }
+      if (dbeta != nullptr) add_block(dbeta + c, d, len);
     }
   }
 }
 
 template <typename T>
 void rmsnorm_forward(const T* x, const T* gamma, T* y, T* rrms, int64_t N, int64_t C, double eps) {
-  const T e = static_cast<T>(eps);
 #pragma omp parallel for if (N * C >= kParallelMin)
   for (int64_t i = 0; i < N; ++i) {
     const T* xi = x + i * C;
-    T sq = 0;
-    for (int64_t c = 0; c < C; ++c) sq += xi[c] * xi[c];
-    const T r = T(1) / std::sqrt(sq / static_cast<T>(C) + e);
-    T* yi = y + i * C;
-    for (int64_t c = 0; c < C; ++c) yi[c] = xi[c] * r * gamma[c];
+    Block<T> acc = Block<T>::Zero();
+    for (int64_t c = 0; c < C; c += kBlock) acc += load_block(xi + c, block_len(c, C)).square();
+    const T r = T(1) / std::sqrt(lane_sum(acc) / static_cast<T>(C) + static_cast<T>(eps));
+    for (int64_t c = 0; c < C; c += kBlock) {
+      const int len = block_len(c, C);
+      store_block(y + i * C + c, Block<T>(load_block(xi + c, len) * r * load_block(gamma + c, len)),
+                  len);
+    }
     rrms[i] = r;
   }
 }
@@ -101,21 +110,28 @@ void rmsnorm_backward(const T* x, const T* gamma, const T* rrms, const T* dy, T*
       const T* xi = x + i * C;
       const T* dyi = dy + i * C;
       const T r = rrms[i];
-      T sum_gx = 0;
-      for (int64_t c = 0; c < C; ++c) sum_gx += dyi[c] * gamma[c] * (xi[c] * r);
-      const T mean_gx = sum_gx / static_cast<T>(C);
-      T* dxi = dx + i * C;
-      for (int64_t c = 0; c < C; ++c) {
-        dxi[c] += r * (dyi[c] * gamma[c] - (xi[c] * r) * mean_gx);
+      Block<T> sum_gx = Block<T>::Zero();
+      for (int64_t c = 0; c < C; c += kBlock) {
+        const int len = block_len(c, C);
+        sum_gx +=
+            load_block(dyi + c, len) * load_block(gamma + c, len) * (load_block(xi + c, len) * r);
+      }
+      const T mean_gx = lane_sum(sum_gx) / static_cast<T>(C);
+      for (int64_t c = 0; c < C; c += kBlock) {
+        const int len = block_len(c, C);
+        const Block<T> g = load_block(dyi + c, len) * load_block(gamma + c, len);
+        const Block<T> xhat = load_block(xi + c, len) * r;
+        add_block(dx + i * C + c, Block<T>(r * (g - xhat * mean_gx)), len);
       }
     }
   }
   if (dgamma == nullptr) return;
   for (int64_t i = 0; i < N; ++i) {
-    const T* xi = x + i * C;
-    const T* dyi = dy + i * C;
-    const T r = rrms[i];
-    for (int64_t c = 0; c < C; ++c) dgamma[c] += dyi[c] * (xi[c] * r);
+    for (int64_t c = 0; c < C; c += kBlock) {
+      const int len = block_len(c, C);
+      const Block<T> xhat = load_block(x + i * C + c, len) * rrms[i];
+      add_block(dgamma + c, Block<T>(load_block(dy + i * C + c, len) * xhat), len);
+    }
   }
 }
 

@@ -88,6 +88,14 @@ TEST(CausalAttention, GradCheckLongerSequence) {
   EXPECT_LT(res.worst_error, 1e-6) << res.worst_name;
 }
 
+TEST(CausalAttention, GradCheckAcrossGemmPanels) {
+  // T = 67 > 64: the score GEMMs split into a full panel and a partial one.
+  auto res =
+      testing::gradcheck([](const std::vector<Var>& in) { return causal_attention(in[0], 1); },
+                         {testing::randn_tensor({1, 67, 6}, 9)}, {});
+  EXPECT_LT(res.worst_error, 1e-6) << res.worst_name;
+}
+
 TEST(CausalAttention, BackwardAccumulatesIntoDqkv) {
   Var qkv = Var::leaf(testing::randn_tensor({2, 6, 12}, 5));
   Tensor dy = testing::randn_tensor({2, 6, 4}, 6);

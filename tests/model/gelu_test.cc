@@ -51,6 +51,17 @@ TEST(Gelu, BackwardAccumulates) {
   for (size_t i = 0; i < once.size(); ++i) EXPECT_DOUBLE_EQ(twice[i], 2 * once[i]);
 }
 
+TEST(Gelu, ValueDoesNotDependOnPositionInBuffer) {
+  // The same values at another offset (another alignment, another split into vector blocks and
+  // tail) must give the same bits.
+  const int64_t n = 1001;
+  Tensor x = testing::randn_tensor({n}, 5, 2.0, DType::kF32);
+  std::vector<double> whole = gelu(Var::constant(x)).value().to_vector();
+  Tensor shifted = x.view({n, 1}).rows(3, n).view({n - 3});
+  std::vector<double> part = gelu(Var::constant(shifted)).value().to_vector();
+  for (int64_t i = 0; i < n - 3; ++i) ASSERT_EQ(part[i], whole[i + 3]) << i;
+}
+
 Var gelu_of(const std::vector<Var>& in) { return gelu(in[0]); }
 
 TEST(Gelu, F32MatchesF64) {

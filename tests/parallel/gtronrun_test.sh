@@ -26,6 +26,10 @@ now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 less_than() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
 
+# A launcher that fails to stop its workers must fail this test, not hang it: runs get a deadline
+# (and expect_gone then kills what was left behind).
+bounded() { timeout -k 2 30 "$@"; }
+
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
@@ -68,7 +72,7 @@ expect_eq "OMP_NUM_THREADS kept" \
 PIDS="$TMP/pids"
 mkdir -p "$PIDS"
 START="$(now)"
-"$GTRONRUN" --standalone --nproc-per-node 3 --grace 5 -- bash -c '
+bounded "$GTRONRUN" --standalone --nproc-per-node 3 --grace 5 -- bash -c '
   echo $$ > "$0/worker_$RANK"
   if [[ $RANK == 1 ]]; then
     for r in 0 2; do while [[ ! -s "$0/child_$r" ]]; do sleep 0.05; done; done
@@ -87,7 +91,7 @@ expect_gone "after a failure" "$PIDS"/worker_0 "$PIDS"/worker_1 "$PIDS"/worker_2
 PIDS="$TMP/pids_stubborn"
 mkdir -p "$PIDS"
 START="$(now)"
-"$GTRONRUN" --standalone --nproc-per-node 2 --grace 1 -- bash -c '
+bounded "$GTRONRUN" --standalone --nproc-per-node 2 --grace 1 -- bash -c '
   if [[ $RANK == 0 ]]; then
     trap "" TERM
     echo $$ > "$0/worker_0"
@@ -108,18 +112,21 @@ mkdir -p "$PIDS"
 LAUNCHER=$!
 while [[ ! -s "$PIDS/child_0" || ! -s "$PIDS/child_1" ]]; do sleep 0.05; done
 kill -TERM "$LAUNCHER"
+( sleep 30 && kill -KILL "$LAUNCHER" 2>/dev/null ) &
+WATCHDOG=$!
 wait "$LAUNCHER"
 expect_eq "signalled launcher exit code" "$?" "143"
+kill "$WATCHDOG" 2>/dev/null
 expect_gone "after SIGTERM to the launcher" "$PIDS"/child_0 "$PIDS"/child_1
 
 # --- 5. Two nodes on localhost: 2 launchers x 2 ranks, one job with real Gloo collectives.
 PORT="$(free_port)"
 RESULTS="$TMP/two_nodes"
 mkdir -p "$RESULTS"
-"$GTRONRUN" --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-port "$PORT" \
+bounded "$GTRONRUN" --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-port "$PORT" \
   "$WORKER" "$RESULTS" 2 >"$TMP/node1.out" 2>&1 &
 NODE1=$!
-"$GTRONRUN" --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-port "$PORT" \
+bounded "$GTRONRUN" --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-port "$PORT" \
   -- "$WORKER" "$RESULTS" 2 >"$TMP/node0.out" 2>&1
 expect_eq "node 0 exit code" "$?" "0"
 wait "$NODE1"

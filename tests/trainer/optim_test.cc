@@ -2,29 +2,50 @@
 
 #include <cmath>
 
+#include "parallel/ddp.h"
+#include "parallel/self_communicator.h"
 #include "trainer/optimizer.h"
 #include "trainer/schedule.h"
 
 namespace gtron {
 namespace {
 
+// Runs AdamW over the single-process DataParallel layout of `params`.
+struct Harness {
+  parallel::SelfCommunicator comm;
+  parallel::DataParallel dp;
+  AdamW opt;
+  Harness(std::vector<Parameter*> params, std::unordered_set<const Parameter*> decayed,
+          AdamWHyper h)
+      : dp(params, &comm, parallel::DdpOptions{}), opt(dp.owned_numel(), decayed, h) {}
+  // Reduces the gradients (trivially, one rank) and returns their global norm.
+  double reduce() {
+    dp.finish_grads();
+    return std::sqrt(dp.grad_square_sum());
+  }
+  void step(double lr, float scale = 1.f) {
+    opt.step(dp.owned(), lr, scale);
+    dp.after_update();
+  }
+};
+
 TEST(AdamW, FirstStepByHand) {
   // At t=1 the bias-corrected m/sqrt(v) is g/|g| = sign(g): w -= lr·(sign(g) + wd·w).
   Parameter a("a", Tensor::from_vector({1.0, -2.0}, {2}, DType::kF32));
   Parameter b("b", Tensor::from_vector({3.0}, {1}, DType::kF32), false);
-  a.main_grad.copy_from(Tensor::from_vector({0.5, -4.0}, {2}, DType::kF32));
-  b.main_grad.copy_from(Tensor::from_vector({2.0}, {1}, DType::kF32));
   AdamWHyper h;
   h.weight_decay = 0.1;
   h.eps = 0;
-  AdamW opt({&a, &b}, {true, false}, h);
-  const double norm = opt.step(0.01, 0.0);
-  EXPECT_NEAR(norm, std::sqrt(0.25 + 16 + 4), 1e-6);
+  Harness hs({&a, &b}, {&a}, h);
+  a.main_grad.copy_from(Tensor::from_vector({0.5, -4.0}, {2}, DType::kF32));
+  b.main_grad.copy_from(Tensor::from_vector({2.0}, {1}, DType::kF32));
+  EXPECT_NEAR(hs.reduce(), std::sqrt(0.25 + 16 + 4), 1e-6);
+  hs.step(0.01);
   auto av = a.data.to_vector();
   EXPECT_NEAR(av[0], 1.0 - 0.01 * (1 + 0.1 * 1.0), 1e-6);
   EXPECT_NEAR(av[1], -2.0 - 0.01 * (-1 + 0.1 * -2.0), 1e-6);
   EXPECT_NEAR(b.data.item(), 3.0 - 0.01 * 1.0, 1e-6);  // no decay on b
-  EXPECT_EQ(opt.steps_taken(), 1);
+  EXPECT_EQ(hs.opt.steps_taken(), 1);
 }
 
 TEST(AdamW, SecondStepMomentsByHand) {
@@ -32,26 +53,31 @@ TEST(AdamW, SecondStepMomentsByHand) {
   AdamWHyper h;
   h.weight_decay = 0;
   h.eps = 0;
-  AdamW opt({&a}, {true}, h);
+  Harness hs({&a}, {&a}, h);
   a.main_grad.copy_from(Tensor::from_vector({1.0}, {1}, DType::kF32));
-  opt.step(1.0, 0.0);
+  hs.reduce();
+  hs.step(1.0);
   a.main_grad.copy_from(Tensor::from_vector({3.0}, {1}, DType::kF32));
-  opt.step(1.0, 0.0);
+  hs.reduce();
+  hs.step(1.0);
   const double m = 0.9 * 0.1 + 0.1 * 3, v = 0.95 * 0.05 + 0.05 * 9;
   const double mh = m / (1 - 0.81), vh = v / (1 - 0.9025);
   EXPECT_NEAR(a.data.item(), -1.0 - mh / std::sqrt(vh), 1e-5);
 }
 
 TEST(AdamW, ClippingScalesGradients) {
-  // With clipping the update equals the update of the clipped gradient; at t=1 Adam's update is
-  // sign-like, so compare the stored first moment instead: m = (1-β1)·g·clip/norm.
+  // The clipped gradient enters the first moment: m = (1-β1)·g·clip/norm.
   Parameter a("a", Tensor::from_vector({0.0, 0.0}, {2}, DType::kF32));
+  Harness hs({&a}, {}, AdamWHyper{});
   a.main_grad.copy_from(Tensor::from_vector({3.0, 4.0}, {2}, DType::kF32));
-  AdamW opt({&a}, {false}, AdamWHyper{});
-  EXPECT_NEAR(opt.step(0.1, 1.0), 5.0, 1e-6);
-  auto m = opt.m()[0].to_vector();
+  const double norm = hs.reduce();
+  EXPECT_NEAR(norm, 5.0, 1e-6);
+  hs.step(0.1, clip_scale(norm, 1.0));
+  auto m = hs.opt.m().to_vector();
   EXPECT_NEAR(m[0], 0.1 * 3.0 / 5.0, 1e-6);
   EXPECT_NEAR(m[1], 0.1 * 4.0 / 5.0, 1e-6);
+  EXPECT_EQ(clip_scale(0.5, 1.0), 1.f);
+  EXPECT_EQ(clip_scale(5.0, 0.0), 1.f);
 }
 
 TEST(Schedule, WarmupCosineLinearConstantWSD) {

@@ -1,0 +1,114 @@
+// Data parallelism: contiguous gradient buckets reduced while backward runs, and the distributed
+// optimizer's parameter sharding with lazily gathered parameters.
+//
+// Note [DDP buffers]
+// - Every parameter's `data` and `main_grad` are rebound as views into two flat fp32 buffers with
+//   one layout: parameters in reverse registration order (≈ backward order) packed into buckets of
+//   about `bucket_bytes`; each bucket is padded to a multiple of the DP size so it splits evenly.
+// - A bucket's gradients are final when every parameter in it fired its grad-ready hook (see
+//   note_param_use in model/autograd.h). On the last micro-batch of a step the bucket's reduction
+//   starts at once, on the communicator's worker, while backward goes on: a reduce-scatter into
+//   this rank's shard (distributed optimizer) or an all-reduce of the whole bucket. finish_grads()
+//   waits for all of them. Gradients are sums: the caller pre-scales the loss so they are means.
+// - The distributed optimizer: rank r owns chunk r of every bucket; the optimizer updates only owned
+//   segments (owned()), in place in the flat parameter buffer. Then each bucket's parameters are
+//   all-gathered over DP — at once (after_update) or, with overlap_param_gather, lazily: the bucket
+//   is marked stale and the first read of any of its parameters in the next forward dispatches its
+//   gather and waits for it (the parameter's ready callback; it also dispatches the next bucket's
+//   gather, so that one overlaps the compute in between).
+//
+// Note [readiness]
+// Every parameter carries a ready callback (Parameter::ready): idempotent — dispatch the bucket's
+// gather if not yet, wait if in flight, a state check once done. Anything that reads a parameter
+// ahead of its owner (the GTP prefetch, a captured graph's replay) must call it first; Var::param
+// does. `readiness_callbacks(false)` (tests only) switches them off to show what breaks.
+//
+// Thread safety: one thread drives a DataParallel (the training thread).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/autograd.h"
+#include "parallel/communicator.h"
+
+namespace gtron::parallel {
+
+struct DdpOptions {
+  bool distributed_optimizer = true;
+  bool overlap_param_gather = true;
+  size_t bucket_bytes = size_t{25} << 20;
+};
+
+// A range of one parameter that this rank updates: pointers into the flat buffers.
+struct OwnedSegment {
+  Parameter* param = nullptr;
+  float* w = nullptr;        // parameter values (flat parameter buffer)
+  const float* g = nullptr;  // reduced gradient (shard buffer or flat gradient buffer)
+  int64_t n = 0;
+  int64_t state_offset = 0;  // offset into owned-state arrays (optimizer m, v)
+  int64_t flat_offset = 0;   // offset into the flat buffers
+};
+
+class DataParallel {
+ public:
+  // REQUIRES: CPU fp32 parameters; `dp` outlives this object (size 1 is a valid, trivial group).
+  DataParallel(const std::vector<Parameter*>& params, Communicator* dp, const DdpOptions& opt);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Zeroes the flat gradient buffer. Call before the first micro-batch of a step.
+  void zero_grads();
+  // Tells whether the coming backward is the step's last (only then do buckets reduce).
+  void set_last_microbatch(bool last) { last_micro_ = last; }
+  // Starts any bucket not started yet and waits for every reduction. After it, owned() segments'
+  // gradients are the sums over the DP group.
+  void finish_grads();
+
+  const std::vector<OwnedSegment>& owned() const { return owned_; }
+  int64_t owned_numel() const { return owned_numel_; }
+  // Σ g² over owned segments, summed over the DP group when the optimizer is distributed (every
+  // rank gets the same value). Deterministic: fixed order, double accumulation.
+  double grad_square_sum();
+
+  // After the optimizer updated owned() segments: gather parameters now, or mark buckets stale
+  // for lazy gathering (overlap_param_gather).
+  void after_update();
+  // Gathers every stale bucket and waits (before checkpoints, evaluation, the end of training).
+  void ensure_all_ready();
+
+  // Full flat state from owned state (all-gather per bucket) and back; for checkpoints of
+  // optimizer moments. `owned` has owned_numel() elements; `full` flat_numel().
+  Tensor gather_owned(const Tensor& owned);
+  void scatter_to_owned(const Tensor& full, Tensor& owned) const;
+  int64_t flat_numel() const { return flat_numel_; }
+  int64_t flat_offset(const Parameter* p) const;
+
+  // Test/metrics counters.
+  int64_t param_gathers_issued() const { return gathers_issued_; }
+  void readiness_callbacks(bool on);  // tests only: off = parameters are read without a gather
+
+ private:
+  struct Bucket;
+  void on_grad_ready(int bucket);
+  void start_reduction(int bucket);
+  void ensure_ready(int bucket);
+  void dispatch_gather(int bucket);
+  void install_ready_callbacks();
+
+  Communicator* dp_;
+  DdpOptions opt_;
+  std::vector<Parameter*> params_;
+  std::vector<Bucket> buckets_;
+  std::vector<OwnedSegment> owned_;
+  int64_t owned_numel_ = 0;
+  int64_t flat_numel_ = 0;
+  Tensor flat_param_;  // [flat_numel]
+  Tensor flat_grad_;   // [flat_numel]
+  bool last_micro_ = true;
+  bool readiness_on_ = true;
+  int64_t gathers_issued_ = 0;
+};
+
+}  // namespace gtron::parallel
