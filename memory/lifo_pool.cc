@@ -78,18 +78,18 @@ std::string LifoPool::oom_message(const PoolKey& key) const {
   os << "send pool (" << backend_->name() << "): out of memory allocating " << key.bytes()
      << " bytes for key " << key.to_string() << "; the pool already holds " << stats_.bytes_held
      << " bytes in " << buffers_.size() << " buffers (" << stats_.bytes_in_use
-     << " bytes in use). Hint: a smaller microbatch or a larger GTP group shrinks send buffers.";
+     << " bytes in use).";
   return os.str();
 }
 
 void* LifoPool::acquire(const PoolKey& key) {
   const size_t bytes = key.bytes();  // validates the key
   std::lock_guard<std::mutex> lock(mu_);
-  KeyState& state = keys_[key];
+  auto found = keys_.find(key);
   void* ptr = nullptr;
-  if (!state.free.empty()) {
-    ptr = state.free.back();
-    state.free.pop_back();
+  if (found != keys_.end() && !found->second.free.empty()) {
+    ptr = found->second.free.back();
+    found->second.free.pop_back();
   } else {
     if (capturing_) {
       throw std::logic_error("send pool: no free buffer for key " + key.to_string() +
@@ -103,12 +103,12 @@ void* LifoPool::acquire(const PoolKey& key) {
     }
     buffers_[ptr] = Lent{key, false};
     allocation_order_.push_back(ptr);
-    state.held++;
+    keys_[key].held++;
     stats_.bytes_held += bytes;
     stats_.allocations++;
   }
   buffers_[ptr].in_use = true;
-  state.in_use++;
+  keys_[key].in_use++;
   stats_.acquires++;
   stats_.bytes_in_use += bytes;
   if (stats_.bytes_in_use > stats_.peak_bytes_in_use) {

@@ -1,6 +1,10 @@
 #include "tests/trainer/cli_util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -9,10 +13,45 @@
 
 namespace gtron::testing {
 
+namespace {
+std::string quoted(const std::vector<std::string>& args) {
+  std::string s;
+  for (const std::string& a : args) s += " '" + a + "'";
+  return s;
+}
+}  // namespace
+
 CmdResult run_gtron(const std::vector<std::string>& args) {
-  std::string cmd = "trainer/gtron";
-  for (const std::string& a : args) cmd += " '" + a + "'";
-  cmd += " 2>&1";
+  return run_command("trainer/gtron" + quoted(args));
+}
+
+CmdResult run_launcher(const std::vector<std::string>& launcher_args,
+                       const std::vector<std::string>& args) {
+  return run_command("scripts/gtronrun" + quoted(launcher_args) + " -- trainer/gtron" +
+                     quoted(args));
+}
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::vector<double> metrics_loss_values(const std::string& path) {
+  std::vector<double> out;
+  for (const std::string& s : metrics_losses(path)) out.push_back(std::stod(s));
+  return out;
+}
+
+CmdResult run_command(const std::string& line) {
+  std::string cmd = line + " 2>&1";
   CmdResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;

@@ -14,6 +14,15 @@ struct CmdResult {
 // Runs `trainer/gtron ARGS` through /bin/sh (args are single-quoted); returns its exit code and
 // output.
 CmdResult run_gtron(const std::vector<std::string>& args);
+// Runs a shell command line; returns its exit code and output (stdout and stderr).
+CmdResult run_command(const std::string& cmd);
+// Runs `scripts/gtronrun LAUNCHER_ARGS -- trainer/gtron ARGS`.
+CmdResult run_launcher(const std::vector<std::string>& launcher_args,
+                       const std::vector<std::string>& args);
+// A TCP port that was free a moment ago (bind to port 0, read it back, close).
+int free_port();
+// Loss values from metrics.jsonl as doubles.
+std::vector<double> metrics_loss_values(const std::string& path);
 // A fresh directory under TEST_TMPDIR.
 std::string temp_dir(const std::string& name);
 void write_text(const std::string& path, const std::string& text);
