@@ -77,8 +77,7 @@ std::string LifoPool::oom_message(const PoolKey& key) const {
   std::ostringstream os;
   os << "send pool (" << backend_->name() << "): out of memory allocating " << key.bytes()
      << " bytes for key " << key.to_string() << "; the pool already holds " << stats_.bytes_held
-     << " bytes in " << buffers_.size() << " buffers (" << stats_.bytes_in_use
-     << " bytes in use).";
+     << " bytes in " << buffers_.size() << " buffers (" << stats_.bytes_in_use << " bytes in use).";
   return os.str();
 }
 

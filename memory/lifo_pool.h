@@ -82,11 +82,11 @@ struct PoolKeyStats {
 };
 
 struct PoolStats {
-  size_t bytes_held = 0;         // sum of all allocations; never decreases (so also its peak)
-  size_t bytes_in_use = 0;       // bytes of buffers handed out and not released
-  size_t peak_bytes_in_use = 0;  // high-water mark of bytes_in_use
-  uint64_t allocations = 0;      // backend allocations (acquires that found no free buffer)
-  uint64_t acquires = 0;         // all successful acquire() calls
+  size_t bytes_held = 0;           // sum of all allocations; never decreases (so also its peak)
+  size_t bytes_in_use = 0;         // bytes of buffers handed out and not released
+  size_t peak_bytes_in_use = 0;    // high-water mark of bytes_in_use
+  uint64_t allocations = 0;        // backend allocations (acquires that found no free buffer)
+  uint64_t acquires = 0;           // all successful acquire() calls
   std::vector<PoolKeyStats> keys;  // one entry per key ever acquired, ordered by key
 };
 

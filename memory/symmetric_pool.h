@@ -10,7 +10,8 @@
 //   rank of the group must register the same sizes in the same order. The LIFO pool allocates in
 //   an order fixed by the sequence of acquire/release keys alone, so ranks that issue the same
 //   sequence (GTP ranks run the same program) register identically. A rank that acquires a key the
-//   others do not deadlocks the group: callers keep their acquire/release sequence rank-independent.
+//   others do not deadlocks the group: callers keep their acquire/release sequence
+//   rank-independent.
 // - At destruction every buffer is deregistered and then freed, one buffer at a time, in the
 //   reverse of allocation order (also collective and identical on every rank). The communicator
 //   behind the backend must outlive the pool.

@@ -65,7 +65,9 @@ bool WeightCache::holds_slot(int64_t weight_id, Direction dir, int32_t slot) con
 
 // First buffer of the class that no neighbour of the same direction holds, else a new one.
 int32_t WeightCache::choose_slot(int64_t weight_id, const ClassKey& cls, size_t bytes) {
-  std::vector<int32_t>& slots = classes_[cls];
+  static const std::vector<int32_t> kNone;
+  auto cls_it = classes_.find(cls);
+  const std::vector<int32_t>& slots = cls_it == classes_.end() ? kNone : cls_it->second;
   auto nb = neighbors_.find(weight_id);
   for (int32_t slot : slots) {
     bool taken = false;
@@ -84,14 +86,13 @@ int32_t WeightCache::choose_slot(int64_t weight_id, const ClassKey& cls, size_t 
     std::ostringstream os;
     os << "weight cache (" << backend_->name() << "): out of memory allocating " << bytes
        << " bytes for the gather buffer of " << ticket_name(weight_id, cls.dir)
-       << "; the cache already holds " << bytes_ << " bytes in " << buffers_.size()
-       << " buffers.";
+       << "; the cache already holds " << bytes_ << " bytes in " << buffers_.size() << " buffers.";
     throw std::runtime_error(os.str());
   }
   buffers_.push_back(Buffer{ptr, bytes});
   bytes_ += bytes;
   const auto slot = static_cast<int32_t>(buffers_.size() - 1);
-  slots.push_back(slot);
+  classes_[cls].push_back(slot);
   return slot;
 }
 
@@ -99,8 +100,8 @@ Ticket WeightCache::ticket(int64_t weight_id, Direction dir, int64_t numel, Elem
   if (numel <= 0 || dtype.size <= 0 ||
       static_cast<uint64_t>(numel) > std::numeric_limits<size_t>::max() / dtype.size) {
     std::ostringstream os;
-    os << "weight cache: " << ticket_name(weight_id, dir) << " asked for numel=" << numel
-       << " of " << dtype.size << "-byte elements; both must be positive and fit size_t bytes";
+    os << "weight cache: " << ticket_name(weight_id, dir) << " asked for numel=" << numel << " of "
+       << dtype.size << "-byte elements; both must be positive and fit size_t bytes";
     throw std::logic_error(os.str());
   }
   const size_t bytes = static_cast<size_t>(numel) * static_cast<size_t>(dtype.size);
@@ -111,8 +112,9 @@ Ticket WeightCache::ticket(int64_t weight_id, Direction dir, int64_t numel, Elem
     if (a.numel != numel || !(a.dtype == dtype)) {
       std::ostringstream os;
       os << "weight cache: " << ticket_name(weight_id, dir) << " asked for numel=" << numel
-         << ", dtype=" << dtype.tag << " (" << dtype.size << " bytes), but its ticket has numel="
-         << a.numel << ", dtype=" << a.dtype.tag << " (" << a.dtype.size << " bytes)";
+         << ", dtype=" << dtype.tag << " (" << dtype.size
+         << " bytes), but its ticket has numel=" << a.numel << ", dtype=" << a.dtype.tag << " ("
+         << a.dtype.size << " bytes)";
       throw std::logic_error(os.str());
     }
     return Ticket{weight_id, dir, a.slot};

@@ -113,7 +113,7 @@ class WeightCache {
   std::unordered_map<int64_t, std::set<int64_t>> neighbors_;
   std::map<TicketKey, Assigned> tickets_;
   std::map<ClassKey, std::vector<int32_t>> classes_;  // class -> its slots, in creation order
-  std::vector<Buffer> buffers_;                        // slot -> buffer, in allocation order
+  std::vector<Buffer> buffers_;                       // slot -> buffer, in allocation order
   size_t bytes_ = 0;
 };
 
