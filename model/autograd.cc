@@ -39,6 +39,12 @@ Var Var::param(Parameter& p) {
   return v;
 }
 
+Var Var::external(Tensor value) {
+  Var v = constant(std::move(value));
+  v.impl_->requires_grad = grad_enabled();
+  return v;
+}
+
 Var Var::output(Tensor value, bool requires_grad) {
   Var v = constant(std::move(value));
   v.impl_->requires_grad = requires_grad && grad_enabled();

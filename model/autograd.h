@@ -60,6 +60,14 @@ class Var {
   static Var param(Parameter& p);
   // An op output; requires grad if any input does and grad mode is on.
   static Var output(Tensor value, bool requires_grad);
+  // A weight use whose value and grad slot its owner binds itself (GTP: a gathered full weight, a
+  // send buffer bound when the use's backward starts). Requires grad when grad mode is on.
+  static Var external(Tensor value);
+
+  // Rebind the value or the grad slot (GTP binds them for backward just before the use's ops run;
+  // ops read Var values when their backward runs).
+  void set_value(Tensor value) const { impl_->value = std::move(value); }
+  void set_grad(Tensor grad) const { impl_->grad = std::move(grad); }
 
   bool defined() const { return impl_ != nullptr; }
   const Tensor& value() const { return impl_->value; }

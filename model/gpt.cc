@@ -58,41 +58,56 @@ Tensor window_targets(const Tensor& window, int shift) {
   return out;
 }
 
+Var GPT::embed(const Tensor& tokens) {
+  // The embedding is a sharded weight under GTP: it goes through the weight access like the head.
+  Var table = weights_->use(*wte_);
+  Var e = embedding(tokens, table);
+  weights_->used(*wte_, table);
+  return e;
+}
+
+Var GPT::head_logits(const Var& h) {
+  Var w = weights_->use(*head_);
+  Var logits = linear(ln_f_.forward(h), w, Var());
+  weights_->used(*head_, w);
+  return logits;
+}
+
 Var GPT::trunk(const Tensor& inputs) {
   const int64_t T = inputs.dim(1);
   GTRON_CHECK(T >= 1 && T <= cfg_.context_length, "sequence length ", T, " outside [1, ",
               cfg_.context_length, "]");
-  WeightAccess& w = *weights_;
-  // The embedding is a sharded weight under GTP: it goes through the weight access like the head.
-  Var x = add_positions(embedding(inputs, w.use(*wte_)), Var::param(*wpe_));
-  for (const TransformerBlock& block : blocks_) x = block.forward(x, w);
+  Var x = add_positions(embed(inputs), Var::param(*wpe_));
+  for (const TransformerBlock& block : blocks_) x = block.forward(x, *weights_);
   return x;
 }
 
 Tensor GPT::logits(const Tensor& inputs) {
   GTRON_CHECK(inputs.rank() == 2 && inputs.dtype() == DType::kI32, "inputs must be i32 [B, T]");
   NoGradGuard no_grad;
-  return linear(ln_f_.forward(trunk(inputs)), weights_->use(*head_), Var()).value();
+  weights_->begin_forward();
+  return head_logits(trunk(inputs)).value();
 }
 
 GPTOutput GPT::forward(const Tensor& window) {
   GTRON_CHECK(window.rank() == 2 && window.dtype() == DType::kI32, "window must be i32 [B, T+1]");
-  WeightAccess& w = *weights_;
-  Var x = trunk(window_inputs(window, 0));
-
-  GPTOutput out;
-  out.main_loss =
-      cross_entropy(linear(ln_f_.forward(x), w.use(*head_), Var()), window_targets(window, 0),
-                    cfg_.vocab_size);
-  out.loss = out.main_loss;
-  Var h = x;
+  weights_->begin_forward();
+  // Hidden states of every depth first, then the shared head over each: the head's 1 + D uses
+  // are consecutive, so are their backwards (Note [GTP repeated backward] in parallel/gtp.h).
+  std::vector<Var> hidden{trunk(window_inputs(window, 0))};
   for (int k = 1; k <= cfg_.mtp_depth; ++k) {
-    Var emb = embedding(window_inputs(window, k), w.use(*wte_));
-    h = mtp_[k - 1].forward(h, emb, w);
-    Var ce = cross_entropy(linear(ln_f_.forward(h), w.use(*head_), Var()),
-                           window_targets(window, k), cfg_.vocab_size);
-    out.mtp_losses.push_back(ce);
-    out.loss = add(out.loss, scale(ce, cfg_.mtp_loss_weight / cfg_.mtp_depth));
+    hidden.push_back(mtp_[k - 1].forward(hidden.back(), embed(window_inputs(window, k)), *weights_));
+  }
+  GPTOutput out;
+  for (int k = 0; k <= cfg_.mtp_depth; ++k) {
+    Var ce = cross_entropy(head_logits(hidden[k]), window_targets(window, k), cfg_.vocab_size);
+    if (k == 0) {
+      out.main_loss = ce;
+      out.loss = ce;
+    } else {
+      out.mtp_losses.push_back(ce);
+      out.loss = add(out.loss, scale(ce, cfg_.mtp_loss_weight / cfg_.mtp_depth));
+    }
   }
   return out;
 }

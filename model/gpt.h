@@ -61,6 +61,8 @@ class GPT {
  private:
   // inputs i32 [B, T] -> last hidden state [B, T, C] (before the final norm).
   Var trunk(const Tensor& inputs);
+  Var embed(const Tensor& tokens);  // [B, T] -> [B, T, C] through the (maybe sharded) table
+  Var head_logits(const Var& h);    // [B, T, C] -> final norm -> head -> [B, T, Vp]
 
   GPTConfig cfg_;
   ParamRegistry params_;

@@ -46,7 +46,10 @@ LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in
 }
 
 Var LinearLayer::forward(const Var& x, WeightAccess& w) const {
-  return linear(x, w.use(*weight), bias ? Var::param(*bias) : Var());
+  Var wv = w.use(*weight);
+  Var y = linear(x, wv, bias ? Var::param(*bias) : Var());
+  w.used(*weight, wv);
+  return y;
 }
 
 LayerNormLayer::LayerNormLayer(ParamRegistry& reg, const std::string& name, int64_t C) {

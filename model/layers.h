@@ -21,6 +21,15 @@ class WeightAccess {
  public:
   virtual ~WeightAccess() = default;
   virtual Var use(Parameter& p) = 0;
+  // Called after the op(s) consuming `v` (from use(p)) were recorded: the access may record what
+  // must happen just before their backward runs.
+  virtual void used(Parameter& p, const Var& v) {
+    (void)p;
+    (void)v;
+  }
+  // Called when a forward pass starts: nothing gathered for an earlier pass may serve this one
+  // (parameters may have changed since).
+  virtual void begin_forward() {}
 };
 
 // The single-process access: the parameter itself.

@@ -103,6 +103,19 @@ Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape
   return t;
 }
 
+Tensor Tensor::from_blob(void* ptr, const Shape& shape, DType dtype, Device device) {
+  auto st = std::make_shared<Storage>();
+  st->data = ptr;
+  st->bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  st->device = device;
+  st->allocator = nullptr;  // not owned
+  Tensor t;
+  t.storage_ = std::move(st);
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  return t;
+}
+
 Tensor Tensor::from_ints(const std::vector<int32_t>& values, const Shape& shape) {
   GTRON_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), values.size(),
               " values for shape ", shape.str());

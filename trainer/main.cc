@@ -49,7 +49,7 @@ int cmd_eval(const Options& o) {
   Config cfg = load(o);
   verify_checkpoint_dir(o.checkpoint);
   GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
-  load_training_checkpoint(o.checkpoint, model, nullptr);
+  load_model_weights(o.checkpoint, model);
   ResolvedData data = resolve_data(cfg);
   EvalResult r = evaluate(model, cfg, data.val_glob);
   std::printf("{\"checkpoint\": \"%s\", \"val_main_loss\": %.6f, \"val_mtp_losses\": [",
@@ -66,7 +66,7 @@ int cmd_sample(const Options& o) {
   TrainerState st = read_trainer_state(o.checkpoint);
   Config cfg = config_from_json_text(st.config_json, {}, o.checkpoint + "/trainer_state.json");
   GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
-  load_training_checkpoint(o.checkpoint, model, nullptr);
+  load_model_weights(o.checkpoint, model);
   std::string text = sample_text(model, o.prompt, o.tokens, o.temperature, o.top_k, o.seed);
   std::cout << o.prompt << text << std::endl;
   return kExitOk;

@@ -14,14 +14,13 @@
 #include <unordered_set>
 
 #include "model/stream.h"
-#include "parallel/ddp.h"
 #include "parallel/gloo_communicator.h"
-#include "parallel/self_communicator.h"
 #include "parallel/store.h"
 #include "trainer/checkpoint.h"
 #include "trainer/checkpoint_io.h"
 #include "trainer/metrics.h"
 #include "trainer/optimizer.h"
+#include "trainer/parallel_state.h"
 #include "trainer/prepare.h"
 #include "trainer/sampler.h"
 #include "trainer/schedule.h"
@@ -176,13 +175,12 @@ class Run {
   parallel::DistEnv env_;
   parallel::Rendezvous rdv_;
   parallel::Grid grid_;
-  parallel::SelfCommunicator self_;
   Device device_;
   ResolvedData data_;
   std::unique_ptr<ShardSet> train_shards_;
   std::unique_ptr<SequenceSampler> sampler_;
   std::unique_ptr<GPT> model_;
-  std::unique_ptr<parallel::DataParallel> dp_;
+  std::unique_ptr<ParallelState> par_;
   std::unique_ptr<AdamW> opt_;
   Schedule sched_;
   MetricsWriter metrics_;
@@ -211,28 +209,25 @@ Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
   sampler_ = std::make_unique<SequenceSampler>(*train_shards_, cfg_.train.seq_len);
 
   model_ = std::make_unique<GPT>(gpt_config(cfg_), DType::kF32, device_, cfg_.train.seed);
-  parallel::DdpOptions ddp{cfg_.parallel.distributed_optimizer, cfg_.parallel.overlap_param_gather,
-                           static_cast<size_t>(cfg_.parallel.bucket_mb * (1 << 20))};
-  parallel::Communicator* dp_comm = grid_.world ? grid_.dp.get() : &self_;
-  dp_ = std::make_unique<parallel::DataParallel>(model_->parameters(), dp_comm, ddp);
+  // FLOPs of the full model, before GTP shards its weights.
+  flops_per_step_ = model_->flops_per_token(cfg_.train.seq_len) *
+                    static_cast<double>(cfg_.train.global_batch * cfg_.train.seq_len);
+  const std::unordered_set<const Parameter*> decayed =
+      decayed_parameters(*model_, cfg_.optimizer);
+  par_ = std::make_unique<ParallelState>(*model_, cfg_, grid_.world ? &grid_ : nullptr);
   AdamWHyper hyper{cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
                    cfg_.optimizer.weight_decay};
-  opt_ = std::make_unique<AdamW>(dp_->owned_numel(), decayed_parameters(*model_, cfg_.optimizer),
-                                 hyper);
+  opt_ = std::make_unique<AdamW>(par_->owned_numel(), decayed, hyper);
   sched_ = Schedule{cfg_.schedule.kind,  cfg_.optimizer.lr,          cfg_.schedule.warmup_steps,
                     cfg_.train.steps,    cfg_.schedule.min_lr_ratio, cfg_.schedule.wsd_decay_fraction};
   accum_ = grad_accum_steps(cfg_, env_.world_size);
-  flops_per_step_ = model_->flops_per_token(cfg_.train.seq_len) *
-                    static_cast<double>(cfg_.train.global_batch * cfg_.train.seq_len);
 
   if (resume) {
     const std::string root = checkpoint_dir(cfg_);
     if (auto dir = find_latest_complete(root)) {
-      FullOptimizerState full{Tensor::zeros({dp_->flat_numel()}, DType::kF32),
-                              Tensor::zeros({dp_->flat_numel()}, DType::kF32), dp_.get()};
-      opt_->set_steps_taken(load_training_checkpoint(*dir, *model_, &full));
-      dp_->scatter_to_owned(full.m, opt_->m());
-      dp_->scatter_to_owned(full.v, opt_->v());
+      CheckpointTensors c = read_checkpoint_tensors(*dir, /*with_optimizer=*/true);
+      par_->load(c, *dir, opt_->m(), opt_->v());
+      opt_->set_steps_taken(c.optimizer_steps);
       start_ = read_trainer_state(*dir).step;
       if (is_rank0()) std::printf("resumed from %s (step %ld)\n", dir->c_str(), static_cast<long>(start_));
     } else if (is_rank0()) {
@@ -284,11 +279,11 @@ std::vector<double> Run::world_mean(const std::vector<double>& values) {
 }
 
 void Run::save_checkpoint() {
-  dp_->ensure_all_ready();
-  FullOptimizerState full{dp_->gather_owned(opt_->m()), dp_->gather_owned(opt_->v()), dp_.get()};
+  std::vector<NamedTensor> params = par_->full_parameters();
+  std::vector<NamedTensor> moments = par_->full_moments(opt_->m(), opt_->v());
   if (is_rank0()) {
     TrainerState st{start_, opt_->steps_taken(), cfg_.train.seed, resolved_json(cfg_)};
-    std::string dir = save_training_checkpoint(checkpoint_dir(cfg_), *model_, &full, st,
+    std::string dir = save_training_checkpoint(checkpoint_dir(cfg_), params, moments, st,
                                                static_cast<int>(cfg_.checkpoint.keep));
     std::printf("checkpoint %s\n", dir.c_str());
   }
@@ -311,6 +306,7 @@ void Run::log_step(int64_t done, double lr, double gnorm, const std::vector<doub
            (peak_flops(device_, false) * env_.world_size);
   sm.peak_mem_gib = static_cast<double>(allocator_for(device_).stats().peak_allocated) / (1ull << 30);
   sm.elapsed_s = seconds_since(t_run_);
+  sm.extra = par_->metrics();
   sm.eta_s = dt / static_cast<double>(window_steps_) * static_cast<double>(cfg_.train.steps - done);
   std::printf("%s\n", format_line(sm).c_str());
   std::fflush(stdout);
@@ -327,20 +323,21 @@ int Run::train() {
   // makes the summed gradients the mean over the global batch.
   const double seed = 1.0 / static_cast<double>(accum_ * env_.world_size);
   for (int64_t step = start_; step < cfg_.train.steps; ++step) {
-    dp_->zero_grads();
+    par_->zero_grads();
     std::vector<double> local(2 + D, 0.0);  // total, main, mtp_1..D
     for (int64_t m = 0; m < accum_; ++m) {
-      dp_->set_last_microbatch(m == accum_ - 1);
+      par_->set_last_microbatch(m == accum_ - 1);
       const int64_t first_seq = (env_.rank * accum_ + m) * mb;
       sampler_->sample(cfg_.train.seed, step, first_seq, mb, window.data<int32_t>());
       GPTOutput out = model_->forward(window);
       backward(out.loss, seed);
+      par_->finish_backward();
       local[0] += out.loss.value().item() / accum_;
       local[1] += out.main_loss.value().item() / accum_;
       for (size_t k = 0; k < D; ++k) local[2 + k] += out.mtp_losses[k].value().item() / accum_;
     }
-    dp_->finish_grads();
-    const double gnorm = std::sqrt(dp_->grad_square_sum());
+    par_->finish_grads();
+    const double gnorm = par_->grad_norm();
     const double lr = sched_.at(step);
     std::vector<double> losses = world_mean(local);
     if (!std::isfinite(losses[0]) || !std::isfinite(gnorm)) {
@@ -352,8 +349,8 @@ int Run::train() {
                    losses[0], gnorm, last ? last->c_str() : "none");
       return kExitNonFinite;
     }
-    opt_->step(dp_->owned(), lr, clip_scale(gnorm, cfg_.optimizer.grad_clip));
-    dp_->after_update();
+    opt_->step(par_->owned(), lr, clip_scale(gnorm, cfg_.optimizer.grad_clip));
+    par_->after_update();
     if (summary_) summary_->losses.push_back(losses[0]);
     ++window_steps_;
     const int64_t done = step + 1;
@@ -362,7 +359,7 @@ int Run::train() {
       log_step(done, lr, gnorm, losses);
     }
     if (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0 && done != cfg_.train.steps) {
-      dp_->ensure_all_ready();
+      par_->ensure_all_ready();
       EvalResult ev = evaluate(*model_, cfg_, data_.val_glob);
       if (is_rank0()) std::printf("eval step %ld | val main loss %.4f\n", static_cast<long>(done), ev.main_loss);
     }
@@ -370,7 +367,7 @@ int Run::train() {
       save_checkpoint();
     }
   }
-  dp_->ensure_all_ready();
+  par_->ensure_all_ready();
   EvalResult ev = evaluate(*model_, cfg_, data_.val_glob);
   if (summary_) summary_->val_loss = ev.main_loss;
   if (!is_rank0()) return kExitOk;

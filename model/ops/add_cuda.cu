@@ -1,66 +1,53 @@
-// Elementwise add and accumulate on CUDA. Memory-bound: each thread moves 16 bytes per operand
-// (4 floats or 8 bf16) when the pointers are 16-byte aligned, with a scalar tail.
-#include <cuda_bf16.h>
-
-#include "model/cuda/check.cuh"
+// Elementwise add and accumulate on CUDA. Memory-bound: thread i owns elements
+// [i·kV, i·kV + kV); whole packs move as 16-byte vectors (4 floats, 8 bf16) when every operand is
+// 16-byte aligned, the last partial pack element by element. Unaligned operands (views) take the
+// kV = 1 instantiation.
+#include "model/cuda/kernel_util.cuh"
 #include "model/ops/add.h"
 
 namespace gtron::cuda {
 
 namespace {
 
-template <typename T>
-struct alignas(16) Pack {
-  static constexpr int kN = 16 / sizeof(T);
-  T v[kN];
-};
-
-template <typename T>
-__global__ void add_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y,
-                           int64_t n, bool accumulate) {
-  using P = Pack<T>;
-  const int64_t packs = n / P::kN;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < packs) {
-    P pa = reinterpret_cast<const P*>(a)[i];
-    P pb = reinterpret_cast<const P*>(b)[i];
-    P out;
+// y = a + b. In place (y == a) is fine: each element is read before it is written, by one thread.
+template <typename T, int kV>
+__global__ void add_kernel(const T* a, const T* b, T* y, int64_t n) {
+  const int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kV;
+  if (base + kV <= n) {
+    float va[kV], vb[kV];
+    load_floats<kV>(a + base, va);
+    load_floats<kV>(b + base, vb);
 #pragma unroll
-    for (int k = 0; k < P::kN; ++k) {
-      out.v[k] = static_cast<T>(static_cast<float>(pa.v[k]) + static_cast<float>(pb.v[k]));
-    }
-    reinterpret_cast<P*>(y)[i] = out;
+    for (int k = 0; k < kV; ++k) va[k] += vb[k];
+    store_floats<kV>(y + base, va);
+  } else {
+    for (int64_t e = base; e < n; ++e) y[e] = from_float<T>(to_float(a[e]) + to_float(b[e]));
   }
-  // The tail (n not a multiple of the pack) is handled by the first threads.
-  const int64_t t = packs * P::kN + i;
-  if (i < P::kN && t < n) y[t] = static_cast<T>(static_cast<float>(a[t]) + static_cast<float>(b[t]));
-  (void)accumulate;
 }
 
 template <typename T>
 void launch(const void* a, const void* b, void* y, int64_t n, void* stream) {
-  GTRON_CHECK(reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(y) % 16 == 0,
-              "add: operands must be 16-byte aligned");
   if (n == 0) return;
   constexpr int kThreads = 256;
-  const int64_t packs = n / Pack<T>::kN;
-  const int64_t threads_needed = packs > Pack<T>::kN ? packs : Pack<T>::kN;
-  const int blocks = static_cast<int>(ceil_div<int64_t>(threads_needed, kThreads));
-  add_kernel<T><<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), n, false);
+  constexpr int kV = kPack<T>;
+  const auto* ap = static_cast<const T*>(a);
+  const auto* bp = static_cast<const T*>(b);
+  auto* yp = static_cast<T*>(y);
+  auto st = static_cast<cudaStream_t>(stream);
+  if (is_aligned(a, 16) && is_aligned(b, 16) && is_aligned(y, 16)) {
+    const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(ceil_div<int64_t>(n, kV), kThreads));
+    add_kernel<T, kV><<<blocks, kThreads, 0, st>>>(ap, bp, yp, n);
+  } else {
+    const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(n, kThreads));
+    add_kernel<T, 1><<<blocks, kThreads, 0, st>>>(ap, bp, yp, n);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void add_forward(const void* a, const void* b, void* y, int64_t n, DType dtype, void* stream) {
-  if (dtype == DType::kF32) {
-    launch<float>(a, b, y, n, stream);
-  } else {
-    GTRON_CHECK(dtype == DType::kBF16, "add: f32 or bf16 on CUDA; got ", dtype_name(dtype));
-    launch<__nv_bfloat16>(a, b, y, n, stream);
-  }
+  dispatch_act("add", dtype, [&](auto tag) { launch<decltype(tag)>(a, b, y, n, stream); });
 }
 
 void accumulate(void* dst, const void* src, int64_t n, DType dtype, void* stream) {

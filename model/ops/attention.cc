@@ -1,6 +1,6 @@
 #include "model/ops/attention.h"
 
-#include "model/ops/shape_check.h"
+#include "model/ops/device_util.h"
 #include "model/stream.h"
 
 namespace gtron {
@@ -17,23 +17,38 @@ Var causal_attention(const Var& qkv, int NH) {
   const int64_t HS = C / NH;
 
   Device dev = qkv.device();
-  require_cpu("causal_attention", dev);
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(Shape{B, Tlen, C}, qkv.dtype(), dev, &s);
-  Tensor lse = Tensor::empty(Shape{B, NH, Tlen}, qkv.dtype(), dev, &s);
-  dispatch_float(qkv.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* qp = qkv.value().data<T>();
-    T* yp = y.data<T>();
-    T* lp = lse.data<T>();
-    s.run([=] { cpu::attention_forward<T>(qp, yp, lp, B, Tlen, NH, HS); });
-  });
+  // [B, NH, T] log-sum-exps, kept for the backward; fp32 on CUDA.
+  Tensor lse = Tensor::empty(Shape{B, NH, Tlen}, dev.is_cuda() ? DType::kF32 : qkv.dtype(), dev, &s);
+  if (dev.is_cuda()) {
+    Tensor scratch =
+        scratch_bytes(cuda::attention_forward_scratch_bytes(B, Tlen, NH, HS, qkv.dtype()), s);
+    cuda::attention_forward(qkv.value().raw(), y.raw(), lse.data<float>(), scratch.raw(), B, Tlen,
+                            NH, HS, qkv.dtype(), s.native());
+  } else {
+    dispatch_float(qkv.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* qp = qkv.value().data<T>();
+      T* yp = y.data<T>();
+      T* lp = lse.data<T>();
+      s.run([=] { cpu::attention_forward<T>(qp, yp, lp, B, Tlen, NH, HS); });
+    });
+  }
 
   Var out = Var::output(y, qkv.requires_grad());
   if (out.requires_grad()) {
     record_backward([qkv, lse, out, B, Tlen, NH, HS] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
+      if (out.device().is_cuda()) {
+        Tensor scratch = scratch_bytes(
+            cuda::attention_backward_scratch_bytes(B, Tlen, NH, HS, out.dtype()), s);
+        cuda::attention_backward(qkv.value().raw(), lse.data<float>(), out.grad().raw(),
+                                 qkv.grad().raw(), scratch.raw(), B, Tlen, NH, HS, out.dtype(),
+                                 s.native());
+        return;
+      }
       dispatch_float(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T* qp = qkv.value().data<T>();

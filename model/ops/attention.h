@@ -26,4 +26,22 @@ void attention_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, int6
                         int64_t NH, int64_t HS);
 }  // namespace cpu
 
+namespace cuda {
+// Same contract as the CPU kernels: qkv [B, Tlen, 3·NH·HS] and out [B, Tlen, NH·HS] in `act`
+// (f32 or bf16); lse [B, NH, Tlen] in f32. The forward keeps only lse; the backward recomputes
+// the probabilities from it. Scores, log-sum-exps and softmax math are fp32; with bf16, the
+// probabilities and dS enter their GEMMs rounded to bf16. `scratch` holds
+// attention_{forward,backward}_scratch_bytes(...) bytes (O(B·NH·Tlen²): see attention_cuda.cu).
+int64_t attention_forward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t HS,
+                                        DType act);
+int64_t attention_backward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t HS,
+                                         DType act);
+void attention_forward(const void* qkv, void* out, float* lse, void* scratch, int64_t B,
+                       int64_t Tlen, int64_t NH, int64_t HS, DType act, void* stream);
+// Accumulates dqkv (act) += d(out·dout)/dqkv.
+void attention_backward(const void* qkv, const float* lse, const void* dout, void* dqkv,
+                        void* scratch, int64_t B, int64_t Tlen, int64_t NH, int64_t HS, DType act,
+                        void* stream);
+}  // namespace cuda
+
 }  // namespace gtron

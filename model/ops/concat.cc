@@ -24,22 +24,32 @@ Var concat_features(const Var& a, const Var& b) {
 
   ad.back() = Ca + Cb;
   Device dev = a.device();
-  require_cpu("concat_features", dev);
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(Shape(ad), a.dtype(), dev, &s);
-  dispatch_float(a.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* ap = a.value().data<T>();
-    const T* bp = b.value().data<T>();
-    T* yp = y.data<T>();
-    s.run([=] { cpu::concat_forward<T>(ap, bp, yp, N, Ca, Cb); });
-  });
+  if (dev.is_cuda()) {
+    cuda::concat_forward(a.value().raw(), b.value().raw(), y.raw(), N, Ca, Cb, a.dtype(),
+                         s.native());
+  } else {
+    dispatch_float(a.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* ap = a.value().data<T>();
+      const T* bp = b.value().data<T>();
+      T* yp = y.data<T>();
+      s.run([=] { cpu::concat_forward<T>(ap, bp, yp, N, Ca, Cb); });
+    });
+  }
 
   Var out = Var::output(y, a.requires_grad() || b.requires_grad());
   if (out.requires_grad()) {
     record_backward([a, b, out, N, Ca, Cb] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
+      if (out.device().is_cuda()) {
+        cuda::concat_backward(out.grad().raw(), a.requires_grad() ? a.grad().raw() : nullptr,
+                              b.requires_grad() ? b.grad().raw() : nullptr, N, Ca, Cb,
+                              out.dtype(), s.native());
+        return;
+      }
       dispatch_float(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T* dyp = out.grad().data<T>();

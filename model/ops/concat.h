@@ -19,4 +19,13 @@ template <typename T>
 void concat_backward(const T* dy, T* da, T* db, int64_t N, int64_t Ca, int64_t Cb);
 }  // namespace cpu
 
+namespace cuda {
+// N rows: y[i] = [a[i] (Ca) | b[i] (Cb)], all in `act` (f32 or bf16), on `stream`.
+void concat_forward(const void* a, const void* b, void* y, int64_t N, int64_t Ca, int64_t Cb,
+                    DType act, void* stream);
+// Accumulates da += dy[:, :Ca], db += dy[:, Ca:]; either may be null.
+void concat_backward(const void* dy, void* da, void* db, int64_t N, int64_t Ca, int64_t Cb,
+                     DType act, void* stream);
+}  // namespace cuda
+
 }  // namespace gtron

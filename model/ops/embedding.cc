@@ -1,14 +1,29 @@
 #include "model/ops/embedding.h"
 
+#include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
 
 namespace gtron {
 
+namespace {
+
+// Host ids are checked here, before the copy to the device (the CPU kernel checks its own).
+void check_tokens_on_host(const Tensor& tokens, int64_t V) {
+  const int32_t* tp = tokens.data<int32_t>();
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    GTRON_CHECK(tp[i] >= 0 && tp[i] < V, "embedding: token ", tp[i], " at row ", i,
+                " outside [0, ", V, ")");
+  }
+}
+
+}  // namespace
+
 Var embedding(const Tensor& tokens, const Var& table) {
-  GTRON_CHECK(tokens.dtype() == DType::kI32 && tokens.device().is_cpu(),
-              "embedding: tokens must be a CPU i32 tensor; got ", tokens.device().str(), "/",
-              dtype_name(tokens.dtype()));
+  Device dev = table.device();
+  GTRON_CHECK(tokens.dtype() == DType::kI32 && (tokens.device().is_cpu() || tokens.device() == dev),
+              "embedding: tokens must be an i32 tensor on the CPU or the table's device; got ",
+              tokens.device().str(), "/", dtype_name(tokens.dtype()));
   GTRON_CHECK(tokens.rank() < Shape::kMaxRank, "embedding: tokens ", tokens.shape().str(),
               " leave no room for the feature dim");
   GTRON_CHECK(table.shape().rank() == 2, "embedding: table ", table.shape().str(),
@@ -19,10 +34,27 @@ Var embedding(const Tensor& tokens, const Var& table) {
 
   std::vector<int64_t> ydims = tokens.shape().vec();
   ydims.push_back(C);
-  Device dev = table.device();
-  require_cpu("embedding", dev);
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(Shape(ydims), table.dtype(), dev, &s);
+  if (dev.is_cuda()) {
+    if (tokens.device().is_cpu()) check_tokens_on_host(tokens, V);
+    Tensor ids = ids_on_device(tokens, s);  // [N] i32, kept for the backward
+    cuda::embedding_forward(ids.data<int32_t>(), table.value().raw(), y.raw(), N, V, C,
+                            table.dtype(), s.native());
+    Var out = Var::output(y, table.requires_grad());
+    if (out.requires_grad()) {
+      record_backward([ids, table, out, N, V, C] {
+        if (!out.has_grad()) return;
+        Stream& s = current_stream(out.device());
+        Tensor scratch = scratch_bytes(cuda::embedding_backward_scratch_bytes(N, V), s);
+        Tensor& dtable = table.grad();
+        cuda::embedding_backward(ids.data<int32_t>(), out.grad().raw(), dtable.raw(),
+                                 dtable.dtype(), scratch.raw(), N, V, C, out.dtype(), s.native());
+      });
+    }
+    return out;
+  }
+
   dispatch_float(table.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const int32_t* tp = tokens.data<int32_t>();
@@ -55,25 +87,36 @@ Var add_positions(const Var& x, const Var& wpe) {
   const int64_t C = x.shape()[2];
   GTRON_CHECK(wpe.shape().rank() == 2 && wpe.shape()[1] == C && wpe.shape()[0] >= Tlen,
               "add_positions: wpe ", wpe.shape().str(), ", expected [Tmax >= ", Tlen, ", ", C, "]");
-  check_same_device_dtype("add_positions", x.value(), wpe.value());
+  check_param_operand("add_positions", x.value(), wpe.value());
 
   Device dev = x.device();
-  require_cpu("add_positions", dev);
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), dev, &s);
-  dispatch_float(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = x.value().data<T>();
-    const T* pp = wpe.value().data<T>();
-    T* yp = y.data<T>();
-    s.run([=] { cpu::add_positions_forward<T>(xp, pp, yp, B, Tlen, C); });
-  });
+  if (dev.is_cuda()) {
+    cuda::add_positions_forward(x.value().raw(), wpe.value().raw(), wpe.dtype(), y.raw(), B, Tlen,
+                                C, x.dtype(), s.native());
+  } else {
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* xp = x.value().data<T>();
+      const T* pp = wpe.value().data<T>();
+      T* yp = y.data<T>();
+      s.run([=] { cpu::add_positions_forward<T>(xp, pp, yp, B, Tlen, C); });
+    });
+  }
 
   Var out = Var::output(y, x.requires_grad() || wpe.requires_grad());
   if (out.requires_grad()) {
     record_backward([x, wpe, out, B, Tlen, C] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
+      if (out.device().is_cuda()) {
+        cuda::add_positions_backward(
+            out.grad().raw(), x.requires_grad() ? x.grad().raw() : nullptr,
+            wpe.requires_grad() ? f32_grad("add_positions wpe", wpe.grad()) : nullptr, B, Tlen, C,
+            out.dtype(), s.native());
+        return;
+      }
       dispatch_float(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T* dyp = out.grad().data<T>();

@@ -34,4 +34,27 @@ template <typename T>
 void add_positions_backward(const T* dy, T* dx, T* dwpe, int64_t B, int64_t Tlen, int64_t C);
 }  // namespace cpu
 
+namespace cuda {
+// tokens: i32 [N] on the device, each in [0, V) (a token outside traps the kernel: the op
+// validates host-side ids before copying them). table [V, C] and y [N, C] in `act`.
+void embedding_forward(const int32_t* tokens, const void* table, void* y, int64_t N, int64_t V,
+                       int64_t C, DType act, void* stream);
+// Bytes of scratch embedding_backward needs.
+int64_t embedding_backward_scratch_bytes(int64_t N, int64_t V);
+// dtable[tokens[i], :] += dy[i, :] for i = 0..N-1. dy in `act`; dtable in `grad_dtype`: f32 (a
+// main_grad) or act. Deterministic: a stable radix sort groups the rows by token (keeping row
+// order), then one block per distinct token adds its rows in ascending order, so with f32 the
+// result is bit-identical to the CPU kernel. `scratch` holds embedding_backward_scratch_bytes.
+void embedding_backward(const int32_t* tokens, const void* dy, void* dtable, DType grad_dtype,
+                        void* scratch, int64_t N, int64_t V, int64_t C, DType act, void* stream);
+// y = x + wpe[t] over x, y: [B, Tlen, C] in `act`; wpe (its first Tlen rows) in `wpe_dtype`: act,
+// or f32 with bf16 activations.
+void add_positions_forward(const void* x, const void* wpe, DType wpe_dtype, void* y, int64_t B,
+                           int64_t Tlen, int64_t C, DType act, void* stream);
+// Accumulates dx (act) += dy and dwpe (f32) [Tlen, C] += Σ_b dy[b] in order b = 0..B-1 (bit-
+// identical to the CPU kernel in f32); either may be null.
+void add_positions_backward(const void* dy, void* dx, float* dwpe, int64_t B, int64_t Tlen,
+                            int64_t C, DType act, void* stream);
+}  // namespace cuda
+
 }  // namespace gtron

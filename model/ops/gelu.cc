@@ -1,6 +1,5 @@
 #include "model/ops/gelu.h"
 
-#include "model/ops/shape_check.h"
 #include "model/stream.h"
 
 namespace gtron {
@@ -8,21 +7,29 @@ namespace gtron {
 Var gelu(const Var& x) {
   const int64_t n = x.value().numel();
   Device dev = x.device();
-  require_cpu("gelu", dev);
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), dev, &s);
-  dispatch_float(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = x.value().data<T>();
-    T* yp = y.data<T>();
-    s.run([=] { cpu::gelu_forward<T>(xp, yp, n); });
-  });
+  if (dev.is_cuda()) {
+    cuda::gelu_forward(x.value().raw(), y.raw(), n, x.dtype(), s.native());
+  } else {
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* xp = x.value().data<T>();
+      T* yp = y.data<T>();
+      s.run([=] { cpu::gelu_forward<T>(xp, yp, n); });
+    });
+  }
 
   Var out = Var::output(y, x.requires_grad());
   if (out.requires_grad()) {
     record_backward([x, out, n] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
+      if (out.device().is_cuda()) {
+        cuda::gelu_backward(x.value().raw(), out.grad().raw(), x.grad().raw(), n, out.dtype(),
+                            s.native());
+        return;
+      }
       dispatch_float(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T* xp = x.value().data<T>();

@@ -1,5 +1,6 @@
 #include "model/ops/linear.h"
 
+#include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
 
@@ -12,21 +13,27 @@ Var linear(const Var& x, const Var& w, const Var& b) {
   check_shape("linear weight", w.shape(), Shape{Cout, Cin});
   if (b.defined()) check_shape("linear bias", b.shape(), Shape{Cout});
   check_same_device_dtype("linear", x.value(), w.value());
+  if (b.defined()) check_param_operand("linear bias", x.value(), b.value());
 
   std::vector<int64_t> ydims = x.shape().vec();
   ydims.back() = Cout;
   Device dev = x.device();
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(Shape(ydims), x.dtype(), dev, &s);
-  require_cpu("linear", dev);
-  dispatch_float(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = x.value().data<T>();
-    const T* wp = w.value().data<T>();
-    const T* bp = b.defined() ? b.value().data<T>() : nullptr;
-    T* yp = y.data<T>();
-    s.run([=] { cpu::linear_forward<T>(xp, wp, bp, yp, N, Cin, Cout); });
-  });
+  if (dev.is_cuda()) {
+    cuda::linear_forward(x.value().raw(), w.value().raw(), b.defined() ? b.value().raw() : nullptr,
+                         b.defined() ? b.dtype() : x.dtype(), y.raw(), N, Cin, Cout, x.dtype(),
+                         s.native());
+  } else {
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* xp = x.value().data<T>();
+      const T* wp = w.value().data<T>();
+      const T* bp = b.defined() ? b.value().data<T>() : nullptr;
+      T* yp = y.data<T>();
+      s.run([=] { cpu::linear_forward<T>(xp, wp, bp, yp, N, Cin, Cout); });
+    });
+  }
 
   bool need = x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad());
   Var out = Var::output(y, need);
@@ -34,6 +41,19 @@ Var linear(const Var& x, const Var& w, const Var& b) {
     record_backward([x, w, b, out, N, Cin, Cout] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
+      if (out.device().is_cuda()) {
+        const bool want_db = b.defined() && b.requires_grad();
+        Tensor scratch;
+        if (want_db) scratch = scratch_floats(cuda::linear_backward_scratch_floats(N, Cout), s);
+        Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
+        cuda::linear_backward(x.value().raw(), w.value().raw(), out.grad().raw(),
+                              x.requires_grad() ? x.grad().raw() : nullptr,
+                              dw ? dw->raw() : nullptr, dw ? dw->dtype() : DType::kF32,
+                              want_db ? f32_grad("linear bias", b.grad()) : nullptr,
+                              want_db ? scratch.data<float>() : nullptr, N, Cin, Cout,
+                              out.dtype(), s.native());
+        return;
+      }
       dispatch_float(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T* xp = x.value().data<T>();

@@ -21,4 +21,23 @@ void linear_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db, i
                      int64_t Cin, int64_t Cout);
 }  // namespace cpu
 
+namespace cuda {
+// y[N, Cout] = x[N, Cin] · w[Cout, Cin]ᵀ (+ bias[Cout]) on `stream` (a cudaStream_t), through
+// model/cuda/gemm.h. x, w and y are in `act` (f32 or bf16). bias is null, or in `bias_dtype`:
+// act (fused into the GEMM epilogue), or f32 with bf16 activations (added after the GEMM by a
+// separate pass, so y is rounded twice).
+void linear_forward(const void* x, const void* w, const void* bias, DType bias_dtype, void* y,
+                    int64_t N, int64_t Cin, int64_t Cout, DType act, void* stream);
+// Floats of scratch linear_backward needs when db is given (the deterministic column sum).
+int64_t linear_backward_scratch_floats(int64_t N, int64_t Cout);
+// Accumulates, each pointer optional (null: no gradient wanted):
+//   dx[N, Cin] (act) += dy·w,   dw[Cout, Cin] (dw_dtype) += dyᵀ·x,   db[Cout] (f32) += Σ_rows dy.
+// dw is f32 (a main_grad) or act (e.g. a bf16 send buffer); db is f32 whatever `act` is. db is a
+// fixed-order reduction (model/cuda/column_sum.cuh); `scratch` holds
+// linear_backward_scratch_floats(N, Cout) floats.
+void linear_backward(const void* x, const void* w, const void* dy, void* dx, void* dw,
+                     DType dw_dtype, float* db, float* scratch, int64_t N, int64_t Cin,
+                     int64_t Cout, DType act, void* stream);
+}  // namespace cuda
+
 }  // namespace gtron

@@ -2,10 +2,53 @@
 
 #include <vector>
 
+#include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
 
 namespace gtron {
+
+namespace {
+
+// Host targets are checked here, before the copy to the device (the CPU kernel checks its own).
+void check_targets_on_host(const Tensor& targets, int64_t V) {
+  const int32_t* tp = targets.data<int32_t>();
+  for (int64_t i = 0; i < targets.numel(); ++i) {
+    const int32_t t = tp[i];
+    GTRON_CHECK(t == kMaskedTarget || (t >= 0 && t < V), "cross_entropy: target ", t, " at row ", i,
+                " outside [0, ", V, ") and not kMaskedTarget (", kMaskedTarget, ")");
+  }
+}
+
+// The CUDA path: loss, statistics and the unmasked-row count are fp32/i32 device values whatever
+// the logits' dtype; the count never leaves the device.
+Var cross_entropy_cuda(const Var& logits, const Tensor& targets, int64_t N, int64_t V, int64_t Vp,
+                       Stream& s) {
+  Device dev = logits.device();
+  if (targets.device().is_cpu()) check_targets_on_host(targets, V);
+  Tensor tg = ids_on_device(targets, s);                             // [N] i32
+  Tensor loss = Tensor::empty(Shape{}, DType::kF32, dev, &s);        // scalar
+  Tensor rmax = Tensor::empty(Shape{N}, DType::kF32, dev, &s);       // [N], kept for backward
+  Tensor rlse = Tensor::empty(Shape{N}, DType::kF32, dev, &s);       // [N], kept for backward
+  Tensor count = Tensor::empty(Shape{1}, DType::kI32, dev, &s);      // unmasked rows
+  cuda::cross_entropy_forward(logits.value().raw(), tg.data<int32_t>(), rmax.data<float>(),
+                              rlse.data<float>(), count.data<int32_t>(), loss.data<float>(),
+                              nullptr, nullptr, N, V, Vp, logits.dtype(), s.native());
+  Var out = Var::output(loss, logits.requires_grad());
+  if (out.requires_grad()) {
+    record_backward([logits, tg, rmax, rlse, count, out, N, V, Vp] {
+      if (!out.has_grad()) return;
+      Stream& s = current_stream(out.device());
+      cuda::cross_entropy_backward(logits.value().raw(), tg.data<int32_t>(), rmax.data<float>(),
+                                   rlse.data<float>(), count.data<int32_t>(),
+                                   out.grad().data<float>(), logits.grad().raw(), N, V, Vp,
+                                   logits.dtype(), s.native());
+    });
+  }
+  return out;
+}
+
+}  // namespace
 
 Var cross_entropy(const Var& logits, const Tensor& targets, int64_t V) {
   GTRON_CHECK(logits.shape().rank() >= 1, "cross_entropy: logits ", logits.shape().str(),
@@ -14,15 +57,15 @@ Var cross_entropy(const Var& logits, const Tensor& targets, int64_t V) {
   const int64_t Vp = lead.back();
   lead.pop_back();
   GTRON_CHECK(V > 0 && V <= Vp, "cross_entropy: V = ", V, " outside (0, Vp = ", Vp, "]");
-  GTRON_CHECK(targets.dtype() == DType::kI32 && targets.device().is_cpu(),
-              "cross_entropy: targets must be a CPU i32 tensor; got ", targets.device().str(), "/",
-              dtype_name(targets.dtype()));
+  Device dev = logits.device();
+  GTRON_CHECK(targets.dtype() == DType::kI32 && (targets.device().is_cpu() || targets.device() == dev),
+              "cross_entropy: targets must be an i32 tensor on the CPU or the logits' device; got ",
+              targets.device().str(), "/", dtype_name(targets.dtype()));
   check_shape("cross_entropy targets", targets.shape(), Shape(lead));
   const int64_t N = targets.numel();
 
-  Device dev = logits.device();
-  require_cpu("cross_entropy", dev);
   Stream& s = current_stream(dev);
+  if (dev.is_cuda()) return cross_entropy_cuda(logits, targets, N, V, Vp, s);
   Tensor loss = Tensor::empty(Shape{}, logits.dtype(), dev, &s);
   Tensor rmax = Tensor::empty(Shape{N}, logits.dtype(), dev, &s);  // [N], kept for backward
   Tensor rlse = Tensor::empty(Shape{N}, logits.dtype(), dev, &s);  // [N], kept for backward
@@ -59,21 +102,28 @@ Var cross_entropy(const Var& logits, const Tensor& targets, int64_t V) {
 Var scale(const Var& x, double factor) {
   const int64_t n = x.value().numel();
   Device dev = x.device();
-  require_cpu("scale", dev);
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), dev, &s);
-  dispatch_float(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = x.value().data<T>();
-    T* yp = y.data<T>();
-    s.run([=] { cpu::scale_forward<T>(xp, yp, n, factor); });
-  });
+  if (dev.is_cuda()) {
+    cuda::scale_forward(x.value().raw(), y.raw(), n, factor, x.dtype(), s.native());
+  } else {
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* xp = x.value().data<T>();
+      T* yp = y.data<T>();
+      s.run([=] { cpu::scale_forward<T>(xp, yp, n, factor); });
+    });
+  }
 
   Var out = Var::output(y, x.requires_grad());
   if (out.requires_grad()) {
     record_backward([x, out, n, factor] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
+      if (out.device().is_cuda()) {
+        cuda::scale_backward(out.grad().raw(), x.grad().raw(), n, factor, out.dtype(), s.native());
+        return;
+      }
       dispatch_float(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T* dyp = out.grad().data<T>();

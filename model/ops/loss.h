@@ -39,4 +39,30 @@ template <typename T>
 void scale_backward(const T* dy, T* dx, int64_t n, double s);
 }  // namespace cpu
 
+namespace cuda {
+// logits [N, Vp] in `act` (f32 or bf16); targets i32 [N] on the device, each in [0, V) or
+// kMaskedTarget (anything else traps the kernel; the op validates host-side targets before
+// copying them). Writes, all on the device (no host sync):
+//   count[0] (i32) = the number of unmasked rows;
+//   rmax, rlse [N] (f32) = the row max and log Σ exp(logit − rmax) over the first V columns
+//     (unspecified on masked rows);
+//   loss[0] (f32) = the mean CE over unmasked rows (0 if none), summed in a fixed order.
+// Fused mode: when dlogits is not null, the same pass over each row also accumulates
+//   dlogits[:, :V] (act) += (softmax − onehot) · dloss[0] / count[0],
+// forming each probability once for loss and gradient together (dloss: an f32 device scalar that
+// must hold its value when the kernel runs). The tail [V, Vp) is never read or written.
+void cross_entropy_forward(const void* logits, const int32_t* targets, float* rmax, float* rlse,
+                           int32_t* count, float* loss, void* dlogits, const float* dloss,
+                           int64_t N, int64_t V, int64_t Vp, DType act, void* stream);
+// The unfused backward from the forward's statistics: accumulates
+//   dlogits[:, :V] += (softmax − onehot) · dloss[0] / count[0]   (nothing when count[0] = 0).
+void cross_entropy_backward(const void* logits, const int32_t* targets, const float* rmax,
+                            const float* rlse, const int32_t* count, const float* dloss,
+                            void* dlogits, int64_t N, int64_t V, int64_t Vp, DType act,
+                            void* stream);
+// y = s·x and dx += s·dy over n elements (f32 or bf16), s rounded to float.
+void scale_forward(const void* x, void* y, int64_t n, double s, DType dtype, void* stream);
+void scale_backward(const void* dy, void* dx, int64_t n, double s, DType dtype, void* stream);
+}  // namespace cuda
+
 }  // namespace gtron

@@ -1,5 +1,6 @@
 #include "model/ops/norm.h"
 
+#include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
 
@@ -7,9 +8,10 @@ namespace gtron {
 
 namespace {
 
-// The row statistics a norm keeps for its backward: one value per row of x ([N]).
+// The row statistics a norm keeps for its backward: one value per row of x ([N]); fp32 on CUDA.
 Tensor row_stats(const Var& x, int64_t N, Stream& s) {
-  return Tensor::empty(Shape{N}, x.dtype(), x.device(), &s);
+  const DType t = x.device().is_cuda() ? DType::kF32 : x.dtype();
+  return Tensor::empty(Shape{N}, t, x.device(), &s);
 }
 
 }  // namespace
@@ -20,25 +22,30 @@ Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps) {
   const int64_t N = C > 0 ? x.value().numel() / C : 0;
   check_shape("layernorm gamma", gamma.shape(), Shape{C});
   check_shape("layernorm beta", beta.shape(), Shape{C});
-  check_same_device_dtype("layernorm", x.value(), gamma.value());
-  check_same_device_dtype("layernorm", x.value(), beta.value());
+  check_param_operand("layernorm", x.value(), gamma.value());
+  check_same_device_dtype("layernorm", gamma.value(), beta.value());
 
   Device dev = x.device();
-  require_cpu("layernorm", dev);
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), dev, &s);
   Tensor mean = row_stats(x, N, s);  // [N]
   Tensor rstd = row_stats(x, N, s);  // [N]
-  dispatch_float(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = x.value().data<T>();
-    const T* gp = gamma.value().data<T>();
-    const T* bp = beta.value().data<T>();
-    T* yp = y.data<T>();
-    T* mp = mean.data<T>();
-    T* rp = rstd.data<T>();
-    s.run([=] { cpu::layernorm_forward<T>(xp, gp, bp, yp, mp, rp, N, C, eps); });
-  });
+  if (dev.is_cuda()) {
+    cuda::layernorm_forward(x.value().raw(), gamma.value().raw(), beta.value().raw(),
+                            gamma.dtype(), y.raw(), mean.data<float>(), rstd.data<float>(), N, C,
+                            eps, x.dtype(), s.native());
+  } else {
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* xp = x.value().data<T>();
+      const T* gp = gamma.value().data<T>();
+      const T* bp = beta.value().data<T>();
+      T* yp = y.data<T>();
+      T* mp = mean.data<T>();
+      T* rp = rstd.data<T>();
+      s.run([=] { cpu::layernorm_forward<T>(xp, gp, bp, yp, mp, rp, N, C, eps); });
+    });
+  }
 
   bool need = x.requires_grad() || gamma.requires_grad() || beta.requires_grad();
   Var out = Var::output(y, need);
@@ -46,6 +53,18 @@ Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps) {
     record_backward([x, gamma, beta, mean, rstd, out, N, C] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
+      if (out.device().is_cuda()) {
+        const bool want_params = gamma.requires_grad() || beta.requires_grad();
+        Tensor scratch;
+        if (want_params) scratch = scratch_floats(cuda::layernorm_backward_scratch_floats(N, C), s);
+        cuda::layernorm_backward(
+            x.value().raw(), gamma.value().raw(), gamma.dtype(), mean.data<float>(),
+            rstd.data<float>(), out.grad().raw(), x.requires_grad() ? x.grad().raw() : nullptr,
+            gamma.requires_grad() ? f32_grad("layernorm gamma", gamma.grad()) : nullptr,
+            beta.requires_grad() ? f32_grad("layernorm beta", beta.grad()) : nullptr,
+            want_params ? scratch.data<float>() : nullptr, N, C, out.dtype(), s.native());
+        return;
+      }
       dispatch_float(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T* xp = x.value().data<T>();
@@ -68,27 +87,44 @@ Var rmsnorm(const Var& x, const Var& gamma, double eps) {
   const int64_t C = x.shape()[x.shape().rank() - 1];
   const int64_t N = C > 0 ? x.value().numel() / C : 0;
   check_shape("rmsnorm gamma", gamma.shape(), Shape{C});
-  check_same_device_dtype("rmsnorm", x.value(), gamma.value());
+  check_param_operand("rmsnorm", x.value(), gamma.value());
 
   Device dev = x.device();
-  require_cpu("rmsnorm", dev);
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), dev, &s);
   Tensor rrms = row_stats(x, N, s);  // [N]
-  dispatch_float(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = x.value().data<T>();
-    const T* gp = gamma.value().data<T>();
-    T* yp = y.data<T>();
-    T* rp = rrms.data<T>();
-    s.run([=] { cpu::rmsnorm_forward<T>(xp, gp, yp, rp, N, C, eps); });
-  });
+  if (dev.is_cuda()) {
+    cuda::rmsnorm_forward(x.value().raw(), gamma.value().raw(), gamma.dtype(), y.raw(),
+                          rrms.data<float>(), N, C, eps, x.dtype(), s.native());
+  } else {
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* xp = x.value().data<T>();
+      const T* gp = gamma.value().data<T>();
+      T* yp = y.data<T>();
+      T* rp = rrms.data<T>();
+      s.run([=] { cpu::rmsnorm_forward<T>(xp, gp, yp, rp, N, C, eps); });
+    });
+  }
 
   Var out = Var::output(y, x.requires_grad() || gamma.requires_grad());
   if (out.requires_grad()) {
     record_backward([x, gamma, rrms, out, N, C] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
+      if (out.device().is_cuda()) {
+        Tensor scratch;
+        if (gamma.requires_grad()) {
+          scratch = scratch_floats(cuda::rmsnorm_backward_scratch_floats(N, C), s);
+        }
+        cuda::rmsnorm_backward(
+            x.value().raw(), gamma.value().raw(), gamma.dtype(), rrms.data<float>(),
+            out.grad().raw(), x.requires_grad() ? x.grad().raw() : nullptr,
+            gamma.requires_grad() ? f32_grad("rmsnorm gamma", gamma.grad()) : nullptr,
+            gamma.requires_grad() ? scratch.data<float>() : nullptr, N, C, out.dtype(),
+            s.native());
+        return;
+      }
       dispatch_float(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T* xp = x.value().data<T>();

@@ -38,4 +38,26 @@ void rmsnorm_backward(const T* x, const T* gamma, const T* rrms, const T* dy, T*
                       int64_t N, int64_t C);
 }  // namespace cpu
 
+namespace cuda {
+// N rows of C, one warp per row. x, y, dy, dx in `act` (f32 or bf16); gamma, beta in `param`
+// (act, or f32 with bf16 activations); statistics and parameter gradients in f32.
+void layernorm_forward(const void* x, const void* gamma, const void* beta, DType param, void* y,
+                       float* mean, float* rstd, int64_t N, int64_t C, double eps, DType act,
+                       void* stream);
+// Floats of scratch the backward of layernorm (and of rmsnorm) needs for parameter gradients.
+int64_t layernorm_backward_scratch_floats(int64_t N, int64_t C);
+int64_t rmsnorm_backward_scratch_floats(int64_t N, int64_t C);
+// Accumulates dx (act), dgamma and dbeta (f32); any may be null. dgamma and dbeta are fixed-order
+// column sums (model/cuda/column_sum.cuh) through `scratch`.
+void layernorm_backward(const void* x, const void* gamma, DType param, const float* mean,
+                        const float* rstd, const void* dy, void* dx, float* dgamma, float* dbeta,
+                        float* scratch, int64_t N, int64_t C, DType act, void* stream);
+void rmsnorm_forward(const void* x, const void* gamma, DType param, void* y, float* rrms,
+                     int64_t N, int64_t C, double eps, DType act, void* stream);
+// Accumulates dx (act) and dgamma (f32); either may be null.
+void rmsnorm_backward(const void* x, const void* gamma, DType param, const float* rrms,
+                      const void* dy, void* dx, float* dgamma, float* scratch, int64_t N, int64_t C,
+                      DType act, void* stream);
+}  // namespace cuda
+
 }  // namespace gtron

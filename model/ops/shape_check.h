@@ -1,5 +1,5 @@
-// Shape and device preconditions shared by the ops. A mismatch is a caller bug in model code, so it
-// aborts via GTRON_CHECK with both shapes in the message.
+// Shape, device and dtype preconditions shared by the ops. A mismatch is a caller bug in model
+// code, so it aborts via GTRON_CHECK with both shapes (or types) in the message.
 #pragma once
 
 #include <string>
@@ -18,10 +18,12 @@ inline void check_same_device_dtype(const char* op, const Tensor& a, const Tenso
               dtype_name(b.dtype()));
 }
 
-// The CUDA kernels of the ops land with the GPU backend; until an op has one, a CUDA tensor reaching
-// it is an invariant violation (device selection keeps such runs on CPU).
-inline void require_cpu(const char* op, Device d) {
-  GTRON_CHECK(d.is_cpu(), op, ": no CUDA kernel in this build for ", d.str());
+// A parameter operand `p` (gamma, beta, positions, bias) next to activations `x`: on x's device,
+// in x's dtype — or, on CUDA, in f32 next to bf16 activations (the kernels read fp32 master values
+// directly and compute in fp32 anyway).
+inline void check_param_operand(const char* op, const Tensor& x, const Tensor& p) {
+  if (x.device().is_cuda() && p.device() == x.device() && p.dtype() == DType::kF32) return;
+  check_same_device_dtype(op, x, p);
 }
 
 }  // namespace gtron

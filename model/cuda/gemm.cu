@@ -1,0 +1,235 @@
+// cuBLASLt-backed row-major GEMM (contract in gemm.h).
+//
+// Note [row-major through column-major cuBLAS]
+// cuBLAS reads matrices column-major. The bytes of a row-major [R, C] matrix, read column-major,
+// are its transpose: a [C, R] matrix with leading dimension C. So instead of C = op(A)·op(B) we
+// ask cuBLAS for the transposed identity  Cᵀ = op(B)ᵀ · op(A)ᵀ, whose result written column-major
+// is exactly the row-major C:
+// - cuBLAS operand 1 is our B. Untransposed, B[K, N] row-major reads as Bᵀ [N×K] = op(B)ᵀ, so it
+//   goes in as OP_N with rows N, cols K. Stored [N, K] (trans_b), it reads as [K×N] and needs
+//   OP_T to become op(B)ᵀ.
+// - cuBLAS operand 2 is our A, by the same argument: [K×M] with OP_N, or [M×K] with OP_T when
+//   trans_a.
+// - The result is [N×M] column-major with leading dimension N, i.e. row-major C[M, N]; cuBLAS's
+//   (m, n, k) is our (N, M, K). The bias epilogue adds a vector along cuBLAS's rows, which are
+//   our columns: bias[N] on every row, as nn.Linear wants.
+#include "model/cuda/gemm.h"
+
+#include <cublasLt.h>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "model/cuda/check.cuh"
+
+#define CUBLAS_CHECK(expr)                                                                   \
+  do {                                                                                       \
+    cublasStatus_t st_ = (expr);                                                             \
+    GTRON_CHECK_CALL(st_ == CUBLAS_STATUS_SUCCESS, #expr, cublasLtGetStatusString(st_));     \
+  } while (0)
+
+namespace gtron::cuda {
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
+
+// (problem, pointer alignments) -> algorithm; see GemmContext::algo.
+using GemmKey = std::array<int64_t, 16>;
+
+// Device memory owned for the life of the context. Non-copyable; the destructor never throws
+// (at process exit the runtime may already be unloading, so its error is ignored).
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) { CUDA_CHECK(cudaMalloc(&ptr_, bytes)); }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// The per-device cuBLASLt state: handle, per-stream workspaces, algorithm cache.
+class GemmContext {
+ public:
+  GemmContext() { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+  ~GemmContext() { cublasLtDestroy(handle_); }
+  GemmContext(const GemmContext&) = delete;
+  GemmContext& operator=(const GemmContext&) = delete;
+
+  cublasLtHandle_t handle() const { return handle_; }
+
+  // A workspace private to `stream`: two streams running GEMMs at once never share one.
+  void* workspace(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& ws = workspaces_[stream];
+    if (!ws) ws = std::make_unique<DeviceBuffer>(kWorkspaceBytes);
+    return ws->get();
+  }
+
+  bool find(const GemmKey& key, cublasLtMatmulAlgo_t* algo) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = algos_.find(key);
+    if (it == algos_.end()) return false;
+    *algo = it->second;
+    return true;
+  }
+
+  void remember(const GemmKey& key, const cublasLtMatmulAlgo_t& algo) {
+    std::lock_guard<std::mutex> lock(mu_);
+    algos_.emplace(key, algo);
+  }
+
+ private:
+  cublasLtHandle_t handle_ = nullptr;
+  std::mutex mu_;
+  std::map<cudaStream_t, std::unique_ptr<DeviceBuffer>> workspaces_;
+  std::map<GemmKey, cublasLtMatmulAlgo_t> algos_;
+};
+
+GemmContext& context_for(int device) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<GemmContext>> contexts;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& ctx = contexts[device];
+  if (!ctx) ctx = std::make_unique<GemmContext>();
+  return *ctx;
+}
+
+// RAII holders for the per-call descriptors.
+struct MatmulDesc {
+  cublasLtMatmulDesc_t d = nullptr;
+  MatmulDesc() { CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F)); }
+  ~MatmulDesc() { cublasLtMatmulDescDestroy(d); }
+  MatmulDesc(const MatmulDesc&) = delete;
+  MatmulDesc& operator=(const MatmulDesc&) = delete;
+  template <typename V>
+  void set(cublasLtMatmulDescAttributes_t attr, const V& v) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
+  }
+};
+
+// A column-major rows × cols matrix with leading dimension `rows`, batched by `stride` elements.
+struct Layout {
+  cublasLtMatrixLayout_t l = nullptr;
+  Layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t batch, int64_t stride) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows),
+                                            static_cast<uint64_t>(cols), rows));
+    if (batch > 1) {
+      const int32_t count = static_cast<int32_t>(batch);
+      CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, 4));
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                    &stride, sizeof(stride)));
+    }
+  }
+  ~Layout() { cublasLtMatrixLayoutDestroy(l); }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
+};
+
+struct Preference {
+  cublasLtMatmulPreference_t p = nullptr;
+  Preference() { CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p)); }
+  ~Preference() { cublasLtMatmulPreferenceDestroy(p); }
+  Preference(const Preference&) = delete;
+  Preference& operator=(const Preference&) = delete;
+  void set(cublasLtMatmulPreferenceAttributes_t attr, uint32_t v) {
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)));
+  }
+  void set64(cublasLtMatmulPreferenceAttributes_t attr, uint64_t v) {
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)));
+  }
+};
+
+cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+// The largest power of two (<= 256) dividing the address and, for batches, the byte stride:
+// every matrix of the batch is at least that aligned.
+uint32_t alignment(const void* p, int64_t batch, int64_t stride_bytes) {
+  uint64_t v = reinterpret_cast<uintptr_t>(p);
+  if (batch > 1) v |= static_cast<uint64_t>(stride_bytes);
+  uint32_t a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+void check_args(const GemmArgs& g) {
+  GTRON_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1, "gemm: m = ", g.m, ", n = ", g.n,
+              ", k = ", g.k, ", batch = ", g.batch);
+  GTRON_CHECK(g.ab == DType::kF32 || g.ab == DType::kBF16, "gemm: A/B type ", dtype_name(g.ab),
+              ", expected f32 or bf16");
+  GTRON_CHECK(g.c_type == DType::kF32 || (g.ab == DType::kBF16 && g.c_type == DType::kBF16),
+              "gemm: C type ", dtype_name(g.c_type), " with A/B ", dtype_name(g.ab),
+              "; f32 takes f32 C, bf16 takes bf16 or f32 C");
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& g, void* stream) {
+  check_args(g);
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) {
+    GTRON_CHECK(g.beta == 1.0f && g.bias == nullptr,
+                "gemm: k = 0 leaves alpha·A·B empty; only beta = 1 without bias is supported");
+    return;
+  }
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  GemmContext& ctx = context_for(device);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+
+  // Note [row-major through column-major cuBLAS]: operand 1 is B, operand 2 is A, result Cᵀ.
+  const cudaDataType_t ab = cuda_type(g.ab);
+  const cudaDataType_t ct = cuda_type(g.c_type);
+  const int64_t ab_size = dtype_size(g.ab);
+  const int64_t c_size = dtype_size(g.c_type);
+  Layout op1(ab, g.trans_b ? g.k : g.n, g.trans_b ? g.n : g.k, g.batch, g.stride_b);
+  Layout op2(ab, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.batch, g.stride_a);
+  Layout out(ct, g.n, g.m, g.batch, g.stride_c);
+
+  MatmulDesc desc;
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, static_cast<int32_t>(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
+  if (g.bias != nullptr) {
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BIAS));
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(ct));
+  }
+
+  const uint32_t align1 = alignment(g.b, g.batch, g.stride_b * ab_size);
+  const uint32_t align2 = alignment(g.a, g.batch, g.stride_a * ab_size);
+  const uint32_t align_c = alignment(g.c, g.batch, g.stride_c * c_size);
+  const uint32_t align_bias = g.bias ? alignment(g.bias, 1, 0) : 0;
+  const GemmKey key = {g.m,        g.n,         g.k,       g.batch,  g.stride_a,
+                       g.stride_b, g.stride_c,  g.trans_a, g.trans_b, static_cast<int64_t>(g.ab),
+                       static_cast<int64_t>(g.c_type),     align1,   align2,
+                       align_c,    align_bias,  g.bias != nullptr};
+  cublasLtMatmulAlgo_t algo;
+  if (!ctx.find(key, &algo)) {
+    Preference pref;
+    pref.set64(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kWorkspaceBytes);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align1);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align2);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
+    cublasLtMatmulHeuristicResult_t result = {};
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.handle(), desc.d, op1.l, op2.l, out.l, out.l,
+                                                pref.p, 1, &result, &found));
+    GTRON_CHECK(found > 0, "gemm: cuBLASLt has no algorithm for m = ", g.m, ", n = ", g.n,
+                ", k = ", g.k, ", batch = ", g.batch, ", A/B ", dtype_name(g.ab), ", C ",
+                dtype_name(g.c_type), ", trans ", g.trans_a, "/", g.trans_b, ", alignments ",
+                align2, "/", align1, "/", align_c);
+    algo = result.algo;
+    ctx.remember(key, algo);
+  }
+  CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), desc.d, &g.alpha, g.b, op1.l, g.a, op2.l, &g.beta, g.c,
+                              out.l, g.c, out.l, &algo, ctx.workspace(s), kWorkspaceBytes, s));
+}
+
+}  // namespace gtron::cuda

@@ -1,0 +1,52 @@
+// Matrix products on CUDA through cuBLASLt, stated in row-major terms (no CUDA headers here).
+//
+// Semantics (every matrix row-major and contiguous: its leading dimension is its column count):
+//   C[M, N] = alpha · op(A) · op(B) + beta · C   (+ bias[N] added to every row, when given)
+// op(A) is A[M, K], or A stored as [K, M] when trans_a; op(B) is B[K, N], or B stored as [N, K]
+// when trans_b. With batch > 1, matrix i of each operand starts stride_* elements after matrix
+// i − 1 (the bias is shared by the whole batch).
+//
+// Precision: A and B share one type `ab`.
+// - ab = f32: C is f32 and the products run in true fp32 (CUBLAS_COMPUTE_32F; TF32 is never used,
+//   so results match a CPU fp32 GEMM to rounding).
+// - ab = bf16: C is bf16 or f32; products accumulate in fp32, beta·C is read in C's type and
+//   added in fp32, the result is rounded once into C's type. f32 C with beta = 1 is the weight-
+//   gradient case: bf16 activations accumulating into an fp32 main_grad.
+// The bias has C's type (cuBLASLt's bias epilogue reads it in the output type).
+//
+// Resources: one cuBLASLt handle per device and one workspace per (device, stream), made on the
+// first GEMM that needs them and kept for the life of the process; the chosen algorithm is cached
+// per problem (shape, types, transposes, bias, pointer alignments). So: capture a CUDA graph only
+// after an eager warm-up has run each GEMM shape on that stream once.
+// Determinism: one algorithm per problem, fixed by the cache, on a private per-stream workspace:
+// the same inputs give the same bits on every call.
+// Thread safety: gemm() may be called from several threads.
+#pragma once
+
+#include <cstdint>
+
+#include "model/dtype.h"
+
+namespace gtron::cuda {
+
+struct GemmArgs {
+  const void* a = nullptr;  // op(A): [M, K]
+  bool trans_a = false;
+  const void* b = nullptr;  // op(B): [K, N]
+  bool trans_b = false;
+  void* c = nullptr;  // [M, N], read when beta != 0
+  int64_t m = 0, n = 0, k = 0;
+  DType ab = DType::kF32;       // element type of A and B: f32 or bf16
+  DType c_type = DType::kF32;   // f32, or bf16 when ab is bf16
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  const void* bias = nullptr;  // [N] in c_type, or null
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch matrices
+};
+
+// Runs the product on `stream` (a cudaStream_t) of the current device. REQUIRES: every operand
+// lives on that device; k > 0 unless beta = 1 and there is no bias (then it is a no-op).
+void gemm(const GemmArgs& g, void* stream);
+
+}  // namespace gtron::cuda

@@ -1,0 +1,290 @@
+// Causal attention on CUDA: batched cuBLASLt GEMMs (model/cuda/gemm.h) around fused row kernels.
+//
+// Layout: qkv rows hold [q | k | v], head h in columns h·HS.. of each part. The per-(b, h) blocks
+// are not a single stride apart (b steps T·3C, h steps HS), so they are first copied into
+// head-major scratch [B·NH, T, HS] ("heads"), one matrix per (b, h) every sHd elements; outputs
+// and gradients are copied back. sHd and sTT (the [T, T] stride) are rounded up to 8 elements so
+// that every matrix of a batch starts 16-byte aligned whatever T and HS are.
+//
+// Forward:  S = Q·Kᵀ (fp32)  ->  P = causal softmax(scale·S) (act), lse  ->  O = P·V (act)
+// Backward (the CPU contract: recompute P from lse instead of storing it):
+//   S = Q·Kᵀ, P = exp(scale·S − lse);  dV = Pᵀ·dO;  dP = dO·Vᵀ (into S's buffer);
+//   dS = P ⊙ (dP − rowsum(P ⊙ dP))·scale (in place over P);  dQ = dS·K;  dK = dSᵀ·Q;
+//   dqkv += [dQ | dK | dV] (gradients kept in fp32 until this one rounding).
+// P and dS are zero above the diagonal, so the full-square GEMMs read zeros there; the masked
+// upper half of S is computed and ignored (2x the minimum score FLOPs: the price of plain GEMMs).
+//
+// Memory: the scratch is O(B·NH·T²): S (fp32) + P (act). E.g. B = 8, NH = 12, T = 1024 in bf16:
+// 96·2^20·6 bytes = 576 MiB, held only while the kernel runs. A fused (flash) kernel would drop it;
+// this version is the correct, simple baseline.
+//
+// Determinism: GEMMs pin one algorithm per shape; the row kernels reduce with xor butterflies.
+#include <cmath>
+
+#include "model/cuda/gemm.h"
+#include "model/cuda/kernel_util.cuh"
+#include "model/ops/attention.h"
+
+namespace gtron::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;  // row kernels: one warp per row
+
+int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
+
+struct Dims {
+  int64_t B, T, NH, HS, C, BH, sHd, sTT;
+  Dims(int64_t b, int64_t t, int64_t nh, int64_t hs)
+      : B(b), T(t), NH(nh), HS(hs), C(nh * hs), BH(b * nh), sHd(round8(t * hs)),
+        sTT(round8(t * t)) {}
+};
+
+// dst (heads) [BH, T, HS] (stride sHd) = the head blocks of src rows [B·T, src_row] (col 0.. C).
+template <typename T>
+__global__ void to_heads_kernel(const T* __restrict__ src, int64_t src_row, T* __restrict__ dst,
+                                Dims d) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= d.B * d.T * d.C) return;
+  const int64_t c = e % d.C;
+  const int64_t bt = e / d.C;  // b·T + t
+  const int64_t b = bt / d.T, t = bt % d.T, h = c / d.HS, j = c % d.HS;
+  dst[(b * d.NH + h) * d.sHd + t * d.HS + j] = src[bt * src_row + c];
+}
+
+// dst rows [B·T, dst_row] (col 0.. C) = (or +=) heads [BH, T, HS].
+template <typename S, typename D, bool kAccumulate>
+__global__ void from_heads_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t dst_row,
+                                  Dims d) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= d.B * d.T * d.C) return;
+  const int64_t c = e % d.C;
+  const int64_t bt = e / d.C;
+  const int64_t b = bt / d.T, t = bt % d.T, h = c / d.HS, j = c % d.HS;
+  float v = to_float(src[(b * d.NH + h) * d.sHd + t * d.HS + j]);
+  D* out = dst + bt * dst_row + c;
+  if constexpr (kAccumulate) v += to_float(*out);
+  *out = from_float<D>(v);
+}
+
+// Row r = (bh, t): P[s] = exp(scale·S[s] − lse) for s <= t, 0 above; lse[r] = log Σ_{s<=t} ...
+template <typename T>
+__global__ void causal_softmax_kernel(const float* __restrict__ S, T* __restrict__ P,
+                                      float* __restrict__ lse, Dims d, float scale) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= d.BH * d.T) return;
+  const int64_t t = r % d.T;
+  const int64_t off = (r / d.T) * d.sTT + t * d.T;
+  const float* s = S + off;
+  float m = -INFINITY;
+  for (int64_t j = lane; j <= t; j += 32) m = fmaxf(m, s[j]);
+  m = warp_max(m);
+  float sum = 0.0f;
+  for (int64_t j = lane; j <= t; j += 32) sum += expf((s[j] - m) * scale);
+  const float l = m * scale + logf(warp_sum(sum));
+  for (int64_t j = lane; j < d.T; j += 32) {
+    P[off + j] = from_float<T>(j <= t ? expf(s[j] * scale - l) : 0.0f);
+  }
+  if (lane == 0) lse[r] = l;
+}
+
+// P = exp(scale·S − lse[row]) below and on the diagonal, 0 above (one thread per element).
+template <typename T>
+__global__ void probs_from_lse_kernel(const float* __restrict__ S, const float* __restrict__ lse,
+                                      T* __restrict__ P, Dims d, float scale) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= d.BH * d.T * d.T) return;
+  const int64_t r = e / d.T;  // bh·T + t
+  const int64_t j = e % d.T;
+  const int64_t t = r % d.T;
+  const int64_t at = (r / d.T) * d.sTT + t * d.T + j;
+  P[at] = from_float<T>(j <= t ? expf(S[at] * scale - lse[r]) : 0.0f);
+}
+
+// In place over P: dS = P ⊙ (dP − Σ_s P·dP)·scale on and below the diagonal, 0 above.
+template <typename T>
+__global__ void softmax_backward_kernel(T* __restrict__ P, const float* __restrict__ dP, Dims d,
+                                        float scale) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= d.BH * d.T) return;
+  const int64_t t = r % d.T;
+  const int64_t off = (r / d.T) * d.sTT + t * d.T;
+  float dot = 0.0f;
+  for (int64_t j = lane; j <= t; j += 32) dot += to_float(P[off + j]) * dP[off + j];
+  dot = warp_sum(dot);
+  // Each element is read and rewritten by the same lane, after the warp's dot is complete.
+  for (int64_t j = lane; j < d.T; j += 32) {
+    const float p = to_float(P[off + j]);
+    P[off + j] = from_float<T>(j <= t ? p * (dP[off + j] - dot) * scale : 0.0f);
+  }
+}
+
+unsigned blocks(int64_t threads) {
+  return static_cast<unsigned>(ceil_div<int64_t>(threads, kThreads));
+}
+
+// Batched row-major product over the BH heads (contract in model/cuda/gemm.h).
+void head_gemm(const void* a, bool ta, int64_t sa, const void* b, bool tb, int64_t sb, void* c,
+               int64_t sc, DType c_type, int64_t m, int64_t n, int64_t k, const Dims& d, DType act,
+               void* stream) {
+  GemmArgs g;
+  g.a = a;
+  g.trans_a = ta;
+  g.b = b;
+  g.trans_b = tb;
+  g.c = c;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.ab = act;
+  g.c_type = c_type;
+  g.batch = d.BH;
+  g.stride_a = sa;
+  g.stride_b = sb;
+  g.stride_c = sc;
+  gemm(g, stream);
+}
+
+// Scratch pieces, carved in one fixed order (ScratchCarver), for the size queries and launches.
+template <typename T>
+struct ForwardScratch {
+  T *q, *k, *v, *P, *O;
+  float* S;
+  size_t bytes;
+  ForwardScratch(void* base, const Dims& d) {
+    ScratchCarver sc(base);
+    q = sc.take<T>(d.BH * d.sHd);
+    k = sc.take<T>(d.BH * d.sHd);
+    v = sc.take<T>(d.BH * d.sHd);
+    S = sc.take<float>(d.BH * d.sTT);
+    P = sc.take<T>(d.BH * d.sTT);
+    O = sc.take<T>(d.BH * d.sHd);
+    bytes = sc.bytes();
+  }
+};
+
+template <typename T>
+struct BackwardScratch {
+  T *q, *k, *v, *dO, *P;
+  float *S, *dQ, *dK, *dV;
+  size_t bytes;
+  BackwardScratch(void* base, const Dims& d) {
+    ScratchCarver sc(base);
+    q = sc.take<T>(d.BH * d.sHd);
+    k = sc.take<T>(d.BH * d.sHd);
+    v = sc.take<T>(d.BH * d.sHd);
+    dO = sc.take<T>(d.BH * d.sHd);
+    S = sc.take<float>(d.BH * d.sTT);
+    P = sc.take<T>(d.BH * d.sTT);
+    dQ = sc.take<float>(d.BH * d.sHd);
+    dK = sc.take<float>(d.BH * d.sHd);
+    dV = sc.take<float>(d.BH * d.sHd);
+    bytes = sc.bytes();
+  }
+};
+
+template <typename T>
+void split_heads(const T* qkv, T* q, T* k, T* v, const Dims& d, cudaStream_t st) {
+  T* parts[3] = {q, k, v};
+  for (int p = 0; p < 3; ++p) {
+    to_heads_kernel<T><<<blocks(d.B * d.T * d.C), kThreads, 0, st>>>(qkv + p * d.C, 3 * d.C,
+                                                                     parts[p], d);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+template <typename T>
+void forward(const T* qkv, T* out, float* lse, void* scratch, const Dims& d, float scale,
+             DType act, cudaStream_t st) {
+  ForwardScratch<T> s(scratch, d);
+  split_heads(qkv, s.q, s.k, s.v, d, st);
+  head_gemm(s.q, false, d.sHd, s.k, true, d.sHd, s.S, d.sTT, DType::kF32, d.T, d.T, d.HS, d, act,
+            st);
+  causal_softmax_kernel<T><<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.S, s.P, lse, d, scale);
+  CUDA_CHECK_LAUNCH();
+  head_gemm(s.P, false, d.sTT, s.v, false, d.sHd, s.O, d.sHd, act, d.T, d.HS, d.T, d, act, st);
+  from_heads_kernel<T, T, false><<<blocks(d.B * d.T * d.C), kThreads, 0, st>>>(s.O, out, d.C, d);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void backward(const T* qkv, const float* lse, const T* dout, T* dqkv, void* scratch, const Dims& d,
+              float scale, DType act, cudaStream_t st) {
+  BackwardScratch<T> s(scratch, d);
+  split_heads(qkv, s.q, s.k, s.v, d, st);
+  to_heads_kernel<T><<<blocks(d.B * d.T * d.C), kThreads, 0, st>>>(dout, d.C, s.dO, d);
+  CUDA_CHECK_LAUNCH();
+  head_gemm(s.q, false, d.sHd, s.k, true, d.sHd, s.S, d.sTT, DType::kF32, d.T, d.T, d.HS, d, act,
+            st);
+  probs_from_lse_kernel<T><<<blocks(d.BH * d.T * d.T), kThreads, 0, st>>>(s.S, lse, s.P, d, scale);
+  CUDA_CHECK_LAUNCH();
+  // dV = Pᵀ·dO, then dP = dO·Vᵀ into S's buffer (S is no longer needed).
+  head_gemm(s.P, true, d.sTT, s.dO, false, d.sHd, s.dV, d.sHd, DType::kF32, d.T, d.HS, d.T, d, act,
+            st);
+  head_gemm(s.dO, false, d.sHd, s.v, true, d.sHd, s.S, d.sTT, DType::kF32, d.T, d.T, d.HS, d, act,
+            st);
+  softmax_backward_kernel<T><<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.P, s.S, d, scale);
+  CUDA_CHECK_LAUNCH();
+  head_gemm(s.P, false, d.sTT, s.k, false, d.sHd, s.dQ, d.sHd, DType::kF32, d.T, d.HS, d.T, d, act,
+            st);
+  head_gemm(s.P, true, d.sTT, s.q, false, d.sHd, s.dK, d.sHd, DType::kF32, d.T, d.HS, d.T, d, act,
+            st);
+  const float* grads[3] = {s.dQ, s.dK, s.dV};
+  for (int p = 0; p < 3; ++p) {
+    from_heads_kernel<float, T, true>
+        <<<blocks(d.B * d.T * d.C), kThreads, 0, st>>>(grads[p], dqkv + p * d.C, 3 * d.C, d);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+float score_scale(int64_t HS) { return 1.0f / sqrtf(static_cast<float>(HS)); }
+
+}  // namespace
+
+int64_t attention_forward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t HS,
+                                        DType act) {
+  int64_t bytes = 0;
+  dispatch_act("causal_attention", act, [&](auto tag) {
+    bytes = static_cast<int64_t>(ForwardScratch<decltype(tag)>(nullptr, Dims(B, Tlen, NH, HS)).bytes);
+  });
+  return bytes;
+}
+
+int64_t attention_backward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t HS,
+                                         DType act) {
+  int64_t bytes = 0;
+  dispatch_act("causal_attention", act, [&](auto tag) {
+    bytes =
+        static_cast<int64_t>(BackwardScratch<decltype(tag)>(nullptr, Dims(B, Tlen, NH, HS)).bytes);
+  });
+  return bytes;
+}
+
+void attention_forward(const void* qkv, void* out, float* lse, void* scratch, int64_t B,
+                       int64_t Tlen, int64_t NH, int64_t HS, DType act, void* stream) {
+  if (B * Tlen * NH * HS == 0) return;
+  GTRON_CHECK(scratch != nullptr, "causal_attention: forward needs scratch");
+  dispatch_act("causal_attention", act, [&](auto tag) {
+    using T = decltype(tag);
+    forward<T>(static_cast<const T*>(qkv), static_cast<T*>(out), lse, scratch,
+               Dims(B, Tlen, NH, HS), score_scale(HS), act, static_cast<cudaStream_t>(stream));
+  });
+}
+
+void attention_backward(const void* qkv, const float* lse, const void* dout, void* dqkv,
+                        void* scratch, int64_t B, int64_t Tlen, int64_t NH, int64_t HS, DType act,
+                        void* stream) {
+  if (B * Tlen * NH * HS == 0) return;
+  GTRON_CHECK(scratch != nullptr, "causal_attention: backward needs scratch");
+  dispatch_act("causal_attention", act, [&](auto tag) {
+    using T = decltype(tag);
+    backward<T>(static_cast<const T*>(qkv), lse, static_cast<const T*>(dout), static_cast<T*>(dqkv),
+                scratch, Dims(B, Tlen, NH, HS), score_scale(HS), act,
+                static_cast<cudaStream_t>(stream));
+  });
+}
+
+}  // namespace gtron::cuda

@@ -1,0 +1,102 @@
+// GELU (tanh approximation) on CUDA. Memory-bound elementwise: thread i owns elements
+// [i·kV, i·kV + kV), moved as 16-byte packs when every operand is aligned, the last partial pack
+// element by element. fp32 math with the accurate tanhf (not the fast approximation), so f32
+// results track the CPU kernel to a few ulps.
+#include "model/cuda/kernel_util.cuh"
+#include "model/ops/gelu.h"
+
+namespace gtron::cuda {
+
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;  // sqrt(2/π)
+constexpr float kCubic = 0.044715f;
+constexpr float kCubic3 = static_cast<float>(3 * 0.044715);
+
+__device__ __forceinline__ float gelu(float x) {
+  const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+// gelu'(x) = ½(1 + tanh u) + ½·x·(1 − tanh²u)·sqrt(2/π)·(1 + 3·0.044715·x²)
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float th = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
+  const float du = kSqrt2OverPi * (1.0f + kCubic3 * x * x);
+  return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+}
+
+template <typename T, int kV>
+__global__ void gelu_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
+  const int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kV;
+  if (base + kV <= n) {
+    float v[kV];
+    load_floats<kV>(x + base, v);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) v[k] = gelu(v[k]);
+    store_floats<kV>(y + base, v);
+  } else {
+    for (int64_t e = base; e < n; ++e) y[e] = from_float<T>(gelu(to_float(x[e])));
+  }
+}
+
+template <typename T, int kV>
+__global__ void gelu_backward_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                                     T* __restrict__ dx, int64_t n) {
+  const int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kV;
+  if (base + kV <= n) {
+    float v[kV], d[kV];
+    load_floats<kV>(x + base, v);
+    load_floats<kV>(dy + base, d);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) v[k] = gelu_grad(v[k]) * d[k];
+    add_floats<kV>(dx + base, v);
+  } else {
+    for (int64_t e = base; e < n; ++e) {
+      dx[e] = from_float<T>(to_float(dx[e]) + gelu_grad(to_float(x[e])) * to_float(dy[e]));
+    }
+  }
+}
+
+// Blocks of 256 threads covering n elements at kV per thread.
+unsigned blocks_for(int64_t n, int kV) {
+  return static_cast<unsigned>(ceil_div<int64_t>(ceil_div<int64_t>(n, kV), 256));
+}
+
+}  // namespace
+
+void gelu_forward(const void* x, void* y, int64_t n, DType act, void* stream) {
+  if (n == 0) return;
+  dispatch_act("gelu", act, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kV = kPack<T>;
+    const auto* xp = static_cast<const T*>(x);
+    auto* yp = static_cast<T*>(y);
+    auto st = static_cast<cudaStream_t>(stream);
+    if (is_aligned(x, 16) && is_aligned(y, 16)) {
+      gelu_forward_kernel<T, kV><<<blocks_for(n, kV), 256, 0, st>>>(xp, yp, n);
+    } else {
+      gelu_forward_kernel<T, 1><<<blocks_for(n, 1), 256, 0, st>>>(xp, yp, n);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void gelu_backward(const void* x, const void* dy, void* dx, int64_t n, DType act, void* stream) {
+  if (n == 0) return;
+  dispatch_act("gelu", act, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kV = kPack<T>;
+    const auto* xp = static_cast<const T*>(x);
+    const auto* dyp = static_cast<const T*>(dy);
+    auto* dxp = static_cast<T*>(dx);
+    auto st = static_cast<cudaStream_t>(stream);
+    if (is_aligned(x, 16) && is_aligned(dy, 16) && is_aligned(dx, 16)) {
+      gelu_backward_kernel<T, kV><<<blocks_for(n, kV), 256, 0, st>>>(xp, dyp, dxp, n);
+    } else {
+      gelu_backward_kernel<T, 1><<<blocks_for(n, 1), 256, 0, st>>>(xp, dyp, dxp, n);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace gtron::cuda

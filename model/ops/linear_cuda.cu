@@ -1,0 +1,110 @@
+// linear on CUDA: three cuBLASLt GEMMs (model/cuda/gemm.h) plus the bias pieces.
+//
+//   forward  y  = x · wᵀ (+ b)   GEMM (M, N, K) = (N, Cout, Cin), B transposed; bias epilogue
+//   backward dx += dy · w        GEMM (N, Cin, Cout), beta = 1, C in act
+//            dw += dyᵀ · x       GEMM (Cout, Cin, N), A transposed, beta = 1, C in f32 or act
+//            db += Σ_rows dy     deterministic column sum (model/cuda/column_sum.cuh)
+#include "model/cuda/column_sum.cuh"
+#include "model/cuda/gemm.h"
+#include "model/cuda/kernel_util.cuh"
+#include "model/ops/linear.h"
+
+namespace gtron::cuda {
+
+namespace {
+
+// y[r, c] += bias[c] for an fp32 bias on bf16 activations (cuBLASLt's epilogue reads the bias in
+// the output type).
+template <typename T>
+__global__ void add_bias_kernel(T* y, const float* __restrict__ bias, int64_t N, int64_t C) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= N * C) return;
+  y[e] = from_float<T>(to_float(y[e]) + bias[e % C]);
+}
+
+// The column-sum term of db: dy[r, c].
+template <typename T>
+struct RowTerm {
+  const T* dy;
+  int64_t C;
+  __device__ void operator()(int64_t r, int64_t c, float (&t)[1]) const {
+    t[0] = to_float(dy[r * C + c]);
+  }
+};
+
+}  // namespace
+
+void linear_forward(const void* x, const void* w, const void* bias, DType bias_dtype, void* y,
+                    int64_t N, int64_t Cin, int64_t Cout, DType act, void* stream) {
+  GTRON_CHECK(act == DType::kF32 || act == DType::kBF16, "linear: CUDA activations are f32 or ",
+              "bf16; got ", dtype_name(act));
+  const bool fused_bias = bias != nullptr && bias_dtype == act;
+  GTRON_CHECK(bias == nullptr || fused_bias || bias_dtype == DType::kF32, "linear: bias ",
+              dtype_name(bias_dtype), " with ", dtype_name(act), " activations");
+  GemmArgs g;
+  g.a = x;
+  g.b = w;
+  g.trans_b = true;  // w is stored [Cout, Cin]
+  g.c = y;
+  g.m = N;
+  g.n = Cout;
+  g.k = Cin;
+  g.ab = act;
+  g.c_type = act;
+  g.bias = fused_bias ? bias : nullptr;
+  gemm(g, stream);
+  if (bias != nullptr && !fused_bias && N * Cout > 0) {
+    constexpr int kThreads = 256;
+    add_bias_kernel<bf16><<<static_cast<unsigned>(ceil_div<int64_t>(N * Cout, kThreads)), kThreads,
+                            0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<bf16*>(y), static_cast<const float*>(bias), N, Cout);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+int64_t linear_backward_scratch_floats(int64_t N, int64_t Cout) {
+  return column_scratch_floats(N, Cout, 1);
+}
+
+void linear_backward(const void* x, const void* w, const void* dy, void* dx, void* dw,
+                     DType dw_dtype, float* db, float* scratch, int64_t N, int64_t Cin,
+                     int64_t Cout, DType act, void* stream) {
+  GTRON_CHECK(act == DType::kF32 || act == DType::kBF16, "linear: CUDA activations are f32 or ",
+              "bf16; got ", dtype_name(act));
+  if (dx != nullptr) {
+    GemmArgs g;
+    g.a = dy;
+    g.b = w;
+    g.c = dx;
+    g.m = N;
+    g.n = Cin;
+    g.k = Cout;
+    g.ab = act;
+    g.c_type = act;
+    g.beta = 1.0f;
+    gemm(g, stream);
+  }
+  if (dw != nullptr) {
+    GemmArgs g;
+    g.a = dy;
+    g.trans_a = true;  // dy is stored [N, Cout] = [K, M]
+    g.b = x;           // x is stored [N, Cin] = [K, N]
+    g.c = dw;
+    g.m = Cout;
+    g.n = Cin;
+    g.k = N;
+    g.ab = act;
+    g.c_type = dw_dtype;  // gemm() checks it is f32 or act
+    g.beta = 1.0f;
+    gemm(g, stream);
+  }
+  if (db != nullptr) {
+    dispatch_act("linear", act, [&](auto tag) {
+      using T = decltype(tag);
+      column_sums<1>(RowTerm<T>{static_cast<const T*>(dy), Cout}, N, Cout, scratch, db, nullptr,
+                     static_cast<cudaStream_t>(stream));
+    });
+  }
+}
+
+}  // namespace gtron::cuda

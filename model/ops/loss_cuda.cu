@@ -1,0 +1,289 @@
+// Cross-entropy and scale on CUDA.
+//
+// Cross-entropy runs three kernels, all stream-ordered, none needing a host sync:
+// 1. count (one block): counts unmasked rows into count[0] and traps on a bad target.
+// 2. rows (one block per row): an online max / sum-of-exp over the first V columns in one read
+//    (each thread keeps (m, s) and rescales s when m grows; the block then merges the pairs in a
+//    fixed xor-butterfly tree), writing rmax and rlse. In the fused mode a second walk over the row
+//    (an L2 hit) turns each logit into its probability once and accumulates the gradient.
+// 3. finalize (one block): loss = Σ_rows (rlse − (logit[target] − rmax)) / count, in a fixed order.
+// The backward (unfused) kernel recomputes p = exp(logit − rmax − rlse) from the statistics.
+// Masked rows (kMaskedTarget) are skipped everywhere; the padded tail [V, Vp) is never touched.
+#include <cmath>
+#include <cstdio>
+
+#include "model/cuda/kernel_util.cuh"
+#include "model/ops/loss.h"
+
+namespace gtron::cuda {
+
+namespace {
+
+constexpr int kRowThreads = 256;
+constexpr int kOneBlock = 1024;
+
+__device__ __forceinline__ void online_update(float& m, float& s, float x) {
+  if (x > m) {
+    s = s * expf(m - x) + 1.0f;  // m = −inf at start: s = 0·0 + 1
+    m = x;
+  } else {
+    s += expf(x - m);
+  }
+}
+
+// Merges (om, os) into (m, s). Symmetric up to commutative additions, so both lanes of a
+// butterfly pair end with the same bits.
+__device__ __forceinline__ void merge(float& m, float& s, float om, float os) {
+  const float M = fmaxf(m, om);
+  if (M == -INFINITY) return;  // both sides empty
+  s = s * expf(m - M) + os * expf(om - M);
+  m = M;
+}
+
+__device__ __forceinline__ void warp_merge(float& m, float& s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, o);
+    const float os = __shfl_xor_sync(0xffffffffu, s, o);
+    merge(m, s, om, os);
+  }
+}
+
+__global__ void count_kernel(const int32_t* __restrict__ targets, int64_t N, int64_t V,
+                             int32_t* __restrict__ count) {
+  int total = 0;
+  for (int64_t base = 0; base < N; base += blockDim.x) {
+    const int64_t i = base + threadIdx.x;
+    int32_t t = kMaskedTarget;
+    if (i < N) t = targets[i];
+    if (t != kMaskedTarget && (t < 0 || t >= V)) {
+      printf("cross_entropy: target %d at row %lld outside [0, %lld) and not masked\n", t,
+             static_cast<long long>(i), static_cast<long long>(V));
+      __trap();
+    }
+    total += __syncthreads_count(t != kMaskedTarget);
+  }
+  if (threadIdx.x == 0) count[0] = total;
+}
+
+// One block per row. kGrad: also accumulate the gradient (the fused mode).
+template <typename T, int kV, bool kGrad>
+__global__ void rows_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
+                            float* __restrict__ rmax, float* __restrict__ rlse,
+                            const int32_t* __restrict__ count, T* __restrict__ dlogits,
+                            const float* __restrict__ dloss, int64_t V, int64_t Vp) {
+  __shared__ float warp_m[32], warp_s[32];
+  const int64_t i = blockIdx.x;
+  const int32_t tgt = targets[i];
+  if (tgt == kMaskedTarget) return;  // the whole block leaves together
+  const T* row = logits + i * Vp;
+  const int64_t vec_end = V / kV * kV;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * kV;
+  float m = -INFINITY, s = 0.0f;
+  for (int64_t j = static_cast<int64_t>(threadIdx.x) * kV; j < vec_end; j += step) {
+    float v[kV];
+    load_floats<kV>(row + j, v);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) online_update(m, s, v[k]);
+  }
+  for (int64_t j = vec_end + threadIdx.x; j < V; j += blockDim.x) online_update(m, s, to_float(row[j]));
+  warp_merge(m, s);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) {
+    warp_m[warp] = m;
+    warp_s[warp] = s;
+  }
+  __syncthreads();
+  const bool has = lane < static_cast<int>(blockDim.x / 32);
+  m = has ? warp_m[lane] : -INFINITY;
+  s = has ? warp_s[lane] : 0.0f;
+  warp_merge(m, s);  // every warp merges the same values: all threads agree
+  const float lse = logf(s);
+  if (threadIdx.x == 0) {
+    rmax[i] = m;
+    rlse[i] = lse;
+  }
+  if constexpr (kGrad) {
+    const float g = dloss[0] / static_cast<float>(count[0]);
+    T* drow = dlogits + i * Vp;
+    for (int64_t j = static_cast<int64_t>(threadIdx.x) * kV; j < vec_end; j += step) {
+      float v[kV];
+      load_floats<kV>(row + j, v);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) v[k] = (expf(v[k] - m - lse) - (j + k == tgt ? 1.0f : 0.0f)) * g;
+      add_floats<kV>(drow + j, v);
+    }
+    for (int64_t j = vec_end + threadIdx.x; j < V; j += blockDim.x) {
+      const float p = expf(to_float(row[j]) - m - lse) - (j == tgt ? 1.0f : 0.0f);
+      drow[j] = from_float<T>(to_float(drow[j]) + p * g);
+    }
+  }
+}
+
+template <typename T>
+__global__ void finalize_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
+                                const float* __restrict__ rmax, const float* __restrict__ rlse,
+                                const int32_t* __restrict__ count, float* __restrict__ loss,
+                                int64_t N, int64_t Vp) {
+  __shared__ float smem[32];
+  float part = 0.0f;
+  for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
+    const int32_t t = targets[i];
+    if (t == kMaskedTarget) continue;
+    // −log softmax[target] = log Σ exp(l − m) − (l[target] − m)
+    part += rlse[i] - (to_float(logits[i * Vp + t]) - rmax[i]);
+  }
+  const float total = block_sum(part, smem);
+  if (threadIdx.x == 0) {
+    const int32_t n = count[0];
+    loss[0] = n > 0 ? total / static_cast<float>(n) : 0.0f;
+  }
+}
+
+template <typename T, int kV>
+__global__ void backward_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
+                                const float* __restrict__ rmax, const float* __restrict__ rlse,
+                                const int32_t* __restrict__ count, const float* __restrict__ dloss,
+                                T* __restrict__ dlogits, int64_t V, int64_t Vp) {
+  const int64_t i = blockIdx.x;
+  const int32_t tgt = targets[i];
+  if (tgt == kMaskedTarget) return;
+  const float g = dloss[0] / static_cast<float>(count[0]);
+  const float m = rmax[i];
+  const float l = rlse[i];
+  const T* row = logits + i * Vp;
+  T* drow = dlogits + i * Vp;
+  const int64_t vec_end = V / kV * kV;
+  for (int64_t j = static_cast<int64_t>(threadIdx.x) * kV; j < vec_end;
+       j += static_cast<int64_t>(blockDim.x) * kV) {
+    float v[kV];
+    load_floats<kV>(row + j, v);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) v[k] = (expf(v[k] - m - l) - (j + k == tgt ? 1.0f : 0.0f)) * g;
+    add_floats<kV>(drow + j, v);
+  }
+  for (int64_t j = vec_end + threadIdx.x; j < V; j += blockDim.x) {
+    const float p = expf(to_float(row[j]) - m - l) - (j == tgt ? 1.0f : 0.0f);
+    drow[j] = from_float<T>(to_float(drow[j]) + p * g);
+  }
+}
+
+template <typename T, int kV>
+__global__ void scale_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, float f,
+                             bool accumulate) {
+  const int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kV;
+  if (base + kV <= n) {
+    float v[kV];
+    load_floats<kV>(x + base, v);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) v[k] *= f;
+    if (accumulate) {
+      add_floats<kV>(y + base, v);
+    } else {
+      store_floats<kV>(y + base, v);
+    }
+  } else {
+    for (int64_t e = base; e < n; ++e) {
+      const float v = f * to_float(x[e]);
+      y[e] = from_float<T>(accumulate ? to_float(y[e]) + v : v);
+    }
+  }
+}
+
+// Vector path: rows start 16-byte aligned and every pointer is.
+template <typename T>
+bool rows_packed(int64_t Vp, const void* logits, const void* dlogits) {
+  return Vp % kPack<T> == 0 && is_aligned(logits, 16) && is_aligned(dlogits, 16);
+}
+
+void launch_scale(const void* x, void* y, int64_t n, double s, DType dtype, bool accumulate,
+                  void* stream) {
+  if (n == 0) return;
+  const float f = static_cast<float>(s);
+  dispatch_act("scale", dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kV = kPack<T>;
+    const auto* xp = static_cast<const T*>(x);
+    auto* yp = static_cast<T*>(y);
+    auto st = static_cast<cudaStream_t>(stream);
+    if (is_aligned(x, 16) && is_aligned(y, 16)) {
+      const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(ceil_div<int64_t>(n, kV), 256));
+      scale_kernel<T, kV><<<blocks, 256, 0, st>>>(xp, yp, n, f, accumulate);
+    } else {
+      const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(n, 256));
+      scale_kernel<T, 1><<<blocks, 256, 0, st>>>(xp, yp, n, f, accumulate);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+void cross_entropy_forward(const void* logits, const int32_t* targets, float* rmax, float* rlse,
+                           int32_t* count, float* loss, void* dlogits, const float* dloss,
+                           int64_t N, int64_t V, int64_t Vp, DType act, void* stream) {
+  GTRON_CHECK(V > 0 && V <= Vp, "cross_entropy: V = ", V, " outside (0, Vp = ", Vp, "]");
+  GTRON_CHECK(dlogits == nullptr || dloss != nullptr, "cross_entropy: fused mode needs dloss");
+  auto st = static_cast<cudaStream_t>(stream);
+  count_kernel<<<1, kOneBlock, 0, st>>>(targets, N, V, count);
+  CUDA_CHECK_LAUNCH();
+  dispatch_act("cross_entropy", act, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kV = kPack<T>;
+    const auto* lp = static_cast<const T*>(logits);
+    auto* dp = static_cast<T*>(dlogits);
+    if (N > 0) {
+      const bool packed = rows_packed<T>(Vp, logits, dlogits);
+      const auto grid = static_cast<unsigned>(N);
+      if (dlogits != nullptr && packed) {
+        rows_kernel<T, kV, true>
+            <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dp, dloss, V, Vp);
+      } else if (dlogits != nullptr) {
+        rows_kernel<T, 1, true>
+            <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dp, dloss, V, Vp);
+      } else if (packed) {
+        rows_kernel<T, kV, false>
+            <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dp, dloss, V, Vp);
+      } else {
+        rows_kernel<T, 1, false>
+            <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dp, dloss, V, Vp);
+      }
+      CUDA_CHECK_LAUNCH();
+    }
+    finalize_kernel<T><<<1, kOneBlock, 0, st>>>(lp, targets, rmax, rlse, count, loss, N, Vp);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void cross_entropy_backward(const void* logits, const int32_t* targets, const float* rmax,
+                            const float* rlse, const int32_t* count, const float* dloss,
+                            void* dlogits, int64_t N, int64_t V, int64_t Vp, DType act,
+                            void* stream) {
+  if (N == 0) return;
+  dispatch_act("cross_entropy", act, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kV = kPack<T>;
+    const auto* lp = static_cast<const T*>(logits);
+    auto* dp = static_cast<T*>(dlogits);
+    auto st = static_cast<cudaStream_t>(stream);
+    const auto grid = static_cast<unsigned>(N);
+    if (rows_packed<T>(Vp, logits, dlogits)) {
+      backward_kernel<T, kV>
+          <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dloss, dp, V, Vp);
+    } else {
+      backward_kernel<T, 1>
+          <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dloss, dp, V, Vp);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void scale_forward(const void* x, void* y, int64_t n, double s, DType dtype, void* stream) {
+  launch_scale(x, y, n, s, dtype, false, stream);
+}
+
+void scale_backward(const void* dy, void* dx, int64_t n, double s, DType dtype, void* stream) {
+  launch_scale(dy, dx, n, s, dtype, true, stream);
+}
+
+}  // namespace gtron::cuda

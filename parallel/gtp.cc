@@ -1,0 +1,282 @@
+#include "parallel/gtp.h"
+
+#include <functional>
+
+#include "model/ops/add.h"
+#include "model/stream.h"
+
+namespace gtron::parallel {
+
+using memory::Direction;
+
+namespace {
+constexpr int kFwd = 0, kBwd = 1;
+int slot(Direction d) { return d == Direction::kForward ? kFwd : kBwd; }
+memory::ElemType f32_elem() { return {static_cast<int32_t>(DType::kF32), 4}; }
+}  // namespace
+
+struct GtpWeights::Info {
+  Parameter* p = nullptr;
+  int64_t id = 0;
+  int64_t rows = 0, padded_rows = 0, cols = 0, shard_rows = 0;
+  int chain_index = -1;
+  memory::Ticket ticket[2];
+  bool armed[2] = {false, false};  // a gather was issued for the next use in this direction
+  Work gather_work[2];
+  int uses_left = 0;             // uses of this backward not finalized yet
+  int fwd_uses = 0;              // forward uses in this pass
+  int bwd_uses = 0;              // backward uses started in this pass
+  void* active_send = nullptr;   // the send buffer of the use whose backward is running
+  memory::PoolKey key;
+};
+
+struct GtpWeights::Pending {
+  Info* in = nullptr;
+  void* send = nullptr;
+  Tensor recv;  // [shard_rows * cols]
+  Work work;
+};
+
+GtpWeights::GtpWeights(const std::vector<Parameter*>& sharded, Communicator* gtp, GtpOptions opt)
+    : gtp_(gtp),
+      opt_(opt),
+      cache_(memory::make_host_buffer_backend()),
+      pool_(memory::make_host_buffer_backend()) {
+  GTRON_CHECK(gtp_ != nullptr, "GTP needs a communicator");
+  const int64_t G = gtp_->size();
+  const int64_t group = static_cast<int64_t>(std::hash<std::string>()(gtp_->name()) & 0xffffff);
+  for (size_t i = 0; i < sharded.size(); ++i) {
+    Parameter* p = sharded[i];
+    GTRON_CHECK(p->data.dtype() == DType::kF32 && p->data.device().is_cpu() && p->data.rank() == 2,
+                "GTP shards CPU fp32 matrices; ", p->name, " is not one");
+    auto in = std::make_unique<Info>();
+    in->p = p;
+    in->id = static_cast<int64_t>(i);
+    in->rows = p->data.dim(0);
+    in->cols = p->data.dim(1);
+    in->padded_rows = (in->rows + G - 1) / G * G;
+    in->shard_rows = in->padded_rows / G;
+    in->key = memory::PoolKey{in->padded_rows * in->cols, f32_elem(), group};
+    Info* raw = in.get();
+    info_[p] = std::move(in);
+    Tensor shard = shard_of(p, p->data);
+    p->data = shard;
+    p->main_grad = Tensor::zeros(shard.shape(), DType::kF32);
+    (void)raw;
+  }
+}
+
+GtpWeights::~GtpWeights() {
+  for (auto& [p, in] : info_) {
+    in->gather_work[kFwd].synchronize();
+    in->gather_work[kBwd].synchronize();
+  }
+  for (Pending& pend : pending_) pend.work.synchronize();
+}
+
+GtpWeights::Info& GtpWeights::info(const Parameter* p) {
+  auto it = info_.find(p);
+  GTRON_CHECK(it != info_.end(), p->name, " is not a GTP-sharded weight");
+  return *it->second;
+}
+
+int64_t GtpWeights::full_rows(const Parameter* p) const { return info_.at(p)->rows; }
+
+Tensor GtpWeights::shard_of(const Parameter* p, const Tensor& full) const {
+  const Info& in = *info_.at(p);
+  GTRON_CHECK(full.numel() == in.rows * in.cols, "shard_of ", p->name, ": ", full.shape().str());
+  Tensor shard = Tensor::zeros({in.shard_rows, in.cols}, DType::kF32);
+  const int64_t lo = gtp_->rank() * in.shard_rows;
+  const int64_t hi = std::min(lo + in.shard_rows, in.rows);
+  if (hi > lo) {
+    Tensor dst = shard.rows(0, hi - lo);
+    dst.copy_from(full.view({in.rows, in.cols}).rows(lo, hi));
+  }
+  return shard;
+}
+
+Tensor GtpWeights::gather_full(const Parameter* p, const Tensor& shard) {
+  const Info& in = *info_.at(p);
+  Tensor padded = Tensor::empty({in.padded_rows, in.cols}, DType::kF32);
+  Tensor out = padded.view({in.padded_rows * in.cols});
+  gtp_->all_gather(shard.view({in.shard_rows * in.cols}), out).synchronize();
+  return padded.rows(0, in.rows).clone();
+}
+
+std::vector<std::string> GtpWeights::chain_names() const {
+  std::vector<std::string> names;
+  for (const Info* in : chain_) names.push_back(in->p->name);
+  return names;
+}
+
+void GtpWeights::set_capturing(bool capturing) { pool_.set_capturing(capturing); }
+
+void GtpWeights::gather(Info& in, Direction dir, bool async) {
+  const int s = slot(dir);
+  if (!in.ticket[s].valid()) {
+    in.ticket[s] = cache_.ticket(in.id, dir, in.padded_rows * in.cols, f32_elem());
+  }
+  void* buf = cache_.buffer(in.ticket[s]);
+  // A weight of the same shape may hold this buffer with a prefetch pending: cancel it (wait for
+  // it first so the two gathers never write at once); that weight will gather on demand.
+  auto occ = occupant_.find(buf);
+  if (occ != occupant_.end() && occ->second != std::make_pair(&in, dir)) {
+    Info* other = occ->second.first;
+    const int os = slot(occ->second.second);
+    if (other->armed[os]) {
+      other->gather_work[os].synchronize();
+      other->armed[os] = false;
+    }
+  }
+  occupant_[buf] = {&in, dir};
+  in.p->make_ready();  // the shard may be waiting for its DP gather (Note [readiness])
+  Tensor out = Tensor::from_blob(buf, {in.padded_rows * in.cols}, DType::kF32);
+  Work w = gtp_->all_gather(in.p->data.view({in.shard_rows * in.cols}), out);
+  ++stats_.gathers_issued;
+  if (async) {
+    in.armed[s] = true;
+    in.gather_work[s] = w;
+  } else {
+    w.wait(current_stream(Device::cpu()));
+    in.armed[s] = false;
+  }
+}
+
+Tensor GtpWeights::materialize(Info& in, Direction dir) {
+  const int s = slot(dir);
+  if (in.armed[s]) {
+    in.gather_work[s].wait(current_stream(Device::cpu()));
+    in.gather_work[s] = Work();
+    in.armed[s] = false;
+    ++stats_.prefetch_hits;
+  } else {
+    gather(in, dir, /*async=*/false);
+  }
+  void* buf = cache_.buffer(in.ticket[s]);
+  return Tensor::from_blob(buf, {in.padded_rows, in.cols}, DType::kF32).rows(0, in.rows);
+}
+
+void GtpWeights::prefetch(int chain_index, Direction dir) {
+  if (!chain_done_) return;
+  const int j = dir == Direction::kForward ? chain_index + 1 : chain_index - 1;
+  if (j < 0 || j >= static_cast<int>(chain_.size())) return;
+  Info& next = *chain_[j];
+  const bool use_ahead = dir == Direction::kForward ? next.fwd_uses == 0 : next.bwd_uses < next.fwd_uses;
+  if (use_ahead && !next.armed[slot(dir)]) gather(next, dir, /*async=*/true);
+}
+
+void GtpWeights::cancel_prefetches() {
+  for (auto& [p, in] : info_) {
+    for (int s : {kFwd, kBwd}) {
+      if (!in->armed[s]) continue;
+      in->gather_work[s].synchronize();
+      in->gather_work[s] = Work();
+      in->armed[s] = false;
+    }
+    in->fwd_uses = 0;
+    in->bwd_uses = 0;
+  }
+}
+
+void GtpWeights::begin_forward() { cancel_prefetches(); }
+
+Var GtpWeights::use(Parameter& p) {
+  Info& in = info(&p);
+  if (in.chain_index < 0) {
+    GTRON_CHECK(!chain_done_, p.name, " first used after the chain was recorded");
+    in.chain_index = static_cast<int>(chain_.size());
+    if (!chain_.empty()) cache_.declare_neighbors(chain_.back()->id, in.id);
+    chain_.push_back(&in);
+  }
+  ++in.fwd_uses;
+  Tensor full = materialize(in, Direction::kForward);
+  prefetch(in.chain_index, Direction::kForward);
+  Var v = Var::external(full);
+  if (v.requires_grad()) {
+    ++in.uses_left;
+    Info* pin = &in;
+    record_backward([this, pin, v] { post_backward(*pin, v); });
+  }
+  return v;
+}
+
+void GtpWeights::used(Parameter& p, const Var& v) {
+  if (!v.requires_grad()) return;
+  Info* pin = &info(&p);
+  record_backward([this, pin, v] { pre_backward(*pin, v); });
+}
+
+void GtpWeights::pre_backward(Info& in, const Var& v) {
+  GTRON_CHECK(in.active_send == nullptr, "nested backward of ", in.p->name);
+  ++in.bwd_uses;
+  v.set_value(materialize(in, Direction::kBackward));
+  prefetch(in.chain_index, Direction::kBackward);
+  // Note [GTP repeated backward]: drain our own in-flight reduce-scatter and reuse its buffer.
+  if (opt_.reuse_repeated_send_buffer && !pool_.capturing() && !pool_.has_free(in.key)) {
+    for (auto it = pending_.rbegin(); it != pending_.rend(); ++it) {
+      if (it->in != &in) continue;
+      Pending pend = std::move(*it);
+      pending_.erase(std::next(it).base());
+      finalize(pend);
+      ++stats_.reused_send_buffers;
+      break;
+    }
+  }
+  in.active_send = pool_.acquire(in.key);
+  Tensor send = Tensor::from_blob(in.active_send, {in.padded_rows, in.cols}, DType::kF32);
+  send.zero_();  // the wgrad accumulates (+=); the padding rows stay zero
+  v.set_grad(send.rows(0, in.rows));
+}
+
+void GtpWeights::post_backward(Info& in, const Var& v) {
+  GTRON_CHECK(in.active_send != nullptr, "backward of ", in.p->name, " ran without its send buffer");
+  Pending pend;
+  pend.in = &in;
+  pend.send = in.active_send;
+  in.active_send = nullptr;
+  pend.recv = Tensor::empty({in.shard_rows * in.cols}, DType::kF32);
+  Tensor send = Tensor::from_blob(pend.send, {in.padded_rows * in.cols}, DType::kF32);
+  pend.work = gtp_->reduce_scatter(send, pend.recv, ReduceOp::kSum);
+  ++stats_.reduce_scatters;
+  v.set_grad(Tensor());  // the Var no longer points into pool or cache buffers
+  v.set_value(Tensor());
+  pending_.push_back(std::move(pend));
+  // Deferred finalize: this backward finalizes the other weights' pending reduce-scatters; the
+  // chain head (the last backward of a pass) finalizes its own at once.
+  Info* self = &in;
+  finalize_where([self](const Pending& q) { return q.in != self; });
+  if (in.chain_index == 0) finalize_where([self](const Pending& q) { return q.in == self; });
+}
+
+void GtpWeights::finalize(Pending& pend) {
+  pend.work.synchronize();
+  Info& in = *pend.in;
+  const int64_t n = in.shard_rows * in.cols;
+  cpu::accumulate<float>(in.p->main_grad.data<float>(), pend.recv.data<float>(), n);
+  pool_.release(in.key, pend.send);
+  GTRON_CHECK(in.uses_left > 0, "more finalizes than uses of ", in.p->name);
+  if (--in.uses_left == 0 && in.p->grad_ready) in.p->grad_ready();
+}
+
+void GtpWeights::finalize_where(const std::function<bool(const Pending&)>& pred) {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (pred(*it)) {
+      Pending pend = std::move(*it);
+      it = pending_.erase(it);
+      finalize(pend);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void GtpWeights::finish_backward() {
+  finalize_where([](const Pending&) { return true; });
+  chain_done_ = true;
+  cancel_prefetches();
+  for (auto& [p, in] : info_) {
+    GTRON_CHECK(in->active_send == nullptr, "backward of ", p->name, " did not finish");
+  }
+}
+
+}  // namespace gtron::parallel

@@ -1,0 +1,126 @@
+// Generalized Tensor Parallelism: per-weight sharding over the GTP group, prefetched all-gathers
+// and deferred reduce-scatters (DESIGN.md, "GTP").
+//
+// Sharding. A sharded weight of dim0 = n is padded with zero rows to n' (a multiple of G) and cut
+// along dim0: rank r keeps rows [r·n'/G, (r+1)·n'/G) as its Parameter::data (main_grad alike).
+// The padding rows stay zero forever: the wgrad never writes them and AdamW keeps zeros at zero.
+//
+// Forward use of weight i (use()): make sure its gather is done (a prefetch issued for this use,
+// or a synchronous gather now), hand the ops a Var over the full buffer, and — once the first
+// forward has recorded the chain (the order of first use) — start the async gather of weight i+1,
+// after calling i+1's ready callback (its DP gather may still be pending: Note [readiness] in
+// parallel/ddp.h). A use with no prefetch issued for it (a repeat use under MTP) gathers on demand.
+// A prefetch is issued only for a use still to come in this pass (forward: i+1 not used yet;
+// backward: i−1 has backward uses left), and a new pass cancels what an earlier pass left armed:
+// a gather never serves a use after the optimizer changed the weight.
+//
+// Backward of a use, in two halves around the use's own op backward:
+// - before (recorded by used()): gather the full weight again (prefetched or on demand), bind it
+//   as the Var's value, prefetch weight i−1, and bind a zeroed send buffer as the Var's grad slot;
+// - after (recorded by use()): start the async reduce-scatter (sum) of the send buffer into a
+//   shard-sized buffer, then finalize the pending reduce-scatters of the other weights (deferred
+//   finalize: wait, add into main_grad, release the send buffer, and — when the weight has no use
+//   left in this backward — fire its DDP grad-ready hook). The chain head finalizes at once.
+// finish_backward() drains everything still pending. The loss seed carries 1/(accum·world), so
+// the reduced shards are means.
+//
+// Note [GTP repeated backward]
+// The output head (tied to the embedding by default) gets 1 + D consecutive backwards per
+// micro-batch under MTP; each arrives while the previous one's reduce-scatter is still in flight.
+// Each use has its own send buffer and its own reduce-scatter, so no gradient is lost, but the
+// pool would grow by one vocab×hidden buffer per depth. With `reuse_repeated_send_buffer`, when
+// the pool has no free buffer for the key and this weight's own reduce-scatter is in flight, that
+// reduce-scatter is finalized first (its completion is waited on the compute stream) and its
+// buffer, now on top of the LIFO, is reused. Never under graph capture (a data-dependent host
+// branch); there warmup must have filled the pool. Losses are bit-identical either way.
+//
+// Gather buffers come from the ticket cache (memory/weight_cache.h): stable per (weight,
+// direction); chain neighbours never share. Weights of one shape may share a buffer otherwise, so
+// a gather into a shared buffer cancels the pending prefetch of the weight that held it (that
+// weight then gathers again on demand): nobody reads a buffer not gathered for its use.
+//
+// Thread safety: one thread (the training thread) drives a GtpWeights.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "memory/lifo_pool.h"
+#include "memory/weight_cache.h"
+#include "model/layers.h"
+#include "parallel/communicator.h"
+
+namespace gtron::parallel {
+
+struct GtpOptions {
+  bool reuse_repeated_send_buffer = true;
+};
+
+struct GtpStats {
+  int64_t gathers_issued = 0;   // all-gathers started (sync or prefetch)
+  int64_t prefetch_hits = 0;    // uses served by a prefetch
+  int64_t reduce_scatters = 0;  // reduce-scatters started
+  int64_t reused_send_buffers = 0;
+};
+
+class GtpWeights : public WeightAccess {
+ public:
+  // Shards `sharded` in place (every rank passes identical full values: the init is a function of
+  // (seed, name)). REQUIRES: CPU fp32 parameters; `gtp` outlives this object.
+  GtpWeights(const std::vector<Parameter*>& sharded, Communicator* gtp, GtpOptions opt = {});
+  ~GtpWeights() override;
+
+  Var use(Parameter& p) override;
+  void used(Parameter& p, const Var& v) override;
+  // Cancels prefetches left from an earlier pass and restarts the per-pass use counts.
+  void begin_forward() override;
+  // Finalizes every pending reduce-scatter (call after each micro-batch's backward).
+  void finish_backward();
+
+  bool is_sharded(const Parameter* p) const { return info_.count(p) > 0; }
+  int64_t full_rows(const Parameter* p) const;
+  // The full [n, cols] value of a sharded tensor laid out like p's shard (data, or optimizer
+  // state of the same shape): all-gather over the group. Collective.
+  Tensor gather_full(const Parameter* p, const Tensor& shard);
+  // This rank's rows of a full [n, cols] tensor, zero-padded: the inverse of gather_full.
+  Tensor shard_of(const Parameter* p, const Tensor& full) const;
+
+  const GtpStats& stats() const { return stats_; }
+  memory::PoolStats pool_stats() const { return pool_.stats(); }
+  // The recorded forward chain (parameter names in order of first use).
+  std::vector<std::string> chain_names() const;
+  void set_capturing(bool capturing);
+
+ private:
+  struct Info;
+  struct Pending;
+  Info& info(const Parameter* p);
+  // Gathers p's shard into its (direction) buffer: prefetch (async) or now (sync).
+  void gather(Info& in, memory::Direction dir, bool async);
+  // Waits for p's gather for this use in `dir` (issuing it now if none is pending).
+  Tensor materialize(Info& in, memory::Direction dir);
+  void prefetch(int chain_index, memory::Direction dir);
+  void cancel_prefetches();
+  void post_backward(Info& in, const Var& v);
+  void pre_backward(Info& in, const Var& v);
+  void finalize(Pending& pend);
+  void finalize_where(const std::function<bool(const Pending&)>& pred);
+
+  Communicator* gtp_;
+  GtpOptions opt_;
+  std::unordered_map<const Parameter*, std::unique_ptr<Info>> info_;
+  std::vector<Info*> chain_;  // forward order of first use
+  bool chain_done_ = false;   // the first forward recorded the chain
+  memory::WeightCache cache_;
+  memory::LifoPool pool_;
+  std::deque<Pending> pending_;
+  std::unordered_map<void*, std::pair<Info*, memory::Direction>> occupant_;  // buffer -> holder
+  GtpStats stats_;
+};
+
+}  // namespace gtron::parallel

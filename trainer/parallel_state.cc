@@ -1,0 +1,173 @@
+#include "trainer/parallel_state.h"
+
+#include <cmath>
+
+namespace gtron {
+
+namespace {
+
+// Sharded under GTP: every matrix except the positions (linear weights, embedding, output head).
+bool is_sharded_kind(const Parameter* p) { return p->data.rank() == 2 && p->name != "wpe.weight"; }
+
+parallel::DdpOptions ddp_options(const Config& cfg) {
+  return parallel::DdpOptions{cfg.parallel.distributed_optimizer, cfg.parallel.overlap_param_gather,
+                              static_cast<size_t>(cfg.parallel.bucket_mb * (1 << 20))};
+}
+
+}  // namespace
+
+ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid)
+    : model_(model), grid_(grid) {
+  const bool gtp = grid_ != nullptr && grid_->layout.gtp_size > 1;
+  std::vector<Parameter*> sharded, whole;
+  for (Parameter* p : model.parameters()) (gtp && is_sharded_kind(p) ? sharded : whole).push_back(p);
+  if (gtp) {
+    gtp_ = std::make_unique<parallel::GtpWeights>(
+        sharded, grid_->gtp.get(),
+        parallel::GtpOptions{cfg.parallel.gtp_reuse_repeated_send_buffer});
+    model.set_weight_access(gtp_.get());
+    parts_.push_back({std::make_unique<parallel::DataParallel>(sharded, grid_->dp.get(),
+                                                               ddp_options(cfg)),
+                      0, sharded});
+    parts_.push_back({std::make_unique<parallel::DataParallel>(whole, grid_->world.get(),
+                                                               ddp_options(cfg)),
+                      0, whole});
+  } else {
+    parallel::Communicator* dp = grid_ ? grid_->dp.get() : &self_;
+    parts_.push_back(
+        {std::make_unique<parallel::DataParallel>(whole, dp, ddp_options(cfg)), 0, whole});
+  }
+  for (Part& part : parts_) {
+    part.state_offset = owned_numel_;
+    for (parallel::OwnedSegment s : part.dp->owned()) {
+      s.state_offset += part.state_offset;
+      owned_.push_back(s);
+    }
+    owned_numel_ += part.dp->owned_numel();
+  }
+}
+
+ParallelState::~ParallelState() { model_.set_weight_access(nullptr); }
+
+void ParallelState::zero_grads() {
+  for (Part& part : parts_) part.dp->zero_grads();
+}
+
+void ParallelState::set_last_microbatch(bool last) {
+  for (Part& part : parts_) part.dp->set_last_microbatch(last);
+}
+
+void ParallelState::finish_backward() {
+  if (gtp_) gtp_->finish_backward();
+}
+
+void ParallelState::finish_grads() {
+  for (Part& part : parts_) part.dp->finish_grads();
+}
+
+double ParallelState::grad_norm() {
+  double total = 0;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    double s = parts_[i].dp->grad_square_sum();
+    // The sharded part's sum covers this rank's shards: add the other GTP ranks' shards.
+    if (gtp_ && i == 0) {
+      Tensor t = Tensor::from_vector({s}, {1}, DType::kF64);
+      grid_->gtp->all_reduce(t, parallel::ReduceOp::kSum).synchronize();
+      s = t.item();
+    }
+    total += s;
+  }
+  return std::sqrt(total);
+}
+
+void ParallelState::after_update() {
+  for (Part& part : parts_) part.dp->after_update();
+}
+
+void ParallelState::ensure_all_ready() {
+  for (Part& part : parts_) part.dp->ensure_all_ready();
+}
+
+ParallelState::Part* ParallelState::part_of(const Parameter* p) {
+  for (Part& part : parts_) {
+    for (const Parameter* q : part.params)
+      if (q == p) return &part;
+  }
+  GTRON_CHECK(false, "parameter ", p->name, " is in no data-parallel part");
+}
+
+std::vector<NamedTensor> ParallelState::full_parameters() {
+  ensure_all_ready();
+  std::vector<NamedTensor> out;
+  for (Parameter* p : model_.parameters()) {
+    out.push_back({p->name, gtp_ && gtp_->is_sharded(p) ? gtp_->gather_full(p, p->data)
+                                                        : p->data.clone()});
+  }
+  return out;
+}
+
+Tensor ParallelState::full_of(Part& part, const Tensor& owned_slice, const Parameter* p,
+                              const Tensor& flat) {
+  (void)owned_slice;
+  const int64_t off = part.dp->flat_offset(p);
+  Tensor view = flat.rows(off, off + p->data.numel()).view(p->data.shape());
+  return gtp_ && gtp_->is_sharded(p) ? gtp_->gather_full(p, view) : view.clone();
+}
+
+std::vector<NamedTensor> ParallelState::full_moments(const Tensor& m, const Tensor& v) {
+  std::vector<NamedTensor> ms, vs;
+  for (Part& part : parts_) {
+    const int64_t n = part.dp->owned_numel();
+    Tensor m_slice = m.rows(part.state_offset, part.state_offset + n);
+    Tensor v_slice = v.rows(part.state_offset, part.state_offset + n);
+    Tensor m_flat = part.dp->gather_owned(m_slice);
+    Tensor v_flat = part.dp->gather_owned(v_slice);
+    for (Parameter* p : part.params) {
+      ms.push_back({"m." + p->name, full_of(part, m_slice, p, m_flat)});
+      vs.push_back({"v." + p->name, full_of(part, v_slice, p, v_flat)});
+    }
+  }
+  ms.insert(ms.end(), vs.begin(), vs.end());
+  return ms;
+}
+
+void ParallelState::load(const CheckpointTensors& c, const std::string& dir, Tensor& m, Tensor& v) {
+  const std::string model_file = dir + "/model.safetensors";
+  const std::string opt_file = dir + "/optimizer.safetensors";
+  for (Part& part : parts_) {
+    Tensor m_flat = Tensor::zeros({std::max<int64_t>(part.dp->flat_numel(), 1)}, DType::kF32);
+    Tensor v_flat = Tensor::zeros({std::max<int64_t>(part.dp->flat_numel(), 1)}, DType::kF32);
+    for (Parameter* p : part.params) {
+      const bool sharded = gtp_ && gtp_->is_sharded(p);
+      const Shape full_shape =
+          sharded ? Shape{gtp_->full_rows(p), p->data.dim(1)} : p->data.shape();
+      auto local = [&](const Tensor& full) { return sharded ? gtp_->shard_of(p, full) : full; };
+      p->data.copy_from(local(checked_tensor(c.params, p->name, full_shape, model_file)));
+      const int64_t off = part.dp->flat_offset(p);
+      const int64_t n = p->data.numel();
+      Tensor mv = m_flat.rows(off, off + n);
+      mv.copy_from(local(checked_tensor(c.moments, "m." + p->name, full_shape, opt_file)));
+      Tensor vv = v_flat.rows(off, off + n);
+      vv.copy_from(local(checked_tensor(c.moments, "v." + p->name, full_shape, opt_file)));
+    }
+    const int64_t n = part.dp->owned_numel();
+    Tensor m_slice = m.rows(part.state_offset, part.state_offset + n);
+    Tensor v_slice = v.rows(part.state_offset, part.state_offset + n);
+    part.dp->scatter_to_owned(m_flat, m_slice);
+    part.dp->scatter_to_owned(v_flat, v_slice);
+  }
+}
+
+std::vector<std::pair<std::string, double>> ParallelState::metrics() const {
+  if (!gtp_) return {};
+  const parallel::GtpStats& s = gtp_->stats();
+  const memory::PoolStats pool = gtp_->pool_stats();
+  double max_per_key = 0;
+  for (const auto& k : pool.keys) max_per_key = std::max(max_per_key, static_cast<double>(k.held));
+  return {{"send_pool_bytes", static_cast<double>(pool.bytes_held)},
+          {"send_pool_buffers_max_per_key", max_per_key},
+          {"gtp_gathers", static_cast<double>(s.gathers_issued)},
+          {"gtp_prefetch_hits", static_cast<double>(s.prefetch_hits)}};
+}
+
+}  // namespace gtron

@@ -1,0 +1,72 @@
+// The parallel layout of one training run, behind one interface the training loop drives:
+// - world 1: one DataParallel over a SelfCommunicator (the plain path);
+// - DP only (parallel.gtp = 1): one DataParallel over the DP group;
+// - DP × GTP: the sharded weights (parallel/gtp.h) train on their shards, data-parallel over the
+//   DP group; the whole parameters (norms, biases, positions) are replicated on every rank and
+//   data-parallel over the world (their gradients are summed over DP × GTP).
+// The optimizer sees the owned segments of both, with state offsets laid end to end.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/gpt.h"
+#include "parallel/ddp.h"
+#include "parallel/grid.h"
+#include "parallel/gtp.h"
+#include "parallel/self_communicator.h"
+#include "trainer/checkpoint.h"
+#include "trainer/config.h"
+
+namespace gtron {
+
+class ParallelState {
+ public:
+  // `grid` null: a single process. Shards the model's weights when parallel.gtp > 1.
+  ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid);
+  ~ParallelState();
+
+  void zero_grads();
+  void set_last_microbatch(bool last);
+  // After each micro-batch's backward: drains GTP's pending reduce-scatters.
+  void finish_backward();
+  // After the last micro-batch: waits for every DP reduction.
+  void finish_grads();
+  // The global gradient norm (the same on every rank).
+  double grad_norm();
+  const std::vector<parallel::OwnedSegment>& owned() const { return owned_; }
+  int64_t owned_numel() const { return owned_numel_; }
+  void after_update();
+  void ensure_all_ready();
+
+  // Checkpoints (collective: every rank calls them). Full, unsharded tensors by name.
+  std::vector<NamedTensor> full_parameters();
+  // "m.<name>" for every parameter, then "v.<name>", from the optimizer's owned state.
+  std::vector<NamedTensor> full_moments(const Tensor& m, const Tensor& v);
+  void load(const CheckpointTensors& c, const std::string& dir, Tensor& m, Tensor& v);
+
+  // metrics.jsonl extras (GTP pool bytes, buffers per key, gathers, prefetch hits).
+  std::vector<std::pair<std::string, double>> metrics() const;
+  parallel::GtpWeights* gtp() { return gtp_.get(); }
+
+ private:
+  struct Part {  // one DataParallel and where its state starts in the optimizer's arrays
+    std::unique_ptr<parallel::DataParallel> dp;
+    int64_t state_offset = 0;
+    std::vector<Parameter*> params;
+  };
+  Part* part_of(const Parameter* p);
+  Tensor full_of(Part& part, const Tensor& owned_slice, const Parameter* p, const Tensor& flat);
+
+  GPT& model_;
+  parallel::Grid* grid_;
+  parallel::SelfCommunicator self_;
+  std::unique_ptr<parallel::GtpWeights> gtp_;
+  std::vector<Part> parts_;
+  std::vector<parallel::OwnedSegment> owned_;
+  int64_t owned_numel_ = 0;
+};
+
+}  // namespace gtron
