@@ -94,8 +94,9 @@ void column_sums(const Term& term, int64_t N, int64_t C, float* partial, float* 
   column_partials_kernel<K><<<grid, block, 0, stream>>>(term, N, C, rows_per_chunk, partial);
   CUDA_CHECK_LAUNCH();
   constexpr int kThreads = 256;
-  column_finish_kernel<K><<<static_cast<unsigned>(ceil_div<int64_t>(C, kThreads)), kThreads, 0,
-                            stream>>>(partial, chunks, C, out0, out1);
+  column_finish_kernel<K>
+      <<<static_cast<unsigned>(ceil_div<int64_t>(C, kThreads)), kThreads, 0, stream>>>(
+          partial, chunks, C, out0, out1);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -13,8 +13,6 @@
 // - The result is [N×M] column-major with leading dimension N, i.e. row-major C[M, N]; cuBLAS's
 //   (m, n, k) is our (N, M, K). The bias epilogue adds a vector along cuBLAS's rows, which are
 //   our columns: bias[N] on every row, as nn.Linear wants.
-#include "model/cuda/gemm.h"
-
 #include <cublasLt.h>
 
 #include <array>
@@ -23,11 +21,12 @@
 #include <mutex>
 
 #include "model/cuda/check.cuh"
+#include "model/cuda/gemm.h"
 
-#define CUBLAS_CHECK(expr)                                                                   \
-  do {                                                                                       \
-    cublasStatus_t st_ = (expr);                                                             \
-    GTRON_CHECK_CALL(st_ == CUBLAS_STATUS_SUCCESS, #expr, cublasLtGetStatusString(st_));     \
+#define CUBLAS_CHECK(expr)                                                               \
+  do {                                                                                   \
+    cublasStatus_t st_ = (expr);                                                         \
+    GTRON_CHECK_CALL(st_ == CUBLAS_STATUS_SUCCESS, #expr, cublasLtGetStatusString(st_)); \
   } while (0)
 
 namespace gtron::cuda {
@@ -193,8 +192,10 @@ void gemm(const GemmArgs& g, void* stream) {
   Layout out(ct, g.n, g.m, g.batch, g.stride_c);
 
   MatmulDesc desc;
-  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
-  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, static_cast<int32_t>(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSA,
+           static_cast<int32_t>(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSB,
+           static_cast<int32_t>(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
   if (g.bias != nullptr) {
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BIAS));
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
@@ -205,10 +206,22 @@ void gemm(const GemmArgs& g, void* stream) {
   const uint32_t align2 = alignment(g.a, g.batch, g.stride_a * ab_size);
   const uint32_t align_c = alignment(g.c, g.batch, g.stride_c * c_size);
   const uint32_t align_bias = g.bias ? alignment(g.bias, 1, 0) : 0;
-  const GemmKey key = {g.m,        g.n,         g.k,       g.batch,  g.stride_a,
-                       g.stride_b, g.stride_c,  g.trans_a, g.trans_b, static_cast<int64_t>(g.ab),
-                       static_cast<int64_t>(g.c_type),     align1,   align2,
-                       align_c,    align_bias,  g.bias != nullptr};
+  const GemmKey key = {g.m,
+                       g.n,
+                       g.k,
+                       g.batch,
+                       g.stride_a,
+                       g.stride_b,
+                       g.stride_c,
+                       g.trans_a,
+                       g.trans_b,
+                       static_cast<int64_t>(g.ab),
+                       static_cast<int64_t>(g.c_type),
+                       align1,
+                       align2,
+                       align_c,
+                       align_bias,
+                       g.bias != nullptr};
   cublasLtMatmulAlgo_t algo;
   if (!ctx.find(key, &algo)) {
     Preference pref;

@@ -36,8 +36,8 @@ struct GemmArgs {
   bool trans_b = false;
   void* c = nullptr;  // [M, N], read when beta != 0
   int64_t m = 0, n = 0, k = 0;
-  DType ab = DType::kF32;       // element type of A and B: f32 or bf16
-  DType c_type = DType::kF32;   // f32, or bf16 when ab is bf16
+  DType ab = DType::kF32;      // element type of A and B: f32 or bf16
+  DType c_type = DType::kF32;  // f32, or bf16 when ab is bf16
   float alpha = 1.0f;
   float beta = 0.0f;
   const void* bias = nullptr;  // [N] in c_type, or null

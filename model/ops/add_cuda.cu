@@ -35,7 +35,8 @@ void launch(const void* a, const void* b, void* y, int64_t n, void* stream) {
   auto* yp = static_cast<T*>(y);
   auto st = static_cast<cudaStream_t>(stream);
   if (is_aligned(a, 16) && is_aligned(b, 16) && is_aligned(y, 16)) {
-    const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(ceil_div<int64_t>(n, kV), kThreads));
+    const auto blocks =
+        static_cast<unsigned>(ceil_div<int64_t>(ceil_div<int64_t>(n, kV), kThreads));
     add_kernel<T, kV><<<blocks, kThreads, 0, st>>>(ap, bp, yp, n);
   } else {
     const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(n, kThreads));

@@ -20,7 +20,8 @@ Var causal_attention(const Var& qkv, int NH) {
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(Shape{B, Tlen, C}, qkv.dtype(), dev, &s);
   // [B, NH, T] log-sum-exps, kept for the backward; fp32 on CUDA.
-  Tensor lse = Tensor::empty(Shape{B, NH, Tlen}, dev.is_cuda() ? DType::kF32 : qkv.dtype(), dev, &s);
+  Tensor lse =
+      Tensor::empty(Shape{B, NH, Tlen}, dev.is_cuda() ? DType::kF32 : qkv.dtype(), dev, &s);
   if (dev.is_cuda()) {
     Tensor scratch =
         scratch_bytes(cuda::attention_forward_scratch_bytes(B, Tlen, NH, HS, qkv.dtype()), s);
@@ -42,8 +43,8 @@ Var causal_attention(const Var& qkv, int NH) {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
       if (out.device().is_cuda()) {
-        Tensor scratch = scratch_bytes(
-            cuda::attention_backward_scratch_bytes(B, Tlen, NH, HS, out.dtype()), s);
+        Tensor scratch =
+            scratch_bytes(cuda::attention_backward_scratch_bytes(B, Tlen, NH, HS, out.dtype()), s);
         cuda::attention_backward(qkv.value().raw(), lse.data<float>(), out.grad().raw(),
                                  qkv.grad().raw(), scratch.raw(), B, Tlen, NH, HS, out.dtype(),
                                  s.native());

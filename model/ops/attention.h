@@ -32,8 +32,7 @@ namespace cuda {
 // the probabilities from it. Scores, log-sum-exps and softmax math are fp32; with bf16, the
 // probabilities and dS enter their GEMMs rounded to bf16. `scratch` holds
 // attention_{forward,backward}_scratch_bytes(...) bytes (O(B·NH·Tlen²): see attention_cuda.cu).
-int64_t attention_forward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t HS,
-                                        DType act);
+int64_t attention_forward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t HS, DType act);
 int64_t attention_backward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t HS,
                                          DType act);
 void attention_forward(const void* qkv, void* out, float* lse, void* scratch, int64_t B,

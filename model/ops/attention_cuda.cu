@@ -37,7 +37,13 @@ int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
 struct Dims {
   int64_t B, T, NH, HS, C, BH, sHd, sTT;
   Dims(int64_t b, int64_t t, int64_t nh, int64_t hs)
-      : B(b), T(t), NH(nh), HS(hs), C(nh * hs), BH(b * nh), sHd(round8(t * hs)),
+      : B(b),
+        T(t),
+        NH(nh),
+        HS(hs),
+        C(nh * hs),
+        BH(b * nh),
+        sHd(round8(t * hs)),
         sTT(round8(t * t)) {}
 };
 
@@ -190,15 +196,15 @@ template <typename T>
 void split_heads(const T* qkv, T* q, T* k, T* v, const Dims& d, cudaStream_t st) {
   T* parts[3] = {q, k, v};
   for (int p = 0; p < 3; ++p) {
-    to_heads_kernel<T><<<blocks(d.B * d.T * d.C), kThreads, 0, st>>>(qkv + p * d.C, 3 * d.C,
-                                                                     parts[p], d);
+    to_heads_kernel<T>
+        <<<blocks(d.B * d.T * d.C), kThreads, 0, st>>>(qkv + p * d.C, 3 * d.C, parts[p], d);
     CUDA_CHECK_LAUNCH();
   }
 }
 
 template <typename T>
-void forward(const T* qkv, T* out, float* lse, void* scratch, const Dims& d, float scale,
-             DType act, cudaStream_t st) {
+void forward(const T* qkv, T* out, float* lse, void* scratch, const Dims& d, float scale, DType act,
+             cudaStream_t st) {
   ForwardScratch<T> s(scratch, d);
   split_heads(qkv, s.q, s.k, s.v, d, st);
   head_gemm(s.q, false, d.sHd, s.k, true, d.sHd, s.S, d.sTT, DType::kF32, d.T, d.T, d.HS, d, act,
@@ -248,7 +254,8 @@ int64_t attention_forward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int
                                         DType act) {
   int64_t bytes = 0;
   dispatch_act("causal_attention", act, [&](auto tag) {
-    bytes = static_cast<int64_t>(ForwardScratch<decltype(tag)>(nullptr, Dims(B, Tlen, NH, HS)).bytes);
+    bytes =
+        static_cast<int64_t>(ForwardScratch<decltype(tag)>(nullptr, Dims(B, Tlen, NH, HS)).bytes);
   });
   return bytes;
 }

@@ -46,8 +46,8 @@ Var concat_features(const Var& a, const Var& b) {
       Stream& s = current_stream(out.device());
       if (out.device().is_cuda()) {
         cuda::concat_backward(out.grad().raw(), a.requires_grad() ? a.grad().raw() : nullptr,
-                              b.requires_grad() ? b.grad().raw() : nullptr, N, Ca, Cb,
-                              out.dtype(), s.native());
+                              b.requires_grad() ? b.grad().raw() : nullptr, N, Ca, Cb, out.dtype(),
+                              s.native());
         return;
       }
       dispatch_float(out.dtype(), [&](auto tag) {

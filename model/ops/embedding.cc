@@ -12,8 +12,8 @@ namespace {
 void check_tokens_on_host(const Tensor& tokens, int64_t V) {
   const int32_t* tp = tokens.data<int32_t>();
   for (int64_t i = 0; i < tokens.numel(); ++i) {
-    GTRON_CHECK(tp[i] >= 0 && tp[i] < V, "embedding: token ", tp[i], " at row ", i,
-                " outside [0, ", V, ")");
+    GTRON_CHECK(tp[i] >= 0 && tp[i] < V, "embedding: token ", tp[i], " at row ", i, " outside [0, ",
+                V, ")");
   }
 }
 

@@ -8,10 +8,9 @@
 // order and adding each dy row into a register copy of the dtable row, then storing it once.
 // For f32 this is the CPU kernel's exact sequence of additions. Cost: one sort of N keys of
 // ceil(log2 V) bits, then each dy row is read once.
-#include <cub/device/device_radix_sort.cuh>
-
 #include <climits>
 #include <cstdio>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "model/cuda/kernel_util.cuh"
 #include "model/ops/embedding.h"
@@ -209,8 +208,7 @@ void add_positions_forward(const void* x, const void* wpe, DType wpe_dtype, void
     const auto* pp = static_cast<const P*>(wpe);
     auto* yp = static_cast<T*>(y);
     auto st = static_cast<cudaStream_t>(stream);
-    if (C % kV == 0 && is_aligned(x, 16) && is_aligned(y, 16) &&
-        is_aligned(wpe, sizeof(P) * kV)) {
+    if (C % kV == 0 && is_aligned(x, 16) && is_aligned(y, 16) && is_aligned(wpe, sizeof(P) * kV)) {
       const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(n / kV, kThreads));
       add_positions_forward_kernel<T, P, kV><<<blocks, kThreads, 0, st>>>(xp, pp, yp, n, Tlen * C);
     } else {

@@ -46,12 +46,11 @@ Var linear(const Var& x, const Var& w, const Var& b) {
         Tensor scratch;
         if (want_db) scratch = scratch_floats(cuda::linear_backward_scratch_floats(N, Cout), s);
         Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
-        cuda::linear_backward(x.value().raw(), w.value().raw(), out.grad().raw(),
-                              x.requires_grad() ? x.grad().raw() : nullptr,
-                              dw ? dw->raw() : nullptr, dw ? dw->dtype() : DType::kF32,
-                              want_db ? f32_grad("linear bias", b.grad()) : nullptr,
-                              want_db ? scratch.data<float>() : nullptr, N, Cin, Cout,
-                              out.dtype(), s.native());
+        cuda::linear_backward(
+            x.value().raw(), w.value().raw(), out.grad().raw(),
+            x.requires_grad() ? x.grad().raw() : nullptr, dw ? dw->raw() : nullptr,
+            dw ? dw->dtype() : DType::kF32, want_db ? f32_grad("linear bias", b.grad()) : nullptr,
+            want_db ? scratch.data<float>() : nullptr, N, Cin, Cout, out.dtype(), s.native());
         return;
       }
       dispatch_float(out.dtype(), [&](auto tag) {

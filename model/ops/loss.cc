@@ -26,11 +26,11 @@ Var cross_entropy_cuda(const Var& logits, const Tensor& targets, int64_t N, int6
                        Stream& s) {
   Device dev = logits.device();
   if (targets.device().is_cpu()) check_targets_on_host(targets, V);
-  Tensor tg = ids_on_device(targets, s);                             // [N] i32
-  Tensor loss = Tensor::empty(Shape{}, DType::kF32, dev, &s);        // scalar
-  Tensor rmax = Tensor::empty(Shape{N}, DType::kF32, dev, &s);       // [N], kept for backward
-  Tensor rlse = Tensor::empty(Shape{N}, DType::kF32, dev, &s);       // [N], kept for backward
-  Tensor count = Tensor::empty(Shape{1}, DType::kI32, dev, &s);      // unmasked rows
+  Tensor tg = ids_on_device(targets, s);                         // [N] i32
+  Tensor loss = Tensor::empty(Shape{}, DType::kF32, dev, &s);    // scalar
+  Tensor rmax = Tensor::empty(Shape{N}, DType::kF32, dev, &s);   // [N], kept for backward
+  Tensor rlse = Tensor::empty(Shape{N}, DType::kF32, dev, &s);   // [N], kept for backward
+  Tensor count = Tensor::empty(Shape{1}, DType::kI32, dev, &s);  // unmasked rows
   cuda::cross_entropy_forward(logits.value().raw(), tg.data<int32_t>(), rmax.data<float>(),
                               rlse.data<float>(), count.data<int32_t>(), loss.data<float>(),
                               nullptr, nullptr, N, V, Vp, logits.dtype(), s.native());
@@ -58,9 +58,10 @@ Var cross_entropy(const Var& logits, const Tensor& targets, int64_t V) {
   lead.pop_back();
   GTRON_CHECK(V > 0 && V <= Vp, "cross_entropy: V = ", V, " outside (0, Vp = ", Vp, "]");
   Device dev = logits.device();
-  GTRON_CHECK(targets.dtype() == DType::kI32 && (targets.device().is_cpu() || targets.device() == dev),
-              "cross_entropy: targets must be an i32 tensor on the CPU or the logits' device; got ",
-              targets.device().str(), "/", dtype_name(targets.dtype()));
+  GTRON_CHECK(
+      targets.dtype() == DType::kI32 && (targets.device().is_cpu() || targets.device() == dev),
+      "cross_entropy: targets must be an i32 tensor on the CPU or the logits' device; got ",
+      targets.device().str(), "/", dtype_name(targets.dtype()));
   check_shape("cross_entropy targets", targets.shape(), Shape(lead));
   const int64_t N = targets.numel();
 

@@ -86,7 +86,8 @@ __global__ void rows_kernel(const T* __restrict__ logits, const int32_t* __restr
 #pragma unroll
     for (int k = 0; k < kV; ++k) online_update(m, s, v[k]);
   }
-  for (int64_t j = vec_end + threadIdx.x; j < V; j += blockDim.x) online_update(m, s, to_float(row[j]));
+  for (int64_t j = vec_end + threadIdx.x; j < V; j += blockDim.x)
+    online_update(m, s, to_float(row[j]));
   warp_merge(m, s);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (lane == 0) {

@@ -31,9 +31,9 @@ Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps) {
   Tensor mean = row_stats(x, N, s);  // [N]
   Tensor rstd = row_stats(x, N, s);  // [N]
   if (dev.is_cuda()) {
-    cuda::layernorm_forward(x.value().raw(), gamma.value().raw(), beta.value().raw(),
-                            gamma.dtype(), y.raw(), mean.data<float>(), rstd.data<float>(), N, C,
-                            eps, x.dtype(), s.native());
+    cuda::layernorm_forward(x.value().raw(), gamma.value().raw(), beta.value().raw(), gamma.dtype(),
+                            y.raw(), mean.data<float>(), rstd.data<float>(), N, C, eps, x.dtype(),
+                            s.native());
   } else {
     dispatch_float(x.dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -121,8 +121,7 @@ Var rmsnorm(const Var& x, const Var& gamma, double eps) {
             x.value().raw(), gamma.value().raw(), gamma.dtype(), rrms.data<float>(),
             out.grad().raw(), x.requires_grad() ? x.grad().raw() : nullptr,
             gamma.requires_grad() ? f32_grad("rmsnorm gamma", gamma.grad()) : nullptr,
-            gamma.requires_grad() ? scratch.data<float>() : nullptr, N, C, out.dtype(),
-            s.native());
+            gamma.requires_grad() ? scratch.data<float>() : nullptr, N, C, out.dtype(), s.native());
         return;
       }
       dispatch_float(out.dtype(), [&](auto tag) {

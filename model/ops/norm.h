@@ -52,8 +52,8 @@ int64_t rmsnorm_backward_scratch_floats(int64_t N, int64_t C);
 void layernorm_backward(const void* x, const void* gamma, DType param, const float* mean,
                         const float* rstd, const void* dy, void* dx, float* dgamma, float* dbeta,
                         float* scratch, int64_t N, int64_t C, DType act, void* stream);
-void rmsnorm_forward(const void* x, const void* gamma, DType param, void* y, float* rrms,
-                     int64_t N, int64_t C, double eps, DType act, void* stream);
+void rmsnorm_forward(const void* x, const void* gamma, DType param, void* y, float* rrms, int64_t N,
+                     int64_t C, double eps, DType act, void* stream);
 // Accumulates dx (act) and dgamma (f32); either may be null.
 void rmsnorm_backward(const void* x, const void* gamma, DType param, const float* rrms,
                       const void* dy, void* dx, float* dgamma, float* scratch, int64_t N, int64_t C,

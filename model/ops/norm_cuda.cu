@@ -212,8 +212,8 @@ void layernorm_backward(const void* x, const void* gamma, DType param, const flo
   });
 }
 
-void rmsnorm_forward(const void* x, const void* gamma, DType param, void* y, float* rrms,
-                     int64_t N, int64_t C, double eps, DType act, void* stream) {
+void rmsnorm_forward(const void* x, const void* gamma, DType param, void* y, float* rrms, int64_t N,
+                     int64_t C, double eps, DType act, void* stream) {
   check_sizes("rmsnorm", N, C);
   if (N == 0 || C == 0) return;
   dispatch_act_param("rmsnorm", act, param, [&](auto t, auto p) {

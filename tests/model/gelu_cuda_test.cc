@@ -1,0 +1,23 @@
+// gelu on CUDA against the CPU kernel (GPU test; skipped without a GPU).
+#include <gtest/gtest.h>
+
+#include "model/ops/gelu.h"
+#include "tests/model/cuda_op_check.h"
+#include "tests/model/gradcheck.h"
+
+namespace gtron {
+namespace {
+
+TEST(GeluCuda, MatchesCpu) {
+  GTRON_REQUIRE_GPU();
+  for (int64_t C : {67, 64}) {  // 2479 elements (a partial last pack), then whole packs
+    testing::OpCase c;
+    c.f = [](const std::vector<Var>& in, const std::vector<Var>&) { return gelu(in[0]); };
+    c.inputs = {testing::randn_tensor({37, C}, 1, 2.0)};
+    testing::expect_cuda_matches_cpu(c, DType::kF32, testing::kF32Tol);
+    testing::expect_cuda_matches_cpu(c, DType::kBF16, testing::kBF16Tol);
+  }
+}
+
+}  // namespace
+}  // namespace gtron
