@@ -128,9 +128,9 @@ def regen(runner):
         }
         path = golden_path(name)
         old = json.load(open(path)) if os.path.exists(path) else None
-        with open(path, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
+        with open(path, "w") as f:  # one key per line: diffs stay readable
+            f.write("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in doc.items())
+                    + "\n}\n")
         if old is None:
             print(f"{name}: new golden, {doc['steps']} steps")
         else:

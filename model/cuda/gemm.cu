@@ -232,12 +232,14 @@ void gemm(const GemmArgs& g, void* stream) {
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
     cublasLtMatmulHeuristicResult_t result = {};
     int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.handle(), desc.d, op1.l, op2.l, out.l, out.l,
-                                                pref.p, 1, &result, &found));
-    GTRON_CHECK(found > 0, "gemm: cuBLASLt has no algorithm for m = ", g.m, ", n = ", g.n,
-                ", k = ", g.k, ", batch = ", g.batch, ", A/B ", dtype_name(g.ab), ", C ",
-                dtype_name(g.c_type), ", trans ", g.trans_a, "/", g.trans_b, ", alignments ",
-                align2, "/", align1, "/", align_c);
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        ctx.handle(), desc.d, op1.l, op2.l, out.l, out.l, pref.p, 1, &result, &found);
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(st);
+    GTRON_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
+                "gemm: cuBLASLt has no algorithm for m = ", g.m, ", n = ", g.n, ", k = ", g.k,
+                ", batch = ", g.batch, ", A/B ", dtype_name(g.ab), ", C ", dtype_name(g.c_type),
+                ", trans ", g.trans_a, "/", g.trans_b, ", alignments ", align2, "/", align1, "/",
+                align_c);
     algo = result.algo;
     ctx.remember(key, algo);
   }

@@ -94,7 +94,9 @@ void expect_cuda_matches_cpu(const OpCase& c, DType act, double tol, bool exact)
   for (size_t k = 0; k < cpu.size(); ++k) {
     const std::string name = slot_name(k, c.inputs.size());
     EXPECT_LT(rel_diff(gpu[k], cpu[k]), tol) << name << " (" << dtype_name(act) << ")";
-    if (exact) EXPECT_TRUE(gpu[k] == cpu[k]) << name << " differs from the CPU's bits";
+    if (exact) {
+      EXPECT_TRUE(gpu[k] == cpu[k]) << name << " differs from the CPU's bits";
+    }
     EXPECT_TRUE(gpu[k] == again[k]) << name << " is not bit-identical across two GPU runs";
   }
 }

@@ -2,10 +2,13 @@
 // against the unfused pair (GPU test; skipped without a GPU).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "model/ops/loss.h"
 #include "model/stream.h"
 #include "tests/model/cuda_op_check.h"
 #include "tests/model/gradcheck.h"
+#include "tests/model/op_check.h"
 
 namespace gtron {
 namespace {
@@ -71,8 +74,9 @@ TEST(ScaleCuda, MatchesCpu) {
 }
 
 TEST(CrossEntropyCuda, FusedGradientEqualsForwardThenBackward) {
-  // The fused forward forms each probability from the same in-register statistics that the
-  // unfused forward stores, so loss, count and gradient agree bit for bit.
+  // The fused forward forms each probability from the same statistics that the unfused forward
+  // stores: loss and gradient agree to rounding (the two kernels may contract multiply-adds
+  // differently, so not necessarily bit for bit); masked rows and the padded tail stay zero.
   GTRON_REQUIRE_GPU();
   const Device gpu = Device::cuda(0);
   void* stream = default_stream(gpu).native();
@@ -102,12 +106,14 @@ TEST(CrossEntropyCuda, FusedGradientEqualsForwardThenBackward) {
                                  dloss.data<float>(), split.dlogits.raw(), kN, kV, kVp, act,
                                  stream);
     EXPECT_EQ(fused.count.item(), 31.0);  // 37 rows, 6 masked
-    EXPECT_EQ(fused.loss.item(), split.loss.item());
+    EXPECT_NEAR(fused.loss.item(), split.loss.item(), 1e-6 * std::abs(split.loss.item()));
     const std::vector<double> g = fused.dlogits.to_vector();
-    EXPECT_TRUE(g == split.dlogits.to_vector());
+    EXPECT_LT(testing::rel_diff(g, split.dlogits.to_vector()), testing::kF32Tol);
     for (int64_t i = 0; i < kN; ++i) {
       for (int64_t j = 0; j < kVp; ++j) {
-        if (i % 6 == 5 || j >= kV) EXPECT_EQ(g[i * kVp + j], 0.0) << i << ", " << j;
+        if (i % 6 == 5 || j >= kV) {
+          EXPECT_EQ(g[i * kVp + j], 0.0) << i << ", " << j;
+        }
       }
     }
   }

@@ -105,17 +105,19 @@ TEST(ConfigDefaults, EmptyObjectAndResolvedJsonRoundTrip) {
 
 TEST(ConfigFiles, TinyLoadsAndValidates) {
   const Config c = load_config("configs/tiny.json");
-  EXPECT_EQ(c.model.vocab_size, 64);
+  EXPECT_EQ(c.model.vocab_size, 16);
+  EXPECT_EQ(c.data.synthetic.order, 2);
+  EXPECT_EQ(c.data.synthetic.vocab, 16);
   EXPECT_EQ(c.model.n_layer, 2);
   EXPECT_EQ(c.model.n_head, 4);
   EXPECT_EQ(c.model.n_embd, 64);
   EXPECT_EQ(c.mtp.depth, 1);
   EXPECT_EQ(c.train.seq_len, 64);
-  EXPECT_EQ(c.train.steps, 600);
+  EXPECT_EQ(c.train.steps, 2000);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-3);
-  EXPECT_EQ(c.schedule.warmup_steps, 30);
-  EXPECT_EQ(c.log.every, 10);
-  EXPECT_EQ(c.checkpoint.every, 200);
+  EXPECT_EQ(c.schedule.warmup_steps, 50);
+  EXPECT_EQ(c.log.every, 100);
+  EXPECT_EQ(c.checkpoint.every, 500);
   validate(c, 1);
   validate(c, 2);
   EXPECT_EQ(grad_accum_steps(c, 1), 2);
