@@ -10,7 +10,7 @@ namespace gtron {
 double peak_flops(Device device, bool bf16) {
   if (device.is_cuda()) return bf16 ? 989e12 : 67e12;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return cores * 2.5e9 * 32;
+  return cores * 3.5e9 * 32;
 }
 
 std::string describe_peak(Device device, bool bf16) {
@@ -19,7 +19,7 @@ std::string describe_peak(Device device, bool bf16) {
     std::snprintf(buf, sizeof buf, "%.0f TFLOP/s (H100/H200 %s dense)",
                   peak_flops(device, bf16) / 1e12, bf16 ? "bf16" : "fp32");
   } else {
-    std::snprintf(buf, sizeof buf, "%.0f GFLOP/s (CPU nominal: %u cores x 2.5 GHz x 32 FLOP/cycle)",
+    std::snprintf(buf, sizeof buf, "%.0f GFLOP/s (CPU nominal: %u cores x 3.5 GHz boost x 32 FLOP/cycle, AVX2 FMA)",
                   peak_flops(device, bf16) / 1e9,
                   std::max(1u, std::thread::hardware_concurrency()));
   }

@@ -27,8 +27,9 @@ struct StepMetrics {
   std::vector<std::pair<std::string, double>> extra;  // e.g. send-pool bytes (later issues)
 };
 
-// Peak FLOP/s used for MFU: H100/H200 bf16 dense 989e12, fp32 67e12; CPU: cores x 2.5 GHz x 32
-// fp32 FLOPs/cycle (AVX2, two FMA pipes) — a nominal figure, printed so nobody is misled.
+// Peak FLOP/s used for MFU: H100/H200 bf16 dense 989e12, fp32 67e12; CPU: cores x 3.5 GHz x 32
+// fp32 FLOPs/cycle (AVX2, two FMA pipes) at a 3.5 GHz boost clock — a nominal figure, printed
+// so nobody is misled.
 double peak_flops(Device device, bool bf16);
 std::string describe_peak(Device device, bool bf16);
 

@@ -167,41 +167,13 @@ void check_args(const GemmArgs& g) {
               "; f32 takes f32 C, bf16 takes bf16 or f32 C");
 }
 
-}  // namespace
-
-void gemm(const GemmArgs& g, void* stream) {
-  check_args(g);
-  if (g.m == 0 || g.n == 0) return;
-  if (g.k == 0) {
-    GTRON_CHECK(g.beta == 1.0f && g.bias == nullptr,
-                "gemm: k = 0 leaves alpha·A·B empty; only beta = 1 without bias is supported");
-    return;
-  }
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  GemmContext& ctx = context_for(device);
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-
-  // Note [row-major through column-major cuBLAS]: operand 1 is B, operand 2 is A, result Cᵀ.
-  const cudaDataType_t ab = cuda_type(g.ab);
-  const cudaDataType_t ct = cuda_type(g.c_type);
+// The algorithm for `g`: cached per problem and pointer alignments, else cuBLASLt's first
+// heuristic choice for exactly those alignments (so a cached choice never meets a less aligned
+// operand than it was picked for).
+cublasLtMatmulAlgo_t choose_algo(GemmContext& ctx, const GemmArgs& g, const MatmulDesc& desc,
+                                 const Layout& op1, const Layout& op2, const Layout& out) {
   const int64_t ab_size = dtype_size(g.ab);
   const int64_t c_size = dtype_size(g.c_type);
-  Layout op1(ab, g.trans_b ? g.k : g.n, g.trans_b ? g.n : g.k, g.batch, g.stride_b);
-  Layout op2(ab, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.batch, g.stride_a);
-  Layout out(ct, g.n, g.m, g.batch, g.stride_c);
-
-  MatmulDesc desc;
-  desc.set(CUBLASLT_MATMUL_DESC_TRANSA,
-           static_cast<int32_t>(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
-  desc.set(CUBLASLT_MATMUL_DESC_TRANSB,
-           static_cast<int32_t>(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
-  if (g.bias != nullptr) {
-    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BIAS));
-    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
-    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(ct));
-  }
-
   const uint32_t align1 = alignment(g.b, g.batch, g.stride_b * ab_size);
   const uint32_t align2 = alignment(g.a, g.batch, g.stride_a * ab_size);
   const uint32_t align_c = alignment(g.c, g.batch, g.stride_c * c_size);
@@ -223,26 +195,61 @@ void gemm(const GemmArgs& g, void* stream) {
                        align_bias,
                        g.bias != nullptr};
   cublasLtMatmulAlgo_t algo;
-  if (!ctx.find(key, &algo)) {
-    Preference pref;
-    pref.set64(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kWorkspaceBytes);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align1);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align2);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
-    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
-    cublasLtMatmulHeuristicResult_t result = {};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-        ctx.handle(), desc.d, op1.l, op2.l, out.l, out.l, pref.p, 1, &result, &found);
-    if (st != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(st);
-    GTRON_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
-                "gemm: cuBLASLt has no algorithm for m = ", g.m, ", n = ", g.n, ", k = ", g.k,
-                ", batch = ", g.batch, ", A/B ", dtype_name(g.ab), ", C ", dtype_name(g.c_type),
-                ", trans ", g.trans_a, "/", g.trans_b, ", alignments ", align2, "/", align1, "/",
-                align_c);
-    algo = result.algo;
-    ctx.remember(key, algo);
+  if (ctx.find(key, &algo)) return algo;
+  Preference pref;
+  pref.set64(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kWorkspaceBytes);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align1);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align2);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
+  cublasLtMatmulHeuristicResult_t result = {};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      ctx.handle(), desc.d, op1.l, op2.l, out.l, out.l, pref.p, 1, &result, &found);
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(st);
+  GTRON_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
+              "gemm: cuBLASLt has no algorithm for m = ", g.m, ", n = ", g.n, ", k = ", g.k,
+              ", batch = ", g.batch, ", A/B ", dtype_name(g.ab), ", C ", dtype_name(g.c_type),
+              ", trans ", g.trans_a, "/", g.trans_b, ", alignments ", align2, "/", align1, "/",
+              align_c);
+  ctx.remember(key, result.algo);
+  return result.algo;
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& g, void* stream) {
+  check_args(g);
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) {
+    GTRON_CHECK(g.beta == 1.0f && g.bias == nullptr,
+                "gemm: k = 0 leaves alpha·A·B empty; only beta = 1 without bias is supported");
+    return;
   }
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  GemmContext& ctx = context_for(device);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+
+  // Note [row-major through column-major cuBLAS]: operand 1 is B, operand 2 is A, result Cᵀ.
+  const cudaDataType_t ab = cuda_type(g.ab);
+  const cudaDataType_t ct = cuda_type(g.c_type);
+  Layout op1(ab, g.trans_b ? g.k : g.n, g.trans_b ? g.n : g.k, g.batch, g.stride_b);
+  Layout op2(ab, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.batch, g.stride_a);
+  Layout out(ct, g.n, g.m, g.batch, g.stride_c);
+
+  MatmulDesc desc;
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSA,
+           static_cast<int32_t>(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSB,
+           static_cast<int32_t>(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
+  if (g.bias != nullptr) {
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BIAS));
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(ct));
+  }
+
+  const cublasLtMatmulAlgo_t algo = choose_algo(ctx, g, desc, op1, op2, out);
   CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), desc.d, &g.alpha, g.b, op1.l, g.a, op2.l, &g.beta, g.c,
                               out.l, g.c, out.l, &algo, ctx.workspace(s), kWorkspaceBytes, s));
 }
