@@ -11,27 +11,13 @@
 
 #include "model/ops/linear.h"
 #include "parallel/gloo_communicator.h"
+#include "tests/parallel/ranks.h"
 #include "parallel/self_communicator.h"
 
 namespace gtron::parallel {
 namespace {
 
-void run_ranks(int n, const std::function<void(int, StoreClient&)>& fn) {
-  StoreServer server;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        StoreClient store("127.0.0.1", server.port(), std::chrono::seconds(5),
-                          std::chrono::seconds(15));
-        fn(r, store);
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << r << ": " << e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-}
+using test_util::run_ranks;
 
 // Counts the reductions a DataParallel starts (decorates a real communicator).
 class Counting : public Communicator {

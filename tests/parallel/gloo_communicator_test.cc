@@ -17,6 +17,7 @@
 #include "model/check.h"
 #include "model/stream.h"
 #include "model/tensor.h"
+#include "tests/parallel/ranks.h"
 
 namespace gtron::parallel {
 namespace {
@@ -29,22 +30,9 @@ GlooOptions test_options() {
   return o;
 }
 
-// Runs fn(rank, store) on n threads, one store client each, against one server.
+// Ranks as threads; a failing rank fails the test instead of hanging it.
 void run_ranks(int n, const std::function<void(int rank, StoreClient& store)>& fn) {
-  StoreServer server;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        StoreClient store("127.0.0.1", server.port(), std::chrono::seconds(5),
-                          std::chrono::seconds(15));
-        fn(r, store);
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << r << ": " << e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  test_util::run_ranks(n, fn, std::chrono::seconds(15));
 }
 
 std::vector<double> values(const Tensor& t) { return t.to_vector(); }

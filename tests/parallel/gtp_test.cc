@@ -12,26 +12,12 @@
 
 #include "model/gpt.h"
 #include "parallel/gloo_communicator.h"
+#include "tests/parallel/ranks.h"
 
 namespace gtron::parallel {
 namespace {
 
-void run_ranks(int n, const std::function<void(int, StoreClient&)>& fn) {
-  StoreServer server;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        StoreClient store("127.0.0.1", server.port(), std::chrono::seconds(5),
-                          std::chrono::seconds(30));
-        fn(r, store);
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << r << ": " << e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-}
+using test_util::run_ranks;
 
 GPTConfig config(int D, bool tied) {
   GPTConfig c;
