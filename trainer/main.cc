@@ -182,6 +182,10 @@ int run(int argc, char** argv) {
   } catch (const UserError& e) {
     std::fprintf(stderr, "gtron: error: %s\n", e.what());
     return kExitUserError;
+  } catch (const std::exception& e) {
+    // Not the user's input: a failed collective (a peer rank died), out of memory, I/O.
+    std::fprintf(stderr, "gtron: fatal: %s\n", e.what());
+    return 1;
   }
 }
 

@@ -117,5 +117,34 @@ TEST_F(DpEquivalence, CheckpointFromDp2ResumesAtDp1AndDp4) {
   }
 }
 
+TEST_F(DpEquivalence, KillingOneWorkerStopsTheJob) {
+  // A long run; once it trains, SIGKILL rank 1. The launcher must stop rank 0 (blocked in a
+  // collective with a dead peer) and exit non-zero well within 30 s, leaving no process behind.
+  const std::string out = *dir_ + "/killed";
+  // The shell script gets OUT and CONFIG as arguments.
+  write_text(out + ".sh", R"SH(OUT=$1; CONFIG=$2
+scripts/gtronrun --standalone --nproc-per-node 2 -- trainer/gtron train --config "$CONFIG" \
+  --out "$OUT" --set train.steps=100000 --set checkpoint.every=0 > "$OUT.log" 2>&1 &
+L=$!
+for i in $(seq 300); do [ -s "$OUT/metrics.jsonl" ] && break; sleep 0.1; done
+for p in $(pgrep -f -- "--out $OUT "); do
+  tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx RANK=1 && kill -9 "$p"
+done
+s=$(date +%s); wait $L; rc=$?; echo "rc=$rc secs=$(( $(date +%s) - s ))"
+sleep 0.5; pgrep -f -- "--out $OUT " > /dev/null && echo LEFTOVER
+exit 0
+)SH");
+  auto r = testing::run_command("bash " + out + ".sh " + out + " " + config());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t rc_at = r.output.find("rc=");
+  ASSERT_NE(rc_at, std::string::npos) << r.output;
+  const int rc = std::stoi(r.output.substr(rc_at + 3));
+  const int secs = std::stoi(r.output.substr(r.output.find("secs=") + 5));
+  EXPECT_NE(rc, 0) << r.output;
+  EXPECT_LT(secs, 30) << r.output;
+  EXPECT_EQ(r.output.find("LEFTOVER"), std::string::npos) << r.output;
+  std::printf("killed rank 1: launcher exited %d after %d s\n", rc, secs);
+}
+
 }  // namespace
 }  // namespace gtron
