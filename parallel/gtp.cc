@@ -67,11 +67,15 @@ GtpWeights::GtpWeights(const std::vector<Parameter*>& sharded, Communicator* gtp
 }
 
 GtpWeights::~GtpWeights() {
-  for (auto& [p, in] : info_) {
-    in->gather_work[kFwd].synchronize();
-    in->gather_work[kBwd].synchronize();
+  // Never throws (a failed collective was reported where it was waited on).
+  try {
+    for (auto& [p, in] : info_) {
+      in->gather_work[kFwd].synchronize();
+      in->gather_work[kBwd].synchronize();
+    }
+    for (Pending& pend : pending_) pend.work.synchronize();
+  } catch (const std::exception&) {
   }
-  for (Pending& pend : pending_) pend.work.synchronize();
 }
 
 GtpWeights::Info& GtpWeights::info(const Parameter* p) {
