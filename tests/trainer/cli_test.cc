@@ -149,5 +149,33 @@ TEST_F(BadInput, CorruptCheckpointAndWrongVocabSample) {
                      "model.safetensors", true});
 }
 
+TEST_F(BadInput, CheckpointHoldsTheDocumentedNamesAndShapes) {
+  // The independent stdlib-only checker reads the model file of a real checkpoint: every
+  // documented name (README "Checkpoints") with its [out, in] shape. V=64 (padded 64), C=16, T=16.
+  const std::string out = dir_ + "/names";
+  auto r = run_gtron({"train", "--config", config_, "--out", out, "--set", "model.tied_embeddings=false"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string file = out + "/checkpoints/step_00000004/model.safetensors";
+  std::string cmd = "/usr/bin/python3 tests/trainer/check_safetensors.py " + file;
+  for (const char* e :
+       {"wte.weight=F32:64x16", "wpe.weight=F32:16x16", "blocks.0.ln1.weight=F32:16",
+        "blocks.0.ln1.bias=F32:16", "blocks.0.attn.qkv.weight=F32:48x16",
+        "blocks.0.attn.qkv.bias=F32:48", "blocks.0.attn.proj.weight=F32:16x16",
+        "blocks.0.attn.proj.bias=F32:16", "blocks.0.ln2.weight=F32:16",
+        "blocks.0.mlp.fc.weight=F32:64x16", "blocks.0.mlp.fc.bias=F32:64",
+        "blocks.0.mlp.proj.weight=F32:16x64", "blocks.0.mlp.proj.bias=F32:16",
+        "ln_f.weight=F32:16", "ln_f.bias=F32:16", "lm_head.weight=F32:64x16",
+        "mtp.1.hnorm.weight=F32:16", "mtp.1.enorm.weight=F32:16", "mtp.1.proj.weight=F32:16x32",
+        "mtp.1.block.attn.qkv.weight=F32:48x16", "mtp.1.block.mlp.proj.weight=F32:16x64"}) {
+    cmd += std::string(" --expect ") + e;
+  }
+  auto check = testing::run_command(cmd);
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  // And it fails on a wrong expectation (the checker can fail).
+  auto wrong = testing::run_command("/usr/bin/python3 tests/trainer/check_safetensors.py " + file +
+                                    " --expect wte.weight=F32:16x64");
+  EXPECT_NE(wrong.exit_code, 0) << wrong.output;
+}
+
 }  // namespace
 }  // namespace gtron
