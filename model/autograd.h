@@ -22,9 +22,9 @@
 namespace gtron {
 
 struct Parameter {
-  std::string name;  // documented checkpoint name, e.g. "blocks.0.attn.qkv.weight"
-  Tensor data;       // master weights, fp32 (f64 in gradient checks)
-  Tensor main_grad;  // same shape and dtype as data; backward accumulates (+=) into it
+  std::string name;          // documented checkpoint name, e.g. "blocks.0.attn.qkv.weight"
+  Tensor data;               // master weights, fp32 (f64 in gradient checks)
+  Tensor main_grad;          // same shape and dtype as data; backward accumulates (+=) into it
   bool weight_decay = true;  // false for norms, biases and embeddings (AdamW excludes them)
   // DDP param-ready callback (idempotent). Anything that reads `data` ahead of its owner calls
   // make_ready() first. Null means always ready.

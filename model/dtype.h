@@ -14,7 +14,8 @@ enum class DType : uint8_t { kF32, kBF16, kF64, kI32 };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 
-// bfloat16 storage on the host: the top 16 bits of an IEEE float. Conversion rounds to nearest even.
+// bfloat16 storage on the host: the top 16 bits of an IEEE float. Conversion rounds to nearest
+// even.
 struct BF16 {
   uint16_t bits;
 };

@@ -42,7 +42,8 @@ enum class Init { kNormal, kZeros, kOnes };
 
 class ParamRegistry {
  public:
-  ParamRegistry(DType dtype, Device device, uint64_t seed) : dtype_(dtype), device_(device), seed_(seed) {}
+  ParamRegistry(DType dtype, Device device, uint64_t seed)
+      : dtype_(dtype), device_(device), seed_(seed) {}
   // Creates and initializes a parameter (normal uses (seed, name); see model/init.h).
   Parameter& add(const std::string& name, const Shape& shape, Init init, double std = 0,
                  bool weight_decay = true);
@@ -92,7 +93,7 @@ struct BlockDims {
 // GPT-2 pre-LN block: x + attn(ln1(x)), then + mlp(ln2(x)) with a GELU-tanh MLP of width 4C.
 struct TransformerBlock {
   LayerNormLayer ln1, ln2;
-  LinearLayer qkv;       // [3C, C]
+  LinearLayer qkv;        // [3C, C]
   LinearLayer attn_proj;  // [C, C], residual-scaled init
   LinearLayer fc;         // [4C, C]
   LinearLayer mlp_proj;   // [C, 4C], residual-scaled init

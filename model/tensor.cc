@@ -125,8 +125,8 @@ Tensor Tensor::from_ints(const std::vector<int32_t>& values, const Shape& shape)
 }
 
 Tensor Tensor::rows(int64_t begin, int64_t end) const {
-  GTRON_CHECK(rank() >= 1 && 0 <= begin && begin <= end && end <= dim(0), "rows(", begin, ", ",
-              end, ") of ", shape_.str());
+  GTRON_CHECK(rank() >= 1 && 0 <= begin && begin <= end && end <= dim(0), "rows(", begin, ", ", end,
+              ") of ", shape_.str());
   std::vector<int64_t> dims = shape_.vec();
   int64_t row = numel() / (dims[0] == 0 ? 1 : dims[0]);
   dims[0] = end - begin;

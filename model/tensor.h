@@ -67,7 +67,8 @@ class Tensor {
   static Tensor from_ints(const std::vector<int32_t>& values, const Shape& shape);
   // A tensor over memory someone else owns (pool and cache buffers); never freed through it.
   // REQUIRES: `ptr` holds shape.numel() elements of `dtype` on `device` for the tensor's lifetime.
-  static Tensor from_blob(void* ptr, const Shape& shape, DType dtype, Device device = Device::cpu());
+  static Tensor from_blob(void* ptr, const Shape& shape, DType dtype,
+                          Device device = Device::cpu());
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

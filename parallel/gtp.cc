@@ -23,10 +23,10 @@ struct GtpWeights::Info {
   memory::Ticket ticket[2];
   bool armed[2] = {false, false};  // a gather was issued for the next use in this direction
   Work gather_work[2];
-  int uses_left = 0;             // uses of this backward not finalized yet
-  int fwd_uses = 0;              // forward uses in this pass
-  int bwd_uses = 0;              // backward uses started in this pass
-  void* active_send = nullptr;   // the send buffer of the use whose backward is running
+  int uses_left = 0;            // uses of this backward not finalized yet
+  int fwd_uses = 0;             // forward uses in this pass
+  int bwd_uses = 0;             // backward uses started in this pass
+  void* active_send = nullptr;  // the send buffer of the use whose backward is running
   memory::PoolKey key;
 };
 
@@ -165,7 +165,8 @@ void GtpWeights::prefetch(int chain_index, Direction dir) {
   const int j = dir == Direction::kForward ? chain_index + 1 : chain_index - 1;
   if (j < 0 || j >= static_cast<int>(chain_.size())) return;
   Info& next = *chain_[j];
-  const bool use_ahead = dir == Direction::kForward ? next.fwd_uses == 0 : next.bwd_uses < next.fwd_uses;
+  const bool use_ahead =
+      dir == Direction::kForward ? next.fwd_uses == 0 : next.bwd_uses < next.fwd_uses;
   if (use_ahead && !next.armed[slot(dir)]) gather(next, dir, /*async=*/true);
 }
 
@@ -233,7 +234,8 @@ void GtpWeights::pre_backward(Info& in, const Var& v) {
 }
 
 void GtpWeights::post_backward(Info& in, const Var& v) {
-  GTRON_CHECK(in.active_send != nullptr, "backward of ", in.p->name, " ran without its send buffer");
+  GTRON_CHECK(in.active_send != nullptr, "backward of ", in.p->name,
+              " ran without its send buffer");
   Pending pend;
   pend.in = &in;
   pend.send = in.active_send;

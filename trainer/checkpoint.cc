@@ -75,8 +75,9 @@ const Tensor& checked_tensor(const std::map<std::string, Tensor>& tensors, const
                              const Shape& shape, const std::string& file) {
   auto it = tensors.find(name);
   if (it == tensors.end()) {
-    throw UserError("checkpoint '" + file + "' has no tensor '" + name +
-                    "'. Hint: was it written by a model with another architecture (model.*, mtp.*)?");
+    throw UserError(
+        "checkpoint '" + file + "' has no tensor '" + name +
+        "'. Hint: was it written by a model with another architecture (model.*, mtp.*)?");
   }
   if (it->second.shape() != shape || it->second.dtype() != DType::kF32) {
     throw UserError("checkpoint '" + file + "': tensor '" + name + "' is " +

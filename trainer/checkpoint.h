@@ -25,7 +25,7 @@ struct TrainerState {
   int64_t step = 0;             // optimizer steps completed
   int64_t optimizer_steps = 0;  // AdamW's t
   uint64_t seed = 0;
-  std::string config_json;      // resolved config of the run that wrote it
+  std::string config_json;  // resolved config of the run that wrote it
 };
 
 // Writes full parameters, full moments ("m.<name>", "v.<name>"; empty = no optimizer file) and

@@ -19,7 +19,8 @@ std::string describe_peak(Device device, bool bf16) {
     std::snprintf(buf, sizeof buf, "%.0f TFLOP/s (H100/H200 %s dense)",
                   peak_flops(device, bf16) / 1e12, bf16 ? "bf16" : "fp32");
   } else {
-    std::snprintf(buf, sizeof buf, "%.0f GFLOP/s (CPU nominal: %u cores x 3.5 GHz boost x 32 FLOP/cycle, AVX2 FMA)",
+    std::snprintf(buf, sizeof buf,
+                  "%.0f GFLOP/s (CPU nominal: %u cores x 3.5 GHz boost x 32 FLOP/cycle, AVX2 FMA)",
                   peak_flops(device, bf16) / 1e9,
                   std::max(1u, std::thread::hardware_concurrency()));
   }

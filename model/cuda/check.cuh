@@ -5,20 +5,20 @@
 
 #include "model/check.h"
 
-#define GTRON_CHECK_CALL(ok, call, what)                                                  \
-  do {                                                                                    \
-    if (!(ok)) {                                                                          \
-      int dev_ = -1;                                                                      \
-      cudaGetDevice(&dev_);                                                               \
-      ::gtron::check_failed(call, __FILE__, __LINE__,                                     \
-                            ::gtron::str_cat(what, " (device ", dev_, ")"));              \
-    }                                                                                     \
+#define GTRON_CHECK_CALL(ok, call, what)                                     \
+  do {                                                                       \
+    if (!(ok)) {                                                             \
+      int dev_ = -1;                                                         \
+      cudaGetDevice(&dev_);                                                  \
+      ::gtron::check_failed(call, __FILE__, __LINE__,                        \
+                            ::gtron::str_cat(what, " (device ", dev_, ")")); \
+    }                                                                        \
   } while (0)
 
-#define CUDA_CHECK(expr)                                                                  \
-  do {                                                                                    \
-    cudaError_t err_ = (expr);                                                            \
-    GTRON_CHECK_CALL(err_ == cudaSuccess, #expr, cudaGetErrorString(err_));               \
+#define CUDA_CHECK(expr)                                                    \
+  do {                                                                      \
+    cudaError_t err_ = (expr);                                              \
+    GTRON_CHECK_CALL(err_ == cudaSuccess, #expr, cudaGetErrorString(err_)); \
   } while (0)
 
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())

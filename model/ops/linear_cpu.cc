@@ -26,11 +26,11 @@ void linear_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db, i
 
 template void linear_forward<float>(const float*, const float*, const float*, float*, int64_t,
                                     int64_t, int64_t);
-template void linear_forward<double>(const double*, const double*, const double*, double*,
-                                     int64_t, int64_t, int64_t);
+template void linear_forward<double>(const double*, const double*, const double*, double*, int64_t,
+                                     int64_t, int64_t);
 template void linear_backward<float>(const float*, const float*, const float*, float*, float*,
                                      float*, int64_t, int64_t, int64_t);
-template void linear_backward<double>(const double*, const double*, const double*, double*,
-                                      double*, double*, int64_t, int64_t, int64_t);
+template void linear_backward<double>(const double*, const double*, const double*, double*, double*,
+                                      double*, int64_t, int64_t, int64_t);
 
 }  // namespace gtron::cpu

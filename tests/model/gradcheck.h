@@ -16,8 +16,7 @@ namespace gtron::testing {
 
 // Deterministic normal(0, std) values from a seed (tests only).
 std::vector<double> randn(size_t n, uint64_t seed, double std = 1.0);
-Tensor randn_tensor(const Shape& shape, uint64_t seed, double std = 1.0,
-                    DType dtype = DType::kF64);
+Tensor randn_tensor(const Shape& shape, uint64_t seed, double std = 1.0, DType dtype = DType::kF64);
 
 struct GradCheckResult {
   std::string worst_name;  // the input or parameter with the largest error

@@ -42,9 +42,9 @@ TEST(Add, GradCheckAndValues) {
   Var a = Var::constant(Tensor::from_vector({1, 2, 3}, {3}, DType::kF64));
   Var b = Var::constant(Tensor::from_vector({10, 20, 30}, {3}, DType::kF64));
   EXPECT_EQ(add(a, b).value().to_vector(), (std::vector<double>{11, 22, 33}));
-  auto res = testing::gradcheck(
-      [&](const std::vector<Var>& in) { return add(in[0], add(in[0], in[1])); },
-      {testing::randn_tensor({4, 3}, 8), testing::randn_tensor({4, 3}, 9)}, {});
+  auto res =
+      testing::gradcheck([&](const std::vector<Var>& in) { return add(in[0], add(in[0], in[1])); },
+                         {testing::randn_tensor({4, 3}, 8), testing::randn_tensor({4, 3}, 9)}, {});
   EXPECT_LT(res.worst_error, 1e-6) << res.worst_name;
 }
 

@@ -1,6 +1,6 @@
 // Memory per rank under GTP: parameter, gradient and AdamW-state bytes of a GPT (default: 4 layers,
-// C=512, V=50304, T=1024) at G = 1, 2, 4, with G ranks as threads over Gloo. Prints one JSON object.
-// Used by scripts/bench_gtp_memory.sh; never a test.
+// C=512, V=50304, T=1024) at G = 1, 2, 4, with G ranks as threads over Gloo. Prints one JSON
+// object. Used by scripts/bench_gtp_memory.sh; never a test.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -72,10 +72,11 @@ int main(int argc, char** argv) {
     const Bytes b = measure(c, gs[i]);
     const size_t total = b.params + b.grads + b.optimizer;
     if (i == 0) base = b.params;
-    std::printf("%s{\"gtp\": %d, \"param_bytes\": %zu, \"grad_bytes\": %zu, \"optimizer_bytes\": %zu, "
-                "\"total_bytes\": %zu, \"param_fraction_of_g1\": %.4f}",
-                i ? ", " : "", gs[i], b.params, b.grads, b.optimizer, total,
-                static_cast<double>(b.params) / static_cast<double>(base));
+    std::printf(
+        "%s{\"gtp\": %d, \"param_bytes\": %zu, \"grad_bytes\": %zu, \"optimizer_bytes\": %zu, "
+        "\"total_bytes\": %zu, \"param_fraction_of_g1\": %.4f}",
+        i ? ", " : "", gs[i], b.params, b.grads, b.optimizer, total,
+        static_cast<double>(b.params) / static_cast<double>(base));
   }
   std::printf("]}\n");
   return 0;

@@ -11,8 +11,8 @@
 
 #include "model/ops/linear.h"
 #include "parallel/gloo_communicator.h"
-#include "tests/parallel/ranks.h"
 #include "parallel/self_communicator.h"
+#include "tests/parallel/ranks.h"
 
 namespace gtron::parallel {
 namespace {
@@ -75,10 +75,10 @@ TEST(DataParallel, OwnedShardsHoldTheSumOverRanks) {
       TwoWeights w;
       DataParallel dp(w.all(), &comm, tiny_buckets(distributed, false));
       dp.zero_grads();
-      w.a.main_grad.copy_from(Tensor::from_vector(std::vector<double>(6, rank + 1.0), {2, 3},
-                                                  DType::kF32));
-      w.b.main_grad.copy_from(Tensor::from_vector(std::vector<double>(5, 10.0 * (rank + 1)), {5},
-                                                  DType::kF32));
+      w.a.main_grad.copy_from(
+          Tensor::from_vector(std::vector<double>(6, rank + 1.0), {2, 3}, DType::kF32));
+      w.b.main_grad.copy_from(
+          Tensor::from_vector(std::vector<double>(5, 10.0 * (rank + 1)), {5}, DType::kF32));
       dp.finish_grads();
       int64_t owned = 0;
       for (const OwnedSegment& s : dp.owned()) {

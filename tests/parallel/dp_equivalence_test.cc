@@ -72,8 +72,7 @@ TEST_F(DpEquivalence, TwoAndFourRanksMatchOneProcess) {
 }
 
 TEST_F(DpEquivalence, PlainAllReduceAndEagerGathersMatchToo) {
-  expect_close(*single_,
-               launch(2, "dp2_plain", {"--set", "parallel.distributed_optimizer=false"}),
+  expect_close(*single_, launch(2, "dp2_plain", {"--set", "parallel.distributed_optimizer=false"}),
                "DP=2 all-reduce");
   expect_close(*single_, launch(2, "dp2_eager", {"--set", "parallel.overlap_param_gather=false"}),
                "DP=2 eager gathers");
@@ -103,16 +102,17 @@ TEST_F(DpEquivalence, CheckpointFromDp2ResumesAtDp1AndDp4) {
     const std::string name = "resume_dp" + std::to_string(nproc);
     const std::string out = *dir_ + "/" + name;
     // Start from the DP=2 run's step-15 checkpoint only.
-    auto r = testing::run_command("rm -rf " + out + " && mkdir -p " + out + "/checkpoints && cp -r " +
-                                  *dir_ + "/ckpt_dp2/checkpoints/step_00000015 " + out +
-                                  "/checkpoints/ && cp -r " + *dir_ + "/ckpt_dp2/data " + out + "/");
+    auto r =
+        testing::run_command("rm -rf " + out + " && mkdir -p " + out + "/checkpoints && cp -r " +
+                             *dir_ + "/ckpt_dp2/checkpoints/step_00000015 " + out +
+                             "/checkpoints/ && cp -r " + *dir_ + "/ckpt_dp2/data " + out + "/");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::vector<double> resumed =
-        nproc == 1 ? (run_gtron({"train", "--config", config(), "--out", out, "--resume"}).exit_code
-                          == 0
-                          ? metrics_loss_values(out + "/metrics.jsonl")
-                          : std::vector<double>{})
-                   : launch(nproc, name, {"--resume"});
+        nproc == 1
+            ? (run_gtron({"train", "--config", config(), "--out", out, "--resume"}).exit_code == 0
+                   ? metrics_loss_values(out + "/metrics.jsonl")
+                   : std::vector<double>{})
+            : launch(nproc, name, {"--resume"});
     expect_close(dp2, resumed, "DP=2 -> DP=" + std::to_string(nproc), 15);
   }
 }

@@ -52,9 +52,9 @@ TEST(GtpEquivalence, LayoutsMatchOneProcess) {
   };
   for (const Layout& l : {Layout{"gtp2", 2, 2}, Layout{"gtp4", 4, 4}, Layout{"dp2_gtp2", 4, 2}}) {
     const std::string out = dir + "/" + l.name;
-    auto run = run_launcher({"--standalone", "--nproc-per-node", std::to_string(l.nproc)},
-                            {"train", "--config", cfg, "--out", out, "--set",
-                             "parallel.gtp=" + std::to_string(l.gtp)});
+    auto run = run_launcher(
+        {"--standalone", "--nproc-per-node", std::to_string(l.nproc)},
+        {"train", "--config", cfg, "--out", out, "--set", "parallel.gtp=" + std::to_string(l.gtp)});
     ASSERT_EQ(run.exit_code, 0) << run.output;
     const std::vector<double> got = metrics_loss_values(out + "/metrics.jsonl");
     ASSERT_EQ(got.size(), 30u) << l.name;
@@ -63,9 +63,10 @@ TEST(GtpEquivalence, LayoutsMatchOneProcess) {
     EXPECT_LT(worst, 1e-4) << l.name;
   }
   // Reuse off: the same printed losses, digit for digit, as reuse on (gtp2 above).
-  auto off = run_launcher({"--standalone", "--nproc-per-node", "2"},
-                          {"train", "--config", cfg, "--out", dir + "/gtp2_noreuse", "--set",
-                           "parallel.gtp=2", "--set", "parallel.gtp_reuse_repeated_send_buffer=false"});
+  auto off =
+      run_launcher({"--standalone", "--nproc-per-node", "2"},
+                   {"train", "--config", cfg, "--out", dir + "/gtp2_noreuse", "--set",
+                    "parallel.gtp=2", "--set", "parallel.gtp_reuse_repeated_send_buffer=false"});
   ASSERT_EQ(off.exit_code, 0) << off.output;
   EXPECT_EQ(metrics_losses(dir + "/gtp2/metrics.jsonl"),
             metrics_losses(dir + "/gtp2_noreuse/metrics.jsonl"));

@@ -65,15 +65,20 @@ TEST(Gtp, ChainPrefetchAndNoDroppedGradient) {
     // Both ranks see the same batch with seed 1/2: the reduced shards equal G = 1's gradient.
     const double loss = step(model, gtp, window(1), 0.5);
     EXPECT_EQ(loss, ro.loss.value().item());
-    const std::vector<std::string> want = {
-        "wte.weight",
-        "blocks.0.attn.qkv.weight", "blocks.0.attn.proj.weight", "blocks.0.mlp.fc.weight",
-        "blocks.0.mlp.proj.weight",
-        "blocks.1.attn.qkv.weight", "blocks.1.attn.proj.weight", "blocks.1.mlp.fc.weight",
-        "blocks.1.mlp.proj.weight",
-        "mtp.1.proj.weight",
-        "mtp.1.block.attn.qkv.weight", "mtp.1.block.attn.proj.weight",
-        "mtp.1.block.mlp.fc.weight", "mtp.1.block.mlp.proj.weight"};
+    const std::vector<std::string> want = {"wte.weight",
+                                           "blocks.0.attn.qkv.weight",
+                                           "blocks.0.attn.proj.weight",
+                                           "blocks.0.mlp.fc.weight",
+                                           "blocks.0.mlp.proj.weight",
+                                           "blocks.1.attn.qkv.weight",
+                                           "blocks.1.attn.proj.weight",
+                                           "blocks.1.mlp.fc.weight",
+                                           "blocks.1.mlp.proj.weight",
+                                           "mtp.1.proj.weight",
+                                           "mtp.1.block.attn.qkv.weight",
+                                           "mtp.1.block.attn.proj.weight",
+                                           "mtp.1.block.mlp.fc.weight",
+                                           "mtp.1.block.mlp.proj.weight"};
     EXPECT_EQ(gtp.chain_names(), want);
     for (Parameter* p : shardable(model)) {
       Tensor full = gtp.gather_full(p, p->main_grad);
@@ -141,10 +146,11 @@ TEST(Gtp, RepeatedBackwardReusesItsSendBuffer) {
     EXPECT_EQ(off.head_buffers, static_cast<size_t>(1 + D)) << "D=" << D;
     EXPECT_EQ(on.reused, 2 * D) << "two steps, D reuses each";
     EXPECT_EQ(on.grad, off.grad) << "bit-identical gradients with and without reuse";
-    std::printf("D=%d: head-key send buffers %zu (%zu bytes) with reuse, %zu (%zu bytes) without; "
-                "pool %zu vs %zu bytes\n",
-                D, on.head_buffers, on.head_bytes, off.head_buffers, off.head_bytes,
-                on.pool_bytes, off.pool_bytes);
+    std::printf(
+        "D=%d: head-key send buffers %zu (%zu bytes) with reuse, %zu (%zu bytes) without; "
+        "pool %zu vs %zu bytes\n",
+        D, on.head_buffers, on.head_bytes, off.head_buffers, off.head_bytes, on.pool_bytes,
+        off.pool_bytes);
   }
 }
 

@@ -1,5 +1,5 @@
-// The gtron CLI as a user meets it: bad configs, flags and files each exit with code 2 and a message
-// naming the key or file, before anything is written.
+// The gtron CLI as a user meets it: bad configs, flags and files each exit with code 2 and a
+// message naming the key or file, before anything is written.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -48,7 +48,8 @@ class BadInput : public ::testing::Test {
     auto r = run_gtron(args);
     EXPECT_EQ(r.exit_code, 2) << c.name << "\n" << r.output;
     EXPECT_NE(r.output.find(c.expect), std::string::npos)
-        << c.name << ": expected '" << c.expect << "' in:\n" << r.output;
+        << c.name << ": expected '" << c.expect << "' in:\n"
+        << r.output;
     if (!c.raw) {
       EXPECT_FALSE(exists(out + "/metrics.jsonl")) << c.name << ": wrote metrics";
     }
@@ -74,7 +75,9 @@ TEST_F(BadInput, ConfigsAndFlags) {
       {"no_shards", {"--set", "data.train=" + dir_ + "/nothing_*.bin"}, "nothing_*.bin"},
       {"unknown_flag", {"train", "--config", "x.json", "--bogus"}, "--bogus", true},
       {"no_config", {"train"}, "--config", true},
-      {"missing_file", {"train", "--config", "/nonexistent/cfg.json"}, "/nonexistent/cfg.json",
+      {"missing_file",
+       {"train", "--config", "/nonexistent/cfg.json"},
+       "/nonexistent/cfg.json",
        true},
       {"unknown_subcommand", {"trian"}, "trian", true},
   };
@@ -83,7 +86,8 @@ TEST_F(BadInput, ConfigsAndFlags) {
 
 TEST_F(BadInput, MalformedJson) {
   write_text(dir_ + "/broken.json", "{\"model\": {\"n_layer\": 2,,}");
-  expect_user_error({"malformed", {"train", "--config", dir_ + "/broken.json"}, "broken.json", true});
+  expect_user_error(
+      {"malformed", {"train", "--config", dir_ + "/broken.json"}, "broken.json", true});
 }
 
 TEST_F(BadInput, CorruptShards) {
@@ -105,8 +109,7 @@ TEST_F(BadInput, CorruptShards) {
   write_shard(dir_ + "/vocab.bin", tokens, kShardVersionU16);
   for (const char* name : {"magic.bin", "short.bin", "vocab.bin"}) {
     expect_user_error({std::string("shard_") + name,
-                       {"--set", "data.train=" + dir_ + "/" + name, "--set",
-                        "data.val=" + good},
+                       {"--set", "data.train=" + dir_ + "/" + name, "--set", "data.val=" + good},
                        name});
   }
 }
@@ -114,19 +117,24 @@ TEST_F(BadInput, CorruptShards) {
 TEST_F(BadInput, EvalSamplePrepare) {
   expect_user_error({"eval_missing",
                      {"eval", "--config", config_, "--checkpoint", dir_ + "/no_such_ckpt"},
-                     "no_such_ckpt", true});
+                     "no_such_ckpt",
+                     true});
   expect_user_error({"sample_missing",
-                     {"sample", "--checkpoint", dir_ + "/nope", "--prompt", "hi"}, "nope", true});
+                     {"sample", "--checkpoint", dir_ + "/nope", "--prompt", "hi"},
+                     "nope",
+                     true});
   expect_user_error({"prepare_missing_text",
                      {"prepare", "--text", dir_ + "/missing.txt", "--out", dir_ + "/p1"},
-                     "missing.txt", true});
+                     "missing.txt",
+                     true});
   write_text(dir_ + "/some.txt", "hello world");
-  expect_user_error({"prepare_fraction",
-                     {"prepare", "--text", dir_ + "/some.txt", "--out", dir_ + "/p2",
-                      "--val-fraction", "1.5"},
-                     "val", true});
-  expect_user_error({"prepare_source",
-                     {"prepare", "--synthetic", "zipf", "--out", dir_ + "/p3"}, "zipf", true});
+  expect_user_error(
+      {"prepare_fraction",
+       {"prepare", "--text", dir_ + "/some.txt", "--out", dir_ + "/p2", "--val-fraction", "1.5"},
+       "val",
+       true});
+  expect_user_error(
+      {"prepare_source", {"prepare", "--synthetic", "zipf", "--out", dir_ + "/p3"}, "zipf", true});
 }
 
 TEST_F(BadInput, CorruptCheckpointAndWrongVocabSample) {
@@ -135,8 +143,8 @@ TEST_F(BadInput, CorruptCheckpointAndWrongVocabSample) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string ckpt = out + "/checkpoints/step_00000004";
   // Sampling needs a byte-level model (vocab >= 256); this one has 64.
-  expect_user_error({"sample_vocab", {"sample", "--checkpoint", ckpt, "--prompt", "a"},
-                     "vocab_size", true});
+  expect_user_error(
+      {"sample_vocab", {"sample", "--checkpoint", ckpt, "--prompt", "a"}, "vocab_size", true});
   // Truncate the weights: eval must refuse, naming the file.
   const std::string model = ckpt + "/model.safetensors";
   std::string bytes;
@@ -145,28 +153,42 @@ TEST_F(BadInput, CorruptCheckpointAndWrongVocabSample) {
     bytes.assign(std::istreambuf_iterator<char>(f), {});
   }
   write_text(model, bytes.substr(0, bytes.size() / 2));
-  expect_user_error({"eval_corrupt", {"eval", "--config", config_, "--checkpoint", ckpt},
-                     "model.safetensors", true});
+  expect_user_error({"eval_corrupt",
+                     {"eval", "--config", config_, "--checkpoint", ckpt},
+                     "model.safetensors",
+                     true});
 }
 
 TEST_F(BadInput, CheckpointHoldsTheDocumentedNamesAndShapes) {
   // The independent stdlib-only checker reads the model file of a real checkpoint: every
   // documented name (README "Checkpoints") with its [out, in] shape. V=64 (padded 64), C=16, T=16.
   const std::string out = dir_ + "/names";
-  auto r = run_gtron({"train", "--config", config_, "--out", out, "--set", "model.tied_embeddings=false"});
+  auto r = run_gtron(
+      {"train", "--config", config_, "--out", out, "--set", "model.tied_embeddings=false"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string file = out + "/checkpoints/step_00000004/model.safetensors";
   std::string cmd = "/usr/bin/python3 tests/trainer/check_safetensors.py " + file;
-  for (const char* e :
-       {"wte.weight=F32:64x16", "wpe.weight=F32:16x16", "blocks.0.ln1.weight=F32:16",
-        "blocks.0.ln1.bias=F32:16", "blocks.0.attn.qkv.weight=F32:48x16",
-        "blocks.0.attn.qkv.bias=F32:48", "blocks.0.attn.proj.weight=F32:16x16",
-        "blocks.0.attn.proj.bias=F32:16", "blocks.0.ln2.weight=F32:16",
-        "blocks.0.mlp.fc.weight=F32:64x16", "blocks.0.mlp.fc.bias=F32:64",
-        "blocks.0.mlp.proj.weight=F32:16x64", "blocks.0.mlp.proj.bias=F32:16",
-        "ln_f.weight=F32:16", "ln_f.bias=F32:16", "lm_head.weight=F32:64x16",
-        "mtp.1.hnorm.weight=F32:16", "mtp.1.enorm.weight=F32:16", "mtp.1.proj.weight=F32:16x32",
-        "mtp.1.block.attn.qkv.weight=F32:48x16", "mtp.1.block.mlp.proj.weight=F32:16x64"}) {
+  for (const char* e : {"wte.weight=F32:64x16",
+                        "wpe.weight=F32:16x16",
+                        "blocks.0.ln1.weight=F32:16",
+                        "blocks.0.ln1.bias=F32:16",
+                        "blocks.0.attn.qkv.weight=F32:48x16",
+                        "blocks.0.attn.qkv.bias=F32:48",
+                        "blocks.0.attn.proj.weight=F32:16x16",
+                        "blocks.0.attn.proj.bias=F32:16",
+                        "blocks.0.ln2.weight=F32:16",
+                        "blocks.0.mlp.fc.weight=F32:64x16",
+                        "blocks.0.mlp.fc.bias=F32:64",
+                        "blocks.0.mlp.proj.weight=F32:16x64",
+                        "blocks.0.mlp.proj.bias=F32:16",
+                        "ln_f.weight=F32:16",
+                        "ln_f.bias=F32:16",
+                        "lm_head.weight=F32:64x16",
+                        "mtp.1.hnorm.weight=F32:16",
+                        "mtp.1.enorm.weight=F32:16",
+                        "mtp.1.proj.weight=F32:16x32",
+                        "mtp.1.block.attn.qkv.weight=F32:48x16",
+                        "mtp.1.block.mlp.proj.weight=F32:16x64"}) {
     cmd += std::string(" --expect ") + e;
   }
   auto check = testing::run_command(cmd);

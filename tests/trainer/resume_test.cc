@@ -41,8 +41,8 @@ TEST(Resume, FortyStraightEqualsTwentyPlusTwenty) {
   ASSERT_EQ(straight.size(), 40u);
 
   // 20 steps with the schedule of a 40-step run, then --resume to 40.
-  auto first = train(dir + "/c.json", dir + "/b", {"--set", "train.steps=40", "--set",
-                                                   "checkpoint.every=20"});
+  auto first = train(dir + "/c.json", dir + "/b",
+                     {"--set", "train.steps=40", "--set", "checkpoint.every=20"});
   (void)first;
   // Simulate a run stopped at 20: keep only step 20's checkpoint and the first 20 metrics lines.
   std::system(("rm -rf '" + dir + "/b/checkpoints/step_00000040'").c_str());
