@@ -1,9 +1,13 @@
 #include "model/gpt.h"
 
+#include <algorithm>
+
+#include "model/cuda/runtime.h"
 #include "model/ops/add.h"
 #include "model/ops/embedding.h"
 #include "model/ops/linear.h"
 #include "model/ops/loss.h"
+#include "model/stream.h"
 
 namespace gtron {
 
@@ -36,19 +40,43 @@ GPT::GPT(const GPTConfig& cfg, DType dtype, Device device, uint64_t seed)
   }
 }
 
+namespace {
+
+// The CUDA twin of window_inputs/window_targets: out[b, t] = window[b, t + offset] for
+// t < count, `fill_byte` repeated over the tail (0x00 -> 0, 0xff -> -1 = kMaskedTarget). Two
+// strided copies on the current stream; no kernel, no host sync.
+Tensor shifted_on_device(const Tensor& window, int64_t offset, int64_t count, int fill_byte) {
+  const int64_t B = window.dim(0), T = window.dim(1) - 1;
+  count = std::max<int64_t>(0, std::min(count, T));
+  Stream& s = current_stream(window.device());
+  Tensor out = Tensor::empty({B, T}, DType::kI32, window.device(), &s);
+  const size_t row = static_cast<size_t>(T) * 4, src_row = static_cast<size_t>(T + 1) * 4;
+  char* o = static_cast<char*>(out.raw());
+  const char* w = static_cast<const char*>(window.raw());
+  cuda::memcpy_2d_async(o, row, w + offset * 4, src_row, static_cast<size_t>(count) * 4,
+                        static_cast<size_t>(B), s.native());
+  cuda::memset_2d_async(o + count * 4, row, fill_byte, static_cast<size_t>(T - count) * 4,
+                        static_cast<size_t>(B), s.native());
+  return out;
+}
+
+}  // namespace
+
 Tensor window_inputs(const Tensor& window, int shift) {
   const int64_t B = window.dim(0), T = window.dim(1) - 1;
+  if (window.device().is_cuda()) return shifted_on_device(window, shift, T + 1 - shift, 0x00);
   Tensor out = Tensor::empty({B, T}, DType::kI32);
   const int32_t* w = window.data<int32_t>();
   int32_t* o = out.data<int32_t>();
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t)
-      o[b * T + t] = t + shift <= T ? w[b * (T + 1) + t + shift] : 0;
+    for (int64_t t = 0; t < T; ++t) o[b * T + t] = t + shift <= T ? w[b * (T + 1) + t + shift] : 0;
   return out;
 }
 
 Tensor window_targets(const Tensor& window, int shift) {
   const int64_t B = window.dim(0), T = window.dim(1) - 1;
+  static_assert(kMaskedTarget == -1, "the device fill writes 0xff bytes");
+  if (window.device().is_cuda()) return shifted_on_device(window, shift + 1, T - shift, 0xff);
   Tensor out = Tensor::empty({B, T}, DType::kI32);
   const int32_t* w = window.data<int32_t>();
   int32_t* o = out.data<int32_t>();
@@ -96,7 +124,8 @@ GPTOutput GPT::forward(const Tensor& window) {
   // are consecutive, so are their backwards (Note [GTP repeated backward] in parallel/gtp.h).
   std::vector<Var> hidden{trunk(window_inputs(window, 0))};
   for (int k = 1; k <= cfg_.mtp_depth; ++k) {
-    hidden.push_back(mtp_[k - 1].forward(hidden.back(), embed(window_inputs(window, k)), *weights_));
+    hidden.push_back(
+        mtp_[k - 1].forward(hidden.back(), embed(window_inputs(window, k)), *weights_));
   }
   GPTOutput out;
   for (int k = 0; k <= cfg_.mtp_depth; ++k) {

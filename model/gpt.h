@@ -16,13 +16,13 @@
 namespace gtron {
 
 struct GPTConfig {
-  int64_t vocab_size = 50257;      // V: real vocabulary
-  int64_t context_length = 1024;   // Tmax: rows of the position table
-  int n_layer = 12;                // L
-  int n_head = 12;                 // NH
-  int64_t n_embd = 768;            // C
-  int mtp_depth = 0;               // D
-  double mtp_loss_weight = 0.3;    // λ
+  int64_t vocab_size = 50257;     // V: real vocabulary
+  int64_t context_length = 1024;  // Tmax: rows of the position table
+  int n_layer = 12;               // L
+  int n_head = 12;                // NH
+  int64_t n_embd = 768;           // C
+  int mtp_depth = 0;              // D
+  double mtp_loss_weight = 0.3;   // λ
   bool tied_embeddings = true;
   double init_std = 0.02;
 
@@ -42,7 +42,9 @@ class GPT {
   GPT& operator=(const GPT&) = delete;
 
   // window: i32 [B, T+1] tokens (inputs are [:, 0:T], next-token targets [:, 1:T+1]; MTP depth k
-  // needs tokens up to t+k+1). Records the backward on the tape when grad mode is on.
+  // needs tokens up to t+k+1), on the CPU or on the model's CUDA device (then the shifted inputs
+  // and targets are cut on the device, with no host copy). Records the backward on the tape when
+  // grad mode is on.
   GPTOutput forward(const Tensor& window);
   // Next-token logits [B, T, Vp] for i32 inputs [B, T] (no MTP; sampling). Runs without grad.
   Tensor logits(const Tensor& inputs);
@@ -76,7 +78,7 @@ class GPT {
   WeightAccess* weights_ = &direct_;
 };
 
-// Host-side token tensors for one window (exposed for tests). All i32 [B, T].
+// Token tensors for one window (exposed for tests). All i32 [B, T], on the window's device.
 Tensor window_inputs(const Tensor& window, int shift);   // x[:, t+shift], 0 past the window
 Tensor window_targets(const Tensor& window, int shift);  // x[:, t+shift+1], kMaskedTarget past it
 

@@ -8,8 +8,8 @@ namespace gtron::parallel {
 
 struct DataParallel::Bucket {
   enum class State { kReady, kStale, kInFlight };
-  int64_t begin = 0;   // flat offset
-  int64_t numel = 0;   // padded to a multiple of the DP size
+  int64_t begin = 0;        // flat offset
+  int64_t numel = 0;        // padded to a multiple of the DP size
   int64_t state_begin = 0;  // offset of this bucket's owned state
   std::vector<int> params;  // indices into params_
   int ready = 0;            // parameters whose gradient is final in this backward
@@ -25,6 +25,7 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator* 
                            const DdpOptions& opt)
     : dp_(dp), opt_(opt), params_(params) {
   GTRON_CHECK(dp_ != nullptr, "DataParallel needs a communicator (size 1 is fine)");
+  device_ = dp_->device();  // every parameter must be there (checked below)
   const int64_t D = dp_->size();
   const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(opt_.bucket_bytes / 4));
 
@@ -44,8 +45,10 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator* 
   };
   for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
     Parameter* p = params_[i];
-    GTRON_CHECK(p->data.dtype() == DType::kF32 && p->data.device().is_cpu(),
-                "DataParallel: ", p->name, " must be a CPU fp32 parameter");
+    GTRON_CHECK(p->data.dtype() == DType::kF32 && p->data.device() == device_,
+                "DataParallel: ", p->name, " must be an fp32 parameter on ", device_.str(),
+                " (communicator '", dp_->name(), "'); got ", p->data.device().str(), "/",
+                dtype_name(p->data.dtype()));
     offset[i] = cursor;
     cursor += p->data.numel();
     cur.params.push_back(i);
@@ -55,8 +58,8 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator* 
   flat_numel_ = cursor;
 
   // Rebind data and main_grad as views into the flat buffers.
-  flat_param_ = Tensor::zeros({std::max<int64_t>(flat_numel_, 1)}, DType::kF32);
-  flat_grad_ = Tensor::zeros({std::max<int64_t>(flat_numel_, 1)}, DType::kF32);
+  flat_param_ = Tensor::zeros({std::max<int64_t>(flat_numel_, 1)}, DType::kF32, device_);
+  flat_grad_ = Tensor::zeros({std::max<int64_t>(flat_numel_, 1)}, DType::kF32, device_);
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter* p = params_[i];
     const int64_t n = p->data.numel();
@@ -76,8 +79,8 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator* 
     const int64_t hi = lo + chunk;
     bk.state_begin = state_cursor;
     if (opt_.distributed_optimizer) {
-      bk.grad_shard = Tensor::zeros({chunk}, DType::kF32);
-      bk.param_staging = Tensor::zeros({chunk}, DType::kF32);
+      bk.grad_shard = Tensor::zeros({chunk}, DType::kF32, device_);
+      bk.param_staging = Tensor::zeros({chunk}, DType::kF32, device_);
     }
     for (int i : bk.params) {
       const int64_t pb = offset[i], pe = pb + params_[i]->data.numel();
@@ -101,15 +104,21 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator* 
   }
   owned_numel_ = state_cursor;
   // Segments in flat order within each bucket (the layout was built in reverse).
-  std::sort(owned_.begin(), owned_.end(),
-            [](const OwnedSegment& a, const OwnedSegment& b) { return a.flat_offset < b.flat_offset; });
+  std::sort(owned_.begin(), owned_.end(), [](const OwnedSegment& a, const OwnedSegment& b) {
+    return a.flat_offset < b.flat_offset;
+  });
   install_ready_callbacks();
 }
 
 DataParallel::~DataParallel() {
+  // Destructors never throw: a collective that failed (a peer died) was reported where it was
+  // waited on; here we only make sure nothing still writes into our buffers.
   for (Bucket& b : buckets_) {
-    b.reduction.synchronize();
-    b.gather.synchronize();
+    try {
+      b.reduction.synchronize();
+      b.gather.synchronize();
+    } catch (const std::exception&) {
+    }
   }
   for (Parameter* p : params_) {
     p->grad_ready = nullptr;
@@ -171,6 +180,8 @@ void DataParallel::finish_grads() {
 }
 
 double DataParallel::grad_square_sum() {
+  GTRON_CHECK(device_.is_cpu(), "grad_square_sum reads gradients on the host; on ", device_.str(),
+              " the optimizer computes the norm on the device (trainer/optimizer.h)");
   double s = 0;
   for (const OwnedSegment& seg : owned_) {
     for (int64_t i = 0; i < seg.n; ++i) s += static_cast<double>(seg.g[i]) * seg.g[i];
@@ -200,7 +211,7 @@ void DataParallel::ensure_ready(int b) {
   if (bk.state == Bucket::State::kStale) dispatch_gather(b);
   // Prefetch the bucket the forward reads next (buckets are in reverse order of use).
   if (b > 0 && buckets_[b - 1].state == Bucket::State::kStale) dispatch_gather(b - 1);
-  bk.gather.wait(current_stream(Device::cpu()));
+  bk.gather.wait(current_stream(device_));
   bk.gather = Work();
   bk.state = Bucket::State::kReady;
 }
@@ -226,7 +237,7 @@ void DataParallel::ensure_all_ready() {
 Tensor DataParallel::gather_owned(const Tensor& owned) {
   GTRON_CHECK(owned.numel() == owned_numel_, "owned state has ", owned.numel(), " elements, not ",
               owned_numel_);
-  Tensor full = Tensor::zeros({std::max<int64_t>(flat_numel_, 1)}, DType::kF32);
+  Tensor full = Tensor::zeros({std::max<int64_t>(flat_numel_, 1)}, DType::kF32, device_);
   if (!opt_.distributed_optimizer) {
     if (flat_numel_ > 0) full.copy_from(owned);
     return full;
@@ -236,14 +247,16 @@ Tensor DataParallel::gather_owned(const Tensor& owned) {
   for (const Bucket& bk : buckets_) {
     const int64_t chunk = bk.numel / dp_->size();
     outs.push_back(full.rows(bk.begin, bk.begin + bk.numel));
-    works.push_back(dp_->all_gather(owned.rows(bk.state_begin, bk.state_begin + chunk), outs.back()));
+    works.push_back(
+        dp_->all_gather(owned.rows(bk.state_begin, bk.state_begin + chunk), outs.back()));
   }
   for (Work& w : works) w.synchronize();
   return full;
 }
 
 void DataParallel::scatter_to_owned(const Tensor& full, Tensor& owned) const {
-  GTRON_CHECK(owned.numel() == owned_numel_ && full.numel() >= flat_numel_, "scatter_to_owned sizes");
+  GTRON_CHECK(owned.numel() == owned_numel_ && full.numel() >= flat_numel_,
+              "scatter_to_owned sizes");
   for (const Bucket& bk : buckets_) {
     const int64_t chunk = opt_.distributed_optimizer ? bk.numel / dp_->size() : bk.numel;
     const int64_t lo = opt_.distributed_optimizer ? bk.begin + dp_->rank() * chunk : bk.begin;

@@ -10,7 +10,8 @@
 //   starts at once, on the communicator's worker, while backward goes on: a reduce-scatter into
 //   this rank's shard (distributed optimizer) or an all-reduce of the whole bucket. finish_grads()
 //   waits for all of them. Gradients are sums: the caller pre-scales the loss so they are means.
-// - The distributed optimizer: rank r owns chunk r of every bucket; the optimizer updates only owned
+// - The distributed optimizer: rank r owns chunk r of every bucket; the optimizer updates only
+// owned
 //   segments (owned()), in place in the flat parameter buffer. Then each bucket's parameters are
 //   all-gathered over DP — at once (after_update) or, with overlap_param_gather, lazily: the bucket
 //   is marked stale and the first read of any of its parameters in the next forward dispatches its
@@ -22,6 +23,13 @@
 // gather if not yet, wait if in flight, a state check once done. Anything that reads a parameter
 // ahead of its owner (the GTP prefetch, a captured graph's replay) must call it first; Var::param
 // does. `readiness_callbacks(false)` (tests only) switches them off to show what breaks.
+//
+// Note [DDP on a device]
+// The flat buffers, shards and staging buffers live on the parameters' device (all parameters
+// share one; so does the communicator). On CUDA every copy is queued on the current stream and
+// the OwnedSegment pointers are device pointers: the optimizer updates them with its CUDA kernels
+// and computes the gradient norm on the device (grad_square_sum() is the host path, CPU only).
+// gather_owned() returns a tensor on that device.
 //
 // Thread safety: one thread drives a DataParallel (the training thread).
 #pragma once
@@ -52,7 +60,8 @@ struct OwnedSegment {
 
 class DataParallel {
  public:
-  // REQUIRES: CPU fp32 parameters; `dp` outlives this object (size 1 is a valid, trivial group).
+  // REQUIRES: fp32 parameters, all on the communicator's device; `dp` outlives this object (size 1
+  // is a valid, trivial group).
   DataParallel(const std::vector<Parameter*>& params, Communicator* dp, const DdpOptions& opt);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
@@ -69,7 +78,7 @@ class DataParallel {
   const std::vector<OwnedSegment>& owned() const { return owned_; }
   int64_t owned_numel() const { return owned_numel_; }
   // Σ g² over owned segments, summed over the DP group when the optimizer is distributed (every
-  // rank gets the same value). Deterministic: fixed order, double accumulation.
+  // rank gets the same value). Deterministic: fixed order, double accumulation. REQUIRES: CPU.
   double grad_square_sum();
 
   // After the optimizer updated owned() segments: gather parameters now, or mark buckets stale
@@ -79,11 +88,13 @@ class DataParallel {
   void ensure_all_ready();
 
   // Full flat state from owned state (all-gather per bucket) and back; for checkpoints of
-  // optimizer moments. `owned` has owned_numel() elements; `full` flat_numel().
+  // optimizer moments. `owned` has owned_numel() elements; `full` flat_numel(). gather_owned's
+  // result lives on device(); scatter_to_owned takes `full` on any device.
   Tensor gather_owned(const Tensor& owned);
   void scatter_to_owned(const Tensor& full, Tensor& owned) const;
   int64_t flat_numel() const { return flat_numel_; }
   int64_t flat_offset(const Parameter* p) const;
+  Device device() const { return device_; }
 
   // Test/metrics counters.
   int64_t param_gathers_issued() const { return gathers_issued_; }
@@ -99,6 +110,7 @@ class DataParallel {
 
   Communicator* dp_;
   DdpOptions opt_;
+  Device device_ = Device::cpu();  // of every parameter and buffer
   std::vector<Parameter*> params_;
   std::vector<Bucket> buckets_;
   std::vector<OwnedSegment> owned_;

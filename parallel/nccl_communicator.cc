@@ -179,4 +179,40 @@ Grid make_nccl_grid(StoreClient& store, int world_rank, int world_size, int gtp,
       prefix);
 }
 
+namespace {
+
+class NcclSymmetricBackend : public memory::SymmetricBackend {
+ public:
+  explicit NcclSymmetricBackend(NcclCommunicator& comm) : comm_(comm) {}
+  void* allocate(size_t bytes) override {
+    CUDA_CHECK(cudaSetDevice(comm_.device().index));
+    void* p = nullptr;
+    if (ncclMemAlloc(&p, bytes) != ncclSuccess) return nullptr;
+    return p;
+  }
+  memory::WindowHandle register_window(void* ptr, size_t bytes) override {
+    ncclWindow_t win = nullptr;
+    NCCL_CHECK(ncclCommWindowRegister(static_cast<ncclComm_t>(comm_.nccl_comm()), ptr, bytes, &win,
+                                      NCCL_WIN_COLL_SYMMETRIC));
+    return win;
+  }
+  void deregister_window(memory::WindowHandle window) noexcept override {
+    if (window != nullptr) {
+      ncclCommWindowDeregister(static_cast<ncclComm_t>(comm_.nccl_comm()),
+                               static_cast<ncclWindow_t>(window));
+    }
+  }
+  void free(void* ptr) noexcept override { ncclMemFree(ptr); }
+  std::string name() const override { return "nccl-symmetric:" + comm_.name(); }
+
+ private:
+  NcclCommunicator& comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<memory::SymmetricBackend> make_nccl_symmetric_backend(NcclCommunicator& comm) {
+  return std::make_unique<NcclSymmetricBackend>(comm);
+}
+
 }  // namespace gtron::parallel

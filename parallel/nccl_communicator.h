@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "memory/symmetric_pool.h"
 #include "model/stream.h"
 #include "model/tensor.h"
 #include "parallel/communicator.h"
@@ -39,6 +40,8 @@ class NcclCommunicator final : public Communicator {
   const std::string& name() const override { return name_; }
   // The communicator's own stream (collectives run there).
   Stream& stream() { return stream_; }
+  // The ncclComm_t, for window registration.
+  void* nccl_comm() const { return comm_; }
 
   Work all_gather(const Tensor& in, Tensor& out) override;
   Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::kSum) override;
@@ -64,6 +67,13 @@ class NcclCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_nccl_communicator(StoreClient& store, const std::string& name,
                                                      int rank, int size, Device device);
+
+// The NCCL backend of the GTP send pool (memory/symmetric_pool.h): buffers from ncclMemAlloc,
+// registered as NCCL_WIN_COLL_SYMMETRIC windows of `comm` (ncclCommWindowRegister), so NCCL can run
+// its symmetric-memory reduce-scatter kernels on them. Registration is collective: every rank of
+// `comm` must allocate in the same order (the pool's order is deterministic). The pool must be
+// destroyed — windows deregistered — before `comm`.
+std::unique_ptr<memory::SymmetricBackend> make_nccl_symmetric_backend(NcclCommunicator& comm);
 
 // make_grid with NCCL communicators on `device`.
 Grid make_nccl_grid(StoreClient& store, int world_rank, int world_size, int gtp, Device device,

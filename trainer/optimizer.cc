@@ -1,6 +1,11 @@
 #include "trainer/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "model/cuda/runtime.h"
+#include "model/stream.h"
+#include "trainer/optimizer_cuda.h"
 
 namespace gtron {
 
@@ -20,13 +25,20 @@ void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, doubl
   }
 }
 
-AdamW::AdamW(int64_t state_numel, std::unordered_set<const Parameter*> decayed, AdamWHyper hyper)
-    : decayed_(std::move(decayed)), hyper_(hyper) {
-  m_ = Tensor::zeros({std::max<int64_t>(state_numel, 1)}, DType::kF32);
-  v_ = Tensor::zeros({std::max<int64_t>(state_numel, 1)}, DType::kF32);
+AdamW::AdamW(int64_t state_numel, std::unordered_set<const Parameter*> decayed, AdamWHyper hyper,
+             Device device)
+    : decayed_(std::move(decayed)), hyper_(hyper), device_(device) {
+  m_ = Tensor::zeros({std::max<int64_t>(state_numel, 1)}, DType::kF32, device_);
+  v_ = Tensor::zeros({std::max<int64_t>(state_numel, 1)}, DType::kF32, device_);
+  if (device_.is_cuda()) {
+    scale_ = Tensor::from_vector({1.0}, {1}, DType::kF32).to(device_);
+    norm_ = Tensor::zeros({1}, DType::kF32, device_);
+  }
 }
 
 void AdamW::step(const std::vector<parallel::OwnedSegment>& segments, double lr, float grad_scale) {
+  GTRON_CHECK(device_.is_cpu(), "AdamW::step is the CPU path; on ", device_.str(),
+              " use clip_on_device + step_on_device");
   ++t_;
   float* m = m_.data<float>();
   float* v = v_.data<float>();
@@ -35,6 +47,71 @@ void AdamW::step(const std::vector<parallel::OwnedSegment>& segments, double lr,
     adamw_update(s.w, s.g, m + s.state_offset, v + s.state_offset, s.n, lr, wd, hyper_, t_,
                  grad_scale);
   }
+}
+
+void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
+  if (num_chunks_ >= 0) {
+    GTRON_CHECK(
+        segments.size() == num_segments_ && (segments.empty() || segments.front().w == first_w_),
+        "AdamW: the owned segments moved since the chunk table was built");
+    return;
+  }
+  std::vector<cuda::OptimChunk> host;
+  float* m = m_.data<float>();
+  float* v = v_.data<float>();
+  for (const parallel::OwnedSegment& s : segments) {
+    const int32_t decay = decayed_.count(s.param) ? 1 : 0;
+    for (int64_t b = 0; b < s.n; b += cuda::kOptimChunk) {
+      cuda::OptimChunk c;
+      c.w = s.w + b;
+      c.g = s.g + b;
+      c.m = m + s.state_offset + b;
+      c.v = v + s.state_offset + b;
+      c.n = static_cast<int32_t>(std::min<int64_t>(cuda::kOptimChunk, s.n - b));
+      c.decay = decay;
+      host.push_back(c);
+    }
+  }
+  num_chunks_ = static_cast<int64_t>(host.size());
+  num_segments_ = segments.size();
+  first_w_ = segments.empty() ? nullptr : segments.front().w;
+  const int64_t bytes = num_chunks_ * static_cast<int64_t>(sizeof(cuda::OptimChunk));
+  Stream& s = current_stream(device_);
+  chunks_ = Tensor::empty({std::max<int64_t>((bytes + 3) / 4, 1)}, DType::kI32, device_, &s);
+  partials_ = Tensor::zeros({std::max<int64_t>(num_chunks_, 1)}, DType::kF64, device_, &s);
+  if (bytes > 0)
+    cuda::memcpy_async(chunks_.raw(), host.data(), static_cast<size_t>(bytes), s.native());
+  s.synchronize();  // once, at set-up: `host` dies here
+}
+
+void AdamW::clip_on_device(const std::vector<parallel::OwnedSegment>& segments, double clip,
+                           float* norm_out) {
+  GTRON_CHECK(device_.is_cuda(), "clip_on_device on a ", device_.str(), " optimizer");
+  build_chunks(segments);
+  Stream& s = current_stream(device_);
+  const auto* table = static_cast<const cuda::OptimChunk*>(chunks_.raw());
+  cuda::grad_sumsq_partials(table, num_chunks_, partials_.data<double>(), s.native());
+  cuda::grad_norm_finalize(partials_.data<double>(), num_chunks_, clip,
+                           norm_out ? norm_out : norm_.data<float>(), scale_.data<float>(),
+                           s.native());
+}
+
+void AdamW::step_on_device(const std::vector<parallel::OwnedSegment>& segments, double lr) {
+  GTRON_CHECK(device_.is_cuda(), "step_on_device on a ", device_.str(), " optimizer");
+  build_chunks(segments);
+  ++t_;
+  const AdamWHyper& h = hyper_;
+  cuda::AdamWConstants k;
+  k.lr = static_cast<float>(lr);
+  k.b1 = static_cast<float>(h.beta1);
+  k.b2 = static_cast<float>(h.beta2);
+  k.eps = static_cast<float>(h.eps);
+  k.c1 = static_cast<float>(1.0 / (1.0 - std::pow(h.beta1, static_cast<double>(t_))));
+  k.c2 = static_cast<float>(1.0 / (1.0 - std::pow(h.beta2, static_cast<double>(t_))));
+  k.wd = static_cast<float>(h.weight_decay);
+  Stream& s = current_stream(device_);
+  cuda::adamw_chunks(static_cast<const cuda::OptimChunk*>(chunks_.raw()), num_chunks_, k,
+                     scale_.data<float>(), s.native());
 }
 
 float clip_scale(double norm, double clip) {

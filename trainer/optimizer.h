@@ -5,6 +5,16 @@
 // in flat arrays indexed by each segment's state_offset.
 //   m = β1·m + (1−β1)·g;  v = β2·v + (1−β2)·g²
 //   w -= lr·( m/(1−β1^t) / (sqrt(v/(1−β2^t)) + ε) + wd·w )       (wd only where decay applies)
+//
+// Note [device step]
+// On CUDA the moments live on the device and a step makes no host round trip:
+// clip_on_device() computes the global gradient norm over the owned segments and the clip factor
+// into device memory (trainer/optimizer_cuda.h: fixed-order, deterministic), and step_on_device()
+// runs AdamW reading that factor on the device. The norm reaches the host only when the caller
+// reads it (the training loop does on log steps). Owned segments must stay at fixed addresses
+// (DataParallel's flat buffers never move): the chunk table is built from them once. The norm
+// covers this rank's owned segments only — right for one process; a DP group would add an
+// all-reduce of the partial sum (the multi-GPU issue). The CPU path (step()) is unchanged.
 #pragma once
 
 #include <cstdint>
@@ -29,13 +39,25 @@ void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, doubl
 
 class AdamW {
  public:
-  // `state_numel` elements of m and v (DataParallel::owned_numel()); `decayed` lists the
-  // parameters that get weight decay.
-  AdamW(int64_t state_numel, std::unordered_set<const Parameter*> decayed, AdamWHyper hyper);
+  // `state_numel` elements of m and v (DataParallel::owned_numel()) on `device`; `decayed` lists
+  // the parameters that get weight decay.
+  AdamW(int64_t state_numel, std::unordered_set<const Parameter*> decayed, AdamWHyper hyper,
+        Device device = Device::cpu());
 
   // One update of every segment with learning rate `lr`; gradients are multiplied by grad_scale
-  // (clipping) first.
+  // (clipping) first. REQUIRES: a CPU optimizer.
   void step(const std::vector<parallel::OwnedSegment>& segments, double lr, float grad_scale);
+
+  // CUDA (Note [device step]). Queues, on the current stream, the global norm of the segments'
+  // gradients into norm_out[0] (a device f32; null: kept internally) and the clip factor for
+  // `clip` (clip_scale's rule) into device memory. REQUIRES: a CUDA optimizer; the same segments
+  // (same addresses) on every call.
+  void clip_on_device(const std::vector<parallel::OwnedSegment>& segments, double clip,
+                      float* norm_out);
+  // Queues one AdamW update of every segment with the clip factor of the last clip_on_device()
+  // (1 if none ran yet).
+  void step_on_device(const std::vector<parallel::OwnedSegment>& segments, double lr);
+  Device device() const { return device_; }
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
@@ -43,10 +65,21 @@ class AdamW {
   Tensor& v() { return v_; }  // [state_numel]
 
  private:
+  void build_chunks(const std::vector<parallel::OwnedSegment>& segments);
+
   std::unordered_set<const Parameter*> decayed_;
   AdamWHyper hyper_;
+  Device device_;
   Tensor m_, v_;
   int64_t t_ = 0;
+  // CUDA state (Note [device step]).
+  Tensor chunks_;                   // cuda::OptimChunk[num_chunks_], raw bytes
+  int64_t num_chunks_ = -1;         // -1: not built yet
+  const float* first_w_ = nullptr;  // identity check of the segments the table was built from
+  size_t num_segments_ = 0;
+  Tensor partials_;  // f64 [num_chunks_]: per-chunk Σ g²
+  Tensor scale_;     // f32 [1]: clip factor
+  Tensor norm_;      // f32 [1]: last norm when the caller passes none
 };
 
 // The clipping factor for a global gradient norm: min(1, clip / norm); 1 when clip <= 0.

@@ -17,21 +17,26 @@ parallel::DdpOptions ddp_options(const Config& cfg) {
 }  // namespace
 
 ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid)
-    : model_(model), grid_(grid) {
+    : model_(model),
+      grid_(grid),
+      // A single process reduces over itself on the parameters' device (cpu or cuda:N).
+      self_(model.parameters().empty() ? Device::cpu()
+                                       : model.parameters().front()->data.device()) {
   const bool gtp = grid_ != nullptr && grid_->layout.gtp_size > 1;
   std::vector<Parameter*> sharded, whole;
-  for (Parameter* p : model.parameters()) (gtp && is_sharded_kind(p) ? sharded : whole).push_back(p);
+  for (Parameter* p : model.parameters())
+    (gtp && is_sharded_kind(p) ? sharded : whole).push_back(p);
   if (gtp) {
     gtp_ = std::make_unique<parallel::GtpWeights>(
         sharded, grid_->gtp.get(),
         parallel::GtpOptions{cfg.parallel.gtp_reuse_repeated_send_buffer});
     model.set_weight_access(gtp_.get());
-    parts_.push_back({std::make_unique<parallel::DataParallel>(sharded, grid_->dp.get(),
-                                                               ddp_options(cfg)),
-                      0, sharded});
-    parts_.push_back({std::make_unique<parallel::DataParallel>(whole, grid_->world.get(),
-                                                               ddp_options(cfg)),
-                      0, whole});
+    parts_.push_back(
+        {std::make_unique<parallel::DataParallel>(sharded, grid_->dp.get(), ddp_options(cfg)), 0,
+         sharded});
+    parts_.push_back(
+        {std::make_unique<parallel::DataParallel>(whole, grid_->world.get(), ddp_options(cfg)), 0,
+         whole});
   } else {
     parallel::Communicator* dp = grid_ ? grid_->dp.get() : &self_;
     parts_.push_back(
@@ -100,8 +105,8 @@ std::vector<NamedTensor> ParallelState::full_parameters() {
   ensure_all_ready();
   std::vector<NamedTensor> out;
   for (Parameter* p : model_.parameters()) {
-    out.push_back({p->name, gtp_ && gtp_->is_sharded(p) ? gtp_->gather_full(p, p->data)
-                                                        : p->data.clone()});
+    out.push_back(
+        {p->name, gtp_ && gtp_->is_sharded(p) ? gtp_->gather_full(p, p->data) : p->data.clone()});
   }
   return out;
 }

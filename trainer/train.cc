@@ -13,6 +13,8 @@
 #include <random>
 #include <unordered_set>
 
+#include "model/cuda/runtime.h"
+#include "model/mixed_precision.h"
 #include "model/stream.h"
 #include "parallel/gloo_communicator.h"
 #include "parallel/store.h"
@@ -20,6 +22,7 @@
 #include "trainer/checkpoint_io.h"
 #include "trainer/metrics.h"
 #include "trainer/optimizer.h"
+#include "trainer/optimizer_cuda.h"
 #include "trainer/parallel_state.h"
 #include "trainer/prepare.h"
 #include "trainer/sampler.h"
@@ -48,27 +51,50 @@ void make_dirs(const std::string& path) {
   }
 }
 
-// The device runs use. The model's CUDA kernels land with the GPU backend issue; until then a
-// run stays on CPU ("auto") or is refused ("cuda") with a clear message.
-Device pick_device(const Config& cfg) {
-  DeviceChoice d = resolve_device(cfg.train, /*cuda_available=*/false);
-  if (cfg.train.device == DeviceChoice::kCuda || d == DeviceChoice::kCuda) {
-    throw UserError(
-        "train.device = \"cuda\": this build trains on CPU only (the CUDA kernels of the model "
-        "are not in it yet). Hint: use train.device=cpu or auto.");
+struct DevicePlan {
+  Device device;
+  bool bf16 = false;  // bf16 mixed precision (Note [bf16 shadows] in model/mixed_precision.h)
+};
+
+// The device and precision a run uses: "auto" is cuda:0 when a GPU is present, else the CPU;
+// "cuda" without a GPU is a UserError (resolve_device). Precision "auto" is bf16 on cuda, fp32 on
+// the CPU. One process per GPU only for now: a multi-process run on cuda is refused, and "auto"
+// keeps multi-process runs on the CPU (Gloo), as before the GPU backend.
+DevicePlan pick_device(const Config& cfg, int world_size) {
+  const bool gpu = cuda_device_count() > 0;
+  if (world_size > 1) {
+    if (cfg.train.device == DeviceChoice::kCuda) {
+      throw UserError(str_cat(
+          "train.device = \"cuda\" with world size ", world_size,
+          ": multi-GPU training lands with the multi-GPU issue (NCCL); this build trains one "
+          "process per run on a GPU. Hint: run one process, or train.device=cpu for Gloo "
+          "multi-process training."));
+    }
+    resolve_precision(cfg.train, DeviceChoice::kCpu);
+    return {Device::cpu(), false};
   }
-  resolve_precision(cfg.train, DeviceChoice::kCpu);
-  return Device::cpu();
+  const DeviceChoice d = resolve_device(cfg.train, gpu);
+  const PrecisionChoice p = resolve_precision(cfg.train, d);
+  if (d == DeviceChoice::kCuda) return {Device::cuda(0), p == PrecisionChoice::kBf16};
+  return {Device::cpu(), false};
+}
+
+// A checkpoint writer reads host memory: CUDA tensors come back first (a sync, at save time only).
+std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
+  for (NamedTensor& nt : tensors) {
+    if (nt.tensor.device().is_cuda()) nt.tensor = nt.tensor.to(Device::cpu());
+  }
+  return tensors;
 }
 
 std::unordered_set<const Parameter*> decayed_parameters(const GPT& model,
-                                                       const OptimizerConfig& oc) {
+                                                        const OptimizerConfig& oc) {
   std::unordered_set<const Parameter*> out;
   for (const Parameter* p : model.parameters()) {
     const bool embedding =
         p->name == "wte.weight" || p->name == "wpe.weight" || p->name == "lm_head.weight";
-    const bool decay = embedding ? oc.decay_embeddings
-                                 : (p->weight_decay || oc.decay_norms_and_biases);
+    const bool decay =
+        embedding ? oc.decay_embeddings : (p->weight_decay || oc.decay_norms_and_biases);
     if (decay) out.insert(p);
   }
   return out;
@@ -163,12 +189,30 @@ class Run {
   int train();
 
  private:
+  // Note [CUDA step]: the GPU loop; returns an exit code like train().
+  int train_cuda();
+  // Reads the device loss rows of the steps since the last flush; pushes them to the summary,
+  // stops on a non-finite value (returns false), logs when `done` is a log step.
+  bool flush_cuda(int64_t done);
+  // After the last step: the final evaluation and summary line.
+  int finish();
   bool is_rank0() const { return env_.rank == 0; }
   void print_header(const ResolvedData& data) const;
   // Mean over the world of a few per-rank values (every rank gets the result).
   std::vector<double> world_mean(const std::vector<double>& values);
   void save_checkpoint();
   void log_step(int64_t done, double lr, double gnorm, const std::vector<double>& losses);
+  bool is_log_step(int64_t done) const {
+    return done % cfg_.log.every == 0 || done == cfg_.train.steps;
+  }
+  bool is_eval_step(int64_t done) const {
+    return cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0 &&
+           done != cfg_.train.steps;
+  }
+  bool is_checkpoint_step(int64_t done) const {
+    return (cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) ||
+           done == cfg_.train.steps;
+  }
 
   const Config& cfg_;
   TrainSummary* summary_;
@@ -176,12 +220,18 @@ class Run {
   parallel::Rendezvous rdv_;
   parallel::Grid grid_;
   Device device_;
+  bool bf16_ = false;
   ResolvedData data_;
   std::unique_ptr<ShardSet> train_shards_;
   std::unique_ptr<SequenceSampler> sampler_;
   std::unique_ptr<GPT> model_;
   std::unique_ptr<ParallelState> par_;
   std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<Bf16Weights> bf16_weights_;  // bf16 runs: the model's weight access
+  // CUDA: per-step rows [total, main, mtp_1..D, grad norm] since the last flush (f32, device),
+  // and the lr of each of those steps (host).
+  Tensor step_rows_;
+  std::vector<double> row_lr_;
   Schedule sched_;
   MetricsWriter metrics_;
   int64_t start_ = 0;
@@ -194,7 +244,9 @@ class Run {
 Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
     : cfg_(cfg), summary_(summary), env_(parallel::dist_env_from_environment()) {
   validate(cfg_, env_.world_size);
-  device_ = pick_device(cfg_);
+  const DevicePlan plan = pick_device(cfg_, env_.world_size);
+  device_ = plan.device;
+  bf16_ = plan.bf16;
   if (env_.world_size > 1) {
     rdv_ = parallel::rendezvous(env_);
     grid_ = parallel::make_gloo_grid(*rdv_.client, env_.rank, env_.world_size,
@@ -212,14 +264,18 @@ Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
   // FLOPs of the full model, before GTP shards its weights.
   flops_per_step_ = model_->flops_per_token(cfg_.train.seq_len) *
                     static_cast<double>(cfg_.train.global_batch * cfg_.train.seq_len);
-  const std::unordered_set<const Parameter*> decayed =
-      decayed_parameters(*model_, cfg_.optimizer);
+  const std::unordered_set<const Parameter*> decayed = decayed_parameters(*model_, cfg_.optimizer);
   par_ = std::make_unique<ParallelState>(*model_, cfg_, grid_.world ? &grid_ : nullptr);
   AdamWHyper hyper{cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
                    cfg_.optimizer.weight_decay};
-  opt_ = std::make_unique<AdamW>(par_->owned_numel(), decayed, hyper);
-  sched_ = Schedule{cfg_.schedule.kind,  cfg_.optimizer.lr,          cfg_.schedule.warmup_steps,
-                    cfg_.train.steps,    cfg_.schedule.min_lr_ratio, cfg_.schedule.wsd_decay_fraction};
+  opt_ = std::make_unique<AdamW>(par_->owned_numel(), decayed, hyper, device_);
+  if (bf16_) {
+    bf16_weights_ = std::make_unique<Bf16Weights>();
+    model_->set_weight_access(bf16_weights_.get());
+  }
+  sched_ =
+      Schedule{cfg_.schedule.kind, cfg_.optimizer.lr,          cfg_.schedule.warmup_steps,
+               cfg_.train.steps,   cfg_.schedule.min_lr_ratio, cfg_.schedule.wsd_decay_fraction};
   accum_ = grad_accum_steps(cfg_, env_.world_size);
 
   if (resume) {
@@ -228,8 +284,10 @@ Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
       CheckpointTensors c = read_checkpoint_tensors(*dir, /*with_optimizer=*/true);
       par_->load(c, *dir, opt_->m(), opt_->v());
       opt_->set_steps_taken(c.optimizer_steps);
+      if (bf16_weights_) bf16_weights_->refresh();
       start_ = read_trainer_state(*dir).step;
-      if (is_rank0()) std::printf("resumed from %s (step %ld)\n", dir->c_str(), static_cast<long>(start_));
+      if (is_rank0())
+        std::printf("resumed from %s (step %ld)\n", dir->c_str(), static_cast<long>(start_));
     } else if (is_rank0()) {
       std::printf("--resume: no complete checkpoint in %s; starting from step 0\n", root.c_str());
     }
@@ -246,19 +304,21 @@ Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
 
 void Run::print_header(const ResolvedData& data) const {
   const Config& c = cfg_;
-  std::printf("gtron train: %ld parameters | L=%ld C=%ld NH=%ld V=%ld (padded %ld) T=%ld | MTP D=%ld\n",
-              static_cast<long>(model_->num_parameters()), static_cast<long>(c.model.n_layer),
-              static_cast<long>(c.model.n_embd), static_cast<long>(c.model.n_head),
-              static_cast<long>(c.model.vocab_size), static_cast<long>(c.model.padded_vocab()),
-              static_cast<long>(c.train.seq_len), static_cast<long>(c.mtp.depth));
-  std::printf("world %d (DP %d x GTP %ld) on %s, fp32 | batch %ld seqs = %ld ranks x %ld micro x %ld "
-              "accum | %ld tokens/step | MFU peak %s\n",
-              env_.world_size, env_.world_size / static_cast<int>(c.parallel.gtp),
-              static_cast<long>(c.parallel.gtp), device_.str().c_str(),
-              static_cast<long>(c.train.global_batch), static_cast<long>(env_.world_size),
-              static_cast<long>(c.train.micro_batch), static_cast<long>(accum_),
-              static_cast<long>(c.train.global_batch * c.train.seq_len),
-              describe_peak(device_, false).c_str());
+  std::printf(
+      "gtron train: %ld parameters | L=%ld C=%ld NH=%ld V=%ld (padded %ld) T=%ld | MTP D=%ld\n",
+      static_cast<long>(model_->num_parameters()), static_cast<long>(c.model.n_layer),
+      static_cast<long>(c.model.n_embd), static_cast<long>(c.model.n_head),
+      static_cast<long>(c.model.vocab_size), static_cast<long>(c.model.padded_vocab()),
+      static_cast<long>(c.train.seq_len), static_cast<long>(c.mtp.depth));
+  std::printf(
+      "world %d (DP %d x GTP %ld) on %s, %s | batch %ld seqs = %ld ranks x %ld micro x %ld "
+      "accum | %ld tokens/step | MFU peak %s\n",
+      env_.world_size, env_.world_size / static_cast<int>(c.parallel.gtp),
+      static_cast<long>(c.parallel.gtp), device_.str().c_str(),
+      bf16_ ? "bf16 mixed precision" : "fp32", static_cast<long>(c.train.global_batch),
+      static_cast<long>(env_.world_size), static_cast<long>(c.train.micro_batch),
+      static_cast<long>(accum_), static_cast<long>(c.train.global_batch * c.train.seq_len),
+      describe_peak(device_, bf16_).c_str());
   std::printf("data: %s (%ld tokens)", data.train_glob.c_str(),
               static_cast<long>(train_shards_->total_tokens()));
   if (data.entropy_rate) {
@@ -279,8 +339,8 @@ std::vector<double> Run::world_mean(const std::vector<double>& values) {
 }
 
 void Run::save_checkpoint() {
-  std::vector<NamedTensor> params = par_->full_parameters();
-  std::vector<NamedTensor> moments = par_->full_moments(opt_->m(), opt_->v());
+  std::vector<NamedTensor> params = on_host(par_->full_parameters());
+  std::vector<NamedTensor> moments = on_host(par_->full_moments(opt_->m(), opt_->v()));
   if (is_rank0()) {
     TrainerState st{start_, opt_->steps_taken(), cfg_.train.seed, resolved_json(cfg_)};
     std::string dir = save_training_checkpoint(checkpoint_dir(cfg_), params, moments, st,
@@ -303,10 +363,17 @@ void Run::log_step(int64_t done, double lr, double gnorm, const std::vector<doub
   sm.tokens_per_s =
       static_cast<double>(window_steps_ * cfg_.train.global_batch * cfg_.train.seq_len) / dt;
   sm.mfu = flops_per_step_ * static_cast<double>(window_steps_) / dt /
-           (peak_flops(device_, false) * env_.world_size);
-  sm.peak_mem_gib = static_cast<double>(allocator_for(device_).stats().peak_allocated) / (1ull << 30);
+           (peak_flops(device_, bf16_) * env_.world_size);
+  sm.peak_mem_gib =
+      static_cast<double>(allocator_for(device_).stats().peak_allocated) / (1ull << 30);
   sm.elapsed_s = seconds_since(t_run_);
   sm.extra = par_->metrics();
+  if (device_.is_cuda()) {
+    // Steady state makes no backend allocations: misses and reserved bytes stay flat.
+    const memory::AllocatorStats st = allocator_for(device_).stats();
+    sm.extra.push_back({"alloc_misses", static_cast<double>(st.misses)});
+    sm.extra.push_back({"reserved_mib", static_cast<double>(st.reserved) / (1 << 20)});
+  }
   sm.eta_s = dt / static_cast<double>(window_steps_) * static_cast<double>(cfg_.train.steps - done);
   std::printf("%s\n", format_line(sm).c_str());
   std::fflush(stdout);
@@ -316,6 +383,7 @@ void Run::log_step(int64_t done, double lr, double gnorm, const std::vector<doub
 }
 
 int Run::train() {
+  if (device_.is_cuda()) return train_cuda();
   const int64_t T = cfg_.train.seq_len, mb = cfg_.train.micro_batch;
   const size_t D = static_cast<size_t>(cfg_.mtp.depth);
   Tensor window = Tensor::empty({mb, T + 1}, DType::kI32);
@@ -358,27 +426,156 @@ int Run::train() {
     if (is_rank0() && (done % cfg_.log.every == 0 || done == cfg_.train.steps)) {
       log_step(done, lr, gnorm, losses);
     }
-    if (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0 && done != cfg_.train.steps) {
+    if (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0 &&
+        done != cfg_.train.steps) {
       par_->ensure_all_ready();
       EvalResult ev = evaluate(*model_, cfg_, data_.val_glob);
-      if (is_rank0()) std::printf("eval step %ld | val main loss %.4f\n", static_cast<long>(done), ev.main_loss);
+      if (is_rank0())
+        std::printf("eval step %ld | val main loss %.4f\n", static_cast<long>(done), ev.main_loss);
     }
-    if ((cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) || done == cfg_.train.steps) {
+    if ((cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) ||
+        done == cfg_.train.steps) {
       save_checkpoint();
     }
   }
+  return finish();
+}
+
+int Run::finish() {
   par_->ensure_all_ready();
   EvalResult ev = evaluate(*model_, cfg_, data_.val_glob);
   if (summary_) summary_->val_loss = ev.main_loss;
   if (!is_rank0()) return kExitOk;
-  std::printf("final: val main loss %.4f over %ld tokens", ev.main_loss, static_cast<long>(ev.tokens));
-  for (size_t k = 0; k < ev.mtp_losses.size(); ++k) std::printf(" | val mtp%zu %.4f", k + 1, ev.mtp_losses[k]);
+  std::printf("final: val main loss %.4f over %ld tokens", ev.main_loss,
+              static_cast<long>(ev.tokens));
+  for (size_t k = 0; k < ev.mtp_losses.size(); ++k)
+    std::printf(" | val mtp%zu %.4f", k + 1, ev.mtp_losses[k]);
   if (data_.entropy_rate) {
     std::printf(" | entropy floor %.4f | gap %.4f nats/token", *data_.entropy_rate,
                 ev.main_loss - *data_.entropy_rate);
   }
   std::printf(" | %.1f s\n", seconds_since(t_run_));
   return kExitOk;
+}
+
+// Note [CUDA step]
+// A steady-state step on the GPU queues its work on the current stream and never waits for it:
+// - tokens: the sampler writes each micro-batch window into a slot of a pinned ring, and one
+//   cudaMemcpyAsync moves it into a device window; GPT cuts the shifted inputs and targets on the
+//   device. Before a slot is rewritten the host waits on the event of the copy that last read it,
+//   queued kRing micro-batches earlier: long done unless the host runs that far ahead of the GPU
+//   (then the wait is flow control, not a drain of the queue).
+// - backward is seeded from a device scalar (no host->device copy per micro-batch).
+// - the losses are summed into the step's device row, the gradient norm and the clip factor are
+//   computed on the device (the norm into the same row) and AdamW reads the factor there; the
+//   bf16 shadows are re-cast from the updated masters at their next use.
+// - the rows come back to the host (one sync) only at a flush: on log steps, and before an
+//   evaluation or a checkpoint. The non-finite check runs at each flush over every step since the
+//   previous one, so a NaN is detected at the next flush (at most log.every steps late, always
+//   before a checkpoint is written) rather than before the update of the step it appears in, as
+//   on the CPU. The message names both steps.
+int Run::train_cuda() {
+  const int64_t T = cfg_.train.seq_len, mb = cfg_.train.micro_batch;
+  const int D = static_cast<int>(cfg_.mtp.depth);
+  const int64_t width = 3 + D;  // total, main, mtp_1..D, grad norm
+  GTRON_CHECK(2 + D <= cuda::kMaxScalars, "mtp.depth ", D, ": at most ", cuda::kMaxScalars - 2,
+              " depths on CUDA");
+  const int64_t rows = std::max<int64_t>(1, std::min(cfg_.log.every, cfg_.train.steps));
+  Stream& stream = current_stream(device_);
+  step_rows_ = Tensor::zeros({rows, width}, DType::kF32, device_, &stream);
+  row_lr_.clear();
+
+  constexpr int kRing = 4;
+  const size_t window_bytes = static_cast<size_t>(mb * (T + 1)) * sizeof(int32_t);
+  cuda::PinnedBuffer pinned(window_bytes * kRing);
+  std::vector<std::unique_ptr<Event>> fences;
+  for (int i = 0; i < kRing; ++i) fences.push_back(std::make_unique<Event>(device_));
+  std::vector<bool> fenced(kRing, false);
+  Tensor window = Tensor::empty({mb, T + 1}, DType::kI32, device_, &stream);
+  // The same seed as the CPU loop, as a device scalar: 1/(accum·world) makes the summed
+  // gradients the mean over the global batch.
+  const double seed = 1.0 / static_cast<double>(accum_ * env_.world_size);
+  Tensor seed_dev = Tensor::from_vector({seed}, Shape{}, DType::kF32).to(device_, &stream);
+
+  int64_t micro = 0;
+  for (int64_t step = start_; step < cfg_.train.steps; ++step) {
+    float* row = step_rows_.data<float>() + static_cast<int64_t>(row_lr_.size()) * width;
+    par_->zero_grads();
+    for (int64_t m = 0; m < accum_; ++m, ++micro) {
+      par_->set_last_microbatch(m == accum_ - 1);
+      const int slot = static_cast<int>(micro % kRing);
+      if (fenced[slot]) fences[slot]->synchronize();
+      auto* host = reinterpret_cast<int32_t*>(static_cast<char*>(pinned.data()) +
+                                              static_cast<size_t>(slot) * window_bytes);
+      const int64_t first_seq = (env_.rank * accum_ + m) * mb;
+      sampler_->sample(cfg_.train.seed, step, first_seq, mb, host);
+      cuda::memcpy_async(window.raw(), host, window_bytes, stream.native());
+      fences[slot]->record(stream);
+      fenced[slot] = true;
+      GPTOutput out = model_->forward(window);
+      backward_with(out.loss, seed_dev);
+      par_->finish_backward();
+      cuda::ScalarList losses;
+      losses.src[losses.n++] = out.loss.value().data<float>();
+      losses.src[losses.n++] = out.main_loss.value().data<float>();
+      for (const Var& l : out.mtp_losses) losses.src[losses.n++] = l.value().data<float>();
+      cuda::accumulate_scalars(losses, static_cast<float>(1.0 / static_cast<double>(accum_)), row,
+                               stream.native());
+    }
+    par_->finish_grads();
+    opt_->clip_on_device(par_->owned(), cfg_.optimizer.grad_clip, row + 2 + D);
+    const double lr = sched_.at(step);
+    opt_->step_on_device(par_->owned(), lr);
+    par_->after_update();
+    if (bf16_weights_) bf16_weights_->refresh();
+    row_lr_.push_back(lr);
+    ++window_steps_;
+    const int64_t done = step + 1;
+    start_ = done;
+    const bool eval = is_eval_step(done), ckpt = is_checkpoint_step(done);
+    if (is_log_step(done) || eval || ckpt || static_cast<int64_t>(row_lr_.size()) == rows) {
+      if (!flush_cuda(done)) return kExitNonFinite;
+    }
+    if (eval) {
+      par_->ensure_all_ready();
+      EvalResult ev = evaluate(*model_, cfg_, data_.val_glob);
+      if (is_rank0()) {
+        std::printf("eval step %ld | val main loss %.4f\n", static_cast<long>(done), ev.main_loss);
+      }
+    }
+    if (ckpt) save_checkpoint();
+  }
+  return finish();
+}
+
+bool Run::flush_cuda(int64_t done) {
+  const int D = static_cast<int>(cfg_.mtp.depth);
+  const int64_t width = 3 + D;
+  const int64_t n = static_cast<int64_t>(row_lr_.size());
+  if (n == 0) return true;
+  const std::vector<double> v = step_rows_.rows(0, n).to_vector();  // the one host sync
+  step_rows_.zero_();
+  for (int64_t r = 0; r < n; ++r) {
+    const double* row = v.data() + r * width;
+    const double gnorm = row[2 + D];
+    if (!std::isfinite(row[0]) || !std::isfinite(gnorm)) {
+      auto last = find_latest_complete(checkpoint_dir(cfg_));
+      std::fprintf(stderr,
+                   "gtron: non-finite %s at step %ld (loss %g, grad norm %g), detected at step %ld "
+                   "(on CUDA the check runs on log steps); stopping. Last good checkpoint: %s. "
+                   "Hint: lower optimizer.lr or enable optimizer.grad_clip.\n",
+                   std::isfinite(row[0]) ? "gradient" : "loss", static_cast<long>(done - n + 1 + r),
+                   row[0], gnorm, static_cast<long>(done), last ? last->c_str() : "none");
+      return false;
+    }
+    if (summary_) summary_->losses.push_back(row[0]);
+  }
+  const double* last = v.data() + (n - 1) * width;
+  if (is_rank0() && is_log_step(done)) {
+    log_step(done, row_lr_.back(), last[2 + D], std::vector<double>(last, last + 2 + D));
+  }
+  row_lr_.clear();
+  return true;
 }
 
 }  // namespace

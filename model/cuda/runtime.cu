@@ -39,11 +39,50 @@ void event_synchronize(void* event) {
 }
 
 void memcpy_async(void* dst, const void* src, size_t bytes, void* stream) {
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+  CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
 }
 
 void memset_async(void* dst, int value, size_t bytes, void* stream) {
   CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)));
+}
+
+void memcpy_2d_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                     size_t height, void* stream) {
+  if (width == 0 || height == 0) return;
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDefault,
+                               static_cast<cudaStream_t>(stream)));
+}
+
+void memset_2d_async(void* dst, size_t pitch, int value, size_t width, size_t height,
+                     void* stream) {
+  if (width == 0 || height == 0) return;
+  CUDA_CHECK(
+      cudaMemset2DAsync(dst, pitch, value, width, height, static_cast<cudaStream_t>(stream)));
+}
+
+PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
+  CUDA_CHECK(cudaHostAlloc(&ptr_, bytes > 0 ? bytes : 1, cudaHostAllocDefault));
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (ptr_ != nullptr) cudaFreeHost(ptr_);
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+  o.ptr_ = nullptr;
+  o.bytes_ = 0;
+}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
 }
 
 }  // namespace gtron::cuda

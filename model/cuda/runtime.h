@@ -17,5 +17,33 @@ void stream_wait_event(void* stream, void* event);
 void event_synchronize(void* event);
 void memcpy_async(void* dst, const void* src, size_t bytes, void* stream);
 void memset_async(void* dst, int value, size_t bytes, void* stream);
+// Strided copies and fills of `height` rows of `width` bytes (row pitches in bytes): cut and pad
+// every row of a matrix in one call.
+void memcpy_2d_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                     size_t height, void* stream);
+void memset_2d_async(void* dst, size_t pitch, int value, size_t width, size_t height, void* stream);
+
+// Page-locked host memory (cudaHostAlloc): a host->device copy from it is a true asynchronous DMA,
+// never staged through a driver buffer that may synchronize with the stream. Owns its bytes;
+// non-copyable, movable; the destructor never throws.
+// REQUIRES: the caller keeps the bytes unchanged until every copy queued from them has run (fence
+// with an Event before writing them again).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& o) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
 
 }  // namespace gtron::cuda

@@ -1,0 +1,39 @@
+#include "model/mixed_precision.h"
+
+#include "model/stream.h"
+
+namespace gtron {
+
+Var Bf16Weights::use(Parameter& p) {
+  p.make_ready();
+  GTRON_CHECK(p.data.device().is_cuda() && p.data.dtype() == DType::kF32, "Bf16Weights: ", p.name,
+              " is ", p.data.device().str(), "/", dtype_name(p.data.dtype()),
+              "; bf16 shadows are made from fp32 CUDA masters");
+  Shadow& s = shadows_[&p];
+  Stream& stream = current_stream(p.data.device());
+  if (!s.value.defined()) {
+    s.value = Tensor::empty(p.data.shape(), DType::kBF16, p.data.device(), &stream);
+    s.stale = true;
+  }
+  if (s.stale) {
+    cuda::cast_f32_to_bf16(p.data.data<float>(), s.value.raw(), p.data.numel(), stream.native());
+    s.stale = false;
+    ++casts_;
+  }
+  Var v = Var::external(s.value);
+  v.set_grad(p.main_grad);
+  note_param_use(p);
+  return v;
+}
+
+void Bf16Weights::refresh() {
+  for (auto& kv : shadows_) kv.second.stale = true;
+}
+
+int64_t Bf16Weights::shadow_bytes() const {
+  int64_t n = 0;
+  for (const auto& kv : shadows_) n += static_cast<int64_t>(kv.second.value.nbytes());
+  return n;
+}
+
+}  // namespace gtron

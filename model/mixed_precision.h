@@ -1,0 +1,58 @@
+// bf16 mixed precision on CUDA (DESIGN.md "Hand-written autograd"): the GEMMs and the embedding
+// read bf16 shadow copies of the fp32 master weights; gradients land in the fp32 main_grad.
+//
+// Note [bf16 shadows]
+// - Parameter::data stays the fp32 master (updated by the optimizer, saved in checkpoints).
+// - Every parameter that goes through the WeightAccess (linear weights, the embedding table, the
+//   output head) gets one bf16 shadow of its shape, allocated at its first use and kept for the
+//   life of the Bf16Weights: a steady-state step allocates nothing here.
+// - A shadow is re-cast from the master at its first use after refresh() (one cast kernel on the
+//   current stream, ordered after the optimizer's kernels by the stream). The cast comes after
+//   p.make_ready(), so a lazily gathered DDP bucket is never read early; later uses in the same
+//   pass (the tied embedding/head under MTP) reuse it.
+// - The use's Var has the shadow as its value and the fp32 main_grad as its grad slot, so the
+//   linear wgrad and the embedding scatter-add accumulate in fp32 (the CUDA launchers accept an
+//   f32 dw/dtable next to bf16 activations), and note_param_use keeps the DDP grad-ready count.
+// - Activations follow: the embedding output takes the table's dtype (bf16), so every activation
+//   after it is bf16; norms, positions and biases read their fp32 masters directly; the loss is
+//   fp32.
+//
+// Thread safety: one thread (the training thread) drives it.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+
+#include "model/layers.h"
+
+namespace gtron {
+
+class Bf16Weights : public WeightAccess {
+ public:
+  Bf16Weights() = default;
+  Bf16Weights(const Bf16Weights&) = delete;
+  Bf16Weights& operator=(const Bf16Weights&) = delete;
+
+  // REQUIRES: p.data is an fp32 CUDA tensor.
+  Var use(Parameter& p) override;
+  // Marks every shadow stale: call after every optimizer step and after loading weights.
+  void refresh();
+
+  int64_t shadow_bytes() const;             // bytes held by the shadows
+  int64_t casts() const { return casts_; }  // cast kernels launched so far (tests)
+
+ private:
+  struct Shadow {
+    Tensor value;  // bf16, p.data's shape
+    bool stale = true;
+  };
+  std::unordered_map<const Parameter*, Shadow> shadows_;
+  int64_t casts_ = 0;
+};
+
+namespace cuda {
+// y[i] = bf16(x[i]) (round to nearest even) for i < n, on `stream` (a cudaStream_t).
+void cast_f32_to_bf16(const float* x, void* y, int64_t n, void* stream);
+}  // namespace cuda
+
+}  // namespace gtron

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds every GPU test (tags = ["gpu"]) and the GPU benchmark, and copies the binaries into
+# .gpubin/ (git-ignored), flat, so they can be carried to a GPU machine without Bazel and run:
+#   export LD_LIBRARY_PATH=$PWD/.gpubin/lib
+#   for t in .gpubin/*_test; do "$t" || echo "FAILED: $t"; done
+#   .gpubin/bench_gpu --D 0; .gpubin/bench_gpu --D 1      (or scripts/bench_gpu.sh there)
+# The binaries link everything statically except cuBLAS/cuBLASLt (and NCCL), which the GPU
+# machines have in the same CUDA 13.0 install. No test reads runfiles: trainer tests write under
+# $TEST_TMPDIR, or /tmp when it is unset.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mapfile -t tests < <(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null)
+if [[ ${#tests[@]} -eq 0 ]]; then
+  echo "gpu_tests.sh: no gpu-tagged tests found" >&2
+  exit 1
+fi
+bazel build "${tests[@]}" //tests/trainer:bench_gpu
+rm -rf .gpubin
+mkdir -p .gpubin
+for label in "${tests[@]}" //tests/trainer:bench_gpu; do
+  path="bazel-bin/${label#//}"
+  path="${path/://}"
+  cp "$path" .gpubin/
+  chmod u+w ".gpubin/$(basename "$path")"
+done
+cp scripts/bench_gpu.sh .gpubin/
+# Shared libraries of this image that a GPU machine may lack (Gloo and its dependencies, libgomp):
+# run there with LD_LIBRARY_PATH=.gpubin/lib. CUDA's own libraries and the C runtime stay out.
+mkdir -p .gpubin/lib
+for bin in .gpubin/*_test .gpubin/bench_gpu; do
+  ldd "$bin" | awk '$3 ~ /^\// {print $3}'
+done | sort -u | grep -v -E '/usr/local/cuda|/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
+  while read -r lib; do cp -L "$lib" .gpubin/lib/; done
+ls -1 .gpubin .gpubin/lib

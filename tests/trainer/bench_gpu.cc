@@ -1,0 +1,129 @@
+// GPU benchmark of full training steps — forward, backward, gradient norm and clip factor on the
+// device, AdamW on the device, bf16 shadow refresh — of a GPT on random tokens, through the same
+// pieces the trainer uses (Note [CUDA step] in trainer/train.cc): a single-process DataParallel
+// over a SelfCommunicator on cuda:0, Bf16Weights, a pinned token buffer copied with
+// cudaMemcpyAsync. Nothing reads back to the host inside the timed region; the host waits for the
+// GPU only before and after it. Prints one JSON line. Used by scripts/bench_gpu.sh; never a test.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "model/cuda/runtime.h"
+#include "model/gpt.h"
+#include "model/mixed_precision.h"
+#include "model/stream.h"
+#include "parallel/ddp.h"
+#include "parallel/self_communicator.h"
+#include "trainer/metrics.h"
+#include "trainer/optimizer.h"
+
+namespace {
+
+std::string flag(int argc, char** argv, const std::string& name, const std::string& def) {
+  std::string v = def;  // the last occurrence wins, so callers can override defaults
+  for (int i = 1; i + 1 < argc; ++i)
+    if (argv[i] == "--" + name) v = argv[i + 1];
+  return v;
+}
+
+int64_t arg(int argc, char** argv, const std::string& name, int64_t def) {
+  return std::atoll(flag(argc, argv, name, std::to_string(def)).c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace gtron;
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "bench_gpu: no CUDA device\n");
+    return 1;
+  }
+  GPTConfig c;
+  c.n_layer = static_cast<int>(arg(argc, argv, "L", 12));
+  c.n_embd = arg(argc, argv, "C", 768);
+  c.n_head = static_cast<int>(arg(argc, argv, "NH", 12));
+  c.vocab_size = arg(argc, argv, "V", 50257);  // padded to 50304
+  const int64_t T = arg(argc, argv, "T", 1024);
+  const int64_t B = arg(argc, argv, "B", 16);
+  c.mtp_depth = static_cast<int>(arg(argc, argv, "D", 0));
+  c.context_length = T;
+  const int steps = static_cast<int>(arg(argc, argv, "steps", 50));
+  const int warmup = static_cast<int>(arg(argc, argv, "warmup", 5));
+  const std::string precision = flag(argc, argv, "precision", "bf16");
+  const bool bf16 = precision == "bf16";
+  if (!bf16 && precision != "fp32") {
+    std::fprintf(stderr, "bench_gpu: --precision is bf16 or fp32, got '%s'\n", precision.c_str());
+    return 2;
+  }
+
+  const Device dev = Device::cuda(0);
+  Stream& stream = current_stream(dev);
+  GPT model(c, DType::kF32, dev, 1);
+  parallel::SelfCommunicator comm(dev);
+  parallel::DataParallel dp(model.parameters(), &comm, parallel::DdpOptions{});
+  std::unordered_set<const Parameter*> decayed;
+  for (const Parameter* p : model.parameters()) {
+    if (p->weight_decay) decayed.insert(p);
+  }
+  AdamW opt(dp.owned_numel(), decayed, AdamWHyper{}, dev);
+  Bf16Weights shadows;
+  if (bf16) model.set_weight_access(&shadows);
+
+  // Random tokens, written once into pinned memory and copied to the device every step.
+  const size_t window_bytes = static_cast<size_t>(B * (T + 1)) * sizeof(int32_t);
+  cuda::PinnedBuffer pinned(window_bytes);
+  auto* tok = static_cast<int32_t*>(pinned.data());
+  uint64_t s = 12345;
+  for (int64_t i = 0; i < B * (T + 1); ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    tok[i] = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(c.vocab_size));
+  }
+  Tensor window = Tensor::empty({B, T + 1}, DType::kI32, dev, &stream);
+  Tensor seed = Tensor::from_vector({1.0}, Shape{}, DType::kF32).to(dev, &stream);
+  Tensor last_loss;
+
+  auto step = [&] {
+    dp.zero_grads();
+    dp.set_last_microbatch(true);
+    cuda::memcpy_async(window.raw(), tok, window_bytes, stream.native());
+    GPTOutput out = model.forward(window);
+    backward_with(out.loss, seed);
+    dp.finish_grads();
+    opt.clip_on_device(dp.owned(), 1.0, nullptr);
+    opt.step_on_device(dp.owned(), 6e-4);
+    dp.after_update();
+    shadows.refresh();
+    last_loss = out.loss.value();
+  };
+
+  memory::CachingAllocator& alloc = allocator_for(dev);
+  for (int i = 0; i < warmup; ++i) step();
+  stream.synchronize();
+  const uint64_t misses0 = alloc.stats().misses;
+  const size_t reserved0 = alloc.stats().reserved;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) step();
+  stream.synchronize();
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const memory::AllocatorStats st = alloc.stats();
+
+  const double tps = static_cast<double>(B * T) * steps / sec;
+  const double mfu = tps * model.flops_per_token(T) / peak_flops(dev, bf16);
+  std::printf(
+      "{\"tokens_per_s\": %.1f, \"ms_per_step\": %.3f, \"mfu\": %.4f, \"peak_mem_gib\": %.3f, "
+      "\"allocator_misses_steady_state\": %llu, \"reserved_growth_bytes\": %lld, "
+      "\"precision\": \"%s\", \"L\": %d, \"C\": %ld, \"NH\": %d, \"T\": %ld, \"B\": %ld, "
+      "\"V\": %ld, \"Vp\": %ld, \"D\": %d, \"steps\": %d, \"warmup\": %d, \"loss\": %.4f, "
+      "\"params\": %ld}\n",
+      tps, 1e3 * sec / steps, mfu, static_cast<double>(st.peak_allocated) / (1ull << 30),
+      static_cast<unsigned long long>(st.misses - misses0),
+      static_cast<long long>(st.reserved) - static_cast<long long>(reserved0), precision.c_str(),
+      c.n_layer, static_cast<long>(c.n_embd), c.n_head, static_cast<long>(T), static_cast<long>(B),
+      static_cast<long>(c.vocab_size), static_cast<long>(c.padded_vocab()), c.mtp_depth, steps,
+      warmup, last_loss.item(), static_cast<long>(model.num_parameters()));
+  return 0;
+}

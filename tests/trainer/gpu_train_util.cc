@@ -1,0 +1,43 @@
+#include "tests/trainer/gpu_train_util.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+namespace gtron::testing {
+
+std::string fresh_dir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(base ? base : "/tmp") + "/gtron_gpu_" + name;
+  const int rc = std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str());
+  EXPECT_EQ(rc, 0) << dir;
+  return dir;
+}
+
+Config tiny_train_config(const std::string& out_dir, const std::string& device,
+                         const std::string& precision, int64_t steps, int64_t log_every) {
+  const std::string json = R"({
+    "model": {"vocab_size": 16, "context_length": 32, "n_layer": 2, "n_head": 4, "n_embd": 64},
+    "mtp": {"depth": 1},
+    "data": {"synthetic": {"order": 2, "vocab": 16, "alpha": 0.2, "tokens": 100000,
+                           "val_tokens": 10000}},
+    "optimizer": {"lr": 3e-3, "weight_decay": 0.0},
+    "schedule": {"kind": "cosine", "warmup_steps": 10},
+    "train": {"global_batch": 16, "micro_batch": 8, "seq_len": 32, "eval_batches": 2},
+    "checkpoint": {"every": 0}
+  })";
+  return config_from_json_text(json,
+                               {"train.steps=" + std::to_string(steps), "train.device=" + device,
+                                "train.precision=" + precision, "train.out_dir=" + out_dir,
+                                "log.every=" + std::to_string(log_every)},
+                               "tiny GPU test config");
+}
+
+TrainSummary train_ok(const Config& cfg) {
+  TrainSummary s;
+  EXPECT_EQ(run_training(cfg, /*resume=*/false, &s), kExitOk);
+  EXPECT_EQ(static_cast<int64_t>(s.losses.size()), cfg.train.steps);
+  return s;
+}
+
+}  // namespace gtron::testing

@@ -1,0 +1,117 @@
+// Kernels behind trainer/optimizer_cuda.h: chunked Σ g², its fixed-order finalize with the clip
+// factor, the chunked AdamW update, and the on-device loss sums.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "model/cuda/check.cuh"
+#include "trainer/optimizer_cuda.h"
+
+namespace gtron::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kFinalThreads = 1024;
+
+// Sum over the block in a fixed tree (deterministic for a fixed block size); the result is valid
+// in thread 0. REQUIRES: blockDim.x == kN, a power of two; smem holds kN doubles.
+template <int kN>
+__device__ double block_sum_fixed(double v, double* smem) {
+  smem[threadIdx.x] = v;
+  __syncthreads();
+#pragma unroll
+  for (int s = kN / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) smem[threadIdx.x] += smem[threadIdx.x + s];
+    __syncthreads();
+  }
+  return smem[0];
+}
+
+__global__ void sumsq_kernel(const OptimChunk* chunks, double* partials) {
+  __shared__ double smem[kThreads];
+  const OptimChunk c = chunks[blockIdx.x];
+  double s = 0;
+  for (int i = threadIdx.x; i < c.n; i += kThreads) {
+    const double g = c.g[i];
+    s += g * g;
+  }
+  const double total = block_sum_fixed<kThreads>(s, smem);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+__global__ void finalize_kernel(const double* partials, int64_t n, double clip, float* norm_out,
+                                float* scale_out) {
+  __shared__ double smem[kFinalThreads];
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kFinalThreads) s += partials[i];
+  const double total = block_sum_fixed<kFinalThreads>(s, smem);
+  if (threadIdx.x == 0) {
+    const double norm = sqrt(total);
+    norm_out[0] = static_cast<float>(norm);
+    // clip_scale(): 1 unless clip > 0 and norm > clip (a NaN norm compares false: 1).
+    scale_out[0] = (clip > 0 && norm > clip) ? static_cast<float>(clip / (norm + 1e-6)) : 1.f;
+  }
+}
+
+__global__ void adamw_kernel(const OptimChunk* chunks, AdamWConstants k, const float* scale) {
+  const OptimChunk c = chunks[blockIdx.x];
+  const float gs = scale[0];
+  const float wd = c.decay ? k.wd : 0.f;
+  for (int i = threadIdx.x; i < c.n; i += kThreads) {
+    const float gi = c.g[i] * gs;
+    const float m = k.b1 * c.m[i] + (1.f - k.b1) * gi;
+    const float v = k.b2 * c.v[i] + (1.f - k.b2) * gi * gi;
+    c.m[i] = m;
+    c.v[i] = v;
+    const float w = c.w[i];
+    const float update = (m * k.c1) / (sqrtf(v * k.c2) + k.eps) + wd * w;
+    c.w[i] = w - k.lr * update;
+  }
+}
+
+__global__ void accumulate_kernel(ScalarList list, float factor, float* dst) {
+  const int i = threadIdx.x;
+  if (i < list.n) dst[i] += factor * list.src[i][0];
+}
+
+}  // namespace
+
+void grad_sumsq_partials(const OptimChunk* chunks, int64_t num_chunks, double* partials,
+                         void* stream) {
+  GTRON_CHECK(num_chunks >= 0 && num_chunks < (int64_t{1} << 31),
+              "grad_sumsq_partials: ", num_chunks, " chunks");
+  if (num_chunks == 0) return;
+  sumsq_kernel<<<static_cast<unsigned>(num_chunks), kThreads, 0,
+                 static_cast<cudaStream_t>(stream)>>>(chunks, partials);
+  CUDA_CHECK_LAUNCH();
+}
+
+void grad_norm_finalize(const double* partials, int64_t num_partials, double clip, float* norm_out,
+                        float* scale_out, void* stream) {
+  GTRON_CHECK(num_partials >= 0 && norm_out != nullptr && scale_out != nullptr,
+              "grad_norm_finalize: bad arguments");
+  finalize_kernel<<<1, kFinalThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      partials, num_partials, clip, norm_out, scale_out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void adamw_chunks(const OptimChunk* chunks, int64_t num_chunks, const AdamWConstants& k,
+                  const float* scale, void* stream) {
+  GTRON_CHECK(num_chunks >= 0 && num_chunks < (int64_t{1} << 31) && scale != nullptr,
+              "adamw_chunks: ", num_chunks, " chunks");
+  if (num_chunks == 0) return;
+  adamw_kernel<<<static_cast<unsigned>(num_chunks), kThreads, 0,
+                 static_cast<cudaStream_t>(stream)>>>(chunks, k, scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+void accumulate_scalars(const ScalarList& list, float factor, float* dst, void* stream) {
+  GTRON_CHECK(list.n >= 0 && list.n <= kMaxScalars, "accumulate_scalars: ", list.n,
+              " scalars (at most ", kMaxScalars, ")");
+  if (list.n == 0) return;
+  accumulate_kernel<<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>(list, factor, dst);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace gtron::cuda

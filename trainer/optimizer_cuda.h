@@ -1,0 +1,58 @@
+// CUDA kernels of the optimizer step (launchers only; no CUDA headers): the global gradient norm
+// with its clipping factor, and AdamW, over a table of chunks of the owned segments; plus the
+// loss sums the training loop keeps on the device.
+//
+// Policy: segments are cut into chunks of at most kOptimChunk elements, one thread block per
+// chunk, so one launch covers every parameter. The norm is deterministic: each chunk's Σ g² is
+// summed in a fixed order (per-thread strided sums, then a fixed tree) in double, and the chunk
+// partials are combined by one block in a fixed order. The clip factor is computed on the device
+// and AdamW reads it from device memory: no host round trip between the two.
+#pragma once
+
+#include <cstdint>
+
+namespace gtron::cuda {
+
+constexpr int64_t kOptimChunk = 16384;
+
+// Elements [0, n) of one owned segment, all device pointers.
+struct OptimChunk {
+  float* w = nullptr;        // parameter values (fp32 master)
+  const float* g = nullptr;  // reduced gradient
+  float* m = nullptr;        // AdamW first moment
+  float* v = nullptr;        // AdamW second moment
+  int32_t n = 0;             // 1 <= n <= kOptimChunk
+  int32_t decay = 0;         // 1: weight decay applies to this segment
+};
+
+// partials[i] = Σ g² over chunk i (double). REQUIRES: `chunks` (device) holds num_chunks entries.
+void grad_sumsq_partials(const OptimChunk* chunks, int64_t num_chunks, double* partials,
+                         void* stream);
+// norm_out[0] = sqrt(Σ partials) (f32); scale_out[0] = clip / (norm + 1e-6) when clip > 0 and
+// norm > clip, else 1 — the same rule as clip_scale() in trainer/optimizer.h (a NaN norm gives 1).
+void grad_norm_finalize(const double* partials, int64_t num_partials, double clip, float* norm_out,
+                        float* scale_out, void* stream);
+
+// Per-step constants of the update (computed on the host in double, rounded to float as the CPU
+// path does).
+struct AdamWConstants {
+  float lr = 0, b1 = 0, b2 = 0, eps = 0;
+  float c1 = 0, c2 = 0;  // 1/(1−β1^t), 1/(1−β2^t)
+  float wd = 0;          // decay of chunks with decay = 1
+};
+// For every element, with gi = g · scale[0] (read on the device):
+//   m = β1·m + (1−β1)·gi;  v = β2·v + (1−β2)·gi²;  w −= lr·((m·c1)/(sqrt(v·c2) + ε) + wd·w)
+// — the formula of adamw_update() on the CPU.
+void adamw_chunks(const OptimChunk* chunks, int64_t num_chunks, const AdamWConstants& k,
+                  const float* scale, void* stream);
+
+// dst[i] += factor · src[i][0] for i < n: the training loop's per-step loss sums (f32 scalars on
+// the device), so no micro-batch reads a loss back to the host.
+constexpr int kMaxScalars = 16;
+struct ScalarList {
+  const float* src[kMaxScalars] = {};
+  int n = 0;
+};
+void accumulate_scalars(const ScalarList& list, float factor, float* dst, void* stream);
+
+}  // namespace gtron::cuda
