@@ -1,6 +1,7 @@
 #include "trainer/metrics.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <thread>
 
 #include "model/check.h"
@@ -88,6 +89,25 @@ std::string format_json(const StepMetrics& m) {
 void MetricsWriter::open(const std::string& path, bool append) {
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
   if (f_ == nullptr) throw UserError("cannot open metrics file '" + path + "' for writing");
+}
+
+void MetricsWriter::open_for_resume(const std::string& path, int64_t step) {
+  std::string kept;
+  if (std::FILE* in = std::fopen(path.c_str(), "r")) {
+    char buf[4096];
+    std::string line;
+    while (std::fgets(buf, sizeof buf, in) != nullptr) {
+      line += buf;
+      if (line.empty() || line.back() != '\n') continue;
+      const size_t at = line.find("\"step\": ");
+      if (at != std::string::npos && std::atoll(line.c_str() + at + 8) <= step) kept += line;
+      line.clear();
+    }
+    std::fclose(in);
+  }
+  open(path, /*append=*/false);
+  std::fputs(kept.c_str(), f_);
+  std::fflush(f_);
 }
 
 void MetricsWriter::write(const std::string& json_line) {

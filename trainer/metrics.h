@@ -42,6 +42,9 @@ class MetricsWriter {
   MetricsWriter() = default;
   // Opens `path` for append when resuming, else truncates. Throws UserError if it cannot.
   void open(const std::string& path, bool append);
+  // Resuming after step `step`: keeps the records of steps <= `step` (a run that died after its
+  // last checkpoint logged steps that will run again) and appends after them.
+  void open_for_resume(const std::string& path, int64_t step);
   void write(const std::string& json_line);
   ~MetricsWriter();
 
