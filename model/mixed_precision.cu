@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "model/cuda/check.cuh"
+#include "model/cuda/check.h"
 #include "model/mixed_precision.h"
 
 namespace gtron::cuda {

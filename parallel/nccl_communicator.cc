@@ -6,30 +6,14 @@
 #include <utility>
 #include <vector>
 
-#include "model/check.h"
+#include "model/cuda/check.h"
 
-// The backend-call checks of model/cuda/check.cuh, restated for this .cc (that header is private to
-// the nvcc-compiled target): a failure aborts with the call, file, line and device.
-#define GTRON_NCCL_CHECK_CALL(ok, call, what)                                \
-  do {                                                                       \
-    if (!(ok)) {                                                             \
-      int dev_ = -1;                                                         \
-      cudaGetDevice(&dev_);                                                  \
-      ::gtron::check_failed(call, __FILE__, __LINE__,                        \
-                            ::gtron::str_cat(what, " (device ", dev_, ")")); \
-    }                                                                        \
-  } while (0)
-
-#define CUDA_CHECK(expr)                                                         \
-  do {                                                                           \
-    cudaError_t err_ = (expr);                                                   \
-    GTRON_NCCL_CHECK_CALL(err_ == cudaSuccess, #expr, cudaGetErrorString(err_)); \
-  } while (0)
-
-#define NCCL_CHECK(expr)                                                         \
-  do {                                                                           \
-    ncclResult_t res_ = (expr);                                                  \
-    GTRON_NCCL_CHECK_CALL(res_ == ncclSuccess, #expr, ncclGetErrorString(res_)); \
+// NCCL_CHECK joins the backend-call family of model/cuda/check.h (one failure policy: the call,
+// file, line and device, then abort).
+#define NCCL_CHECK(expr)                                                    \
+  do {                                                                      \
+    ncclResult_t res_ = (expr);                                             \
+    GTRON_CHECK_CALL(res_ == ncclSuccess, #expr, ncclGetErrorString(res_)); \
   } while (0)
 
 namespace gtron::parallel {

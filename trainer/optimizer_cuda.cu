@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "model/cuda/check.cuh"
+#include "model/cuda/check.h"
 #include "trainer/optimizer_cuda.h"
 
 namespace gtron::cuda {

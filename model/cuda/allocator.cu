@@ -4,7 +4,7 @@
 #include <string>
 
 #include "memory/caching_allocator.h"
-#include "model/cuda/check.cuh"
+#include "model/cuda/check.h"
 
 namespace gtron {
 

@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "model/cuda/check.cuh"
+#include "model/cuda/check.h"
 
 namespace gtron::cuda {
 

@@ -20,7 +20,7 @@
 #include <memory>
 #include <mutex>
 
-#include "model/cuda/check.cuh"
+#include "model/cuda/check.h"
 #include "model/cuda/gemm.h"
 
 #define CUBLAS_CHECK(expr)                                                               \

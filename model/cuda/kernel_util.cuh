@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "model/cuda/check.cuh"
+#include "model/cuda/check.h"
 #include "model/dtype.h"
 
 namespace gtron::cuda {

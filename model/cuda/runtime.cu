@@ -1,4 +1,4 @@
-#include "model/cuda/check.cuh"
+#include "model/cuda/check.h"
 #include "model/cuda/runtime.h"
 
 namespace gtron::cuda {
