@@ -204,12 +204,13 @@ std::vector<KeySpec> build_schema() {
           "Gather updated parameters lazily, bucket by bucket, in the next forward."),
       key(GTRON_FIELD(parallel.bucket_mb), 25.0, above(0), "Gradient bucket size, MiB."),
       key(GTRON_FIELD(parallel.gtp_symmetric_memory), true, any,
-          "GTP send buffers in NCCL symmetric-memory windows."),
+          "GTP send buffers in NCCL symmetric-memory windows (NCCL runs; Gloo uses plain memory)."),
       key(GTRON_FIELD(parallel.gtp_reuse_repeated_send_buffer), true, any,
           "A repeated backward of one weight reuses its own in-flight send buffer."),
       // graphs
       key(GTRON_FIELD(graphs.scope), GraphScope::kNone, any,
-          "What is captured into graphs: none, each transformer block, or the whole step."),
+          "What is captured into graphs: none, each transformer block, or the whole step "
+          "(capture lands with the graphs issue: only none is accepted by train today)."),
       key(GTRON_FIELD(graphs.warmup), 2, at_least(2), "Eager iterations before capture."),
       // checkpoint
       key(GTRON_FIELD(checkpoint.dir), "", any, "\"\" = <train.out_dir>/checkpoints."),

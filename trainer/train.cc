@@ -216,6 +216,10 @@ class Run {
 Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
     : cfg_(cfg), summary_(summary), env_(parallel::dist_env_from_environment()) {
   validate(cfg_, env_.world_size);
+  if (cfg_.graphs.scope != GraphScope::kNone) {
+    throw UserError(std::string("graphs.scope = \"") + to_string(cfg_.graphs.scope) +
+                    "\": graph capture is not in this build yet. Hint: use graphs.scope=none.");
+  }
   const DevicePlan plan = pick_device(cfg_, env_.world_size);
   device_ = plan.device;
   bf16_ = plan.bf16;

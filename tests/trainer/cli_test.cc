@@ -72,6 +72,7 @@ TEST_F(BadInput, ConfigsAndFlags) {
       {"warmup", {"--set", "schedule.warmup_steps=10"}, "schedule.warmup_steps"},
       {"keep", {"--set", "checkpoint.keep=0"}, "checkpoint.keep"},
       {"cuda", {"--set", "train.device=cuda"}, "train.device"},
+      {"graphs", {"--set", "graphs.scope=layers"}, "graphs.scope"},
       {"no_shards", {"--set", "data.train=" + dir_ + "/nothing_*.bin"}, "nothing_*.bin"},
       {"unknown_flag", {"train", "--config", "x.json", "--bogus"}, "--bogus", true},
       {"no_config", {"train"}, "--config", true},
