@@ -200,5 +200,39 @@ TEST_F(BadInput, CheckpointHoldsTheDocumentedNamesAndShapes) {
   EXPECT_NE(wrong.exit_code, 0) << wrong.output;
 }
 
+TEST_F(BadInput, PrepareTextTrainEvalAndSampleEndToEnd) {
+  // The happy path of the other subcommands: byte-level shards from a text file, a few steps of a
+  // byte-level model, eval of its checkpoint, and sampling from it.
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  write_text(dir_ + "/corpus.txt", text);
+  const std::string data = dir_ + "/bytes";
+  auto prep = run_gtron({"prepare", "--text", dir_ + "/corpus.txt", "--out", data});
+  ASSERT_EQ(prep.exit_code, 0) << prep.output;
+  const std::string out = dir_ + "/bytes_run";
+  const std::vector<std::string> sets = {"--set", "model.vocab_size=256",
+                                         "--set", "data.train=" + data + "/train_*.bin",
+                                         "--set", "data.val=" + data + "/val_*.bin",
+                                         "--set", "mtp.depth=0"};
+  std::vector<std::string> args = {"train", "--config", config_, "--out", out};
+  args.insert(args.end(), sets.begin(), sets.end());
+  auto train = run_gtron(args);
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  const std::string ckpt = out + "/checkpoints/step_00000004";
+  std::vector<std::string> eval_args = {"eval", "--config", config_, "--checkpoint", ckpt};
+  eval_args.insert(eval_args.end(), sets.begin(), sets.end());
+  auto eval = run_gtron(eval_args);
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_NE(eval.output.find("\"val_main_loss\": "), std::string::npos) << eval.output;
+  auto sample = run_gtron(
+      {"sample", "--checkpoint", ckpt, "--prompt", "the quick", "--tokens", "20", "--seed", "3"});
+  ASSERT_EQ(sample.exit_code, 0) << sample.output;
+  EXPECT_EQ(sample.output.rfind("the quick", 0), 0u) << sample.output;
+  EXPECT_GE(sample.output.size(), std::string("the quick").size() + 20) << sample.output;
+  auto again = run_gtron(
+      {"sample", "--checkpoint", ckpt, "--prompt", "the quick", "--tokens", "20", "--seed", "3"});
+  EXPECT_EQ(again.output, sample.output) << "sampling with one seed is deterministic";
+}
+
 }  // namespace
 }  // namespace gtron
