@@ -19,6 +19,7 @@
 // this version is the correct, simple baseline.
 //
 // Determinism: GEMMs pin one algorithm per shape; the row kernels reduce with xor butterflies.
+#include <algorithm>
 #include <cmath>
 
 #include "model/cuda/gemm.h"
@@ -48,30 +49,39 @@ struct Dims {
 };
 
 // dst (heads) [BH, T, HS] (stride sHd) = the head blocks of src rows [B·T, src_row] (col 0.. C).
+// One block per row b·T + t (grid-stride): the row's (b, t) is divided out once, and the column's
+// (h, j) with 32-bit arithmetic — per-element 64-bit divisions made this kernel ALU-bound.
 template <typename T>
 __global__ void to_heads_kernel(const T* __restrict__ src, int64_t src_row, T* __restrict__ dst,
                                 Dims d) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= d.B * d.T * d.C) return;
-  const int64_t c = e % d.C;
-  const int64_t bt = e / d.C;  // b·T + t
-  const int64_t b = bt / d.T, t = bt % d.T, h = c / d.HS, j = c % d.HS;
-  dst[(b * d.NH + h) * d.sHd + t * d.HS + j] = src[bt * src_row + c];
+  const int C = static_cast<int>(d.C), HS = static_cast<int>(d.HS);
+  for (int64_t bt = blockIdx.x; bt < d.B * d.T; bt += gridDim.x) {
+    const int64_t b = bt / d.T, t = bt % d.T;
+    const T* in = src + bt * src_row;
+    T* out = dst + b * d.NH * d.sHd + t * d.HS;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      const int h = c / HS;
+      out[h * d.sHd + (c - h * HS)] = in[c];
+    }
+  }
 }
 
-// dst rows [B·T, dst_row] (col 0.. C) = (or +=) heads [BH, T, HS].
+// dst rows [B·T, dst_row] (col 0.. C) = (or +=) heads [BH, T, HS]; the layout of to_heads_kernel.
 template <typename S, typename D, bool kAccumulate>
 __global__ void from_heads_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t dst_row,
                                   Dims d) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= d.B * d.T * d.C) return;
-  const int64_t c = e % d.C;
-  const int64_t bt = e / d.C;
-  const int64_t b = bt / d.T, t = bt % d.T, h = c / d.HS, j = c % d.HS;
-  float v = to_float(src[(b * d.NH + h) * d.sHd + t * d.HS + j]);
-  D* out = dst + bt * dst_row + c;
-  if constexpr (kAccumulate) v += to_float(*out);
-  *out = from_float<D>(v);
+  const int C = static_cast<int>(d.C), HS = static_cast<int>(d.HS);
+  for (int64_t bt = blockIdx.x; bt < d.B * d.T; bt += gridDim.x) {
+    const int64_t b = bt / d.T, t = bt % d.T;
+    const S* in = src + b * d.NH * d.sHd + t * d.HS;
+    D* out = dst + bt * dst_row;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      const int h = c / HS;
+      float v = to_float(in[h * d.sHd + (c - h * HS)]);
+      if constexpr (kAccumulate) v += to_float(out[c]);
+      out[c] = from_float<D>(v);
+    }
+  }
 }
 
 // Row r = (bh, t): P[s] = exp(scale·S[s] − lse) for s <= t, 0 above; lse[r] = log Σ_{s<=t} ...
@@ -96,40 +106,50 @@ __global__ void causal_softmax_kernel(const float* __restrict__ S, T* __restrict
   if (lane == 0) lse[r] = l;
 }
 
-// P = exp(scale·S − lse[row]) below and on the diagonal, 0 above (one thread per element).
+// P = exp(scale·S − lse[row]) below and on the diagonal, 0 above. One warp per row, like the
+// other row kernels (one thread per element paid three 64-bit divisions per element).
 template <typename T>
 __global__ void probs_from_lse_kernel(const float* __restrict__ S, const float* __restrict__ lse,
                                       T* __restrict__ P, Dims d, float scale) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= d.BH * d.T * d.T) return;
-  const int64_t r = e / d.T;  // bh·T + t
-  const int64_t j = e % d.T;
-  const int64_t t = r % d.T;
-  const int64_t at = (r / d.T) * d.sTT + t * d.T + j;
-  P[at] = from_float<T>(j <= t ? expf(S[at] * scale - lse[r]) : 0.0f);
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= d.BH * d.T) return;
+  const int t = static_cast<int>(r % d.T), T_ = static_cast<int>(d.T);
+  const int64_t off = (r / d.T) * d.sTT + static_cast<int64_t>(t) * d.T;
+  const float l = lse[r];
+  for (int j = lane; j < T_; j += 32) {
+    P[off + j] = from_float<T>(j <= t ? expf(S[off + j] * scale - l) : 0.0f);
+  }
 }
 
-// In place over P: dS = P ⊙ (dP − Σ_s P·dP)·scale on and below the diagonal, 0 above.
+// In place over P: dS = P ⊙ (dP − Σ_s P·dP)·scale on and below the diagonal, 0 above. P comes
+// from probs_from_lse_kernel, which already wrote the zeros above the diagonal: only s <= t is read
+// and rewritten (half the traffic of touching whole rows).
 template <typename T>
 __global__ void softmax_backward_kernel(T* __restrict__ P, const float* __restrict__ dP, Dims d,
                                         float scale) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= d.BH * d.T) return;
-  const int64_t t = r % d.T;
-  const int64_t off = (r / d.T) * d.sTT + t * d.T;
+  const int t = static_cast<int>(r % d.T);
+  const int64_t off = (r / d.T) * d.sTT + static_cast<int64_t>(t) * d.T;
   float dot = 0.0f;
-  for (int64_t j = lane; j <= t; j += 32) dot += to_float(P[off + j]) * dP[off + j];
+  for (int j = lane; j <= t; j += 32) dot += to_float(P[off + j]) * dP[off + j];
   dot = warp_sum(dot);
   // Each element is read and rewritten by the same lane, after the warp's dot is complete.
-  for (int64_t j = lane; j < d.T; j += 32) {
+  for (int j = lane; j <= t; j += 32) {
     const float p = to_float(P[off + j]);
-    P[off + j] = from_float<T>(j <= t ? p * (dP[off + j] - dot) * scale : 0.0f);
+    P[off + j] = from_float<T>(p * (dP[off + j] - dot) * scale);
   }
 }
 
 unsigned blocks(int64_t threads) {
   return static_cast<unsigned>(ceil_div<int64_t>(threads, kThreads));
+}
+
+// Grid of the per-row head-layout kernels (grid-stride over the B·T rows).
+unsigned row_blocks(const Dims& d) {
+  return static_cast<unsigned>(std::min<int64_t>(d.B * d.T, int64_t{1} << 30));
 }
 
 // Batched row-major product over the BH heads (contract in model/cuda/gemm.h).
@@ -196,8 +216,7 @@ template <typename T>
 void split_heads(const T* qkv, T* q, T* k, T* v, const Dims& d, cudaStream_t st) {
   T* parts[3] = {q, k, v};
   for (int p = 0; p < 3; ++p) {
-    to_heads_kernel<T>
-        <<<blocks(d.B * d.T * d.C), kThreads, 0, st>>>(qkv + p * d.C, 3 * d.C, parts[p], d);
+    to_heads_kernel<T><<<row_blocks(d), kThreads, 0, st>>>(qkv + p * d.C, 3 * d.C, parts[p], d);
     CUDA_CHECK_LAUNCH();
   }
 }
@@ -212,7 +231,7 @@ void forward(const T* qkv, T* out, float* lse, void* scratch, const Dims& d, flo
   causal_softmax_kernel<T><<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.S, s.P, lse, d, scale);
   CUDA_CHECK_LAUNCH();
   head_gemm(s.P, false, d.sTT, s.v, false, d.sHd, s.O, d.sHd, act, d.T, d.HS, d.T, d, act, st);
-  from_heads_kernel<T, T, false><<<blocks(d.B * d.T * d.C), kThreads, 0, st>>>(s.O, out, d.C, d);
+  from_heads_kernel<T, T, false><<<row_blocks(d), kThreads, 0, st>>>(s.O, out, d.C, d);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -221,11 +240,11 @@ void backward(const T* qkv, const float* lse, const T* dout, T* dqkv, void* scra
               float scale, DType act, cudaStream_t st) {
   BackwardScratch<T> s(scratch, d);
   split_heads(qkv, s.q, s.k, s.v, d, st);
-  to_heads_kernel<T><<<blocks(d.B * d.T * d.C), kThreads, 0, st>>>(dout, d.C, s.dO, d);
+  to_heads_kernel<T><<<row_blocks(d), kThreads, 0, st>>>(dout, d.C, s.dO, d);
   CUDA_CHECK_LAUNCH();
   head_gemm(s.q, false, d.sHd, s.k, true, d.sHd, s.S, d.sTT, DType::kF32, d.T, d.T, d.HS, d, act,
             st);
-  probs_from_lse_kernel<T><<<blocks(d.BH * d.T * d.T), kThreads, 0, st>>>(s.S, lse, s.P, d, scale);
+  probs_from_lse_kernel<T><<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.S, lse, s.P, d, scale);
   CUDA_CHECK_LAUNCH();
   // dV = Pᵀ·dO, then dP = dO·Vᵀ into S's buffer (S is no longer needed).
   head_gemm(s.P, true, d.sTT, s.dO, false, d.sHd, s.dV, d.sHd, DType::kF32, d.T, d.HS, d.T, d, act,
@@ -241,7 +260,7 @@ void backward(const T* qkv, const float* lse, const T* dout, T* dqkv, void* scra
   const float* grads[3] = {s.dQ, s.dK, s.dV};
   for (int p = 0; p < 3; ++p) {
     from_heads_kernel<float, T, true>
-        <<<blocks(d.B * d.T * d.C), kThreads, 0, st>>>(grads[p], dqkv + p * d.C, 3 * d.C, d);
+        <<<row_blocks(d), kThreads, 0, st>>>(grads[p], dqkv + p * d.C, 3 * d.C, d);
     CUDA_CHECK_LAUNCH();
   }
 }
