@@ -4,6 +4,8 @@
 //   backward dx += dy · w        GEMM (N, Cin, Cout), beta = 1, C in act
 //            dw += dyᵀ · x       GEMM (Cout, Cin, N), A transposed, beta = 1, C in f32 or act
 //            db += Σ_rows dy     deterministic column sum (model/cuda/column_sum.cuh)
+#include <algorithm>
+
 #include "model/cuda/column_sum.cuh"
 #include "model/cuda/gemm.h"
 #include "model/cuda/kernel_util.cuh"
@@ -15,11 +17,15 @@ namespace {
 
 // y[r, c] += bias[c] for an fp32 bias on bf16 activations (cuBLASLt's epilogue reads the bias in
 // the output type).
+// One block per row (grid-stride): no per-element 64-bit modulo to find the column.
 template <typename T>
 __global__ void add_bias_kernel(T* y, const float* __restrict__ bias, int64_t N, int64_t C) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= N * C) return;
-  y[e] = from_float<T>(to_float(y[e]) + bias[e % C]);
+  const int Ci = static_cast<int>(C);
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    T* row = y + n * C;
+    for (int c = threadIdx.x; c < Ci; c += blockDim.x)
+      row[c] = from_float<T>(to_float(row[c]) + bias[c]);
+  }
 }
 
 // The column-sum term of db: dy[r, c].
@@ -55,7 +61,7 @@ void linear_forward(const void* x, const void* w, const void* bias, DType bias_d
   gemm(g, stream);
   if (bias != nullptr && !fused_bias && N * Cout > 0) {
     constexpr int kThreads = 256;
-    add_bias_kernel<bf16><<<static_cast<unsigned>(ceil_div<int64_t>(N * Cout, kThreads)), kThreads,
+    add_bias_kernel<bf16><<<static_cast<unsigned>(std::min<int64_t>(N, int64_t{1} << 30)), kThreads,
                             0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<bf16*>(y), static_cast<const float*>(bias), N, Cout);
     CUDA_CHECK_LAUNCH();
