@@ -50,8 +50,9 @@ struct Dims {
 
 // dst (heads) [BH, T, HS] (stride sHd) = the head blocks of src rows [B·T, src_row] (col 0.. C).
 // One block per row b·T + t (grid-stride): the row's (b, t) is divided out once, and the column's
-// (h, j) with 32-bit arithmetic — per-element 64-bit divisions made this kernel ALU-bound.
-template <typename T>
+// (h, j) with 32-bit arithmetic — per-element 64-bit divisions made this kernel ALU-bound. Each
+// thread moves kV consecutive elements of one head (kV divides HS; 16-byte packs when aligned).
+template <typename T, int kV>
 __global__ void to_heads_kernel(const T* __restrict__ src, int64_t src_row, T* __restrict__ dst,
                                 Dims d) {
   const int C = static_cast<int>(d.C), HS = static_cast<int>(d.HS);
@@ -59,15 +60,16 @@ __global__ void to_heads_kernel(const T* __restrict__ src, int64_t src_row, T* _
     const int64_t b = bt / d.T, t = bt % d.T;
     const T* in = src + bt * src_row;
     T* out = dst + b * d.NH * d.sHd + t * d.HS;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    for (int c = threadIdx.x * kV; c < C; c += blockDim.x * kV) {
       const int h = c / HS;
-      out[h * d.sHd + (c - h * HS)] = in[c];
+      *reinterpret_cast<Pack<T, kV>*>(out + h * d.sHd + (c - h * HS)) =
+          *reinterpret_cast<const Pack<T, kV>*>(in + c);
     }
   }
 }
 
 // dst rows [B·T, dst_row] (col 0.. C) = (or +=) heads [BH, T, HS]; the layout of to_heads_kernel.
-template <typename S, typename D, bool kAccumulate>
+template <typename S, typename D, bool kAccumulate, int kV>
 __global__ void from_heads_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t dst_row,
                                   Dims d) {
   const int C = static_cast<int>(d.C), HS = static_cast<int>(d.HS);
@@ -75,11 +77,15 @@ __global__ void from_heads_kernel(const S* __restrict__ src, D* __restrict__ dst
     const int64_t b = bt / d.T, t = bt % d.T;
     const S* in = src + b * d.NH * d.sHd + t * d.HS;
     D* out = dst + bt * dst_row;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    for (int c = threadIdx.x * kV; c < C; c += blockDim.x * kV) {
       const int h = c / HS;
-      float v = to_float(in[h * d.sHd + (c - h * HS)]);
-      if constexpr (kAccumulate) v += to_float(out[c]);
-      out[c] = from_float<D>(v);
+      float v[kV];
+      load_floats<kV>(in + h * d.sHd + (c - h * HS), v);
+      if constexpr (kAccumulate) {
+        add_floats<kV>(out + c, v);
+      } else {
+        store_floats<kV>(out + c, v);
+      }
     }
   }
 }
@@ -152,6 +158,37 @@ unsigned row_blocks(const Dims& d) {
   return static_cast<unsigned>(std::min<int64_t>(d.B * d.T, int64_t{1} << 30));
 }
 
+// Can kV-element packs move a head row? (kV divides HS and the row strides; pointers aligned.)
+bool packs_fit(int kV, int64_t src_row, const Dims& d, const void* a, size_t a_elem, const void* b,
+               size_t b_elem) {
+  return d.HS % kV == 0 && src_row % kV == 0 && d.sHd % kV == 0 && is_aligned(a, a_elem * kV) &&
+         is_aligned(b, b_elem * kV);
+}
+
+template <typename T>
+void to_heads(const T* src, int64_t src_row, T* dst, const Dims& d, cudaStream_t st) {
+  constexpr int kV = kPack<T>;
+  if (packs_fit(kV, src_row, d, src, sizeof(T), dst, sizeof(T))) {
+    to_heads_kernel<T, kV><<<row_blocks(d), kThreads, 0, st>>>(src, src_row, dst, d);
+  } else {
+    to_heads_kernel<T, 1><<<row_blocks(d), kThreads, 0, st>>>(src, src_row, dst, d);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename S, typename D, bool kAccumulate>
+void from_heads(const S* src, D* dst, int64_t dst_row, const Dims& d, cudaStream_t st) {
+  constexpr int kV = 4;
+  if (packs_fit(kV, dst_row, d, src, sizeof(S), dst, sizeof(D))) {
+    from_heads_kernel<S, D, kAccumulate, kV>
+        <<<row_blocks(d), kThreads, 0, st>>>(src, dst, dst_row, d);
+  } else {
+    from_heads_kernel<S, D, kAccumulate, 1>
+        <<<row_blocks(d), kThreads, 0, st>>>(src, dst, dst_row, d);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
 // Batched row-major product over the BH heads (contract in model/cuda/gemm.h).
 void head_gemm(const void* a, bool ta, int64_t sa, const void* b, bool tb, int64_t sb, void* c,
                int64_t sc, DType c_type, int64_t m, int64_t n, int64_t k, const Dims& d, DType act,
@@ -216,8 +253,7 @@ template <typename T>
 void split_heads(const T* qkv, T* q, T* k, T* v, const Dims& d, cudaStream_t st) {
   T* parts[3] = {q, k, v};
   for (int p = 0; p < 3; ++p) {
-    to_heads_kernel<T><<<row_blocks(d), kThreads, 0, st>>>(qkv + p * d.C, 3 * d.C, parts[p], d);
-    CUDA_CHECK_LAUNCH();
+    to_heads(qkv + p * d.C, 3 * d.C, parts[p], d, st);
   }
 }
 
@@ -231,8 +267,7 @@ void forward(const T* qkv, T* out, float* lse, void* scratch, const Dims& d, flo
   causal_softmax_kernel<T><<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.S, s.P, lse, d, scale);
   CUDA_CHECK_LAUNCH();
   head_gemm(s.P, false, d.sTT, s.v, false, d.sHd, s.O, d.sHd, act, d.T, d.HS, d.T, d, act, st);
-  from_heads_kernel<T, T, false><<<row_blocks(d), kThreads, 0, st>>>(s.O, out, d.C, d);
-  CUDA_CHECK_LAUNCH();
+  from_heads<T, T, false>(s.O, out, d.C, d, st);
 }
 
 template <typename T>
@@ -240,8 +275,7 @@ void backward(const T* qkv, const float* lse, const T* dout, T* dqkv, void* scra
               float scale, DType act, cudaStream_t st) {
   BackwardScratch<T> s(scratch, d);
   split_heads(qkv, s.q, s.k, s.v, d, st);
-  to_heads_kernel<T><<<row_blocks(d), kThreads, 0, st>>>(dout, d.C, s.dO, d);
-  CUDA_CHECK_LAUNCH();
+  to_heads(dout, d.C, s.dO, d, st);
   head_gemm(s.q, false, d.sHd, s.k, true, d.sHd, s.S, d.sTT, DType::kF32, d.T, d.T, d.HS, d, act,
             st);
   probs_from_lse_kernel<T><<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.S, lse, s.P, d, scale);
@@ -258,11 +292,7 @@ void backward(const T* qkv, const float* lse, const T* dout, T* dqkv, void* scra
   head_gemm(s.P, true, d.sTT, s.q, false, d.sHd, s.dK, d.sHd, DType::kF32, d.T, d.HS, d.T, d, act,
             st);
   const float* grads[3] = {s.dQ, s.dK, s.dV};
-  for (int p = 0; p < 3; ++p) {
-    from_heads_kernel<float, T, true>
-        <<<row_blocks(d), kThreads, 0, st>>>(grads[p], dqkv + p * d.C, 3 * d.C, d);
-    CUDA_CHECK_LAUNCH();
-  }
+  for (int p = 0; p < 3; ++p) from_heads<float, T, true>(grads[p], dqkv + p * d.C, 3 * d.C, d, st);
 }
 
 float score_scale(int64_t HS) { return 1.0f / sqrtf(static_cast<float>(HS)); }
