@@ -72,5 +72,56 @@ TEST(GtpEquivalence, LayoutsMatchOneProcess) {
             metrics_losses(dir + "/gtp2_noreuse/metrics.jsonl"));
 }
 
+TEST(GtpEquivalence, CheckpointsReshardAcrossGtpLayouts) {
+  // A 1-process checkpoint resumed at GTP=2, and a GTP=2 checkpoint resumed by 1 process, continue
+  // the same curve: checkpoints are unsharded and each layout takes its own rows.
+  const std::string dir = temp_dir("gtp_reshard");
+  const std::string cfg = dir + "/c.json";
+  write_text(cfg, kConfig);
+  const std::vector<std::string> every15 = {"--set", "checkpoint.every=15"};
+  auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  ASSERT_EQ(run_gtron(with({"train", "--config", cfg, "--out", dir + "/one"}, every15)).exit_code,
+            0);
+  ASSERT_EQ(run_launcher(
+                {"--standalone", "--nproc-per-node", "2"},
+                with({"train", "--config", cfg, "--out", dir + "/two", "--set", "parallel.gtp=2"},
+                     every15))
+                .exit_code,
+            0);
+  const std::vector<double> one = metrics_loss_values(dir + "/one/metrics.jsonl");
+  const std::vector<double> two = metrics_loss_values(dir + "/two/metrics.jsonl");
+  ASSERT_EQ(one.size(), 30u);
+  // Start each resumed run from the other layout's step-15 checkpoint only.
+  for (const auto& [from, to] :
+       {std::make_pair("one", "to_two"), std::make_pair("two", "to_one")}) {
+    auto cp = testing::run_command("mkdir -p " + dir + "/" + to + "/checkpoints && cp -r " + dir +
+                                   "/" + from + "/checkpoints/step_00000015 " + dir + "/" + to +
+                                   "/checkpoints/ && cp -r " + dir + "/" + from + "/data " + dir +
+                                   "/" + to + "/");
+    ASSERT_EQ(cp.exit_code, 0) << cp.output;
+  }
+  auto r2 = run_launcher({"--standalone", "--nproc-per-node", "2"},
+                         with({"train", "--config", cfg, "--out", dir + "/to_two", "--resume",
+                               "--set", "parallel.gtp=2"},
+                              every15));
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  auto r1 =
+      run_gtron(with({"train", "--config", cfg, "--out", dir + "/to_one", "--resume"}, every15));
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  const std::vector<double> to_two = metrics_loss_values(dir + "/to_two/metrics.jsonl");
+  const std::vector<double> to_one = metrics_loss_values(dir + "/to_one/metrics.jsonl");
+  ASSERT_EQ(to_two.size(), 15u);
+  ASSERT_EQ(to_one.size(), 15u);
+  const std::vector<double> one_tail(one.begin() + 15, one.end());
+  const std::vector<double> two_tail(two.begin() + 15, two.end());
+  const double a = worst_relative(one_tail, to_two), b = worst_relative(two_tail, to_one);
+  std::printf("1 process -> GTP=2: %.3g; GTP=2 -> 1 process: %.3g (steps 16..30)\n", a, b);
+  EXPECT_LT(a, 1e-4);
+  EXPECT_LT(b, 1e-4);
+}
+
 }  // namespace
 }  // namespace gtron
