@@ -24,6 +24,7 @@
 
 #include "model/ops/attention.h"
 #include "model/ops/cpu_math.h"
+#include "model/ops/eigen.h"
 
 namespace gtron::cpu {
 
@@ -125,6 +126,7 @@ void softmax_backward_rows(const RowMat<T>& P, RowMat<T>& dP, T scale) {
 template <typename T>
 void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, int64_t NH,
                        int64_t HS) {
+  fix_eigen_blocking();
   const int64_t C = NH * HS;
   const T scale = T(1) / std::sqrt(static_cast<T>(HS));
 #pragma omp parallel
@@ -147,6 +149,7 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, in
 template <typename T>
 void attention_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, int64_t B, int64_t Tlen,
                         int64_t NH, int64_t HS) {
+  fix_eigen_blocking();
   const int64_t C = NH * HS;
   const T scale = T(1) / std::sqrt(static_cast<T>(HS));
 #pragma omp parallel

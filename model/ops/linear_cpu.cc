@@ -6,6 +6,7 @@ namespace gtron::cpu {
 template <typename T>
 void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t Cin,
                     int64_t Cout) {
+  fix_eigen_blocking();
   CMat<T> X(x, N, Cin);
   CMat<T> W(w, Cout, Cin);
   Mat<T> Y(y, N, Cout);
@@ -16,6 +17,7 @@ void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t
 template <typename T>
 void linear_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db, int64_t N,
                      int64_t Cin, int64_t Cout) {
+  fix_eigen_blocking();
   CMat<T> X(x, N, Cin);
   CMat<T> W(w, Cout, Cin);
   CMat<T> DY(dy, N, Cout);
