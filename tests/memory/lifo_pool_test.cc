@@ -16,49 +16,16 @@
 #include <thread>
 #include <vector>
 
+#include "tests/memory/fake_backend.h"
+
 namespace gtron::memory {
 namespace {
 
 constexpr ElemType kF32{0, 4};
 constexpr ElemType kBF16{1, 2};
 
-// What the fake backend saw; shared with the test because the pool owns the backend.
-struct FakeState {
-  size_t limit = std::numeric_limits<size_t>::max();  // bytes it can hold at once
-  size_t live_bytes = 0;
-  size_t total_bytes = 0;  // sum over all successful allocations
-  int allocs = 0;
-  std::vector<uintptr_t> alloc_order;   // addresses in allocation order
-  std::vector<uintptr_t> free_order;    // addresses in free order
-  std::map<uintptr_t, size_t> live;     // address -> bytes
-  uintptr_t next = uintptr_t{1} << 40;  // bump pointer; the pool never touches the memory
-};
-
-class FakeBackend : public BufferBackend {
- public:
-  explicit FakeBackend(std::shared_ptr<FakeState> s) : s_(std::move(s)) {}
-  void* allocate(size_t bytes) override {
-    if (bytes > s_->limit - s_->live_bytes) return nullptr;
-    uintptr_t p = s_->next;
-    s_->next += bytes + 256;
-    s_->live_bytes += bytes;
-    s_->total_bytes += bytes;
-    s_->allocs++;
-    s_->live[p] = bytes;
-    s_->alloc_order.push_back(p);
-    return reinterpret_cast<void*>(p);
-  }
-  void free(void* ptr) noexcept override {
-    auto p = reinterpret_cast<uintptr_t>(ptr);
-    s_->live_bytes -= s_->live.at(p);
-    s_->live.erase(p);
-    s_->free_order.push_back(p);
-  }
-  std::string name() const override { return "fake"; }
-
- private:
-  std::shared_ptr<FakeState> s_;
-};
+using testing::FakeBackend;
+using testing::FakeState;
 
 struct Fixture {
   std::shared_ptr<FakeState> state = std::make_shared<FakeState>();

@@ -17,6 +17,8 @@
 #include <tuple>
 #include <vector>
 
+#include "tests/memory/fake_backend.h"
+
 namespace gtron::memory {
 namespace {
 
@@ -25,43 +27,8 @@ constexpr ElemType kBF16{1, 2};
 constexpr Direction kFwd = Direction::kForward;
 constexpr Direction kBwd = Direction::kBackward;
 
-struct FakeState {
-  size_t limit = std::numeric_limits<size_t>::max();
-  size_t live_bytes = 0;
-  size_t total_bytes = 0;
-  int allocs = 0;
-  std::vector<uintptr_t> alloc_order;
-  std::vector<uintptr_t> free_order;
-  std::map<uintptr_t, size_t> live;
-  uintptr_t next = uintptr_t{1} << 40;
-};
-
-// Hands out fake addresses under a byte limit; the cache never touches the memory.
-class FakeBackend : public BufferBackend {
- public:
-  explicit FakeBackend(std::shared_ptr<FakeState> s) : s_(std::move(s)) {}
-  void* allocate(size_t bytes) override {
-    if (bytes > s_->limit - s_->live_bytes) return nullptr;
-    uintptr_t p = s_->next;
-    s_->next += bytes + 256;
-    s_->live_bytes += bytes;
-    s_->total_bytes += bytes;
-    s_->allocs++;
-    s_->live[p] = bytes;
-    s_->alloc_order.push_back(p);
-    return reinterpret_cast<void*>(p);
-  }
-  void free(void* ptr) noexcept override {
-    auto p = reinterpret_cast<uintptr_t>(ptr);
-    s_->live_bytes -= s_->live.at(p);
-    s_->live.erase(p);
-    s_->free_order.push_back(p);
-  }
-  std::string name() const override { return "fake"; }
-
- private:
-  std::shared_ptr<FakeState> s_;
-};
+using testing::FakeBackend;
+using testing::FakeState;
 
 struct Fixture {
   std::shared_ptr<FakeState> state = std::make_shared<FakeState>();
