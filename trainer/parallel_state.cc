@@ -111,9 +111,7 @@ std::vector<NamedTensor> ParallelState::full_parameters() {
   return out;
 }
 
-Tensor ParallelState::full_of(Part& part, const Tensor& owned_slice, const Parameter* p,
-                              const Tensor& flat) {
-  (void)owned_slice;
+Tensor ParallelState::full_of(Part& part, const Parameter* p, const Tensor& flat) {
   const int64_t off = part.dp->flat_offset(p);
   Tensor view = flat.rows(off, off + p->data.numel()).view(p->data.shape());
   return gtp_ && gtp_->is_sharded(p) ? gtp_->gather_full(p, view) : view.clone();
@@ -128,8 +126,8 @@ std::vector<NamedTensor> ParallelState::full_moments(const Tensor& m, const Tens
     Tensor m_flat = part.dp->gather_owned(m_slice);
     Tensor v_flat = part.dp->gather_owned(v_slice);
     for (Parameter* p : part.params) {
-      ms.push_back({"m." + p->name, full_of(part, m_slice, p, m_flat)});
-      vs.push_back({"v." + p->name, full_of(part, v_slice, p, v_flat)});
+      ms.push_back({"m." + p->name, full_of(part, p, m_flat)});
+      vs.push_back({"v." + p->name, full_of(part, p, v_flat)});
     }
   }
   ms.insert(ms.end(), vs.begin(), vs.end());

@@ -58,7 +58,8 @@ class ParallelState {
     std::vector<Parameter*> params;
   };
   Part* part_of(const Parameter* p);
-  Tensor full_of(Part& part, const Tensor& owned_slice, const Parameter* p, const Tensor& flat);
+  // The full (unsharded) value of p's view of a flat state tensor of `part`'s layout.
+  Tensor full_of(Part& part, const Parameter* p, const Tensor& flat);
 
   GPT& model_;
   parallel::Grid* grid_;
