@@ -182,6 +182,33 @@ void CachingAllocator::empty_cache() {
   release_unused_segments();
 }
 
+void CachingAllocator::release_pool(uintptr_t pool, uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Block*> heads;
+  for (Block* head : segments_) {
+    if (head->stream == pool) heads.push_back(head);
+  }
+  for (Block* head : heads) {
+    if (head->free && head->next == nullptr) {
+      free_set(pool, head->small).erase(head);
+      segments_.erase(head);
+      stats_.reserved -= head->size;
+      backend_->raw_free(head->ptr);
+      delete head;
+      continue;
+    }
+    for (Block* b = head; b != nullptr; b = b->next) {
+      if (b->free) {
+        free_set(pool, b->small).erase(b);
+        free_set(stream, b->small).insert(b);
+      }
+      b->stream = stream;
+    }
+  }
+  free_.erase({pool, true});
+  free_.erase({pool, false});
+}
+
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;

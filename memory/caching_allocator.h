@@ -71,6 +71,10 @@ class CachingAllocator {
   void deallocate(void* ptr);
   // Returns every segment with no live block to the backend.
   void empty_cache();
+  // Ends the private pool `pool` (a stream key that only a graph's captures allocate with; see
+  // PrivatePoolGuard in model/tensor.h): its segments with no live block go back to the backend,
+  // the blocks of the others join `stream`'s pool (live ones are freed there later).
+  void release_pool(uintptr_t pool, uintptr_t stream = 0);
 
   AllocatorStats stats() const;
   void reset_peak();

@@ -8,7 +8,34 @@ namespace {
 thread_local bool t_grad_enabled = true;
 thread_local std::vector<std::function<void()>> t_tape;
 thread_local std::vector<Parameter*> t_noted;  // parameters with uses on the current tape
+thread_local ParamReadLog* t_read_log = nullptr;
+thread_local GradReadyDeferral* t_deferral = nullptr;
 }  // namespace
+
+void Parameter::make_ready() {
+  if (t_read_log != nullptr) t_read_log->params_.push_back(this);
+  if (ready) ready();
+}
+
+void Parameter::fire_grad_ready() {
+  if (t_deferral != nullptr) {
+    t_deferral->params_.push_back(this);
+  } else if (grad_ready) {
+    grad_ready();
+  }
+}
+
+ParamReadLog::ParamReadLog() {
+  GTRON_CHECK(t_read_log == nullptr, "nested ParamReadLog");
+  t_read_log = this;
+}
+ParamReadLog::~ParamReadLog() { t_read_log = nullptr; }
+
+GradReadyDeferral::GradReadyDeferral() {
+  GTRON_CHECK(t_deferral == nullptr, "nested GradReadyDeferral");
+  t_deferral = this;
+}
+GradReadyDeferral::~GradReadyDeferral() { t_deferral = nullptr; }
 
 Parameter::Parameter(std::string n, Tensor d, bool wd)
     : name(std::move(n)), data(std::move(d)), weight_decay(wd) {
@@ -78,7 +105,7 @@ void note_param_use(Parameter& p) {
   t_noted.push_back(pp);
   t_tape.push_back([pp] {
     GTRON_CHECK(pp->pending_uses > 0, "grad-ready accounting of ", pp->name);
-    if (--pp->pending_uses == 0 && pp->grad_ready) pp->grad_ready();
+    if (--pp->pending_uses == 0) pp->fire_grad_ready();
   });
 }
 
@@ -89,18 +116,43 @@ void clear_tape() {
   t_tape.clear();
 }
 
-namespace {
-void run_tape() {
-  // Move the tape out first: a closure must not see (or extend) the tape it runs from.
-  std::vector<std::function<void()>> tape = std::move(t_tape);
+TapeScope::TapeScope() {
+  outer_.closures = std::move(t_tape);
+  outer_.noted = std::move(t_noted);
   t_tape.clear();
   t_noted.clear();
+}
+
+TapeScope::~TapeScope() {
+  t_tape = std::move(outer_.closures);
+  t_noted = std::move(outer_.noted);
+}
+
+Tape TapeScope::take() {
+  Tape t{std::move(t_tape), std::move(t_noted)};
+  t_tape.clear();
+  t_noted.clear();
+  return t;
+}
+
+namespace {
+void run_closures(std::vector<std::function<void()>> tape) {
   for (auto it = tape.rbegin(); it != tape.rend(); ++it) {
     (*it)();
     *it = nullptr;  // frees the activations this closure held, as early as possible
   }
 }
+
+void run_tape() {
+  // Move the tape out first: a closure must not see (or extend) the tape it runs from.
+  std::vector<std::function<void()>> tape = std::move(t_tape);
+  t_tape.clear();
+  t_noted.clear();
+  run_closures(std::move(tape));
+}
 }  // namespace
+
+void run_tape(Tape tape) { run_closures(std::move(tape.closures)); }
 
 void backward(const Var& loss, double seed) {
   GTRON_CHECK(loss.value().numel() == 1, "backward() takes a scalar loss; got ",

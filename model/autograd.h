@@ -35,9 +35,12 @@ struct Parameter {
   int pending_uses = 0;  // uses recorded on the tape whose backward has not run yet
 
   Parameter(std::string name, Tensor data, bool weight_decay = true);
-  void make_ready() const {
-    if (ready) ready();
-  }
+  // Calls `ready` (if any). While a ParamReadLog is active in this thread, also logs this
+  // parameter (graphs/ records what a captured region reads).
+  void make_ready();
+  // Calls `grad_ready` (if any) — or, while a GradReadyDeferral is active in this thread, queues
+  // this parameter on it instead (a graph's capture defers the hooks to after each replay).
+  void fire_grad_ready();
   void zero_grad();
 };
 
@@ -110,6 +113,60 @@ void note_param_use(Parameter& p);
 size_t tape_size();
 // Drops the tape without running it (evaluation paths).
 void clear_tape();
+
+// A recorded tape segment (graphs/: the backward of a captured region, run once under capture).
+struct Tape {
+  std::vector<std::function<void()>> closures;  // in recording order
+  std::vector<Parameter*> noted;                // parameters whose uses it counts
+};
+
+// Collects the closures recorded in this thread while it lives into its own Tape instead of the
+// thread's tape (which it restores on destruction). take() hands the segment over.
+class TapeScope {
+ public:
+  TapeScope();
+  ~TapeScope();
+  TapeScope(const TapeScope&) = delete;
+  TapeScope& operator=(const TapeScope&) = delete;
+  Tape take();
+
+ private:
+  Tape outer_;
+};
+
+// Runs `tape` in reverse (the caller seeded its outputs' grads), freeing each closure after it
+// runs. Closures it records go to the thread's current tape.
+void run_tape(Tape tape);
+
+// Logs every parameter whose make_ready() runs in this thread while it lives, in call order
+// (duplicates kept: the reader dedupes). Scopes do not nest.
+class ParamReadLog {
+ public:
+  ParamReadLog();
+  ~ParamReadLog();
+  ParamReadLog(const ParamReadLog&) = delete;
+  ParamReadLog& operator=(const ParamReadLog&) = delete;
+  const std::vector<Parameter*>& params() const { return params_; }
+
+ private:
+  friend struct Parameter;
+  std::vector<Parameter*> params_;
+};
+
+// Queues the grad-ready hooks fired in this thread while it lives instead of calling them (in
+// firing order). Scopes do not nest.
+class GradReadyDeferral {
+ public:
+  GradReadyDeferral();
+  ~GradReadyDeferral();
+  GradReadyDeferral(const GradReadyDeferral&) = delete;
+  GradReadyDeferral& operator=(const GradReadyDeferral&) = delete;
+  const std::vector<Parameter*>& params() const { return params_; }
+
+ private:
+  friend struct Parameter;
+  std::vector<Parameter*> params_;
+};
 
 // Seeds d(loss)/d(loss) = `seed` (a scalar loss) and runs the tape in reverse, then clears it.
 void backward(const Var& loss, double seed = 1.0);

@@ -65,11 +65,15 @@ Tensor shifted_on_device(const Tensor& window, int64_t offset, int64_t count, in
 Tensor window_inputs(const Tensor& window, int shift) {
   const int64_t B = window.dim(0), T = window.dim(1) - 1;
   if (window.device().is_cuda()) return shifted_on_device(window, shift, T + 1 - shift, 0x00);
+  // On the CPU stream, so that a captured graph re-cuts the window at every replay.
   Tensor out = Tensor::empty({B, T}, DType::kI32);
   const int32_t* w = window.data<int32_t>();
   int32_t* o = out.data<int32_t>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) o[b * T + t] = t + shift <= T ? w[b * (T + 1) + t + shift] : 0;
+  current_stream(Device::cpu()).run([=] {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        o[b * T + t] = t + shift <= T ? w[b * (T + 1) + t + shift] : 0;
+  });
   return out;
 }
 
@@ -80,9 +84,11 @@ Tensor window_targets(const Tensor& window, int shift) {
   Tensor out = Tensor::empty({B, T}, DType::kI32);
   const int32_t* w = window.data<int32_t>();
   int32_t* o = out.data<int32_t>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t)
-      o[b * T + t] = t + shift + 1 <= T ? w[b * (T + 1) + t + shift + 1] : kMaskedTarget;
+  current_stream(Device::cpu()).run([=] {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        o[b * T + t] = t + shift + 1 <= T ? w[b * (T + 1) + t + shift + 1] : kMaskedTarget;
+  });
   return out;
 }
 
@@ -106,8 +112,13 @@ Var GPT::trunk(const Tensor& inputs) {
   GTRON_CHECK(T >= 1 && T <= cfg_.context_length, "sequence length ", T, " outside [1, ",
               cfg_.context_length, "]");
   Var x = add_positions(embed(inputs), Var::param(*wpe_));
-  for (const TransformerBlock& block : blocks_) x = block.forward(x, *weights_);
+  for (int l = 0; l < num_blocks(); ++l) x = block_runner_ ? block_runner_(l, x) : block_forward(l, x);
   return x;
+}
+
+Var GPT::block_forward(int layer, const Var& x) {
+  GTRON_CHECK(layer >= 0 && layer < num_blocks(), "block ", layer, " of ", num_blocks());
+  return blocks_[static_cast<size_t>(layer)].forward(x, *weights_);
 }
 
 Tensor GPT::logits(const Tensor& inputs) {

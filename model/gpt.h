@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/layers.h"
@@ -59,6 +60,16 @@ class GPT {
 
   // The weight access seam (GTP). Default: DirectWeights. Not owned.
   void set_weight_access(WeightAccess* w) { weights_ = w ? w : &direct_; }
+  WeightAccess& weight_access() { return *weights_; }
+
+  // The block seam (graphs/, scope "layers"): when set, the trunk runs block l as
+  // runner(l, x) instead of block_forward(l, x). The runner must compute what block_forward
+  // does. Null restores the plain call.
+  using BlockRunner = std::function<Var(int layer, const Var& x)>;
+  void set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
+  // Main-model block l: x [B, T, C] -> [B, T, C], through the weight access.
+  Var block_forward(int layer, const Var& x);
+  int num_blocks() const { return static_cast<int>(blocks_.size()); }
 
  private:
   // inputs i32 [B, T] -> last hidden state [B, T, C] (before the final norm).
@@ -76,6 +87,7 @@ class GPT {
   std::vector<MTPModule> mtp_;
   DirectWeights direct_;
   WeightAccess* weights_ = &direct_;
+  BlockRunner block_runner_;
 };
 
 // Token tensors for one window (exposed for tests). All i32 [B, T], on the window's device.

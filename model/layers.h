@@ -30,6 +30,18 @@ class WeightAccess {
   // Called when a forward pass starts: nothing gathered for an earlier pass may serve this one
   // (parameters may have changed since).
   virtual void begin_forward() {}
+
+  // The graph capture seam (graphs/graph_runner.h). A capture domain is a region of the model
+  // captured together (0: eager; 1: the graphed region); what the access chains across uses (GTP
+  // prefetches, pending reduce-scatters) never crosses from one domain into another: switching
+  // domains finishes what the old one left pending, on the current stream.
+  virtual void set_domain(int domain) { (void)domain; }
+  // True between the begin and end of a capture: the access must not take host-side branches
+  // that depend on run-time state, nor allocate what a replay would need again.
+  virtual void set_capturing(bool capturing) { (void)capturing; }
+  // Makes what use(p) would read current now, outside any capture (bf16: re-cast a stale
+  // shadow), so that a captured read of it replays over current values.
+  virtual void prepare(Parameter& p) { (void)p; }
 };
 
 // The single-process access: the parameter itself.

@@ -4,8 +4,7 @@
 
 namespace gtron {
 
-Var Bf16Weights::use(Parameter& p) {
-  p.make_ready();
+Tensor& Bf16Weights::current_shadow(Parameter& p) {
   GTRON_CHECK(p.data.device().is_cuda() && p.data.dtype() == DType::kF32, "Bf16Weights: ", p.name,
               " is ", p.data.device().str(), "/", dtype_name(p.data.dtype()),
               "; bf16 shadows are made from fp32 CUDA masters");
@@ -20,7 +19,16 @@ Var Bf16Weights::use(Parameter& p) {
     s.stale = false;
     ++casts_;
   }
-  Var v = Var::external(s.value);
+  return s.value;
+}
+
+void Bf16Weights::prepare(Parameter& p) {
+  if (shadows_.count(&p) > 0) current_shadow(p);
+}
+
+Var Bf16Weights::use(Parameter& p) {
+  p.make_ready();
+  Var v = Var::external(current_shadow(p));
   v.set_grad(p.main_grad);
   note_param_use(p);
   return v;

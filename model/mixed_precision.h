@@ -13,6 +13,9 @@
 // - The use's Var has the shadow as its value and the fp32 main_grad as its grad slot, so the
 //   linear wgrad and the embedding scatter-add accumulate in fp32 (the CUDA launchers accept an
 //   f32 dw/dtable next to bf16 activations), and note_param_use keeps the DDP grad-ready count.
+// - Under graphs, a captured region reads the shadows at fixed addresses: before capture and
+//   before each replay the runner calls prepare(p) for what the region reads, so stale shadows
+//   are re-cast eagerly and the graphs hold no casts.
 // - Activations follow: the embedding output takes the table's dtype (bf16), so every activation
 //   after it is bf16; norms, positions and biases read their fp32 masters directly; the loss is
 //   fp32.
@@ -35,6 +38,9 @@ class Bf16Weights : public WeightAccess {
 
   // REQUIRES: p.data is an fp32 CUDA tensor.
   Var use(Parameter& p) override;
+  // Re-casts p's shadow now if it is stale (a graph replays over it; see WeightAccess::prepare).
+  // REQUIRES: p is ready (its DDP gather done). No-op for a parameter never used.
+  void prepare(Parameter& p) override;
   // Marks every shadow stale: call after every optimizer step and after loading weights.
   void refresh();
 
@@ -46,6 +52,9 @@ class Bf16Weights : public WeightAccess {
     Tensor value;  // bf16, p.data's shape
     bool stale = true;
   };
+  // p's shadow, allocated at first call and re-cast if stale, on the current stream.
+  Tensor& current_shadow(Parameter& p);
+
   std::unordered_map<const Parameter*, Shadow> shadows_;
   int64_t casts_ = 0;
 };

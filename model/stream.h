@@ -38,7 +38,8 @@ class Stream {
   // Blocks the host until all work queued on the stream is done.
   void synchronize();
 
-  // CPU capture seam: between begin_capture() and end_capture(), run() records instead of running.
+  // Capture seam: between begin_capture() and end_capture(), run() records instead of running
+  // (CPU). On CUDA only the flag changes: graphs/ drives cudaStreamBeginCapture itself.
   bool capturing() const { return capturing_; }
   void begin_capture();
   std::vector<std::function<void()>> end_capture();

@@ -58,6 +58,22 @@ Storage::~Storage() {
   if (allocator != nullptr) allocator->deallocate(data);
 }
 
+namespace {
+struct PoolOverride {
+  bool active = false;
+  Device device;
+  uintptr_t pool = 0;
+};
+thread_local PoolOverride t_pool;
+}  // namespace
+
+PrivatePoolGuard::PrivatePoolGuard(Device device, uintptr_t pool) {
+  GTRON_CHECK(!t_pool.active, "nested PrivatePoolGuard");
+  t_pool = PoolOverride{true, device, pool};
+}
+
+PrivatePoolGuard::~PrivatePoolGuard() { t_pool = PoolOverride{}; }
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, Stream* stream) {
   Stream& s = stream ? *stream : current_stream(device);
   GTRON_CHECK(s.device() == device, "stream on ", s.device().str(), " for a ", device.str(),
@@ -66,7 +82,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, Stream* str
   st->bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   st->device = device;
   st->allocator = &allocator_for(device);
-  st->data = st->allocator->allocate(st->bytes, s.id());
+  const bool pooled = t_pool.active && t_pool.device == device;
+  st->data = st->allocator->allocate(st->bytes, pooled ? t_pool.pool : s.id());
   Tensor t;
   t.storage_ = std::move(st);
   t.shape_ = shape;

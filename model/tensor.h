@@ -45,6 +45,18 @@ class Shape {
 // The caching allocator of a device (created on first use; CUDA needs the GPU backend linked).
 memory::CachingAllocator& allocator_for(Device device);
 
+// While it lives, tensors on `device` allocated in this thread come from the allocator's private
+// pool `pool` (a key no stream uses) instead of their stream's pool: graphs/ gives each set of
+// captured graphs its own pool, so memory a replay writes is never handed to eager work. Scopes
+// do not nest.
+class PrivatePoolGuard {
+ public:
+  PrivatePoolGuard(Device device, uintptr_t pool);
+  ~PrivatePoolGuard();
+  PrivatePoolGuard(const PrivatePoolGuard&) = delete;
+  PrivatePoolGuard& operator=(const PrivatePoolGuard&) = delete;
+};
+
 struct Storage {
   void* data = nullptr;
   size_t bytes = 0;

@@ -208,10 +208,21 @@ void DataParallel::dispatch_gather(int b) {
 void DataParallel::ensure_ready(int b) {
   Bucket& bk = buckets_[b];
   if (bk.state == Bucket::State::kReady) return;
+  // The DP gather is never captured (Note [readiness across replay] in graphs/graph_runner.h):
+  // a graph runner makes what it reads ready before it captures.
+  Stream& stream = current_stream(device_);
+  GTRON_CHECK(!stream.capturing() || bk.state != Bucket::State::kStale,
+              "the DP parameter gather of bucket ", b, " would be captured into a graph");
   if (bk.state == Bucket::State::kStale) dispatch_gather(b);
   // Prefetch the bucket the forward reads next (buckets are in reverse order of use).
-  if (b > 0 && buckets_[b - 1].state == Bucket::State::kStale) dispatch_gather(b - 1);
-  bk.gather.wait(current_stream(device_));
+  if (b > 0 && buckets_[b - 1].state == Bucket::State::kStale && !stream.capturing()) {
+    dispatch_gather(b - 1);
+  }
+  if (stream.capturing()) {
+    bk.gather.synchronize();  // issued before the capture: wait here, not in the graph
+  } else {
+    bk.gather.wait(stream);
+  }
   bk.gather = Work();
   bk.state = Bucket::State::kReady;
 }

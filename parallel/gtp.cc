@@ -19,7 +19,8 @@ struct GtpWeights::Info {
   Parameter* p = nullptr;
   int64_t id = 0;
   int64_t rows = 0, padded_rows = 0, cols = 0, shard_rows = 0;
-  int chain_index = -1;
+  int domain = -1;
+  int chain_index = -1;  // in its domain's chain
   memory::Ticket ticket[2];
   bool armed[2] = {false, false};  // a gather was issued for the next use in this direction
   Work gather_work[2];
@@ -38,10 +39,7 @@ struct GtpWeights::Pending {
 };
 
 GtpWeights::GtpWeights(const std::vector<Parameter*>& sharded, Communicator* gtp, GtpOptions opt)
-    : gtp_(gtp),
-      opt_(opt),
-      cache_(memory::make_host_buffer_backend()),
-      pool_(memory::make_host_buffer_backend()) {
+    : gtp_(gtp), opt_(opt), pool_(memory::make_host_buffer_backend()) {
   GTRON_CHECK(gtp_ != nullptr, "GTP needs a communicator");
   const int64_t G = gtp_->size();
   const int64_t group = static_cast<int64_t>(std::hash<std::string>()(gtp_->name()) & 0xffffff);
@@ -109,26 +107,42 @@ Tensor GtpWeights::gather_full(const Parameter* p, const Tensor& shard) {
 
 std::vector<std::string> GtpWeights::chain_names() const {
   std::vector<std::string> names;
-  for (const Info* in : chain_) names.push_back(in->p->name);
+  for (const auto& [domain, chain] : chains_)
+    for (const Info* in : chain) names.push_back(in->p->name);
   return names;
 }
 
 void GtpWeights::set_capturing(bool capturing) { pool_.set_capturing(capturing); }
 
+void GtpWeights::set_domain(int domain) {
+  if (domain == domain_) return;
+  finalize_where([](const Pending&) { return true; });
+  domain_ = domain;
+}
+
+memory::WeightCache& GtpWeights::cache(int domain) {
+  std::unique_ptr<memory::WeightCache>& c = caches_[domain];
+  if (!c) c = std::make_unique<memory::WeightCache>(memory::make_host_buffer_backend());
+  return *c;
+}
+
 void GtpWeights::gather(Info& in, Direction dir, bool async) {
   const int s = slot(dir);
+  memory::WeightCache& c = cache(in.domain);
   if (!in.ticket[s].valid()) {
-    in.ticket[s] = cache_.ticket(in.id, dir, in.padded_rows * in.cols, f32_elem());
+    in.ticket[s] = c.ticket(in.id, dir, in.padded_rows * in.cols, f32_elem());
   }
-  void* buf = cache_.buffer(in.ticket[s]);
-  // A weight of the same shape may hold this buffer with a prefetch pending: cancel it (wait for
-  // it first so the two gathers never write at once); that weight will gather on demand.
+  void* buf = c.buffer(in.ticket[s]);
+  // A weight of the same shape may hold this buffer with a prefetch pending: cancel it (the
+  // stream waits for it first so the two gathers never write at once; a wait, not a host sync,
+  // so that it can be captured); that weight will gather on demand.
   auto occ = occupant_.find(buf);
   if (occ != occupant_.end() && occ->second != std::make_pair(&in, dir)) {
     Info* other = occ->second.first;
     const int os = slot(occ->second.second);
     if (other->armed[os]) {
-      other->gather_work[os].synchronize();
+      other->gather_work[os].wait(current_stream(Device::cpu()));
+      other->gather_work[os] = Work();
       other->armed[os] = false;
     }
   }
@@ -156,15 +170,16 @@ Tensor GtpWeights::materialize(Info& in, Direction dir) {
   } else {
     gather(in, dir, /*async=*/false);
   }
-  void* buf = cache_.buffer(in.ticket[s]);
+  void* buf = cache(in.domain).buffer(in.ticket[s]);
   return Tensor::from_blob(buf, {in.padded_rows, in.cols}, DType::kF32).rows(0, in.rows);
 }
 
-void GtpWeights::prefetch(int chain_index, Direction dir) {
+void GtpWeights::prefetch(const Info& in, Direction dir) {
   if (!chain_done_) return;
-  const int j = dir == Direction::kForward ? chain_index + 1 : chain_index - 1;
-  if (j < 0 || j >= static_cast<int>(chain_.size())) return;
-  Info& next = *chain_[j];
+  const std::vector<Info*>& chain = chains_[in.domain];
+  const int j = dir == Direction::kForward ? in.chain_index + 1 : in.chain_index - 1;
+  if (j < 0 || j >= static_cast<int>(chain.size())) return;
+  Info& next = *chain[j];
   const bool use_ahead =
       dir == Direction::kForward ? next.fwd_uses == 0 : next.bwd_uses < next.fwd_uses;
   if (use_ahead && !next.armed[slot(dir)]) gather(next, dir, /*async=*/true);
@@ -174,6 +189,8 @@ void GtpWeights::cancel_prefetches() {
   for (auto& [p, in] : info_) {
     for (int s : {kFwd, kBwd}) {
       if (!in->armed[s]) continue;
+      GTRON_CHECK(!current_stream(Device::cpu()).capturing(), "prefetch of ", p->name,
+                  " left armed into a capture");
       in->gather_work[s].synchronize();
       in->gather_work[s] = Work();
       in->armed[s] = false;
@@ -189,13 +206,18 @@ Var GtpWeights::use(Parameter& p) {
   Info& in = info(&p);
   if (in.chain_index < 0) {
     GTRON_CHECK(!chain_done_, p.name, " first used after the chain was recorded");
-    in.chain_index = static_cast<int>(chain_.size());
-    if (!chain_.empty()) cache_.declare_neighbors(chain_.back()->id, in.id);
-    chain_.push_back(&in);
+    std::vector<Info*>& chain = chains_[domain_];
+    in.domain = domain_;
+    in.chain_index = static_cast<int>(chain.size());
+    if (!chain.empty()) cache(domain_).declare_neighbors(chain.back()->id, in.id);
+    chain.push_back(&in);
   }
+  // A pass without grad (evaluation) is never captured: it may read any domain's weights.
+  GTRON_CHECK(in.domain == domain_ || !grad_enabled(), p.name, " is chained in capture domain ",
+              in.domain, " but used in domain ", domain_, ": a weight belongs to one region");
   ++in.fwd_uses;
   Tensor full = materialize(in, Direction::kForward);
-  prefetch(in.chain_index, Direction::kForward);
+  prefetch(in, Direction::kForward);
   Var v = Var::external(full);
   if (v.requires_grad()) {
     ++in.uses_left;
@@ -215,9 +237,11 @@ void GtpWeights::pre_backward(Info& in, const Var& v) {
   GTRON_CHECK(in.active_send == nullptr, "nested backward of ", in.p->name);
   ++in.bwd_uses;
   v.set_value(materialize(in, Direction::kBackward));
-  prefetch(in.chain_index, Direction::kBackward);
+  prefetch(in, Direction::kBackward);
   // Note [GTP repeated backward]: drain our own in-flight reduce-scatter and reuse its buffer.
-  if (opt_.reuse_repeated_send_buffer && !pool_.capturing() && !pool_.has_free(in.key)) {
+  // Eager domain only (see "Capture domains" above).
+  if (opt_.reuse_repeated_send_buffer && domain_ == 0 && !pool_.capturing() &&
+      !pool_.has_free(in.key)) {
     for (auto it = pending_.rbegin(); it != pending_.rend(); ++it) {
       if (it->in != &in) continue;
       Pending pend = std::move(*it);
@@ -255,13 +279,17 @@ void GtpWeights::post_backward(Info& in, const Var& v) {
 }
 
 void GtpWeights::finalize(Pending& pend) {
-  pend.work.synchronize();
+  // On the stream (a wait and a closure), so that a capture records the finalize.
+  Stream& stream = current_stream(Device::cpu());
+  pend.work.wait(stream);
   Info& in = *pend.in;
   const int64_t n = in.shard_rows * in.cols;
-  cpu::accumulate<float>(in.p->main_grad.data<float>(), pend.recv.data<float>(), n);
+  float* dst = in.p->main_grad.data<float>();
+  const float* src = pend.recv.data<float>();
+  stream.run([dst, src, n] { cpu::accumulate<float>(dst, src, n); });
   pool_.release(in.key, pend.send);
   GTRON_CHECK(in.uses_left > 0, "more finalizes than uses of ", in.p->name);
-  if (--in.uses_left == 0 && in.p->grad_ready) in.p->grad_ready();
+  if (--in.uses_left == 0) in.p->fire_grad_ready();
 }
 
 void GtpWeights::finalize_where(const std::function<bool(const Pending&)>& pred) {

@@ -34,6 +34,15 @@
 // buffer, now on top of the LIFO, is reused. Never under graph capture (a data-dependent host
 // branch); there warmup must have filled the pool. Losses are bit-identical either way.
 //
+// Capture domains (graphs/, Note [readiness across replay] in graphs/graph_runner.h). Every
+// weight belongs to the domain it was first used in and chains only with the weights of that
+// domain: a graphed region and the eager code around it never prefetch into each other (a replay
+// re-issues only what its capture recorded). Each domain has its own ticket cache, so an eager
+// prefetch in flight never shares a buffer with a replayed gather. Switching domains finalizes
+// every pending reduce-scatter on the current stream (inside a capture when one is running). In a
+// graphed domain the repeated-backward reuse below is skipped, warmups included, so the warmups
+// fill the send pool with every buffer the capture will take.
+//
 // Gather buffers come from the ticket cache (memory/weight_cache.h): stable per (weight,
 // direction); chain neighbours never share. Weights of one shape may share a buffer otherwise, so
 // a gather into a shared buffer cancels the pending prefetch of the weight that held it (that
@@ -81,6 +90,10 @@ class GtpWeights : public WeightAccess {
   void begin_forward() override;
   // Finalizes every pending reduce-scatter (call after each micro-batch's backward).
   void finish_backward();
+  // Capture seam (see above): 0 is the eager domain.
+  void set_domain(int domain) override;
+  // While capturing, an acquire from an empty send pool is an error (warmup fills the pool).
+  void set_capturing(bool capturing) override;
 
   bool is_sharded(const Parameter* p) const { return info_.count(p) > 0; }
   int64_t full_rows(const Parameter* p) const;
@@ -92,9 +105,8 @@ class GtpWeights : public WeightAccess {
 
   const GtpStats& stats() const { return stats_; }
   memory::PoolStats pool_stats() const { return pool_.stats(); }
-  // The recorded forward chain (parameter names in order of first use).
+  // The recorded forward chains (parameter names in order of first use), domain by domain.
   std::vector<std::string> chain_names() const;
-  void set_capturing(bool capturing);
 
  private:
   struct Info;
@@ -104,7 +116,8 @@ class GtpWeights : public WeightAccess {
   void gather(Info& in, memory::Direction dir, bool async);
   // Waits for p's gather for this use in `dir` (issuing it now if none is pending).
   Tensor materialize(Info& in, memory::Direction dir);
-  void prefetch(int chain_index, memory::Direction dir);
+  void prefetch(const Info& in, memory::Direction dir);
+  memory::WeightCache& cache(int domain);
   void cancel_prefetches();
   void post_backward(Info& in, const Var& v);
   void pre_backward(Info& in, const Var& v);
@@ -114,9 +127,10 @@ class GtpWeights : public WeightAccess {
   Communicator* gtp_;
   GtpOptions opt_;
   std::unordered_map<const Parameter*, std::unique_ptr<Info>> info_;
-  std::vector<Info*> chain_;  // forward order of first use
-  bool chain_done_ = false;   // the first forward recorded the chain
-  memory::WeightCache cache_;
+  std::map<int, std::vector<Info*>> chains_;  // per domain, forward order of first use
+  bool chain_done_ = false;                   // the first forward recorded the chains
+  int domain_ = 0;                            // the current capture domain
+  std::map<int, std::unique_ptr<memory::WeightCache>> caches_;  // per domain
   memory::LifoPool pool_;
   std::deque<Pending> pending_;
   std::unordered_map<void*, std::pair<Info*, memory::Direction>> occupant_;  // buffer -> holder

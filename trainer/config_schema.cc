@@ -209,9 +209,11 @@ std::vector<KeySpec> build_schema() {
           "A repeated backward of one weight reuses its own in-flight send buffer."),
       // graphs
       key(GTRON_FIELD(graphs.scope), GraphScope::kNone, any,
-          "What is captured into graphs: none, each transformer block, or the whole step "
-          "(capture lands with the graphs issue: only none is accepted by train today)."),
-      key(GTRON_FIELD(graphs.warmup), 2, at_least(2), "Eager iterations before capture."),
+          "What is captured into graphs: none (all eager), layers (each main-model transformer "
+          "block: one forward and one backward graph) or full (the whole micro-batch; the "
+          "optimizer and DP communication stay outside). Losses are bit-identical to none."),
+      key(GTRON_FIELD(graphs.warmup), 2, at_least(2), "Eager micro-batches per graph before its capture (the first builds the GTP chains, "
+          "the second fills the send pool)."),
       // checkpoint
       key(GTRON_FIELD(checkpoint.dir), "", any, "\"\" = <train.out_dir>/checkpoints."),
       key(GTRON_FIELD(checkpoint.every), 0, at_least(0),

@@ -7,12 +7,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <unordered_set>
 
+#include "graphs/model_graphs.h"
 #include "model/cuda/runtime.h"
 #include "model/mixed_precision.h"
 #include "model/stream.h"
@@ -111,6 +113,33 @@ std::optional<double> meta_number(const std::string& meta_path, const char* key)
   return std::nullopt;
 }
 
+graphs::Scope graph_scope(GraphScope s) {
+  switch (s) {
+    case GraphScope::kLayers:
+      return graphs::Scope::kLayers;
+    case GraphScope::kFull:
+      return graphs::Scope::kFull;
+    case GraphScope::kNone:
+      break;
+  }
+  return graphs::Scope::kNone;
+}
+
+// GTRON_TEST_SKIP_PRE_REPLAY_READINESS=1 is the tests' switch that reproduces the stale-parameter
+// bug (Note [readiness across replay] in graphs/graph_runner.h); it is loud about it.
+graphs::GraphOptions graph_options(const GraphsConfig& g) {
+  graphs::GraphOptions o;
+  o.warmup = static_cast<int>(g.warmup);
+  const char* skip = std::getenv("GTRON_TEST_SKIP_PRE_REPLAY_READINESS");
+  if (skip != nullptr && std::string(skip) == "1") {
+    o.readiness = false;
+    std::fprintf(stderr,
+                 "gtron: WARNING: GTRON_TEST_SKIP_PRE_REPLAY_READINESS=1: graph replays skip the "
+                 "parameter ready callbacks (a test switch; the losses are wrong on purpose)\n");
+  }
+  return o;
+}
+
 std::string dirname_of(const std::string& glob) {
   const size_t slash = glob.rfind('/');
   return slash == std::string::npos ? "." : glob.substr(0, slash);
@@ -200,6 +229,7 @@ class Run {
   std::unique_ptr<ParallelState> par_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<Bf16Weights> bf16_weights_;  // bf16 runs: the model's weight access
+  std::unique_ptr<graphs::ModelGraphs> graphs_;  // graphs.scope (a pass-through for none)
   // CUDA: per-step rows [total, main, mtp_1..D, grad norm] since the last flush (f32, device),
   // and the lr of each of those steps (host).
   Tensor step_rows_;
@@ -216,10 +246,6 @@ class Run {
 Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
     : cfg_(cfg), summary_(summary), env_(parallel::dist_env_from_environment()) {
   validate(cfg_, env_.world_size);
-  if (cfg_.graphs.scope != GraphScope::kNone) {
-    throw UserError(std::string("graphs.scope = \"") + to_string(cfg_.graphs.scope) +
-                    "\": graph capture is not in this build yet. Hint: use graphs.scope=none.");
-  }
   const DevicePlan plan = pick_device(cfg_, env_.world_size);
   device_ = plan.device;
   bf16_ = plan.bf16;
@@ -268,6 +294,9 @@ Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
       std::printf("--resume: no complete checkpoint in %s; starting from step 0\n", root.c_str());
     }
   }
+  // Last: the graphs bake in the addresses of everything above (weights, shadows, buffers).
+  graphs_ = std::make_unique<graphs::ModelGraphs>(*model_, graph_scope(cfg_.graphs.scope), device_,
+                                                  graph_options(cfg_.graphs));
   if (is_rank0()) {
     print_header(data_);
     if (resume && start_ > 0) {
@@ -299,6 +328,10 @@ void Run::print_header(const ResolvedData& data) const {
       static_cast<long>(env_.world_size), static_cast<long>(c.train.micro_batch),
       static_cast<long>(accum_), static_cast<long>(c.train.global_batch * c.train.seq_len),
       describe_peak(device_, bf16_).c_str());
+  if (c.graphs.scope != GraphScope::kNone) {
+    std::printf("graphs: %s (%ld eager warmups per shape, then capture and replay)\n",
+                to_string(c.graphs.scope), static_cast<long>(c.graphs.warmup));
+  }
   std::printf("data: %s (%ld tokens)", data.train_glob.c_str(),
               static_cast<long>(train_shards_->total_tokens()));
   if (data.entropy_rate) {
@@ -348,6 +381,11 @@ void Run::log_step(int64_t done, double lr, double gnorm, const std::vector<doub
       static_cast<double>(allocator_for(device_).stats().peak_allocated) / (1ull << 30);
   sm.elapsed_s = seconds_since(t_run_);
   sm.extra = par_->metrics();
+  if (graphs_->scope() != graphs::Scope::kNone) {
+    const graphs::RunnerStats gs = graphs_->stats();
+    sm.extra.push_back({"graph_captures", static_cast<double>(gs.captures)});
+    sm.extra.push_back({"graph_replays", static_cast<double>(gs.replays)});
+  }
   if (device_.is_cuda()) {
     // Steady state makes no backend allocations: misses and reserved bytes stay flat.
     const memory::AllocatorStats st = allocator_for(device_).stats();
@@ -377,7 +415,7 @@ int Run::train() {
       par_->set_last_microbatch(m == accum_ - 1);
       const int64_t first_seq = (env_.rank * accum_ + m) * mb;
       sampler_->sample(cfg_.train.seed, step, first_seq, mb, window.data<int32_t>());
-      GPTOutput out = model_->forward(window);
+      GPTOutput out = graphs_->forward(window);
       backward(out.loss, seed);
       par_->finish_backward();
       local[0] += out.loss.value().item() / accum_;
@@ -492,7 +530,7 @@ int Run::train_cuda() {
       cuda::memcpy_async(window.raw(), host, window_bytes, stream.native());
       fences[slot]->record(stream);
       fenced[slot] = true;
-      GPTOutput out = model_->forward(window);
+      GPTOutput out = graphs_->forward(window);
       backward_with(out.loss, seed_dev);
       par_->finish_backward();
       cuda::ScalarList losses;

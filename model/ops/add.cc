@@ -5,10 +5,8 @@
 
 namespace gtron {
 
-namespace {
-
-// dst += src on the current stream of dst's device.
 void accumulate_into(Tensor& dst, const Tensor& src) {
+  check_shape("accumulate_into", src.shape(), dst.shape());
   Stream& s = current_stream(dst.device());
   const int64_t n = dst.numel();
   if (dst.device().is_cuda()) {
@@ -22,8 +20,6 @@ void accumulate_into(Tensor& dst, const Tensor& src) {
     s.run([=] { cpu::accumulate<T>(d, p, n); });
   });
 }
-
-}  // namespace
 
 Var add(const Var& a, const Var& b) {
   check_shape("add", b.shape(), a.shape());

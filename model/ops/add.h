@@ -9,6 +9,8 @@
 namespace gtron {
 
 Var add(const Var& a, const Var& b);
+// dst += src (same shape and dtype) on the current stream of dst's device. Not recorded.
+void accumulate_into(Tensor& dst, const Tensor& src);
 
 namespace cpu {
 template <typename T>

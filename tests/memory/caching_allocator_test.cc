@@ -225,6 +225,33 @@ TEST(CachingAllocator, BlocksFreedOnOneStreamAreNotReusedByAnother) {
   f.alloc.deallocate(c);
 }
 
+TEST(CachingAllocator, ReleasedPrivatePoolFreesIdleSegmentsAndHandsTheRestToAStream) {
+  // A graph's private pool is a stream key of its own: eager work (stream 1) never reuses its
+  // blocks; releasing it frees its idle segments and moves the busy one's blocks to stream 1.
+  Fixture f;
+  const uintptr_t pool = 0xabc0;
+  void* idle = f.alloc.allocate(3 * MiB, pool);  // its own large segment
+  void* kept = f.alloc.allocate(64 * KiB, pool);  // a small segment, stays live
+  f.alloc.deallocate(idle);
+  void* eager = f.alloc.allocate(3 * MiB, /*stream=*/1);
+  EXPECT_NE(eager, idle);
+  EXPECT_EQ(f.alloc.stats().misses, 3u);
+  f.alloc.deallocate(eager);
+  const size_t reserved = f.alloc.stats().reserved;
+  f.alloc.release_pool(pool, /*stream=*/1);
+  EXPECT_EQ(f.alloc.stats().reserved, reserved - 4 * MiB);  // the idle segment went back
+  EXPECT_EQ(f.fake->frees, 1);
+  // The small segment now belongs to stream 1: its free remainder serves stream 1 at no miss.
+  void* s1 = f.alloc.allocate(64 * KiB, /*stream=*/1);
+  EXPECT_EQ(f.alloc.stats().misses, 3u);
+  EXPECT_EQ(addr(s1), addr(kept) + 64 * KiB);
+  f.alloc.deallocate(kept);
+  f.alloc.deallocate(s1);
+  void* again = f.alloc.allocate(128 * KiB, /*stream=*/1);
+  EXPECT_EQ(again, kept);  // merged back into one free block of stream 1
+  f.alloc.deallocate(again);
+}
+
 TEST(CachingAllocator, StatsAddUpExactly) {
   Fixture f;
   void* a = f.alloc.allocate(100 * KiB);  // miss: small segment
