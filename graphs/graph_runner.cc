@@ -14,13 +14,17 @@ struct GraphRunner::Entry {
   std::vector<Parameter*> warm_reads;  // made ready during the last warmup
   std::vector<Parameter*> reads;       // Note [readiness across replay]: recorded at capture
   Graph fwd, bwd;
-  std::vector<Tensor> in_static;   // static inputs, copied in before each forward replay
-  std::vector<Var> in_vars;        // the capture's inputs (leaves where the caller needs grad)
-  std::vector<Var> out_vars;       // the capture's outputs (static buffers)
-  std::vector<bool> seeded;        // outputs whose grad seeds the backward
-  std::vector<Tensor> gout_static;  // static output grads (seeded outputs only)
-  Tape tape;                       // the captured forward's backward, until it is captured
-  std::vector<Parameter*> hooks;   // grad-ready hooks deferred by the backward capture, in order
+  std::vector<Tensor> in_static;  // the capture's inputs; another input is copied in at replay
+  std::vector<Tensor> in_grads;   // input grads lent by the caller at capture (or undefined)
+  std::vector<Var> in_vars;       // the capture's inputs (leaves where the caller needs grad)
+  std::vector<Var> out_vars;      // the capture's outputs (static buffers)
+  // One output with grad: its grad slot is a static buffer, zeroed at each forward replay, that
+  // the returned Var shares (no copy). Otherwise output grads are copied into gout_static.
+  bool bound_out = false;
+  std::vector<bool> seeded;         // outputs whose grad is copied in before the backward replay
+  std::vector<Tensor> gout_static;  // static output grads
+  Tape tape;                        // the captured forward's backward, until it is captured
+  std::vector<Parameter*> hooks;    // grad-ready hooks deferred by the backward capture, in order
 };
 
 namespace {
@@ -55,9 +59,7 @@ class DomainScope {
 
 }  // namespace
 
-GraphPool::~GraphPool() {
-  allocator_for(device_).release_pool(id(), current_stream(device_).id());
-}
+GraphPool::~GraphPool() { allocator_for(device_).release_pool(id(), current_stream(device_).id()); }
 
 GraphRunner::GraphRunner(std::string name, Fn fn, Device device, WeightAccess* weights,
                          GraphPool* pool, GraphOptions opt)
@@ -102,17 +104,27 @@ std::vector<Var> GraphRunner::operator()(const std::vector<Var>& inputs) {
 
   Stream& stream = current_stream(device_);
   if (!e->fwd.valid()) {
+    // Capture over the caller's own tensors (held from now on): a block's input is the previous
+    // block's static output, so later replays find the same address and copy nothing. An input
+    // whose grad slot is already bound (the previous runner's output) lends it to the capture:
+    // the region's backward accumulates straight into it.
     for (const Var& v : inputs) {
-      PrivatePoolGuard pool(device_, pool_->id());
-      e->in_static.push_back(Tensor::empty(v.shape(), v.dtype(), device_, &stream));
-      e->in_vars.push_back(v.requires_grad() ? Var::leaf(e->in_static.back())
-                                             : Var::constant(e->in_static.back()));
+      e->in_static.push_back(v.value());
+      Var in = v.requires_grad() ? Var::leaf(v.value()) : Var::constant(v.value());
+      const bool lend = v.requires_grad() && v.has_grad();
+      if (lend) in.set_grad(v.grad());
+      e->in_grads.push_back(lend ? v.grad() : Tensor());
+      e->in_vars.push_back(in);
     }
     make_ready(e->warm_reads);  // the capture must find its DP gathers done
     capture_forward(*e);
   }
   if (opt_.readiness) make_ready(e->reads);
-  for (size_t i = 0; i < inputs.size(); ++i) e->in_static[i].copy_from(inputs[i].value(), &stream);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].value().raw() != e->in_static[i].raw()) {
+      e->in_static[i].copy_from(inputs[i].value(), &stream);
+    }
+  }
   e->fwd.replay(stream);
   ++stats_.replays;
 
@@ -121,6 +133,10 @@ std::vector<Var> GraphRunner::operator()(const std::vector<Var>& inputs) {
   for (const Var& o : e->out_vars) {
     outs.push_back(Var::output(o.value(), o.requires_grad()));
     any_grad = any_grad || outs.back().requires_grad();
+  }
+  if (e->bound_out) {  // consumers accumulate straight into the static output grad
+    e->gout_static[0].zero_(&stream);
+    outs[0].set_grad(e->gout_static[0]);
   }
   if (any_grad) {
     record_backward([this, e, outs, inputs] { backward(e, outs, inputs); });
@@ -169,6 +185,12 @@ void GraphRunner::capture_forward(Entry& e) {
   e.tape = tape.take();
   append_unique(e.reads, log.params());
   ++stats_.captures;
+  e.bound_out = e.out_vars.size() == 1 && e.out_vars[0].requires_grad();
+  if (e.bound_out) {
+    const Tensor& y = e.out_vars[0].value();
+    e.gout_static.push_back(Tensor::empty(y.shape(), y.dtype(), device_, &stream));
+    e.out_vars[0].set_grad(e.gout_static[0]);
+  }
 }
 
 void GraphRunner::backward(const std::shared_ptr<Entry>& e, const std::vector<Var>& outs,
@@ -178,15 +200,17 @@ void GraphRunner::backward(const std::shared_ptr<Entry>& e, const std::vector<Va
   weights_->set_domain(1);
   if (!e->bwd.valid()) {
     PrivatePoolGuard pool(device_, pool_->id());
-    for (size_t i = 0; i < outs.size(); ++i) {
-      e->seeded.push_back(outs[i].requires_grad() && outs[i].has_grad());
-      e->gout_static.push_back(e->seeded[i] ? outs[i].grad().clone(&stream) : Tensor());
+    if (!e->bound_out) {
+      for (size_t i = 0; i < outs.size(); ++i) {
+        e->seeded.push_back(outs[i].requires_grad() && outs[i].has_grad());
+        e->gout_static.push_back(e->seeded[i] ? outs[i].grad().clone(&stream) : Tensor());
+      }
     }
     GradReadyDeferral hooks;
     weights_->set_capturing(true);
     Graph::begin_capture(stream);
     try {
-      for (size_t i = 0; i < outs.size(); ++i) {
+      for (size_t i = 0; i < e->seeded.size(); ++i) {
         if (e->seeded[i]) e->out_vars[i].grad().copy_from(e->gout_static[i], &stream);
       }
       run_tape(std::move(e->tape));
@@ -202,7 +226,7 @@ void GraphRunner::backward(const std::shared_ptr<Entry>& e, const std::vector<Va
     e->tape = Tape();
     ++stats_.captures;
   } else {
-    for (size_t i = 0; i < outs.size(); ++i) {
+    for (size_t i = 0; i < e->seeded.size(); ++i) {
       const bool seeded = outs[i].requires_grad() && outs[i].has_grad();
       GTRON_CHECK(seeded == e->seeded[i], "graph ", name_, ": output ", i,
                   seeded ? " has a gradient it had not at capture" : " lost its gradient");
@@ -214,7 +238,14 @@ void GraphRunner::backward(const std::shared_ptr<Entry>& e, const std::vector<Va
   ++stats_.replays;
   for (Parameter* p : e->hooks) p->fire_grad_ready();
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].requires_grad()) accumulate_into(inputs[i].grad(), e->in_vars[i].grad());
+    if (!inputs[i].requires_grad()) continue;
+    if (e->in_grads[i].defined()) {
+      // The graph accumulated into the grad the caller lent at capture: it must still be its.
+      GTRON_CHECK(inputs[i].has_grad() && inputs[i].grad().raw() == e->in_grads[i].raw(), "graph ",
+                  name_, ": input ", i, " changed its gradient buffer since capture");
+    } else {
+      accumulate_into(inputs[i].grad(), e->in_vars[i].grad());
+    }
   }
 }
 

@@ -26,11 +26,17 @@
 // - calls 1..warmup run eagerly (the first builds the GTP chains and tickets, the second
 //   exercises the prefetches and fills the send pool); the next call captures the forward, then
 //   replays it; its backward captures the backward graph, then replays it; later calls replay;
-// - inputs are copied into static buffers before each forward replay; outputs are the capture's
-//   static buffers, valid until the next call of the same signature (a consumer never holds one
-//   across micro-batches); output grads are copied into static buffers before each backward
-//   replay; input grads are added into the callers' grads after it (each input must have no
-//   other consumer whose backward ran before the region's, or the sum reassociates);
+// - the capture runs over the caller's input tensors, which the runner then holds: a later call
+//   passing the same tensor (a block's input is the previous block's static output) copies
+//   nothing; another tensor is copied into the held one. Outputs are the capture's static
+//   buffers, valid until the next call of the same signature (a consumer never holds one across
+//   micro-batches). A single output's grad slot is a static buffer too, zeroed at each forward
+//   replay and shared with the returned Var, so consumers accumulate straight into what the
+//   backward graph reads; several outputs' grads are copied in before the backward replay. An
+//   input whose grad slot was bound at capture (the previous block's output) lends it to the
+//   capture, so the region's backward accumulates straight into it; any other input's grad is
+//   added into the caller's after the replay (such an input must have no other consumer whose
+//   backward ran before the region's, or the sum would reassociate);
 // - memory allocated during capture comes from the GraphPool (a private allocator pool shared by
 //   the runners of one model: captures and replays happen in the same order, so blocks freed in
 //   one capture can serve a later one);

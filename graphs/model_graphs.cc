@@ -12,7 +12,9 @@ ModelGraphs::ModelGraphs(GPT& model, Scope scope, Device device, GraphOptions op
     for (int l = 0; l < model.num_blocks(); ++l) {
       runners_.push_back(std::make_unique<GraphRunner>(
           "blocks." + std::to_string(l),
-          [m, l](const std::vector<Var>& in) { return std::vector<Var>{m->block_forward(l, in[0])}; },
+          [m, l](const std::vector<Var>& in) {
+            return std::vector<Var>{m->block_forward(l, in[0])};
+          },
           device, w, &pool_, opt));
     }
     model.set_block_runner(

@@ -3,7 +3,9 @@
 # B=16, random tokens, bf16 mixed precision, 50 timed steps after 5 warmup steps (forward,
 # backward, device grad norm + clip, AdamW, bf16 refresh). Prints one JSON line
 # {tokens_per_s, ms_per_step, mfu, peak_mem_gib, allocator_misses_steady_state, ...} for MTP D=0,
-# then one for D=1. Extra flags pass through to both (e.g. --precision fp32, --steps 20).
+# then one for D=1, each with graphs.scope none, layers and full (issue: graphs; the field "graphs"
+# says which). Extra flags pass through to every run (e.g. --precision fp32, --steps 20);
+# GTRON_BENCH_GRAPHS="none" limits the scopes.
 #
 # Uses a prebuilt binary when there is one next to this script or in .gpubin/ (GPU machines have
 # no Bazel: scripts/gpu_tests.sh copies it there); otherwise builds it with Bazel.
@@ -19,5 +21,8 @@ if [[ -z "$bin" ]]; then
   bin="$PWD/bazel-bin/tests/trainer/bench_gpu"
 fi
 common=(--L 12 --C 768 --NH 12 --V 50257 --T 1024 --B 16 --steps 50 --warmup 5)
-"$bin" "${common[@]}" --D 0 "$@"
-"$bin" "${common[@]}" --D 1 "$@"
+for d in 0 1; do
+  for g in ${GTRON_BENCH_GRAPHS:-none layers full}; do
+    "$bin" "${common[@]}" --D "$d" --graphs "$g" "$@"
+  done
+done

@@ -22,6 +22,7 @@ for label in "${tests[@]}" //tests/trainer:bench_gpu; do
   path="${path/://}"
   cp "$path" .gpubin/
   chmod u+w ".gpubin/$(basename "$path")"
+  strip --strip-unneeded ".gpubin/$(basename "$path")"  # the carry limit is 64 MiB
 done
 cp scripts/bench_gpu.sh .gpubin/
 # Shared libraries of this image that a GPU machine may lack (Gloo and its dependencies, libgomp):

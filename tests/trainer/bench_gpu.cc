@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/cuda/runtime.h"
+#include "graphs/model_graphs.h"
 #include "model/gpt.h"
 #include "model/mixed_precision.h"
 #include "model/stream.h"
@@ -54,6 +55,17 @@ int main(int argc, char** argv) {
   const int steps = static_cast<int>(arg(argc, argv, "steps", 50));
   const int warmup = static_cast<int>(arg(argc, argv, "warmup", 5));
   const std::string precision = flag(argc, argv, "precision", "bf16");
+  const std::string graphs_flag = flag(argc, argv, "graphs", "none");
+  graphs::Scope scope = graphs::Scope::kNone;
+  if (graphs_flag == "layers") {
+    scope = graphs::Scope::kLayers;
+  } else if (graphs_flag == "full") {
+    scope = graphs::Scope::kFull;
+  } else if (graphs_flag != "none") {
+    std::fprintf(stderr, "bench_gpu: --graphs is none, layers or full, got '%s'\n",
+                 graphs_flag.c_str());
+    return 2;
+  }
   const bool bf16 = precision == "bf16";
   if (!bf16 && precision != "fp32") {
     std::fprintf(stderr, "bench_gpu: --precision is bf16 or fp32, got '%s'\n", precision.c_str());
@@ -72,6 +84,7 @@ int main(int argc, char** argv) {
   AdamW opt(dp.owned_numel(), decayed, AdamWHyper{}, dev);
   Bf16Weights shadows;
   if (bf16) model.set_weight_access(&shadows);
+  graphs::ModelGraphs graphed(model, scope, dev);  // 2 eager warmups, then capture and replay
 
   // Random tokens, written once into pinned memory and copied to the device every step.
   const size_t window_bytes = static_cast<size_t>(B * (T + 1)) * sizeof(int32_t);
@@ -90,7 +103,7 @@ int main(int argc, char** argv) {
     dp.zero_grads();
     dp.set_last_microbatch(true);
     cuda::memcpy_async(window.raw(), tok, window_bytes, stream.native());
-    GPTOutput out = model.forward(window);
+    GPTOutput out = graphed.forward(window);
     backward_with(out.loss, seed);
     dp.finish_grads();
     opt.clip_on_device(dp.owned(), 1.0, nullptr);
@@ -116,12 +129,12 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"tokens_per_s\": %.1f, \"ms_per_step\": %.3f, \"mfu\": %.4f, \"peak_mem_gib\": %.3f, "
       "\"allocator_misses_steady_state\": %llu, \"reserved_growth_bytes\": %lld, "
-      "\"precision\": \"%s\", \"L\": %d, \"C\": %ld, \"NH\": %d, \"T\": %ld, \"B\": %ld, "
+      "\"precision\": \"%s\", \"graphs\": \"%s\", \"L\": %d, \"C\": %ld, \"NH\": %d, \"T\": %ld, \"B\": %ld, "
       "\"V\": %ld, \"Vp\": %ld, \"D\": %d, \"steps\": %d, \"warmup\": %d, \"loss\": %.4f, "
       "\"params\": %ld}\n",
       tps, 1e3 * sec / steps, mfu, static_cast<double>(st.peak_allocated) / (1ull << 30),
       static_cast<unsigned long long>(st.misses - misses0),
-      static_cast<long long>(st.reserved) - static_cast<long long>(reserved0), precision.c_str(),
+      static_cast<long long>(st.reserved) - static_cast<long long>(reserved0), precision.c_str(), graphs_flag.c_str(),
       c.n_layer, static_cast<long>(c.n_embd), c.n_head, static_cast<long>(T), static_cast<long>(B),
       static_cast<long>(c.vocab_size), static_cast<long>(c.padded_vocab()), c.mtp_depth, steps,
       warmup, last_loss.item(), static_cast<long>(model.num_parameters()));
