@@ -5,7 +5,8 @@
 # {tokens_per_s, ms_per_step, mfu, peak_mem_gib, allocator_misses_steady_state, ...} for MTP D=0,
 # then one for D=1, each with graphs.scope none, layers and full (issue: graphs; the field "graphs"
 # says which). Extra flags pass through to every run (e.g. --precision fp32, --steps 20);
-# GTRON_BENCH_GRAPHS="none" limits the scopes.
+# GTRON_BENCH_GRAPHS="none" limits the scopes. Last, a launch-bound small model (L=4, C=256, NH=4,
+# V=256, T=256, B=8, 200 steps) with each scope: where graphs pay off most.
 #
 # Uses a prebuilt binary when there is one next to this script or in .gpubin/ (GPU machines have
 # no Bazel: scripts/gpu_tests.sh copies it there); otherwise builds it with Bazel.
@@ -25,4 +26,7 @@ for d in 0 1; do
   for g in ${GTRON_BENCH_GRAPHS:-none layers full}; do
     "$bin" "${common[@]}" --D "$d" --graphs "$g" "$@"
   done
+done
+for g in ${GTRON_BENCH_GRAPHS:-none layers full}; do
+  "$bin" --L 4 --C 256 --NH 4 --V 256 --T 256 --B 8 --steps 200 --warmup 5 --graphs "$g" "$@"
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Convergence regression: runs the parallel x MTP matrix on CPU and compares every run with its
+"""Convergence regression: runs the parallel x graphs x MTP matrix on CPU and compares every run with its
 golden loss curve (tests/golden/*.json) and the members with each other.
 
 Usage: scripts/convergence.py [--gtron BIN] [--launcher scripts/gtronrun] [--work DIR] [--only NAME]
@@ -49,6 +49,10 @@ MATRIX = [
      "reassociated"),
     ("DP=2 D=0 all-reduce", "mtp_d0", 2, 1, ["parallel.distributed_optimizer=false"],
      "reassociated"),
+    ("1proc D=2 graphs=layers", "mtp_d2", 1, 1, ["graphs.scope=layers"], "exact"),
+    ("1proc D=1 graphs=full", "mtp_d1", 1, 1, ["graphs.scope=full"], "exact"),
+    ("GTP=2 D=2 graphs=layers", "mtp_d2", 2, 2, ["graphs.scope=layers"], "reassociated"),
+    ("DP=2xGTP=2 D=2 graphs=full", "mtp_d2", 4, 2, ["graphs.scope=full"], "reassociated"),
     ("resume@20 D=2", "mtp_d2", 1, 1, [], "resume"),
     ("long tiny (floor)", "long_tiny", 1, 1, [], "exact"),
 ]
@@ -213,12 +217,16 @@ def run_matrix(runner, only):
         rows.append((name, gname, f"{worst:.2e} ({tol})", f"{secs:.0f}s", "ok" if ok else "FAIL", msg))
         passed += ok
         failed += not ok
-    # Members of one golden with each other (the same check, transitively, made explicit).
-    for a, b in [("DP=2 D=2", "GTP=2 D=2"), ("GTP=2 D=2", "DP=2xGTP=2 D=2")]:
+    # Members of one golden with each other (the same check, transitively, made explicit). Graphs
+    # on vs off in one layout keep the reduction order: those pairs must match digit for digit.
+    for a, b, exact in [("DP=2 D=2", "GTP=2 D=2", False), ("GTP=2 D=2", "DP=2xGTP=2 D=2", False),
+                        ("GTP=2 D=2", "GTP=2 D=2 graphs=layers", True),
+                        ("DP=2xGTP=2 D=2", "DP=2xGTP=2 D=2 graphs=full", True)]:
         if a in curves and b in curves:
             worst = max(abs(float(x) - float(y)) / abs(float(x)) for x, y in zip(curves[a], curves[b]))
-            ok = worst < 2 * REASSOCIATED
-            rows.append((f"{a} vs {b}", "-", f"{worst:.2e} (<{2 * REASSOCIATED:g})", "-",
+            ok = curves[a] == curves[b] if exact else worst < 2 * REASSOCIATED
+            tol = "exact" if exact else f"<{2 * REASSOCIATED:g}"
+            rows.append((f"{a} vs {b}", "-", f"{worst:.2e} ({tol})", "-",
                          "ok" if ok else "FAIL", ""))
             passed += ok
             failed += not ok
