@@ -185,6 +185,7 @@ void GraphRunner::capture_forward(Entry& e) {
   e.tape = tape.take();
   append_unique(e.reads, log.params());
   ++stats_.captures;
+  stats_.nodes += static_cast<int64_t>(e.fwd.nodes());
   e.bound_out = e.out_vars.size() == 1 && e.out_vars[0].requires_grad();
   if (e.bound_out) {
     const Tensor& y = e.out_vars[0].value();
@@ -225,6 +226,7 @@ void GraphRunner::backward(const std::shared_ptr<Entry>& e, const std::vector<Va
     e->hooks = hooks.params();
     e->tape = Tape();
     ++stats_.captures;
+    stats_.nodes += static_cast<int64_t>(e->bwd.nodes());
   } else {
     for (size_t i = 0; i < e->seeded.size(); ++i) {
       const bool seeded = outs[i].requires_grad() && outs[i].has_grad();

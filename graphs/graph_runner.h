@@ -88,6 +88,7 @@ struct RunnerStats {
   int64_t eager_calls = 0;  // warmups and no-grad calls
   int64_t captures = 0;     // forward + backward graphs captured
   int64_t replays = 0;      // forward + backward replays (the first after each capture included)
+  int64_t nodes = 0;        // work items in the captured graphs (CPU closures, CUDA graph nodes)
 };
 
 class GraphRunner {

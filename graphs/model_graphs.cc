@@ -57,6 +57,7 @@ RunnerStats ModelGraphs::stats() const {
     t.eager_calls += r->stats().eager_calls;
     t.captures += r->stats().captures;
     t.replays += r->stats().replays;
+    t.nodes += r->stats().nodes;
   }
   return t;
 }

@@ -35,7 +35,6 @@ class ModelGraphs {
   Scope scope() const { return scope_; }
   // Totals over the runners.
   RunnerStats stats() const;
-  const std::vector<std::unique_ptr<GraphRunner>>& runners() const { return runners_; }
 
  private:
   GPT& model_;

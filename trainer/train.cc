@@ -385,6 +385,7 @@ void Run::log_step(int64_t done, double lr, double gnorm, const std::vector<doub
     const graphs::RunnerStats gs = graphs_->stats();
     sm.extra.push_back({"graph_captures", static_cast<double>(gs.captures)});
     sm.extra.push_back({"graph_replays", static_cast<double>(gs.replays)});
+    sm.extra.push_back({"graph_nodes", static_cast<double>(gs.nodes)});
   }
   if (device_.is_cuda()) {
     // Steady state makes no backend allocations: misses and reserved bytes stay flat.

@@ -118,6 +118,7 @@ TEST(GraphRunner, ReplaysAreBitIdenticalToEagerAcrossParameterUpdates) {
   EXPECT_EQ(f.runner->stats().eager_calls, 2);  // warmups
   EXPECT_EQ(f.runner->stats().captures, 2);     // one forward, one backward graph
   EXPECT_EQ(f.runner->stats().replays, 10);     // calls 3..7, forward and backward
+  EXPECT_GT(f.runner->stats().nodes, 4);        // kernels, copies and zero-fills were recorded
 }
 
 TEST(GraphRunner, ChainedRegionsPassBuffersWithoutCopiesAndMatchEager) {
