@@ -2,6 +2,7 @@
 
 #include <functional>
 
+#include "model/mixed_precision.h"
 #include "model/ops/add.h"
 #include "model/stream.h"
 
@@ -12,7 +13,40 @@ using memory::Direction;
 namespace {
 constexpr int kFwd = 0, kBwd = 1;
 int slot(Direction d) { return d == Direction::kForward ? kFwd : kBwd; }
-memory::ElemType f32_elem() { return {static_cast<int32_t>(DType::kF32), 4}; }
+memory::ElemType elem(DType d) {
+  return {static_cast<int32_t>(d), static_cast<int32_t>(dtype_size(d))};
+}
+
+// Device memory for gather buffers and (plain) send buffers: the device's caching allocator,
+// never freed before the owner's destruction.
+class DeviceBuffers final : public memory::BufferBackend, public memory::SymmetricBackend {
+ public:
+  explicit DeviceBuffers(Device device) : device_(device) {}
+  void* allocate(size_t bytes) override {
+    try {
+      return allocator_for(device_).allocate(bytes);
+    } catch (const std::exception&) {
+      return nullptr;
+    }
+  }
+  void free(void* ptr) noexcept override {
+    try {
+      allocator_for(device_).deallocate(ptr);
+    } catch (...) {
+    }
+  }
+  memory::WindowHandle register_window(void*, size_t) override { return nullptr; }
+  void deregister_window(memory::WindowHandle) noexcept override {}
+  std::string name() const override { return device_.str(); }
+
+ private:
+  Device device_;
+};
+
+std::unique_ptr<memory::SymmetricBackend> default_send_backend(Device device) {
+  if (device.is_cpu()) return memory::make_plain_symmetric_backend();
+  return std::make_unique<DeviceBuffers>(device);
+}
 }  // namespace
 
 struct GtpWeights::Info {
@@ -29,6 +63,7 @@ struct GtpWeights::Info {
   int bwd_uses = 0;             // backward uses started in this pass
   void* active_send = nullptr;  // the send buffer of the use whose backward is running
   memory::PoolKey key;
+  Tensor shard_lo;  // [shard_rows * cols] compute-dtype copy of the shard (bf16 gathers only)
 };
 
 struct GtpWeights::Pending {
@@ -38,15 +73,23 @@ struct GtpWeights::Pending {
   Work work;
 };
 
-GtpWeights::GtpWeights(const std::vector<Parameter*>& sharded, Communicator* gtp, GtpOptions opt)
-    : gtp_(gtp), opt_(opt), pool_(memory::make_host_buffer_backend()) {
-  GTRON_CHECK(gtp_ != nullptr, "GTP needs a communicator");
+GtpWeights::GtpWeights(const std::vector<Parameter*>& sharded, Communicator* gtp, GtpOptions opt,
+                       std::unique_ptr<memory::SymmetricBackend> send_backend)
+    : gtp_(gtp),
+      opt_(opt),
+      device_(gtp->device()),
+      pool_(send_backend ? std::move(send_backend) : default_send_backend(gtp->device())) {
+  GTRON_CHECK(opt_.compute_dtype == DType::kF32 ||
+                  (opt_.compute_dtype == DType::kBF16 && device_.is_cuda()),
+              "GTP gathers f32, or bf16 on CUDA; got ", dtype_name(opt_.compute_dtype), " on ",
+              device_.str());
   const int64_t G = gtp_->size();
   const int64_t group = static_cast<int64_t>(std::hash<std::string>()(gtp_->name()) & 0xffffff);
   for (size_t i = 0; i < sharded.size(); ++i) {
     Parameter* p = sharded[i];
-    GTRON_CHECK(p->data.dtype() == DType::kF32 && p->data.device().is_cpu() && p->data.rank() == 2,
-                "GTP shards CPU fp32 matrices; ", p->name, " is not one");
+    GTRON_CHECK(
+        p->data.dtype() == DType::kF32 && p->data.device() == device_ && p->data.rank() == 2,
+        "GTP shards fp32 matrices on ", device_.str(), "; ", p->name, " is not one");
     auto in = std::make_unique<Info>();
     in->p = p;
     in->id = static_cast<int64_t>(i);
@@ -54,12 +97,12 @@ GtpWeights::GtpWeights(const std::vector<Parameter*>& sharded, Communicator* gtp
     in->cols = p->data.dim(1);
     in->padded_rows = (in->rows + G - 1) / G * G;
     in->shard_rows = in->padded_rows / G;
-    in->key = memory::PoolKey{in->padded_rows * in->cols, f32_elem(), group};
+    in->key = memory::PoolKey{in->padded_rows * in->cols, elem(DType::kF32), group};
     Info* raw = in.get();
     info_[p] = std::move(in);
     Tensor shard = shard_of(p, p->data);
     p->data = shard;
-    p->main_grad = Tensor::zeros(shard.shape(), DType::kF32);
+    p->main_grad = Tensor::zeros(shard.shape(), DType::kF32, device_);
     (void)raw;
   }
 }
@@ -87,7 +130,7 @@ int64_t GtpWeights::full_rows(const Parameter* p) const { return info_.at(p)->ro
 Tensor GtpWeights::shard_of(const Parameter* p, const Tensor& full) const {
   const Info& in = *info_.at(p);
   GTRON_CHECK(full.numel() == in.rows * in.cols, "shard_of ", p->name, ": ", full.shape().str());
-  Tensor shard = Tensor::zeros({in.shard_rows, in.cols}, DType::kF32);
+  Tensor shard = Tensor::zeros({in.shard_rows, in.cols}, DType::kF32, device_);
   const int64_t lo = gtp_->rank() * in.shard_rows;
   const int64_t hi = std::min(lo + in.shard_rows, in.rows);
   if (hi > lo) {
@@ -99,7 +142,7 @@ Tensor GtpWeights::shard_of(const Parameter* p, const Tensor& full) const {
 
 Tensor GtpWeights::gather_full(const Parameter* p, const Tensor& shard) {
   const Info& in = *info_.at(p);
-  Tensor padded = Tensor::empty({in.padded_rows, in.cols}, DType::kF32);
+  Tensor padded = Tensor::empty({in.padded_rows, in.cols}, DType::kF32, device_);
   Tensor out = padded.view({in.padded_rows * in.cols});
   gtp_->all_gather(shard.view({in.shard_rows * in.cols}), out).synchronize();
   return padded.rows(0, in.rows).clone();
@@ -122,7 +165,11 @@ void GtpWeights::set_domain(int domain) {
 
 memory::WeightCache& GtpWeights::cache(int domain) {
   std::unique_ptr<memory::WeightCache>& c = caches_[domain];
-  if (!c) c = std::make_unique<memory::WeightCache>(memory::make_host_buffer_backend());
+  if (!c) {
+    c = std::make_unique<memory::WeightCache>(
+        device_.is_cpu() ? memory::make_host_buffer_backend()
+                         : std::unique_ptr<memory::BufferBackend>(new DeviceBuffers(device_)));
+  }
   return *c;
 }
 
@@ -130,7 +177,7 @@ void GtpWeights::gather(Info& in, Direction dir, bool async) {
   const int s = slot(dir);
   memory::WeightCache& c = cache(in.domain);
   if (!in.ticket[s].valid()) {
-    in.ticket[s] = c.ticket(in.id, dir, in.padded_rows * in.cols, f32_elem());
+    in.ticket[s] = c.ticket(in.id, dir, in.padded_rows * in.cols, elem(opt_.compute_dtype));
   }
   void* buf = c.buffer(in.ticket[s]);
   // A weight of the same shape may hold this buffer with a prefetch pending: cancel it (the
@@ -141,21 +188,32 @@ void GtpWeights::gather(Info& in, Direction dir, bool async) {
     Info* other = occ->second.first;
     const int os = slot(occ->second.second);
     if (other->armed[os]) {
-      other->gather_work[os].wait(current_stream(Device::cpu()));
+      other->gather_work[os].wait(current_stream(device_));
       other->gather_work[os] = Work();
       other->armed[os] = false;
     }
   }
   occupant_[buf] = {&in, dir};
   in.p->make_ready();  // the shard may be waiting for its DP gather (Note [readiness])
-  Tensor out = Tensor::from_blob(buf, {in.padded_rows * in.cols}, DType::kF32);
-  Work w = gtp_->all_gather(in.p->data.view({in.shard_rows * in.cols}), out);
+  Tensor out = Tensor::from_blob(buf, {in.padded_rows * in.cols}, opt_.compute_dtype, device_);
+  Tensor shard = in.p->data.view({in.shard_rows * in.cols});
+  if (opt_.compute_dtype != DType::kF32) {
+    // bf16 gathers: cast the shard first (on the stream, so that a capture re-casts it at every
+    // replay: the shard changes at each optimizer step).
+    Stream& stream = current_stream(device_);
+    if (!in.shard_lo.defined()) {
+      in.shard_lo = Tensor::empty(shard.shape(), opt_.compute_dtype, device_, &stream);
+    }
+    cuda::cast_f32_to_bf16(shard.data<float>(), in.shard_lo.raw(), shard.numel(), stream.native());
+    shard = in.shard_lo;
+  }
+  Work w = gtp_->all_gather(shard, out);
   ++stats_.gathers_issued;
   if (async) {
     in.armed[s] = true;
     in.gather_work[s] = w;
   } else {
-    w.wait(current_stream(Device::cpu()));
+    w.wait(current_stream(device_));
     in.armed[s] = false;
   }
 }
@@ -163,7 +221,7 @@ void GtpWeights::gather(Info& in, Direction dir, bool async) {
 Tensor GtpWeights::materialize(Info& in, Direction dir) {
   const int s = slot(dir);
   if (in.armed[s]) {
-    in.gather_work[s].wait(current_stream(Device::cpu()));
+    in.gather_work[s].wait(current_stream(device_));
     in.gather_work[s] = Work();
     in.armed[s] = false;
     ++stats_.prefetch_hits;
@@ -171,7 +229,8 @@ Tensor GtpWeights::materialize(Info& in, Direction dir) {
     gather(in, dir, /*async=*/false);
   }
   void* buf = cache(in.domain).buffer(in.ticket[s]);
-  return Tensor::from_blob(buf, {in.padded_rows, in.cols}, DType::kF32).rows(0, in.rows);
+  return Tensor::from_blob(buf, {in.padded_rows, in.cols}, opt_.compute_dtype, device_)
+      .rows(0, in.rows);
 }
 
 void GtpWeights::prefetch(const Info& in, Direction dir) {
@@ -189,7 +248,7 @@ void GtpWeights::cancel_prefetches() {
   for (auto& [p, in] : info_) {
     for (int s : {kFwd, kBwd}) {
       if (!in->armed[s]) continue;
-      GTRON_CHECK(!current_stream(Device::cpu()).capturing(), "prefetch of ", p->name,
+      GTRON_CHECK(!current_stream(device_).capturing(), "prefetch of ", p->name,
                   " left armed into a capture");
       in->gather_work[s].synchronize();
       in->gather_work[s] = Work();
@@ -252,7 +311,7 @@ void GtpWeights::pre_backward(Info& in, const Var& v) {
     }
   }
   in.active_send = pool_.acquire(in.key);
-  Tensor send = Tensor::from_blob(in.active_send, {in.padded_rows, in.cols}, DType::kF32);
+  Tensor send = Tensor::from_blob(in.active_send, {in.padded_rows, in.cols}, DType::kF32, device_);
   send.zero_();  // the wgrad accumulates (+=); the padding rows stay zero
   v.set_grad(send.rows(0, in.rows));
 }
@@ -264,8 +323,8 @@ void GtpWeights::post_backward(Info& in, const Var& v) {
   pend.in = &in;
   pend.send = in.active_send;
   in.active_send = nullptr;
-  pend.recv = Tensor::empty({in.shard_rows * in.cols}, DType::kF32);
-  Tensor send = Tensor::from_blob(pend.send, {in.padded_rows * in.cols}, DType::kF32);
+  pend.recv = Tensor::empty({in.shard_rows * in.cols}, DType::kF32, device_);
+  Tensor send = Tensor::from_blob(pend.send, {in.padded_rows * in.cols}, DType::kF32, device_);
   pend.work = gtp_->reduce_scatter(send, pend.recv, ReduceOp::kSum);
   ++stats_.reduce_scatters;
   v.set_grad(Tensor());  // the Var no longer points into pool or cache buffers
@@ -279,14 +338,11 @@ void GtpWeights::post_backward(Info& in, const Var& v) {
 }
 
 void GtpWeights::finalize(Pending& pend) {
-  // On the stream (a wait and a closure), so that a capture records the finalize.
-  Stream& stream = current_stream(Device::cpu());
-  pend.work.wait(stream);
+  // On the stream (a wait and an add), so that a capture records the finalize.
+  pend.work.wait(current_stream(device_));
   Info& in = *pend.in;
-  const int64_t n = in.shard_rows * in.cols;
-  float* dst = in.p->main_grad.data<float>();
-  const float* src = pend.recv.data<float>();
-  stream.run([dst, src, n] { cpu::accumulate<float>(dst, src, n); });
+  Tensor grad = in.p->main_grad.view({in.shard_rows * in.cols});
+  accumulate_into(grad, pend.recv);
   pool_.release(in.key, pend.send);
   GTRON_CHECK(in.uses_left > 0, "more finalizes than uses of ", in.p->name);
   if (--in.uses_left == 0) in.p->fire_grad_ready();

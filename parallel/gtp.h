@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "memory/lifo_pool.h"
+#include "memory/symmetric_pool.h"
 #include "memory/weight_cache.h"
 #include "model/layers.h"
 #include "parallel/communicator.h"
@@ -68,6 +69,10 @@ namespace gtron::parallel {
 
 struct GtpOptions {
   bool reuse_repeated_send_buffer = true;
+  // The dtype of the gathered full weights, and of the all-gathers: f32, or bf16 on CUDA (bf16
+  // mixed precision: each shard is cast to a bf16 copy on the stream right before its gather, so
+  // the gathers move half the bytes; weight gradients, send buffers and shards stay f32).
+  DType compute_dtype = DType::kF32;
 };
 
 struct GtpStats {
@@ -80,8 +85,11 @@ struct GtpStats {
 class GtpWeights : public WeightAccess {
  public:
   // Shards `sharded` in place (every rank passes identical full values: the init is a function of
-  // (seed, name)). REQUIRES: CPU fp32 parameters; `gtp` outlives this object.
-  GtpWeights(const std::vector<Parameter*>& sharded, Communicator* gtp, GtpOptions opt = {});
+  // (seed, name)). REQUIRES: fp32 parameters on the communicator's device; `gtp` outlives this
+  // object. `send_backend`: the memory of the send pool (NCCL: make_nccl_symmetric_backend, so
+  // reduce-scatters run NCCL's symmetric kernels); null is plain memory of the device.
+  GtpWeights(const std::vector<Parameter*>& sharded, Communicator* gtp, GtpOptions opt = {},
+             std::unique_ptr<memory::SymmetricBackend> send_backend = nullptr);
   ~GtpWeights() override;
 
   Var use(Parameter& p) override;
@@ -105,6 +113,7 @@ class GtpWeights : public WeightAccess {
 
   const GtpStats& stats() const { return stats_; }
   memory::PoolStats pool_stats() const { return pool_.stats(); }
+  std::string pool_backend() const { return pool_.backend_name(); }
   // The recorded forward chains (parameter names in order of first use), domain by domain.
   std::vector<std::string> chain_names() const;
 
@@ -126,12 +135,13 @@ class GtpWeights : public WeightAccess {
 
   Communicator* gtp_;
   GtpOptions opt_;
+  Device device_;  // the communicator's: shards, buffers and streams
   std::unordered_map<const Parameter*, std::unique_ptr<Info>> info_;
   std::map<int, std::vector<Info*>> chains_;  // per domain, forward order of first use
   bool chain_done_ = false;                   // the first forward recorded the chains
   int domain_ = 0;                            // the current capture domain
   std::map<int, std::unique_ptr<memory::WeightCache>> caches_;  // per domain
-  memory::LifoPool pool_;
+  memory::SymmetricPool pool_;                                  // send buffers
   std::deque<Pending> pending_;
   std::unordered_map<void*, std::pair<Info*, memory::Direction>> occupant_;  // buffer -> holder
   GtpStats stats_;
