@@ -175,6 +175,7 @@ void GraphRunner::capture_forward(Entry& e) {
   Graph::begin_capture(stream);
   try {
     e.out_vars = fn_(e.in_vars);
+    weights_->end_region();
   } catch (...) {
     Graph::abort_capture(stream);
     weights_->set_capturing(false);
@@ -215,6 +216,7 @@ void GraphRunner::backward(const std::shared_ptr<Entry>& e, const std::vector<Va
         if (e->seeded[i]) e->out_vars[i].grad().copy_from(e->gout_static[i], &stream);
       }
       run_tape(std::move(e->tape));
+      weights_->end_region();
       weights_->set_domain(0);  // the region's own pending reduce-scatters finish in the graph
     } catch (...) {
       Graph::abort_capture(stream);

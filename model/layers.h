@@ -39,6 +39,10 @@ class WeightAccess {
   // True between the begin and end of a capture: the access must not take host-side branches
   // that depend on run-time state, nor allocate what a replay would need again.
   virtual void set_capturing(bool capturing) { (void)capturing; }
+  // Called inside a capture, in its domain, before it ends: the current stream waits for the
+  // collectives the region leaves in flight (a CUDA capture must join the streams it forked; the
+  // consumer in the next region still finds its prefetch armed).
+  virtual void end_region() {}
   // Makes what use(p) would read current now, outside any capture (bf16: re-cast a stale
   // shadow), so that a captured read of it replays over current values.
   virtual void prepare(Parameter& p) { (void)p; }

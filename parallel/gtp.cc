@@ -157,6 +157,21 @@ std::vector<std::string> GtpWeights::chain_names() const {
 
 void GtpWeights::set_capturing(bool capturing) { pool_.set_capturing(capturing); }
 
+void GtpWeights::end_region() {
+  if (!device_.is_cuda()) return;  // a CPU replay would block here for nothing
+  // A CUDA capture may not depend on another capture's events: the stream joins the gather here
+  // and drops its Work, so the next region's capture finds the prefetch armed and done (the
+  // graphs replay in order on one stream).
+  for (auto& [p, in] : info_) {
+    if (in->domain != domain_) continue;  // the eager code's prefetches are not the capture's
+    for (int s : {kFwd, kBwd}) {
+      if (!in->armed[s]) continue;
+      in->gather_work[s].wait(current_stream(device_));
+      in->gather_work[s] = Work();
+    }
+  }
+}
+
 void GtpWeights::set_domain(int domain) {
   if (domain == domain_) return;
   finalize_where([](const Pending&) { return true; });

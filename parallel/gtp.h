@@ -102,6 +102,9 @@ class GtpWeights : public WeightAccess {
   void set_domain(int domain) override;
   // While capturing, an acquire from an empty send pool is an error (warmup fills the pool).
   void set_capturing(bool capturing) override;
+  // CUDA: joins the armed prefetches into the current stream (a capture must end joined, and may
+  // not wait on another capture's events); they stay armed for the next region.
+  void end_region() override;
 
   bool is_sharded(const Parameter* p) const { return info_.count(p) > 0; }
   int64_t full_rows(const Parameter* p) const;
