@@ -212,7 +212,8 @@ std::vector<KeySpec> build_schema() {
           "What is captured into graphs: none (all eager), layers (each main-model transformer "
           "block: one forward and one backward graph) or full (the whole micro-batch; the "
           "optimizer and DP communication stay outside). Losses are bit-identical to none."),
-      key(GTRON_FIELD(graphs.warmup), 2, at_least(2), "Eager micro-batches per graph before its capture (the first builds the GTP chains, "
+      key(GTRON_FIELD(graphs.warmup), 2, at_least(2),
+          "Eager micro-batches per graph before its capture (the first builds the GTP chains, "
           "the second fills the send pool)."),
       // checkpoint
       key(GTRON_FIELD(checkpoint.dir), "", any, "\"\" = <train.out_dir>/checkpoints."),

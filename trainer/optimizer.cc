@@ -59,7 +59,10 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
   std::vector<cuda::OptimChunk> host;
   float* m = m_.data<float>();
   float* v = v_.data<float>();
-  for (const parallel::OwnedSegment& s : segments) {
+  first_chunks_ = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const parallel::OwnedSegment& s = segments[i];
+    if (i == reduction_.first_segments) first_chunks_ = static_cast<int64_t>(host.size());
     const int32_t decay = decayed_.count(s.param) ? 1 : 0;
     for (int64_t b = 0; b < s.n; b += cuda::kOptimChunk) {
       cuda::OptimChunk c;
@@ -73,6 +76,7 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
     }
   }
   num_chunks_ = static_cast<int64_t>(host.size());
+  if (reduction_.first_segments >= segments.size()) first_chunks_ = num_chunks_;
   num_segments_ = segments.size();
   first_w_ = segments.empty() ? nullptr : segments.front().w;
   const int64_t bytes = num_chunks_ * static_cast<int64_t>(sizeof(cuda::OptimChunk));
@@ -91,9 +95,23 @@ void AdamW::clip_on_device(const std::vector<parallel::OwnedSegment>& segments, 
   Stream& s = current_stream(device_);
   const auto* table = static_cast<const cuda::OptimChunk*>(chunks_.raw());
   cuda::grad_sumsq_partials(table, num_chunks_, partials_.data<double>(), s.native());
-  cuda::grad_norm_finalize(partials_.data<double>(), num_chunks_, clip,
-                           norm_out ? norm_out : norm_.data<float>(), scale_.data<float>(),
-                           s.native());
+  const double* partials = partials_.data<double>();
+  int64_t n = num_chunks_;
+  if (reduction_.first != nullptr || reduction_.rest != nullptr) {
+    if (!sums_.defined()) sums_ = Tensor::zeros({2}, DType::kF64, device_, &s);
+    cuda::sum_partials_split(partials, first_chunks_, num_chunks_, sums_.data<double>(),
+                             s.native());
+    parallel::Communicator* groups[2] = {reduction_.first, reduction_.rest};
+    for (int i = 0; i < 2; ++i) {
+      if (groups[i] == nullptr) continue;
+      Tensor part = sums_.rows(i, i + 1);
+      groups[i]->all_reduce(part).wait(s);
+    }
+    partials = sums_.data<double>();
+    n = 2;
+  }
+  cuda::grad_norm_finalize(partials, n, clip, norm_out ? norm_out : norm_.data<float>(),
+                           scale_.data<float>(), s.native());
 }
 
 void AdamW::step_on_device(const std::vector<parallel::OwnedSegment>& segments, double lr) {

@@ -13,8 +13,9 @@
 // runs AdamW reading that factor on the device. The norm reaches the host only when the caller
 // reads it (the training loop does on log steps). Owned segments must stay at fixed addresses
 // (DataParallel's flat buffers never move): the chunk table is built from them once. The norm
-// covers this rank's owned segments only — right for one process; a DP group would add an
-// all-reduce of the partial sum (the multi-GPU issue). The CPU path (step()) is unchanged.
+// covers this rank's owned segments, unless set_norm_reduction() says how ranks combine: then the
+// partial Σ g² of the first segments (GTP's sharded part) and of the rest are each all-reduced
+// over their group on the device before the square root. The CPU path (step()) is unchanged.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +38,15 @@ struct AdamWHyper {
 void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, double lr,
                   double weight_decay, const AdamWHyper& h, int64_t t, float grad_scale);
 
+// How the per-rank Σ g² of the owned segments combine into the global norm (multi-rank CUDA):
+// the first `first_segments` segments are all-reduced over `first`, the rest over `rest` (null:
+// the values are replicated there, nothing to add).
+struct NormReduction {
+  size_t first_segments = 0;
+  parallel::Communicator* first = nullptr;
+  parallel::Communicator* rest = nullptr;
+};
+
 class AdamW {
  public:
   // `state_numel` elements of m and v (DataParallel::owned_numel()) on `device`; `decayed` lists
@@ -54,6 +64,7 @@ class AdamW {
   // (same addresses) on every call.
   void clip_on_device(const std::vector<parallel::OwnedSegment>& segments, double clip,
                       float* norm_out);
+  void set_norm_reduction(const NormReduction& r) { reduction_ = r; }
   // Queues one AdamW update of every segment with the clip factor of the last clip_on_device()
   // (1 if none ran yet).
   void step_on_device(const std::vector<parallel::OwnedSegment>& segments, double lr);
@@ -77,9 +88,12 @@ class AdamW {
   int64_t num_chunks_ = -1;         // -1: not built yet
   const float* first_w_ = nullptr;  // identity check of the segments the table was built from
   size_t num_segments_ = 0;
-  Tensor partials_;  // f64 [num_chunks_]: per-chunk Σ g²
-  Tensor scale_;     // f32 [1]: clip factor
-  Tensor norm_;      // f32 [1]: last norm when the caller passes none
+  Tensor partials_;           // f64 [num_chunks_]: per-chunk Σ g²
+  int64_t first_chunks_ = 0;  // chunks of the first reduction_.first_segments segments
+  Tensor sums_;               // f64 [2]: the two groups' Σ g² (with a reduction)
+  NormReduction reduction_;
+  Tensor scale_;  // f32 [1]: clip factor
+  Tensor norm_;   // f32 [1]: last norm when the caller passes none
 };
 
 // The clipping factor for a global gradient norm: min(1, clip / norm); 1 when clip <= 0.

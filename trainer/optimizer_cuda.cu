@@ -54,6 +54,13 @@ __global__ void finalize_kernel(const double* partials, int64_t n, double clip, 
   }
 }
 
+__global__ void split_sum_kernel(const double* partials, int64_t split, int64_t n, double* out) {
+  const int64_t lo = threadIdx.x == 0 ? 0 : split, hi = threadIdx.x == 0 ? split : n;
+  double s = 0;
+  for (int64_t i = lo; i < hi; ++i) s += partials[i];
+  out[threadIdx.x] = s;
+}
+
 __global__ void adamw_kernel(const OptimChunk* chunks, AdamWConstants k, const float* scale) {
   const OptimChunk c = chunks[blockIdx.x];
   const float gs = scale[0];
@@ -93,6 +100,14 @@ void grad_norm_finalize(const double* partials, int64_t num_partials, double cli
               "grad_norm_finalize: bad arguments");
   finalize_kernel<<<1, kFinalThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       partials, num_partials, clip, norm_out, scale_out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void sum_partials_split(const double* partials, int64_t split, int64_t n, double* out,
+                        void* stream) {
+  GTRON_CHECK(0 <= split && split <= n && out != nullptr, "sum_partials_split: split ", split,
+              " of ", n);
+  split_sum_kernel<<<1, 2, 0, static_cast<cudaStream_t>(stream)>>>(partials, split, n, out);
   CUDA_CHECK_LAUNCH();
 }
 

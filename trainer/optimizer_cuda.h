@@ -33,6 +33,11 @@ void grad_sumsq_partials(const OptimChunk* chunks, int64_t num_chunks, double* p
 void grad_norm_finalize(const double* partials, int64_t num_partials, double clip, float* norm_out,
                         float* scale_out, void* stream);
 
+// out[0] = Σ partials[0, split), out[1] = Σ partials[split, n), each in index order (one thread
+// each: a fixed order). For the norm across ranks: each sum is all-reduced over its group first.
+void sum_partials_split(const double* partials, int64_t split, int64_t n, double* out,
+                        void* stream);
+
 // Per-step constants of the update (computed on the host in double, rounded to float as the CPU
 // path does).
 struct AdamWConstants {

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "parallel/nccl_communicator.h"
+
 namespace gtron {
 
 namespace {
@@ -16,20 +18,29 @@ parallel::DdpOptions ddp_options(const Config& cfg) {
 
 }  // namespace
 
-ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid)
+ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid,
+                             DType compute_dtype)
     : model_(model),
       grid_(grid),
       // A single process reduces over itself on the parameters' device (cpu or cuda:N).
       self_(model.parameters().empty() ? Device::cpu()
                                        : model.parameters().front()->data.device()) {
   const bool gtp = grid_ != nullptr && grid_->layout.gtp_size > 1;
+  distributed_ = cfg.parallel.distributed_optimizer;
   std::vector<Parameter*> sharded, whole;
   for (Parameter* p : model.parameters())
     (gtp && is_sharded_kind(p) ? sharded : whole).push_back(p);
   if (gtp) {
+    // On NCCL the send buffers live in symmetric windows unless the config says otherwise.
+    std::unique_ptr<memory::SymmetricBackend> send_backend;
+    auto* nccl = dynamic_cast<parallel::NcclCommunicator*>(grid_->gtp.get());
+    if (nccl != nullptr && cfg.parallel.gtp_symmetric_memory) {
+      send_backend = parallel::make_nccl_symmetric_backend(*nccl);
+    }
     gtp_ = std::make_unique<parallel::GtpWeights>(
         sharded, grid_->gtp.get(),
-        parallel::GtpOptions{cfg.parallel.gtp_reuse_repeated_send_buffer});
+        parallel::GtpOptions{cfg.parallel.gtp_reuse_repeated_send_buffer, compute_dtype},
+        std::move(send_backend));
     model.set_weight_access(gtp_.get());
     parts_.push_back(
         {std::make_unique<parallel::DataParallel>(sharded, grid_->dp.get(), ddp_options(cfg)), 0,
@@ -83,6 +94,22 @@ double ParallelState::grad_norm() {
     total += s;
   }
   return std::sqrt(total);
+}
+
+NormReduction ParallelState::norm_reduction() const {
+  NormReduction r;
+  if (grid_ == nullptr) return r;  // one process: the owned segments are everything
+  const bool distributed = distributed_;
+  r.first_segments = parts_[0].dp->owned().size();
+  if (gtp_) {
+    // Sharded part: this rank's slice of its shard (distributed) or its whole shard; whole part:
+    // its slice of the world's partition, or everything (replicated).
+    r.first = distributed ? grid_->world.get() : grid_->gtp.get();
+    r.rest = distributed ? grid_->world.get() : nullptr;
+  } else {
+    r.first = distributed ? grid_->dp.get() : nullptr;
+  }
+  return r;
 }
 
 void ParallelState::after_update() {

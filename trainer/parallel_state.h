@@ -19,13 +19,17 @@
 #include "parallel/self_communicator.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "trainer/optimizer.h"
 
 namespace gtron {
 
 class ParallelState {
  public:
-  // `grid` null: a single process. Shards the model's weights when parallel.gtp > 1.
-  ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid);
+  // `grid` null: a single process. Shards the model's weights when parallel.gtp > 1; GTP gathers
+  // weights in `compute_dtype` (bf16 mixed precision on CUDA), through NCCL symmetric send buffers
+  // when the group is NCCL and parallel.gtp_symmetric_memory is on.
+  ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid,
+                DType compute_dtype = DType::kF32);
   ~ParallelState();
 
   void zero_grads();
@@ -34,8 +38,10 @@ class ParallelState {
   void finish_backward();
   // After the last micro-batch: waits for every DP reduction.
   void finish_grads();
-  // The global gradient norm (the same on every rank).
+  // The global gradient norm (the same on every rank). CPU.
   double grad_norm();
+  // How the owned segments' Σ g² combine across ranks (the device norm, AdamW::clip_on_device).
+  NormReduction norm_reduction() const;
   const std::vector<parallel::OwnedSegment>& owned() const { return owned_; }
   int64_t owned_numel() const { return owned_numel_; }
   void after_update();
@@ -68,6 +74,7 @@ class ParallelState {
   std::vector<Part> parts_;
   std::vector<parallel::OwnedSegment> owned_;
   int64_t owned_numel_ = 0;
+  bool distributed_ = false;
 };
 
 }  // namespace gtron

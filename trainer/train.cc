@@ -19,6 +19,7 @@
 #include "model/mixed_precision.h"
 #include "model/stream.h"
 #include "parallel/gloo_communicator.h"
+#include "parallel/nccl_communicator.h"
 #include "parallel/store.h"
 #include "trainer/checkpoint.h"
 #include "trainer/checkpoint_io.h"
@@ -58,26 +59,27 @@ struct DevicePlan {
   bool bf16 = false;  // bf16 mixed precision (Note [bf16 shadows] in model/mixed_precision.h)
 };
 
-// The device and precision a run uses: "auto" is cuda:0 when a GPU is present, else the CPU;
-// "cuda" without a GPU is a UserError (resolve_device). Precision "auto" is bf16 on cuda, fp32 on
-// the CPU. One process per GPU only for now: a multi-process run on cuda is refused, and "auto"
-// keeps multi-process runs on the CPU (Gloo), as before the GPU backend.
-DevicePlan pick_device(const Config& cfg, int world_size) {
-  const bool gpu = cuda_device_count() > 0;
-  if (world_size > 1) {
+// The device and precision a run uses: "auto" is a GPU when one is present, else the CPU; "cuda"
+// without a GPU is a UserError (resolve_device). Several processes on one node take one GPU each,
+// cuda:LOCAL_RANK (NCCL); "auto" stays on the CPU (Gloo) when the node has fewer GPUs than
+// processes. Precision "auto" is bf16 on cuda, fp32 on the CPU.
+DevicePlan pick_device(const Config& cfg, const parallel::DistEnv& env) {
+  const int gpus = cuda_device_count();
+  if (env.world_size > 1 && gpus < env.local_world_size) {
     if (cfg.train.device == DeviceChoice::kCuda) {
-      throw UserError(str_cat(
-          "train.device = \"cuda\" with world size ", world_size,
-          ": multi-GPU training lands with the multi-GPU issue (NCCL); this build trains one "
-          "process per run on a GPU. Hint: run one process, or train.device=cpu for Gloo "
-          "multi-process training."));
+      throw UserError(str_cat("train.device = \"cuda\" with ", env.local_world_size,
+                              " processes on this node but ", gpus,
+                              " GPU(s): one process per GPU. Hint: --nproc-per-node ", gpus,
+                              ", or train.device=cpu for Gloo multi-process training."));
     }
     resolve_precision(cfg.train, DeviceChoice::kCpu);
     return {Device::cpu(), false};
   }
-  const DeviceChoice d = resolve_device(cfg.train, gpu);
+  const DeviceChoice d = resolve_device(cfg.train, gpus > 0);
   const PrecisionChoice p = resolve_precision(cfg.train, d);
-  if (d == DeviceChoice::kCuda) return {Device::cuda(0), p == PrecisionChoice::kBf16};
+  if (d == DeviceChoice::kCuda) {
+    return {Device::cuda(env.world_size > 1 ? env.local_rank : 0), p == PrecisionChoice::kBf16};
+  }
   return {Device::cpu(), false};
 }
 
@@ -228,7 +230,7 @@ class Run {
   std::unique_ptr<GPT> model_;
   std::unique_ptr<ParallelState> par_;
   std::unique_ptr<AdamW> opt_;
-  std::unique_ptr<Bf16Weights> bf16_weights_;  // bf16 runs: the model's weight access
+  std::unique_ptr<Bf16Weights> bf16_weights_;    // bf16 runs: the model's weight access
   std::unique_ptr<graphs::ModelGraphs> graphs_;  // graphs.scope (a pass-through for none)
   // CUDA: per-step rows [total, main, mtp_1..D, grad norm] since the last flush (f32, device),
   // and the lr of each of those steps (host).
@@ -246,13 +248,16 @@ class Run {
 Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
     : cfg_(cfg), summary_(summary), env_(parallel::dist_env_from_environment()) {
   validate(cfg_, env_.world_size);
-  const DevicePlan plan = pick_device(cfg_, env_.world_size);
+  const DevicePlan plan = pick_device(cfg_, env_);
   device_ = plan.device;
   bf16_ = plan.bf16;
+  if (device_.is_cuda()) cuda::set_device(device_.index);
   if (env_.world_size > 1) {
     rdv_ = parallel::rendezvous(env_);
-    grid_ = parallel::make_gloo_grid(*rdv_.client, env_.rank, env_.world_size,
-                                     static_cast<int>(cfg_.parallel.gtp));
+    const int gtp = static_cast<int>(cfg_.parallel.gtp);
+    grid_ = device_.is_cuda()
+                ? parallel::make_nccl_grid(*rdv_.client, env_.rank, env_.world_size, gtp, device_)
+                : parallel::make_gloo_grid(*rdv_.client, env_.rank, env_.world_size, gtp);
   }
   // Rank 0 prepares the synthetic data; the others wait for it at the barrier.
   if (is_rank0()) make_dirs(cfg_.train.out_dir);
@@ -267,11 +272,13 @@ Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
   flops_per_step_ = model_->flops_per_token(cfg_.train.seq_len) *
                     static_cast<double>(cfg_.train.global_batch * cfg_.train.seq_len);
   const std::unordered_set<const Parameter*> decayed = decayed_parameters(*model_, cfg_.optimizer);
-  par_ = std::make_unique<ParallelState>(*model_, cfg_, grid_.world ? &grid_ : nullptr);
+  par_ = std::make_unique<ParallelState>(*model_, cfg_, grid_.world ? &grid_ : nullptr,
+                                         bf16_ ? DType::kBF16 : DType::kF32);
   AdamWHyper hyper{cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
                    cfg_.optimizer.weight_decay};
   opt_ = std::make_unique<AdamW>(par_->owned_numel(), decayed, hyper, device_);
-  if (bf16_) {
+  if (device_.is_cuda()) opt_->set_norm_reduction(par_->norm_reduction());
+  if (bf16_ && par_->gtp() == nullptr) {  // under GTP the gathers are bf16 already
     bf16_weights_ = std::make_unique<Bf16Weights>();
     model_->set_weight_access(bf16_weights_.get());
   }
@@ -572,8 +579,15 @@ bool Run::flush_cuda(int64_t done) {
   const int64_t width = 3 + D;
   const int64_t n = static_cast<int64_t>(row_lr_.size());
   if (n == 0) return true;
-  const std::vector<double> v = step_rows_.rows(0, n).to_vector();  // the one host sync
+  Tensor rows_now = step_rows_.rows(0, n);
+  // Several GPUs: the loss columns become world means (the norm column is the same everywhere).
+  if (grid_.world) grid_.world->all_reduce(rows_now).wait(current_stream(device_));
+  std::vector<double> v = rows_now.to_vector();  // the one host sync
   step_rows_.zero_();
+  if (grid_.world) {
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < width; ++c) v[r * width + c] /= env_.world_size;
+  }
   for (int64_t r = 0; r < n; ++r) {
     const double* row = v.data() + r * width;
     const double gnorm = row[2 + D];

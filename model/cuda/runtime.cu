@@ -3,6 +3,8 @@
 
 namespace gtron::cuda {
 
+void set_device(int device) { CUDA_CHECK(cudaSetDevice(device)); }
+
 void* stream_create(int device) {
   CUDA_CHECK(cudaSetDevice(device));
   cudaStream_t s;

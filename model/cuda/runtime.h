@@ -7,6 +7,8 @@
 
 namespace gtron::cuda {
 
+// Makes `device` current for this thread's later launches (one GPU per process).
+void set_device(int device);
 void* stream_create(int device);
 void stream_destroy(void* stream);
 void stream_synchronize(void* stream);
