@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds every GPU test (tags = ["gpu"]) and the GPU benchmark, and copies the binaries into
+# Builds every GPU test (tags = ["gpu"]), the GPU benchmark and gtron itself (for
+# scripts/bench_multigpu.py), and copies the binaries into
 # .gpubin/ (git-ignored), flat, so they can be carried to a GPU machine without Bazel and run:
 #   export LD_LIBRARY_PATH=$PWD/.gpubin/lib
 #   for t in .gpubin/*_test; do "$t" || echo "FAILED: $t"; done
@@ -14,10 +15,10 @@ if [[ ${#tests[@]} -eq 0 ]]; then
   echo "gpu_tests.sh: no gpu-tagged tests found" >&2
   exit 1
 fi
-bazel build "${tests[@]}" //tests/trainer:bench_gpu
+bazel build "${tests[@]}" //tests/trainer:bench_gpu //trainer:gtron
 rm -rf .gpubin
 mkdir -p .gpubin
-for label in "${tests[@]}" //tests/trainer:bench_gpu; do
+for label in "${tests[@]}" //tests/trainer:bench_gpu //trainer:gtron; do
   path="bazel-bin/${label#//}"
   path="${path/://}"
   cp "$path" .gpubin/
@@ -28,7 +29,7 @@ cp scripts/bench_gpu.sh .gpubin/
 # Shared libraries of this image that a GPU machine may lack (Gloo and its dependencies, libgomp):
 # run there with LD_LIBRARY_PATH=.gpubin/lib. CUDA's own libraries and the C runtime stay out.
 mkdir -p .gpubin/lib
-for bin in .gpubin/*_test .gpubin/bench_gpu; do
+for bin in .gpubin/*_test .gpubin/bench_gpu .gpubin/gtron; do
   ldd "$bin" | awk '$3 ~ /^\// {print $3}'
 done | sort -u | grep -v -E '/usr/local/cuda|/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" .gpubin/lib/; done

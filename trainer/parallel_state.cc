@@ -189,15 +189,22 @@ void ParallelState::load(const CheckpointTensors& c, const std::string& dir, Ten
 }
 
 std::vector<std::pair<std::string, double>> ParallelState::metrics() const {
-  if (!gtp_) return {};
+  std::vector<std::pair<std::string, double>> out;
+  if (grid_ != nullptr) {  // this rank's fp32 master weights (1/G of the sharded ones under GTP)
+    double bytes = 0;
+    for (const Parameter* p : model_.parameters()) bytes += static_cast<double>(p->data.nbytes());
+    out.push_back({"param_mib", bytes / (1 << 20)});
+  }
+  if (!gtp_) return out;
   const parallel::GtpStats& s = gtp_->stats();
   const memory::PoolStats pool = gtp_->pool_stats();
   double max_per_key = 0;
   for (const auto& k : pool.keys) max_per_key = std::max(max_per_key, static_cast<double>(k.held));
-  return {{"send_pool_bytes", static_cast<double>(pool.bytes_held)},
-          {"send_pool_buffers_max_per_key", max_per_key},
-          {"gtp_gathers", static_cast<double>(s.gathers_issued)},
-          {"gtp_prefetch_hits", static_cast<double>(s.prefetch_hits)}};
+  out.insert(out.end(), {{"send_pool_bytes", static_cast<double>(pool.bytes_held)},
+                         {"send_pool_buffers_max_per_key", max_per_key},
+                         {"gtp_gathers", static_cast<double>(s.gathers_issued)},
+                         {"gtp_prefetch_hits", static_cast<double>(s.prefetch_hits)}});
+  return out;
 }
 
 }  // namespace gtron
