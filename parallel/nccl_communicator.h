@@ -25,6 +25,16 @@
 
 namespace gtron::parallel {
 
+// Time spent in this communicator's collectives (on its stream) and stalled on them (the caller's
+// stream waiting in Work::wait), in milliseconds, measured with CUDA event pairs.
+struct CommTiming {
+  double all_gather_ms = 0, reduce_scatter_ms = 0, all_reduce_ms = 0, broadcast_ms = 0;
+  double exposed_ms = 0;  // caller-stream time blocked in waits: communication not hidden
+  int64_t collectives = 0;
+};
+
+class NcclTimer;  // nccl_communicator.cc
+
 class NcclCommunicator final : public Communicator {
  public:
   // Collective over the `size` ranks. REQUIRES: `name` unique per store; `device` a CUDA device.
@@ -49,11 +59,17 @@ class NcclCommunicator final : public Communicator {
   Work broadcast(Tensor& inout, int root) override;
   void barrier() override;
 
+  // Timing (off by default): an event pair around every collective and every Work::wait outside
+  // graph capture. take_timing() waits for the recorded pairs (a host sync: call it at log time),
+  // returns the totals since the last call and resets them.
+  void set_timing(bool on);
+  CommTiming take_timing();
+
  private:
   // Orders the communicator's stream after the caller's, runs `call` on it (the cudaStream_t is
   // passed as void*), and returns a Work that keeps `a` and `b` alive.
   template <typename Call>
-  Work launch(const Tensor& a, const Tensor& b, Call call);
+  Work launch(const Tensor& a, const Tensor& b, int kind, Call call);
 
   std::string name_;
   int rank_ = 0;
@@ -61,8 +77,9 @@ class NcclCommunicator final : public Communicator {
   Device device_;
   void* comm_ = nullptr;  // ncclComm_t
   Stream stream_;
-  Event ready_;         // recorded on the caller's stream before each collective
-  Tensor barrier_buf_;  // [1] f32 on device_, for barrier()
+  Event ready_;                       // recorded on the caller's stream before each collective
+  Tensor barrier_buf_;                // [1] f32 on device_, for barrier()
+  std::shared_ptr<NcclTimer> timer_;  // null: timing off
 };
 
 std::unique_ptr<Communicator> make_nccl_communicator(StoreClient& store, const std::string& name,

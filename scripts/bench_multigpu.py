@@ -12,8 +12,11 @@ Sections:
   2 memory: peak memory and fp32 weight MiB per GPU at GTP = 1, 2, 4, 8 (<= N), DP = N/GTP.
   3 repeated-backward reuse at scale: output head 131072 x 4096 fp32 (2 GiB per send buffer),
     MTP D=2, GTP=N: send-pool bytes, peak memory and tokens/s with the reuse on and off.
-  4 symmetric vs plain send buffers: parallel.gtp_symmetric_memory on/off, GTP=N, step time.
-  5 throughput: GPT-2 350M shape (L=24, C=1024, NH=16), tokens/s per GPU at GTP=N vs DP=N.
+  4 symmetric vs plain send buffers: parallel.gtp_symmetric_memory on/off, GTP=N: step time and
+    reduce-scatter ms per step.
+  5 throughput: GPT-2 350M shape (L=24, C=1024, NH=16), tokens/s per GPU at GTP=N vs DP=N, with
+    all-gather/reduce-scatter/all-reduce ms per step and the hidden fraction 1 - exposed/busy.
+GPU runs set log.comm_timing=true (CUDA event pairs around collectives and waits).
 Every run goes through scripts/gtronrun and `gtron train` with NCCL_NVLS_ENABLE=0 (and the other
 no-multicast variables the GPU machines require) in its environment. Standard library only.
 """
@@ -57,7 +60,7 @@ class Bench:
                     "model.n_head=2", "model.n_embd=32", "train.seq_len=32",
                     "train.device=cpu", "train.precision=fp32", "data.synthetic.tokens=50000",
                     "data.synthetic.val_tokens=5000", "train.eval_every=0"]
-        return ["train.device=cuda", "train.precision=bf16", "train.eval_every=0",
+        return ["train.device=cuda", "train.precision=bf16", "train.eval_every=0", "log.comm_timing=true",
                 "data.synthetic.tokens=4000000", "data.synthetic.val_tokens=65536"]
 
     def run(self, name, sets, steps):
@@ -93,6 +96,10 @@ class Bench:
                 "param_mib_per_gpu": last.get("param_mib"),
                 "send_pool_bytes": last.get("send_pool_bytes"),
             })
+            for k in ("comm_ag_ms", "comm_rs_ms", "comm_ar_ms", "comm_exposed_ms", "comm_hidden_frac"):
+                vals = sorted(r[k] for r in tail if k in r)
+                if vals:
+                    rec[k] = vals[len(vals) // 2]
         print(json.dumps({k: v for k, v in rec.items() if k != "losses"}), flush=True)
         return rec
 
@@ -151,7 +158,7 @@ class Bench:
                          4 if self.args.cpu_smoke else 30)
             tps = r.get("tokens_per_s")
             summary[f"symmetric_{sym}"] = {
-                "tokens_per_s": tps,
+                "tokens_per_s": tps, "reduce_scatter_ms_per_step": r.get("comm_rs_ms"),
                 "ms_per_step": (1e3 * self.tokens_per_step() / tps) if tps else None}
         print(json.dumps(summary), flush=True)
 
@@ -163,7 +170,9 @@ class Bench:
             r = self.run(f"s5_{name}{g}", shape + [f"parallel.gtp={g}",
                                                    "parallel.distributed_optimizer=true"],
                          4 if self.args.cpu_smoke else 30)
-            summary[f"{name}{g}"] = {"tokens_per_s_per_gpu": r.get("tokens_per_s_per_gpu")}
+            summary[f"{name}{g}"] = {k: r.get(k) for k in (
+                "tokens_per_s_per_gpu", "comm_ag_ms", "comm_rs_ms", "comm_ar_ms",
+                "comm_exposed_ms", "comm_hidden_frac")}
         print(json.dumps(summary), flush=True)
 
 

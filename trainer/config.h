@@ -125,6 +125,7 @@ struct CheckpointConfig {
 
 struct LogConfig {
   int64_t every = 0;         // steps between printed lines; >= 1
+  bool comm_timing = false;  // NCCL: time collectives and the waits on them
   std::string metrics_file;  // JSON-lines file, relative to train.out_dir; see metrics_path()
 };
 

@@ -222,6 +222,9 @@ std::vector<KeySpec> build_schema() {
       key(GTRON_FIELD(checkpoint.keep), 3, at_least(1), "Newest checkpoints kept on disk."),
       // log
       key(GTRON_FIELD(log.every), 1, at_least(1), "Steps between printed metric lines."),
+      key(GTRON_FIELD(log.comm_timing), false, any,
+          "Multi-GPU: time every NCCL collective and the compute stream's waits on them (CUDA "
+          "event pairs) and log comm_*_ms per step and comm_hidden_frac. Off: no events."),
       key(GTRON_FIELD(log.metrics_file), "metrics.jsonl", any,
           "JSON-lines metrics, relative to train.out_dir.", Empty::kForbidden),
   };

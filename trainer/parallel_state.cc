@@ -1,5 +1,6 @@
 #include "trainer/parallel_state.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "parallel/nccl_communicator.h"
@@ -53,6 +54,12 @@ ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid
     parts_.push_back(
         {std::make_unique<parallel::DataParallel>(whole, dp, ddp_options(cfg)), 0, whole});
   }
+  comm_timing_ = cfg.log.comm_timing && grid_ != nullptr;
+  if (comm_timing_) {
+    for (parallel::Communicator* c : {grid_->world.get(), grid_->dp.get(), grid_->gtp.get()}) {
+      if (auto* nccl = dynamic_cast<parallel::NcclCommunicator*>(c)) nccl->set_timing(true);
+    }
+  }
   for (Part& part : parts_) {
     part.state_offset = owned_numel_;
     for (parallel::OwnedSegment s : part.dp->owned()) {
@@ -94,6 +101,27 @@ double ParallelState::grad_norm() {
     total += s;
   }
   return std::sqrt(total);
+}
+
+std::vector<std::pair<std::string, double>> ParallelState::take_comm_metrics(int64_t steps) {
+  if (!comm_timing_ || steps <= 0) return {};
+  parallel::CommTiming t;
+  for (parallel::Communicator* c : {grid_->world.get(), grid_->dp.get(), grid_->gtp.get()}) {
+    auto* nccl = dynamic_cast<parallel::NcclCommunicator*>(c);
+    if (nccl == nullptr) continue;
+    const parallel::CommTiming ct = nccl->take_timing();
+    t.all_gather_ms += ct.all_gather_ms;
+    t.reduce_scatter_ms += ct.reduce_scatter_ms;
+    t.all_reduce_ms += ct.all_reduce_ms + ct.broadcast_ms;
+    t.exposed_ms += ct.exposed_ms;
+  }
+  const double n = static_cast<double>(steps);
+  const double busy = t.all_gather_ms + t.reduce_scatter_ms + t.all_reduce_ms;
+  return {{"comm_ag_ms", t.all_gather_ms / n},
+          {"comm_rs_ms", t.reduce_scatter_ms / n},
+          {"comm_ar_ms", t.all_reduce_ms / n},
+          {"comm_exposed_ms", t.exposed_ms / n},
+          {"comm_hidden_frac", busy > 0 ? std::max(0.0, 1.0 - t.exposed_ms / busy) : 0.0}};
 }
 
 NormReduction ParallelState::norm_reduction() const {

@@ -55,6 +55,10 @@ class ParallelState {
 
   // metrics.jsonl extras (GTP pool bytes, buffers per key, gathers, prefetch hits).
   std::vector<std::pair<std::string, double>> metrics() const;
+  // NCCL communication time per step over the last `steps` steps (log.comm_timing; a host sync):
+  // all-gather, reduce-scatter and all-reduce ms on the communicators' streams, the compute
+  // stream's exposed (waiting) ms, and the hidden fraction 1 − exposed / busy. Empty when off.
+  std::vector<std::pair<std::string, double>> take_comm_metrics(int64_t steps);
   parallel::GtpWeights* gtp() { return gtp_.get(); }
 
  private:
@@ -75,6 +79,7 @@ class ParallelState {
   std::vector<parallel::OwnedSegment> owned_;
   int64_t owned_numel_ = 0;
   bool distributed_ = false;
+  bool comm_timing_ = false;
 };
 
 }  // namespace gtron

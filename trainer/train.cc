@@ -236,6 +236,7 @@ class Run {
   // and the lr of each of those steps (host).
   Tensor step_rows_;
   std::vector<double> row_lr_;
+  std::vector<std::pair<std::string, double>> comm_extra_;  // log.comm_timing, for log_step
   Schedule sched_;
   MetricsWriter metrics_;
   int64_t start_ = 0;
@@ -394,6 +395,8 @@ void Run::log_step(int64_t done, double lr, double gnorm, const std::vector<doub
     sm.extra.push_back({"graph_replays", static_cast<double>(gs.replays)});
     sm.extra.push_back({"graph_nodes", static_cast<double>(gs.nodes)});
   }
+  sm.extra.insert(sm.extra.end(), comm_extra_.begin(), comm_extra_.end());
+  comm_extra_.clear();
   if (device_.is_cuda()) {
     // Steady state makes no backend allocations: misses and reserved bytes stay flat.
     const memory::AllocatorStats st = allocator_for(device_).stats();
@@ -604,6 +607,8 @@ bool Run::flush_cuda(int64_t done) {
     if (summary_) summary_->losses.push_back(row[0]);
   }
   const double* last = v.data() + (n - 1) * width;
+  // Every rank reads its communication timers at log steps (rank 0 prints its own).
+  if (is_log_step(done)) comm_extra_ = par_->take_comm_metrics(window_steps_);
   if (is_rank0() && is_log_step(done)) {
     log_step(done, row_lr_.back(), last[2 + D], std::vector<double>(last, last + 2 + D));
   }

@@ -27,6 +27,7 @@ struct Curve {
   std::vector<std::vector<double>> grads;  // every parameter's main_grad after the last backward
   std::string pool_backend;
   int64_t replays = 0;
+  CommTiming timing;  // of the GTP communicator (eager collectives only)
 };
 
 Curve train(bool gtp, graphs::Scope scope, int micro_batches) {
@@ -47,6 +48,7 @@ Curve train(bool gtp, graphs::Scope scope, int micro_batches) {
   Bf16Weights shadows;
   if (gtp) {
     comm = std::make_unique<NcclCommunicator>(store, "gtp", 0, 1, dev);
+    comm->set_timing(true);
     std::vector<Parameter*> sharded;
     for (Parameter* p : model.parameters()) {
       if (p->data.rank() == 2 && p->name != "wpe.weight") sharded.push_back(p);
@@ -75,6 +77,7 @@ Curve train(bool gtp, graphs::Scope scope, int micro_batches) {
   }
   for (Parameter* p : model.parameters()) curve.grads.push_back(p->main_grad.to_vector());
   if (weights) curve.pool_backend = weights->pool_backend();
+  if (comm) curve.timing = comm->take_timing();
   curve.replays = graphed.stats().replays;
   stream.synchronize();
   model.set_weight_access(nullptr);
@@ -95,6 +98,15 @@ TEST(GtpNccl, OneRankGtpTrainsLikeThePlainBf16Path) {
   const Curve plain = train(false, graphs::Scope::kNone, 4);
   const Curve gtp = train(true, graphs::Scope::kNone, 4);
   EXPECT_NE(gtp.pool_backend.find("nccl"), std::string::npos) << gtp.pool_backend;
+  // log.comm_timing's instrument: every eager gather and reduce-scatter was timed.
+  EXPECT_GT(gtp.timing.collectives, 0);
+  EXPECT_GT(gtp.timing.all_gather_ms, 0);
+  EXPECT_GT(gtp.timing.reduce_scatter_ms, 0);
+  EXPECT_GE(gtp.timing.exposed_ms, 0);
+  std::printf(
+      "timed %ld collectives: all-gather %.3f ms, reduce-scatter %.3f ms, exposed %.3f ms\n",
+      static_cast<long>(gtp.timing.collectives), gtp.timing.all_gather_ms,
+      gtp.timing.reduce_scatter_ms, gtp.timing.exposed_ms);
   ASSERT_EQ(plain.losses.size(), gtp.losses.size());
   for (size_t i = 0; i < plain.losses.size(); ++i) {
     EXPECT_NEAR(gtp.losses[i], plain.losses[i], 1e-6 * std::abs(plain.losses[i])) << i;
