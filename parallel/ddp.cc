@@ -171,8 +171,11 @@ void DataParallel::finish_grads() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!buckets_[b].reduction_started) start_reduction(static_cast<int>(b));
   }
+  // Stream waits, not host syncs: on CUDA the optimizer's kernels queue behind the reductions
+  // (on a CPU stream a wait blocks, as before).
+  Stream& stream = current_stream(device_);
   for (Bucket& bk : buckets_) {
-    bk.reduction.synchronize();
+    bk.reduction.wait(stream);
     bk.reduction = Work();
     bk.reduction_started = false;
     bk.ready = 0;
@@ -237,9 +240,10 @@ void DataParallel::ensure_all_ready() {
   for (int b = static_cast<int>(buckets_.size()) - 1; b >= 0; --b) {
     if (buckets_[b].state == Bucket::State::kStale) dispatch_gather(b);
   }
+  Stream& stream = current_stream(device_);
   for (Bucket& bk : buckets_) {
     if (bk.state != Bucket::State::kInFlight) continue;
-    bk.gather.synchronize();
+    bk.gather.wait(stream);  // a stream wait: no host sync in the step on CUDA
     bk.gather = Work();
     bk.state = Bucket::State::kReady;
   }

@@ -71,8 +71,9 @@ class DataParallel {
   void zero_grads();
   // Tells whether the coming backward is the step's last (only then do buckets reduce).
   void set_last_microbatch(bool last) { last_micro_ = last; }
-  // Starts any bucket not started yet and waits for every reduction. After it, owned() segments'
-  // gradients are the sums over the DP group.
+  // Starts any bucket not started yet and makes the current stream wait for every reduction (a
+  // stream wait, no host sync on CUDA). Work queued after it sees owned() segments' gradients
+  // summed over the DP group.
   void finish_grads();
 
   const std::vector<OwnedSegment>& owned() const { return owned_; }
@@ -84,7 +85,8 @@ class DataParallel {
   // After the optimizer updated owned() segments: gather parameters now, or mark buckets stale
   // for lazy gathering (overlap_param_gather).
   void after_update();
-  // Gathers every stale bucket and waits (before checkpoints, evaluation, the end of training).
+  // Gathers every stale bucket; the current stream waits for them (before checkpoints,
+  // evaluation, the end of training).
   void ensure_all_ready();
 
   // Full flat state from owned state (all-gather per bucket) and back; for checkpoints of
