@@ -28,6 +28,7 @@
 #include "trainer/optimizer_cuda.h"
 #include "trainer/parallel_state.h"
 #include "trainer/prepare.h"
+#include "trainer/run.h"
 #include "trainer/sampler.h"
 #include "trainer/schedule.h"
 #include "trainer/shards.h"
@@ -36,7 +37,7 @@ namespace gtron {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using internal::Clock;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -183,68 +184,7 @@ ResolvedData resolve_data(const Config& cfg) {
   return d;
 }
 
-namespace {
-
-// One training run: the process group, model, data-parallel buffers, optimizer and data.
-class Run {
- public:
-  Run(const Config& cfg, bool resume, TrainSummary* summary);
-  int train();
-
- private:
-  // Note [CUDA step]: the GPU loop; returns an exit code like train().
-  int train_cuda();
-  // Reads the device loss rows of the steps since the last flush; pushes them to the summary,
-  // stops on a non-finite value (returns false), logs when `done` is a log step.
-  bool flush_cuda(int64_t done);
-  // After the last step: the final evaluation and summary line.
-  int finish();
-  bool is_rank0() const { return env_.rank == 0; }
-  void print_header(const ResolvedData& data) const;
-  // Mean over the world of a few per-rank values (every rank gets the result).
-  std::vector<double> world_mean(const std::vector<double>& values);
-  void save_checkpoint();
-  void log_step(int64_t done, double lr, double gnorm, const std::vector<double>& losses);
-  bool is_log_step(int64_t done) const {
-    return done % cfg_.log.every == 0 || done == cfg_.train.steps;
-  }
-  bool is_eval_step(int64_t done) const {
-    return cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0 &&
-           done != cfg_.train.steps;
-  }
-  bool is_checkpoint_step(int64_t done) const {
-    return (cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) ||
-           done == cfg_.train.steps;
-  }
-
-  const Config& cfg_;
-  TrainSummary* summary_;
-  parallel::DistEnv env_;
-  parallel::Rendezvous rdv_;
-  parallel::Grid grid_;
-  Device device_;
-  bool bf16_ = false;
-  ResolvedData data_;
-  std::unique_ptr<ShardSet> train_shards_;
-  std::unique_ptr<SequenceSampler> sampler_;
-  std::unique_ptr<GPT> model_;
-  std::unique_ptr<ParallelState> par_;
-  std::unique_ptr<AdamW> opt_;
-  std::unique_ptr<Bf16Weights> bf16_weights_;    // bf16 runs: the model's weight access
-  std::unique_ptr<graphs::ModelGraphs> graphs_;  // graphs.scope (a pass-through for none)
-  // CUDA: per-step rows [total, main, mtp_1..D, grad norm] since the last flush (f32, device),
-  // and the lr of each of those steps (host).
-  Tensor step_rows_;
-  std::vector<double> row_lr_;
-  std::vector<std::pair<std::string, double>> comm_extra_;  // log.comm_timing, for log_step
-  Schedule sched_;
-  MetricsWriter metrics_;
-  int64_t start_ = 0;
-  int64_t accum_ = 1;
-  double flops_per_step_ = 0;
-  Clock::time_point t_run_ = Clock::now(), t_window_ = Clock::now();
-  int64_t window_steps_ = 0;
-};
+namespace internal {
 
 Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
     : cfg_(cfg), summary_(summary), env_(parallel::dist_env_from_environment()) {
@@ -487,139 +427,10 @@ int Run::finish() {
   return kExitOk;
 }
 
-// Note [CUDA step]
-// A steady-state step on the GPU queues its work on the current stream and never waits for it:
-// - tokens: the sampler writes each micro-batch window into a slot of a pinned ring, and one
-//   cudaMemcpyAsync moves it into a device window; GPT cuts the shifted inputs and targets on the
-//   device. Before a slot is rewritten the host waits on the event of the copy that last read it,
-//   queued kRing micro-batches earlier: long done unless the host runs that far ahead of the GPU
-//   (then the wait is flow control, not a drain of the queue).
-// - backward is seeded from a device scalar (no host->device copy per micro-batch).
-// - the losses are summed into the step's device row, the gradient norm and the clip factor are
-//   computed on the device (the norm into the same row) and AdamW reads the factor there; the
-//   bf16 shadows are re-cast from the updated masters at their next use.
-// - the rows come back to the host (one sync) only at a flush: on log steps, and before an
-//   evaluation or a checkpoint. The non-finite check runs at each flush over every step since the
-//   previous one, so a NaN is detected at the next flush (at most log.every steps late, always
-//   before a checkpoint is written) rather than before the update of the step it appears in, as
-//   on the CPU. The message names both steps.
-int Run::train_cuda() {
-  const int64_t T = cfg_.train.seq_len, mb = cfg_.train.micro_batch;
-  const int D = static_cast<int>(cfg_.mtp.depth);
-  const int64_t width = 3 + D;  // total, main, mtp_1..D, grad norm
-  GTRON_CHECK(2 + D <= cuda::kMaxScalars, "mtp.depth ", D, ": at most ", cuda::kMaxScalars - 2,
-              " depths on CUDA");
-  const int64_t rows = std::max<int64_t>(1, std::min(cfg_.log.every, cfg_.train.steps));
-  Stream& stream = current_stream(device_);
-  step_rows_ = Tensor::zeros({rows, width}, DType::kF32, device_, &stream);
-  row_lr_.clear();
-
-  constexpr int kRing = 4;
-  const size_t window_bytes = static_cast<size_t>(mb * (T + 1)) * sizeof(int32_t);
-  cuda::PinnedBuffer pinned(window_bytes * kRing);
-  std::vector<std::unique_ptr<Event>> fences;
-  for (int i = 0; i < kRing; ++i) fences.push_back(std::make_unique<Event>(device_));
-  std::vector<bool> fenced(kRing, false);
-  Tensor window = Tensor::empty({mb, T + 1}, DType::kI32, device_, &stream);
-  // The same seed as the CPU loop, as a device scalar: 1/(accum·world) makes the summed
-  // gradients the mean over the global batch.
-  const double seed = 1.0 / static_cast<double>(accum_ * env_.world_size);
-  Tensor seed_dev = Tensor::from_vector({seed}, Shape{}, DType::kF32).to(device_, &stream);
-
-  int64_t micro = 0;
-  for (int64_t step = start_; step < cfg_.train.steps; ++step) {
-    float* row = step_rows_.data<float>() + static_cast<int64_t>(row_lr_.size()) * width;
-    par_->zero_grads();
-    for (int64_t m = 0; m < accum_; ++m, ++micro) {
-      par_->set_last_microbatch(m == accum_ - 1);
-      const int slot = static_cast<int>(micro % kRing);
-      if (fenced[slot]) fences[slot]->synchronize();
-      auto* host = reinterpret_cast<int32_t*>(static_cast<char*>(pinned.data()) +
-                                              static_cast<size_t>(slot) * window_bytes);
-      const int64_t first_seq = (env_.rank * accum_ + m) * mb;
-      sampler_->sample(cfg_.train.seed, step, first_seq, mb, host);
-      cuda::memcpy_async(window.raw(), host, window_bytes, stream.native());
-      fences[slot]->record(stream);
-      fenced[slot] = true;
-      GPTOutput out = graphs_->forward(window);
-      backward_with(out.loss, seed_dev);
-      par_->finish_backward();
-      cuda::ScalarList losses;
-      losses.src[losses.n++] = out.loss.value().data<float>();
-      losses.src[losses.n++] = out.main_loss.value().data<float>();
-      for (const Var& l : out.mtp_losses) losses.src[losses.n++] = l.value().data<float>();
-      cuda::accumulate_scalars(losses, static_cast<float>(1.0 / static_cast<double>(accum_)), row,
-                               stream.native());
-    }
-    par_->finish_grads();
-    opt_->clip_on_device(par_->owned(), cfg_.optimizer.grad_clip, row + 2 + D);
-    const double lr = sched_.at(step);
-    opt_->step_on_device(par_->owned(), lr);
-    par_->after_update();
-    if (bf16_weights_) bf16_weights_->refresh();
-    row_lr_.push_back(lr);
-    ++window_steps_;
-    const int64_t done = step + 1;
-    start_ = done;
-    const bool eval = is_eval_step(done), ckpt = is_checkpoint_step(done);
-    if (is_log_step(done) || eval || ckpt || static_cast<int64_t>(row_lr_.size()) == rows) {
-      if (!flush_cuda(done)) return kExitNonFinite;
-    }
-    if (eval) {
-      par_->ensure_all_ready();
-      EvalResult ev = evaluate(*model_, cfg_, data_.val_glob);
-      if (is_rank0()) {
-        std::printf("eval step %ld | val main loss %.4f\n", static_cast<long>(done), ev.main_loss);
-      }
-    }
-    if (ckpt) save_checkpoint();
-  }
-  return finish();
-}
-
-bool Run::flush_cuda(int64_t done) {
-  const int D = static_cast<int>(cfg_.mtp.depth);
-  const int64_t width = 3 + D;
-  const int64_t n = static_cast<int64_t>(row_lr_.size());
-  if (n == 0) return true;
-  Tensor rows_now = step_rows_.rows(0, n);
-  // Several GPUs: the loss columns become world means (the norm column is the same everywhere).
-  if (grid_.world) grid_.world->all_reduce(rows_now).wait(current_stream(device_));
-  std::vector<double> v = rows_now.to_vector();  // the one host sync
-  step_rows_.zero_();
-  if (grid_.world) {
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t c = 0; c < width; ++c) v[r * width + c] /= env_.world_size;
-  }
-  for (int64_t r = 0; r < n; ++r) {
-    const double* row = v.data() + r * width;
-    const double gnorm = row[2 + D];
-    if (!std::isfinite(row[0]) || !std::isfinite(gnorm)) {
-      auto last = find_latest_complete(checkpoint_dir(cfg_));
-      std::fprintf(stderr,
-                   "gtron: non-finite %s at step %ld (loss %g, grad norm %g), detected at step %ld "
-                   "(on CUDA the check runs on log steps); stopping. Last good checkpoint: %s. "
-                   "Hint: lower optimizer.lr or enable optimizer.grad_clip.\n",
-                   std::isfinite(row[0]) ? "gradient" : "loss", static_cast<long>(done - n + 1 + r),
-                   row[0], gnorm, static_cast<long>(done), last ? last->c_str() : "none");
-      return false;
-    }
-    if (summary_) summary_->losses.push_back(row[0]);
-  }
-  const double* last = v.data() + (n - 1) * width;
-  // Every rank reads its communication timers at log steps (rank 0 prints its own).
-  if (is_log_step(done)) comm_extra_ = par_->take_comm_metrics(window_steps_);
-  if (is_rank0() && is_log_step(done)) {
-    log_step(done, row_lr_.back(), last[2 + D], std::vector<double>(last, last + 2 + D));
-  }
-  row_lr_.clear();
-  return true;
-}
-
-}  // namespace
+}  // namespace internal
 
 int run_training(const Config& cfg, bool resume, TrainSummary* summary) {
-  Run run(cfg, resume, summary);
+  internal::Run run(cfg, resume, summary);
   return run.train();
 }
 

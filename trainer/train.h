@@ -1,4 +1,4 @@
-// The training loop (single process here; the multi-process issue adds DP/GTP ranks), evaluation
+// The training loop (one process, or DP × GTP ranks over Gloo/NCCL; trainer/run.h), evaluation
 // and sampling, shared by the gtron CLI subcommands.
 #pragma once
 

@@ -1,0 +1,92 @@
+// The training run behind run_training() (trainer-internal): one class, two files —
+// train.cc (set-up, the CPU loop, logging, checkpoints, the final evaluation) and train_cuda.cc
+// (Note [CUDA step]: the GPU loop).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "graphs/model_graphs.h"
+#include "model/gpt.h"
+#include "model/mixed_precision.h"
+#include "parallel/grid.h"
+#include "parallel/store.h"
+#include "trainer/config.h"
+#include "trainer/metrics.h"
+#include "trainer/optimizer.h"
+#include "trainer/parallel_state.h"
+#include "trainer/sampler.h"
+#include "trainer/schedule.h"
+#include "trainer/shards.h"
+#include "trainer/train.h"
+
+namespace gtron::internal {
+
+using Clock = std::chrono::steady_clock;
+
+// One training run: the process group, model, data-parallel buffers, optimizer and data.
+class Run {
+ public:
+  Run(const Config& cfg, bool resume, TrainSummary* summary);
+  int train();
+
+ private:
+  // Note [CUDA step]: the GPU loop; returns an exit code like train().
+  int train_cuda();
+  // Reads the device loss rows of the steps since the last flush; pushes them to the summary,
+  // stops on a non-finite value (returns false), logs when `done` is a log step.
+  bool flush_cuda(int64_t done);
+  // After the last step: the final evaluation and summary line.
+  int finish();
+  bool is_rank0() const { return env_.rank == 0; }
+  void print_header(const ResolvedData& data) const;
+  // Mean over the world of a few per-rank values (every rank gets the result).
+  std::vector<double> world_mean(const std::vector<double>& values);
+  void save_checkpoint();
+  void log_step(int64_t done, double lr, double gnorm, const std::vector<double>& losses);
+  bool is_log_step(int64_t done) const {
+    return done % cfg_.log.every == 0 || done == cfg_.train.steps;
+  }
+  bool is_eval_step(int64_t done) const {
+    return cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0 &&
+           done != cfg_.train.steps;
+  }
+  bool is_checkpoint_step(int64_t done) const {
+    return (cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) ||
+           done == cfg_.train.steps;
+  }
+
+  const Config& cfg_;
+  TrainSummary* summary_;
+  parallel::DistEnv env_;
+  parallel::Rendezvous rdv_;
+  parallel::Grid grid_;
+  Device device_;
+  bool bf16_ = false;
+  ResolvedData data_;
+  std::unique_ptr<ShardSet> train_shards_;
+  std::unique_ptr<SequenceSampler> sampler_;
+  std::unique_ptr<GPT> model_;
+  std::unique_ptr<ParallelState> par_;
+  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<Bf16Weights> bf16_weights_;    // bf16 runs: the model's weight access
+  std::unique_ptr<graphs::ModelGraphs> graphs_;  // graphs.scope (a pass-through for none)
+  // CUDA: per-step rows [total, main, mtp_1..D, grad norm] since the last flush (f32, device),
+  // and the lr of each of those steps (host).
+  Tensor step_rows_;
+  std::vector<double> row_lr_;
+  std::vector<std::pair<std::string, double>> comm_extra_;  // log.comm_timing, for log_step
+  Schedule sched_;
+  MetricsWriter metrics_;
+  int64_t start_ = 0;
+  int64_t accum_ = 1;
+  double flops_per_step_ = 0;
+  Clock::time_point t_run_ = Clock::now(), t_window_ = Clock::now();
+  int64_t window_steps_ = 0;
+};
+
+}  // namespace gtron::internal
