@@ -30,7 +30,10 @@ struct Curve {
   CommTiming timing;  // of the GTP communicator (eager collectives only)
 };
 
-Curve train(bool gtp, graphs::Scope scope, int micro_batches) {
+// `gtp`: GtpWeights over NCCL (else the plain single-GPU access); `bf16`: bf16 gathers / shadows
+// (else fp32 throughout); `symmetric`: send buffers in NCCL windows (else plain device memory).
+Curve train(bool gtp, graphs::Scope scope, int micro_batches, bool bf16 = true,
+            bool symmetric = true) {
   const Device dev = Device::cuda(0);
   Stream& stream = current_stream(dev);
   StoreServer server;
@@ -53,10 +56,11 @@ Curve train(bool gtp, graphs::Scope scope, int micro_batches) {
     for (Parameter* p : model.parameters()) {
       if (p->data.rank() == 2 && p->name != "wpe.weight") sharded.push_back(p);
     }
-    weights = std::make_unique<GtpWeights>(sharded, comm.get(), GtpOptions{true, DType::kBF16},
-                                           make_nccl_symmetric_backend(*comm));
+    weights = std::make_unique<GtpWeights>(
+        sharded, comm.get(), GtpOptions{true, bf16 ? DType::kBF16 : DType::kF32},
+        symmetric ? make_nccl_symmetric_backend(*comm) : nullptr);
     model.set_weight_access(weights.get());
-  } else {
+  } else if (bf16) {
     model.set_weight_access(&shadows);
   }
   graphs::ModelGraphs graphed(model, scope, dev);
@@ -117,6 +121,25 @@ TEST(GtpNccl, OneRankGtpTrainsLikeThePlainBf16Path) {
     worst = std::max(worst, max_rel(plain.grads[i], gtp.grads[i]));
   std::printf("GTP(G=1, NCCL, bf16 gathers) vs plain bf16: worst relative grad difference %.3g\n",
               worst);
+  EXPECT_LT(worst, 1e-5);
+}
+
+TEST(GtpNccl, PlainSendBuffersAndFp32GathersMatchToo) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  const Curve symmetric = train(true, graphs::Scope::kNone, 3);
+  const Curve plain = train(true, graphs::Scope::kNone, 3, true, /*symmetric=*/false);
+  EXPECT_EQ(plain.pool_backend, "cuda:0");
+  EXPECT_EQ(plain.losses, symmetric.losses);  // where the send buffers live changes no value
+  for (size_t i = 0; i < plain.grads.size(); ++i) EXPECT_EQ(plain.grads[i], symmetric.grads[i]);
+  // fp32 end to end: GTP's f32 gathers against the direct fp32 path.
+  const Curve direct = train(false, graphs::Scope::kNone, 3, /*bf16=*/false);
+  const Curve f32 = train(true, graphs::Scope::kNone, 3, /*bf16=*/false);
+  for (size_t i = 0; i < direct.losses.size(); ++i) {
+    EXPECT_NEAR(f32.losses[i], direct.losses[i], 1e-6 * std::abs(direct.losses[i])) << i;
+  }
+  double worst = 0;
+  for (size_t i = 0; i < direct.grads.size(); ++i)
+    worst = std::max(worst, max_rel(direct.grads[i], f32.grads[i]));
   EXPECT_LT(worst, 1e-5);
 }
 
