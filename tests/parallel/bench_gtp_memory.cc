@@ -1,5 +1,6 @@
 // Memory per rank under GTP: parameter, gradient and AdamW-state bytes of a GPT (default: 4 layers,
-// C=512, V=50304, T=1024) at G = 1, 2, 4, with G ranks as threads over Gloo. Prints one JSON
+// C=512, V=50304, T=1024) at G = 1, 2, 4 (… up to the 4th argument), with G ranks as threads over
+// Gloo. Prints one JSON
 // object. Used by scripts/bench_gtp_memory.sh; never a test.
 #include <cstdio>
 #include <cstdlib>
@@ -66,9 +67,11 @@ int main(int argc, char** argv) {
   std::printf("{\"model\": {\"L\": %d, \"C\": %ld, \"V\": %ld, \"T\": %ld}, \"per_rank\": [",
               c.n_layer, static_cast<long>(c.n_embd), static_cast<long>(c.vocab_size),
               static_cast<long>(c.context_length));
+  const int max_g = argc > 4 ? std::atoi(argv[4]) : 4;
   size_t base = 0;
-  const int gs[] = {1, 2, 4};
-  for (int i = 0; i < 3; ++i) {
+  std::vector<int> gs;
+  for (int g = 1; g <= max_g; g *= 2) gs.push_back(g);
+  for (size_t i = 0; i < gs.size(); ++i) {
     const Bytes b = measure(c, gs[i]);
     const size_t total = b.params + b.grads + b.optimizer;
     if (i == 0) base = b.params;
