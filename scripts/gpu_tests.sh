@@ -8,9 +8,21 @@
 # The binaries link everything statically except cuBLAS/cuBLASLt (and NCCL), which the GPU
 # machines have in the same CUDA 13.0 install. No test reads runfiles: trainer tests write under
 # $TEST_TMPDIR, or /tmp when it is unset.
+#
+# Arguments (optional): name filters — only the tests whose name contains one of them are copied
+# (bench_gpu and gtron always are). The whole set is about 67 MB, above a 64 MiB carry limit:
+# carry it in two batches, e.g. `bash scripts/gpu_tests.sh _cuda_test` (the op and trainer
+# tests) and then `bash scripts/gpu_tests.sh nccl gtp`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mapfile -t tests < <(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null)
+mapfile -t all_tests < <(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null)
+tests=()
+for t in "${all_tests[@]}"; do
+  if [[ $# -eq 0 ]]; then tests+=("$t"); continue; fi
+  for f in "$@"; do
+    if [[ "${t##*:}" == *"$f"* ]]; then tests+=("$t"); break; fi
+  done
+done
 if [[ ${#tests[@]} -eq 0 ]]; then
   echo "gpu_tests.sh: no gpu-tagged tests found" >&2
   exit 1

@@ -20,13 +20,13 @@ parallel::DdpOptions ddp_options(const Config& cfg) {
 }  // namespace
 
 ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid,
-                             DType compute_dtype)
+                             DType compute_dtype, bool force_gtp)
     : model_(model),
       grid_(grid),
       // A single process reduces over itself on the parameters' device (cpu or cuda:N).
       self_(model.parameters().empty() ? Device::cpu()
                                        : model.parameters().front()->data.device()) {
-  const bool gtp = grid_ != nullptr && grid_->layout.gtp_size > 1;
+  const bool gtp = grid_ != nullptr && (grid_->layout.gtp_size > 1 || force_gtp);
   distributed_ = cfg.parallel.distributed_optimizer;
   std::vector<Parameter*> sharded, whole;
   for (Parameter* p : model.parameters())

@@ -27,9 +27,10 @@ class ParallelState {
  public:
   // `grid` null: a single process. Shards the model's weights when parallel.gtp > 1; GTP gathers
   // weights in `compute_dtype` (bf16 mixed precision on CUDA), through NCCL symmetric send buffers
-  // when the group is NCCL and parallel.gtp_symmetric_memory is on.
+  // when the group is NCCL and parallel.gtp_symmetric_memory is on. `force_gtp` (tests) shards
+  // through GTP even at G = 1.
   ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid,
-                DType compute_dtype = DType::kF32);
+                DType compute_dtype = DType::kF32, bool force_gtp = false);
   ~ParallelState();
 
   void zero_grads();

@@ -143,6 +143,20 @@ graphs::GraphOptions graph_options(const GraphsConfig& g) {
   return o;
 }
 
+// GTRON_TEST_GRID_OF_ONE (tests only): "1" builds the process grid (NCCL on a GPU, Gloo on the
+// CPU) for a world of one, "gtp" also shards through GTP at G = 1 — the multi-process code path,
+// run where only one GPU exists. Needs MASTER_ADDR/MASTER_PORT (gtronrun sets them). Loud.
+int test_grid_of_one() {
+  const char* v = std::getenv("GTRON_TEST_GRID_OF_ONE");
+  if (v == nullptr || *v == 0) return 0;
+  const int mode = std::string(v) == "gtp" ? 2 : 1;
+  std::fprintf(stderr,
+               "gtron: WARNING: GTRON_TEST_GRID_OF_ONE=%s: a one-rank process grid%s (a "
+               "test switch)\n",
+               v, mode == 2 ? " with GTP at G = 1" : "");
+  return mode;
+}
+
 std::string dirname_of(const std::string& glob) {
   const size_t slash = glob.rfind('/');
   return slash == std::string::npos ? "." : glob.substr(0, slash);
@@ -193,7 +207,8 @@ Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
   device_ = plan.device;
   bf16_ = plan.bf16;
   if (device_.is_cuda()) cuda::set_device(device_.index);
-  if (env_.world_size > 1) {
+  const int grid_of_one = test_grid_of_one();
+  if (env_.world_size > 1 || grid_of_one > 0) {
     rdv_ = parallel::rendezvous(env_);
     const int gtp = static_cast<int>(cfg_.parallel.gtp);
     grid_ = device_.is_cuda()
@@ -214,7 +229,8 @@ Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
                     static_cast<double>(cfg_.train.global_batch * cfg_.train.seq_len);
   const std::unordered_set<const Parameter*> decayed = decayed_parameters(*model_, cfg_.optimizer);
   par_ = std::make_unique<ParallelState>(*model_, cfg_, grid_.world ? &grid_ : nullptr,
-                                         bf16_ ? DType::kBF16 : DType::kF32);
+                                         bf16_ ? DType::kBF16 : DType::kF32,
+                                         /*force_gtp=*/grid_of_one == 2);
   AdamWHyper hyper{cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
                    cfg_.optimizer.weight_decay};
   opt_ = std::make_unique<AdamW>(par_->owned_numel(), decayed, hyper, device_);

@@ -15,7 +15,8 @@ std::string fresh_dir(const std::string& name) {
 }
 
 Config tiny_train_config(const std::string& out_dir, const std::string& device,
-                         const std::string& precision, int64_t steps, int64_t log_every) {
+                         const std::string& precision, int64_t steps, int64_t log_every,
+                         const std::vector<std::string>& extra_sets) {
   const std::string json = R"({
     "model": {"vocab_size": 16, "context_length": 32, "n_layer": 2, "n_head": 4, "n_embd": 64},
     "mtp": {"depth": 1},
@@ -26,11 +27,11 @@ Config tiny_train_config(const std::string& out_dir, const std::string& device,
     "train": {"global_batch": 16, "micro_batch": 8, "seq_len": 32, "eval_batches": 2},
     "checkpoint": {"every": 0}
   })";
-  return config_from_json_text(json,
-                               {"train.steps=" + std::to_string(steps), "train.device=" + device,
-                                "train.precision=" + precision, "train.out_dir=" + out_dir,
-                                "log.every=" + std::to_string(log_every)},
-                               "tiny GPU test config");
+  std::vector<std::string> sets = {"train.steps=" + std::to_string(steps), "train.device=" + device,
+                                   "train.precision=" + precision, "train.out_dir=" + out_dir,
+                                   "log.every=" + std::to_string(log_every)};
+  sets.insert(sets.end(), extra_sets.begin(), extra_sets.end());
+  return config_from_json_text(json, sets, "tiny GPU test config");
 }
 
 TrainSummary train_ok(const Config& cfg) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "trainer/config.h"
 #include "trainer/train.h"
@@ -17,7 +18,8 @@ std::string fresh_dir(const std::string& name);
 // micro-batches of 8) for `steps` steps on `device` ("cpu" | "cuda") at `precision`, logging every
 // `log_every` steps, writing under `out_dir`; a checkpoint at the end only.
 Config tiny_train_config(const std::string& out_dir, const std::string& device,
-                         const std::string& precision, int64_t steps, int64_t log_every);
+                         const std::string& precision, int64_t steps, int64_t log_every,
+                         const std::vector<std::string>& extra_sets = {});
 
 // Trains `cfg` from scratch; EXPECTs exit code 0 and returns the summary.
 TrainSummary train_ok(const Config& cfg);
