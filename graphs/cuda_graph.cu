@@ -4,8 +4,8 @@
 namespace gtron::graphs::cuda {
 
 void begin_capture(void* stream) {
-  CUDA_CHECK(cudaStreamBeginCapture(static_cast<cudaStream_t>(stream),
-                                    cudaStreamCaptureModeRelaxed));
+  CUDA_CHECK(
+      cudaStreamBeginCapture(static_cast<cudaStream_t>(stream), cudaStreamCaptureModeRelaxed));
 }
 
 void* end_capture(void* stream, size_t* nodes) {
@@ -28,7 +28,8 @@ void abort_capture(void* stream) {
 }
 
 void launch(void* exec, void* stream) {
-  CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), static_cast<cudaStream_t>(stream)));
+  CUDA_CHECK(
+      cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), static_cast<cudaStream_t>(stream)));
 }
 
 void destroy(void* exec) { cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec)); }

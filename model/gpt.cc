@@ -112,7 +112,8 @@ Var GPT::trunk(const Tensor& inputs) {
   GTRON_CHECK(T >= 1 && T <= cfg_.context_length, "sequence length ", T, " outside [1, ",
               cfg_.context_length, "]");
   Var x = add_positions(embed(inputs), Var::param(*wpe_));
-  for (int l = 0; l < num_blocks(); ++l) x = block_runner_ ? block_runner_(l, x) : block_forward(l, x);
+  for (int l = 0; l < num_blocks(); ++l)
+    x = block_runner_ ? block_runner_(l, x) : block_forward(l, x);
   return x;
 }
 

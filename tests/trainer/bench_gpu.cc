@@ -12,8 +12,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "model/cuda/runtime.h"
 #include "graphs/model_graphs.h"
+#include "model/cuda/runtime.h"
 #include "model/gpt.h"
 #include "model/mixed_precision.h"
 #include "model/stream.h"
@@ -129,14 +129,15 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"tokens_per_s\": %.1f, \"ms_per_step\": %.3f, \"mfu\": %.4f, \"peak_mem_gib\": %.3f, "
       "\"allocator_misses_steady_state\": %llu, \"reserved_growth_bytes\": %lld, "
-      "\"precision\": \"%s\", \"graphs\": \"%s\", \"L\": %d, \"C\": %ld, \"NH\": %d, \"T\": %ld, \"B\": %ld, "
+      "\"precision\": \"%s\", \"graphs\": \"%s\", \"L\": %d, \"C\": %ld, \"NH\": %d, \"T\": %ld, "
+      "\"B\": %ld, "
       "\"V\": %ld, \"Vp\": %ld, \"D\": %d, \"steps\": %d, \"warmup\": %d, \"loss\": %.4f, "
       "\"params\": %ld}\n",
       tps, 1e3 * sec / steps, mfu, static_cast<double>(st.peak_allocated) / (1ull << 30),
       static_cast<unsigned long long>(st.misses - misses0),
-      static_cast<long long>(st.reserved) - static_cast<long long>(reserved0), precision.c_str(), graphs_flag.c_str(),
-      c.n_layer, static_cast<long>(c.n_embd), c.n_head, static_cast<long>(T), static_cast<long>(B),
-      static_cast<long>(c.vocab_size), static_cast<long>(c.padded_vocab()), c.mtp_depth, steps,
-      warmup, last_loss.item(), static_cast<long>(model.num_parameters()));
+      static_cast<long long>(st.reserved) - static_cast<long long>(reserved0), precision.c_str(),
+      graphs_flag.c_str(), c.n_layer, static_cast<long>(c.n_embd), c.n_head, static_cast<long>(T),
+      static_cast<long>(B), static_cast<long>(c.vocab_size), static_cast<long>(c.padded_vocab()),
+      c.mtp_depth, steps, warmup, last_loss.item(), static_cast<long>(model.num_parameters()));
   return 0;
 }

@@ -12,8 +12,7 @@ namespace {
 
 TrainSummary train_scope(const std::string& precision, GraphScope scope) {
   Config cfg = testing::tiny_train_config(
-      testing::fresh_dir("graphs_" + precision + "_" + to_string(scope)), "cuda", precision, 20,
-      5);
+      testing::fresh_dir("graphs_" + precision + "_" + to_string(scope)), "cuda", precision, 20, 5);
   cfg.graphs.scope = scope;
   return testing::train_ok(cfg);
 }
@@ -25,8 +24,8 @@ void expect_graphs_match_eager(const std::string& precision) {
     const TrainSummary g = train_scope(precision, scope);
     ASSERT_EQ(g.losses.size(), none.losses.size()) << to_string(scope);
     for (size_t i = 0; i < g.losses.size(); ++i) {
-      EXPECT_EQ(g.losses[i], none.losses[i]) << precision << " " << to_string(scope) << " step "
-                                             << i + 1;  // bit for bit
+      EXPECT_EQ(g.losses[i], none.losses[i])
+          << precision << " " << to_string(scope) << " step " << i + 1;  // bit for bit
     }
     EXPECT_EQ(g.val_loss, none.val_loss) << precision << " " << to_string(scope);
   }
