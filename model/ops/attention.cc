@@ -1,9 +1,60 @@
 #include "model/ops/attention.h"
 
+#include <cmath>
+
 #include "model/ops/device_util.h"
 #include "model/stream.h"
 
 namespace gtron {
+
+namespace {
+
+float score_scale(int64_t HS) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(HS))); }
+
+// The flash kernels' view of causal_attention's tensors: qkv [B, T, 3C] packed, y [B, T, C].
+cuda::FlashForwardArgs flash_forward_args(const Tensor& qkv, Tensor& y, Tensor& lse, int NH) {
+  cuda::FlashForwardArgs a;
+  const int64_t T = qkv.shape()[1], C = qkv.shape()[2] / 3;
+  a.q = qkv.raw();
+  a.k = static_cast<const char*>(qkv.raw()) + C * dtype_size(qkv.dtype());
+  a.v = static_cast<const char*>(qkv.raw()) + 2 * C * dtype_size(qkv.dtype());
+  a.o = y.raw();
+  a.lse = lse.data<float>();
+  a.q_ld = a.kv_ld = 3 * C;
+  a.o_ld = C;
+  a.q_batch = a.kv_batch = T * 3 * C;
+  a.o_batch = T * C;
+  a.B = static_cast<int>(qkv.shape()[0]);
+  a.NH = NH;
+  a.HS = static_cast<int>(C / NH);
+  a.Tq = a.Tk = static_cast<int>(T);
+  a.scale = score_scale(a.HS);
+  return a;
+}
+
+cuda::FlashBackwardArgs flash_backward_args(const Tensor& qkv, const Tensor& y, const Tensor& dy,
+                                            const Tensor& lse, Tensor& dqkv, int NH) {
+  cuda::FlashBackwardArgs a;
+  const int64_t T = qkv.shape()[1], C = qkv.shape()[2] / 3;
+  a.qkv = qkv.raw();
+  a.o = y.raw();
+  a.dout = dy.raw();
+  a.lse = lse.data<float>();
+  a.dqkv = dqkv.raw();
+  a.qkv_ld = 3 * C;
+  a.qkv_batch = T * 3 * C;
+  a.o_ld = C;
+  a.o_batch = T * C;
+  a.C = C;
+  a.B = static_cast<int>(qkv.shape()[0]);
+  a.NH = NH;
+  a.HS = static_cast<int>(C / NH);
+  a.T = static_cast<int>(T);
+  a.scale = score_scale(a.HS);
+  return a;
+}
+
+}  // namespace
 
 Var causal_attention(const Var& qkv, int NH) {
   GTRON_CHECK(qkv.shape().rank() == 3, "causal_attention: qkv ", qkv.shape().str(),
@@ -22,7 +73,10 @@ Var causal_attention(const Var& qkv, int NH) {
   // [B, NH, T] log-sum-exps, kept for the backward; fp32 on CUDA.
   Tensor lse =
       Tensor::empty(Shape{B, NH, Tlen}, dev.is_cuda() ? DType::kF32 : qkv.dtype(), dev, &s);
-  if (dev.is_cuda()) {
+  const bool flash = dev.is_cuda() && cuda::flash_attention_supported(HS, qkv.dtype());
+  if (flash) {
+    cuda::flash_attention_forward(flash_forward_args(qkv.value(), y, lse, NH), s.native());
+  } else if (dev.is_cuda()) {
     Tensor scratch =
         scratch_bytes(cuda::attention_forward_scratch_bytes(B, Tlen, NH, HS, qkv.dtype()), s);
     cuda::attention_forward(qkv.value().raw(), y.raw(), lse.data<float>(), scratch.raw(), B, Tlen,
@@ -39,9 +93,16 @@ Var causal_attention(const Var& qkv, int NH) {
 
   Var out = Var::output(y, qkv.requires_grad());
   if (out.requires_grad()) {
-    record_backward([qkv, lse, out, B, Tlen, NH, HS] {
+    record_backward([qkv, lse, out, B, Tlen, NH, HS, flash] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
+      if (flash) {
+        Tensor scratch = scratch_floats(cuda::flash_attention_backward_scratch_floats(B, Tlen, NH), s);
+        cuda::flash_attention_backward(
+            flash_backward_args(qkv.value(), out.value(), out.grad(), lse, qkv.grad(), NH),
+            scratch.data<float>(), s.native());
+        return;
+      }
       if (out.device().is_cuda()) {
         Tensor scratch =
             scratch_bytes(cuda::attention_backward_scratch_bytes(B, Tlen, NH, HS, out.dtype()), s);

@@ -41,6 +41,46 @@ void attention_forward(const void* qkv, void* out, float* lse, void* scratch, in
 void attention_backward(const void* qkv, const float* lse, const void* dout, void* dqkv,
                         void* scratch, int64_t B, int64_t Tlen, int64_t NH, int64_t HS, DType act,
                         void* stream);
+
+// Flash attention (model/ops/flash_attention_cuda.cu): bf16, HS = 64 or 128, no O(T²) memory.
+// causal_attention takes it whenever flash_attention_supported(); the kernels above stay as the
+// reference for every other case (fp32, other head sizes) and for the tests.
+bool flash_attention_supported(int64_t HS, DType act);
+
+// q rows [B, Tq] and k, v rows [B, Tk] (Tk >= Tq), head h in columns [h·HS, (h+1)·HS) of each
+// row; element strides between rows (`*_ld`) and batches (`*_batch`), multiples of 8, pointers
+// 16-byte aligned. Query i attends to keys j <= i + (Tk − Tq) (causal, aligned to the last query).
+// Writes o rows [B, Tq] (same head layout) and lse [B, NH, Tq] (natural-log log-sum-exp of each
+// row's scaled scores).
+struct FlashForwardArgs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;
+  int64_t q_ld = 0, kv_ld = 0, o_ld = 0;
+  int64_t q_batch = 0, kv_batch = 0, o_batch = 0;
+  int B = 0, NH = 0, HS = 0, Tq = 0, Tk = 0;
+  float scale = 0.0f;  // multiplies q·k
+};
+void flash_attention_forward(const FlashForwardArgs& a, void* stream);
+
+// Self-attention backward (Tq = Tk = T) on the packed qkv rows [B, T, 3C] (q at column 0, k at C,
+// v at 2C): accumulates dqkv (same layout, bf16) += the gradient, given o and dout rows [B, T]
+// and the forward's lse. Deterministic (no atomics). `scratch`:
+// flash_attention_backward_scratch_floats floats.
+struct FlashBackwardArgs {
+  const void* qkv = nullptr;
+  const void* o = nullptr;
+  const void* dout = nullptr;
+  const float* lse = nullptr;
+  void* dqkv = nullptr;
+  int64_t qkv_ld = 0, qkv_batch = 0, o_ld = 0, o_batch = 0, C = 0;
+  int B = 0, NH = 0, HS = 0, T = 0;
+  float scale = 0.0f;
+};
+int64_t flash_attention_backward_scratch_floats(int64_t B, int64_t T, int64_t NH);
+void flash_attention_backward(const FlashBackwardArgs& a, float* scratch, void* stream);
 }  // namespace cuda
 
 }  // namespace gtron

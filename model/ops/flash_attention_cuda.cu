@@ -1,0 +1,625 @@
+// Flash attention on CUDA (the FlashAttention-2 algorithm) for causal attention in bf16, head
+// sizes 64 and 128: bf16 tensor-core MMA (mma.sync m16n8k16, operands through ldmatrix from
+// XOR-swizzled shared memory, tiles brought in by cp.async double buffering), fp32 accumulators
+// and softmax statistics, no O(T²) memory. Contract in model/ops/attention.h.
+//
+// Note [flash attention tiling]
+// A CTA is 4 warps; each warp owns 16 rows of the CTA's 64-row tile, so the softmax statistics of
+// a row live in the 4 lanes of one quad and never cross warps.
+// - Forward: a CTA takes 64 queries of one (b, h) and walks the key tiles 0 .. the diagonal; per
+//   tile S = Q·Kᵀ (fp32), online softmax (running max m and sum l per row, exp2 with the scale
+//   folded into log2 units), O += P·V with P rounded to bf16. It writes O and lse = m + log l
+//   (natural log, the CPU kernel's contract).
+// - Backward, two kernels, neither with atomics (determinism): the key kernel takes 64 keys and
+//   walks the query tiles from the diagonal to the end, accumulating dV += Pᵀ·dO and
+//   dK += dSᵀ·Q in registers; the query kernel takes 64 queries and walks the key tiles up to the
+//   diagonal, accumulating dQ += dS·K. Both recompute P = exp(scale·S − lse) tile by tile, with
+//   dS = P ⊙ (dP − Δ), Δ = rowsum(dO ⊙ O) from a small pre-pass. The price of no atomics is the
+//   recomputation of S and dP in the query kernel (7 tile products instead of 5).
+// - Causal mask with a key length Tk ≥ query length Tq: query i sees keys j ≤ i + (Tk − Tq) (the
+//   last query sees every key), so decoding against a cache uses the same kernel. Rows past Tq and
+//   keys past Tk are zero-filled by cp.async and masked; only tiles that cross the diagonal or the
+//   tail pay for the mask.
+// - The MMA fragment of a 16×8 fp32 accumulator is, pairwise, the A fragment of a 16×16 bf16
+//   operand (rows lane/4 and lane/4 + 8, columns 2·(lane%4) + {0, 1}), so P and dS go from
+//   accumulators to the next product without touching shared memory.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/cuda/kernel_util.cuh"
+#include "model/ops/attention.h"
+
+namespace gtron::cuda {
+
+namespace {
+
+constexpr int kThreadsFa = 128;  // 4 warps
+constexpr int kRows = 64;        // rows of a CTA's own tile (16 per warp)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; `valid` false fills zeros (src must still be a mapped address).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
+               "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+// d[16×8] += a[16×16] · b[16×8], bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// The A fragment for k-slice `kk` of a 16-row accumulator held as n-tiles of 8 columns.
+template <int N>
+__device__ __forceinline__ void acc_to_a(const float (&acc)[N][4], int kk, uint32_t (&a)[4]) {
+  a[0] = pack_bf16(acc[2 * kk][0], acc[2 * kk][1]);
+  a[1] = pack_bf16(acc[2 * kk][2], acc[2 * kk][3]);
+  a[2] = pack_bf16(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+  a[3] = pack_bf16(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+}
+
+// A [rows, HS] bf16 tile in shared memory: row r's 16-byte chunk c sits at chunk c ^ (r % 8), so
+// the 8 row addresses of one ldmatrix (same chunk, consecutive rows) hit 8 different bank groups.
+template <int HS>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * HS + ((chunk ^ (row & 7)) << 3);
+}
+
+// Lane addresses of ldmatrix.x4 over a 16×16 block at (r0, chunk pair c0) of a swizzled tile:
+// "a" order gives an A fragment (rows r0.., then r0+8.., columns c0, c0+1 second);
+// "b" order gives the B fragments of two 8-row n-tiles (rows r0.. and r0+8.., k chunks c0, c0+1);
+// "a" order under .trans gives the B fragments of two 8-column n-tiles of a [k, n] tile.
+template <int HS>
+__device__ __forceinline__ const bf16* lds_a(const bf16* t, int r0, int c0, int lane) {
+  return t + swz<HS>(r0 + (lane & 7) + ((lane >> 3) & 1) * 8, c0 + (lane >> 4));
+}
+template <int HS>
+__device__ __forceinline__ const bf16* lds_b(const bf16* t, int r0, int c0, int lane) {
+  return t + swz<HS>(r0 + (lane & 7) + (lane >> 4) * 8, c0 + ((lane >> 3) & 1));
+}
+
+// Rows [row0, row0 + ROWS) of a head's [len, HS] slice (row stride `ld`) into a swizzled tile;
+// rows at or past `len` become zeros. Called by all threads; the caller commits the group.
+template <int HS, int ROWS>
+__device__ __forceinline__ void load_tile(bf16* tile, const bf16* g, int64_t ld, int row0,
+                                          int len) {
+  constexpr int kChunks = HS / 8;
+  for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreadsFa) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = row0 + r < len;
+    const bf16* src = g + static_cast<int64_t>(valid ? row0 + r : 0) * ld + c * 8;
+    cp_async16(tile + swz<HS>(r, c), src, valid);
+  }
+}
+
+// Max and sum over the 4 lanes of a quad (one accumulator row).
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// acc[16 × 8·NT] += A[16 × HS] (fragments af) · Bᵀ, B a swizzled [8·NT rows, HS] tile.
+template <int HS, int NT>
+__device__ __forceinline__ void mma_abt(float (&acc)[NT][4], const uint32_t (&af)[HS / 16][4],
+                                        const bf16* b, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; ++kk) {
+#pragma unroll
+    for (int n2 = 0; n2 < NT / 2; ++n2) {
+      uint32_t r[4];
+      ldsm_x4(r, lds_b<HS>(b, n2 * 16, kk * 2, lane));
+      mma16816(acc[2 * n2], af[kk], r[0], r[1]);
+      mma16816(acc[2 * n2 + 1], af[kk], r[2], r[3]);
+    }
+  }
+}
+
+// acc[16 × HS] += P[16 × 16·KT] (accumulator fragments p) · V, V a swizzled [16·KT rows, HS] tile.
+template <int HS, int KT>
+__device__ __forceinline__ void mma_pv(float (&acc)[HS / 8][4], const float (&p)[2 * KT][4],
+                                       const bf16* v, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < KT; ++kk) {
+    uint32_t a[4];
+    acc_to_a(p, kk, a);
+#pragma unroll
+    for (int d2 = 0; d2 < HS / 16; ++d2) {
+      uint32_t r[4];
+      ldsm_x4_t(r, lds_a<HS>(v, kk * 16, d2 * 2, lane));
+      mma16816(acc[2 * d2], a, r[0], r[1]);
+      mma16816(acc[2 * d2 + 1], a, r[2], r[3]);
+    }
+  }
+}
+
+// A fragments of rows [r0, r0 + 16) of a swizzled tile.
+template <int HS>
+__device__ __forceinline__ void load_a(uint32_t (&af)[HS / 16][4], const bf16* t, int r0,
+                                       int lane) {
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; ++kk) ldsm_x4(af[kk], lds_a<HS>(t, r0, kk * 2, lane));
+}
+
+// acc rows r0 + lane/4 (+8) go to dst rows (row stride ld) below `len`: stored, or added to what
+// is there (bf16 read-modify-write, one owner per element), after scaling by `mul`.
+template <int HS, bool kAdd>
+__device__ __forceinline__ void store_rows(const float (&acc)[HS / 8][4], bf16* dst, int64_t ld,
+                                           int r0, int len, int lane, const float (&mul)[2]) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int row = r0 + (lane >> 2) + rr * 8;
+    if (row >= len) continue;
+    bf16* out = dst + static_cast<int64_t>(row) * ld + (lane & 3) * 2;
+#pragma unroll
+    for (int dt = 0; dt < HS / 8; ++dt) {
+      float x = acc[dt][2 * rr] * mul[rr], y = acc[dt][2 * rr + 1] * mul[rr];
+      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out + dt * 8);
+      if constexpr (kAdd) {
+        const float2 cur = __bfloat1622float2(*o);
+        x += cur.x;
+        y += cur.y;
+      }
+      *o = __floats2bfloat162_rn(x, y);
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Forward.
+
+namespace {
+
+template <int HS>
+constexpr int fwd_smem_bytes() {
+  return (kRows + 4 * kRows) * HS * 2;  // Q, K[2], V[2]
+}
+
+template <int HS>
+__global__ void __launch_bounds__(kThreadsFa) flash_forward_kernel(FlashForwardArgs a) {
+  constexpr int kN = 64;  // keys per tile
+  constexpr int NT = kN / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sK = sQ + kRows * HS;
+  bf16* sV = sK + 2 * kN * HS;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int qb = gridDim.x - 1 - blockIdx.x;  // the longest rows first
+  const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
+  const int q0 = qb * kRows;
+  const int off = a.Tk - a.Tq;
+  const bf16* gq = static_cast<const bf16*>(a.q) + b * a.q_batch + h * HS;
+  const bf16* gk = static_cast<const bf16*>(a.k) + b * a.kv_batch + h * HS;
+  const bf16* gv = static_cast<const bf16*>(a.v) + b * a.kv_batch + h * HS;
+
+  load_tile<HS, kRows>(sQ, gq, a.q_ld, q0, a.Tq);
+  const int kv_end = min(a.Tk, q0 + kRows + off);
+  const int n_tiles = (kv_end + kN - 1) / kN;
+  load_tile<HS, kN>(sK, gk, a.kv_ld, 0, a.Tk);
+  load_tile<HS, kN>(sV, gv, a.kv_ld, 0, a.Tk);
+  cp_async_commit();
+
+  float o[HS / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  uint32_t qf[HS / 16][4];
+  const float sl2 = a.scale * kLog2e;
+  const int row_base = q0 + warp * 16 + (lane >> 2);
+
+  for (int j = 0; j < n_tiles; ++j) {
+    if (j + 1 < n_tiles) {
+      const int nb = (j + 1) & 1;
+      load_tile<HS, kN>(sK + nb * kN * HS, gk, a.kv_ld, (j + 1) * kN, a.Tk);
+      load_tile<HS, kN>(sV + nb * kN * HS, gv, a.kv_ld, (j + 1) * kN, a.Tk);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (j == 0) load_a<HS>(qf, sQ, warp * 16, lane);
+    const bf16* kt = sK + (j & 1) * kN * HS;
+    const bf16* vt = sV + (j & 1) * kN * HS;
+
+    float s[NT][4] = {};
+    mma_abt<HS, NT>(s, qf, kt, lane);
+    const int k0 = j * kN;
+    if (k0 + kN - 1 > q0 + off || k0 + kN > a.Tk) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+          const int row = row_base + (e >> 1) * 8;
+          if (key > row + off || key >= a.Tk) s[nt][e] = -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
+      const float m_new = fmaxf(m[rr], quad_max(mx) * sl2);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      const float corr = exp2f(m[rr] - m_use);
+      m[rr] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
+          s[nt][e] = exp2f(s[nt][e] * sl2 - m_use);
+          sum += s[nt][e];
+        }
+      }
+      l[rr] = l[rr] * corr + sum;
+#pragma unroll
+      for (int dt = 0; dt < HS / 8; ++dt) {
+        o[dt][2 * rr] *= corr;
+        o[dt][2 * rr + 1] *= corr;
+      }
+    }
+    mma_pv<HS, kN / 16>(o, s, vt, lane);
+    __syncthreads();  // the next iteration's loads overwrite this tile's buffers
+  }
+
+  float inv[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const float lt = quad_sum(l[rr]);
+    inv[rr] = 1.0f / lt;
+    const int row = row_base + rr * 8;
+    if ((lane & 3) == 0 && row < a.Tq) {
+      a.lse[static_cast<int64_t>(blockIdx.y) * a.Tq + row] = (m[rr] + log2f(lt)) * kLn2;
+    }
+  }
+  bf16* go = static_cast<bf16*>(a.o) + b * a.o_batch + h * HS;
+  store_rows<HS, false>(o, go, a.o_ld, q0 + warp * 16, a.Tq, lane, inv);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Backward.
+
+namespace {
+
+// Δ[bh, t] = Σ_c dO[b, t, h, c] · O[b, t, h, c] in fp32. One warp per (b, t, h).
+template <int HS>
+__global__ void flash_delta_kernel(FlashBackwardArgs a, float* __restrict__ delta) {
+  const int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  const int64_t rows = static_cast<int64_t>(a.B) * a.T * a.NH;
+  if (w >= rows) return;
+  const int h = static_cast<int>(w % a.NH);
+  const int64_t bt = w / a.NH;
+  const int t = static_cast<int>(bt % a.T);
+  const int b = static_cast<int>(bt / a.T);
+  const int64_t at = b * a.o_batch + t * a.o_ld + h * HS;
+  const bf16* po = static_cast<const bf16*>(a.o) + at;
+  const bf16* pd = static_cast<const bf16*>(a.dout) + at;
+  float sum = 0.0f;
+  for (int c = lane * 2; c < HS; c += 64) {
+    const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(po + c));
+    const float2 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pd + c));
+    sum += x.x * y.x + x.y * y.y;
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) delta[(static_cast<int64_t>(b) * a.NH + h) * a.T + t] = sum;
+}
+
+template <int HS, int kQ>
+constexpr int bwd_kv_smem_bytes() {
+  return (2 * kRows + 4 * kQ) * HS * 2 + 4 * kQ * 4;  // K, V, Q[2], dO[2], lse[2], Δ[2]
+}
+
+// dK and dV of 64 keys of one (b, h), over the query tiles from the diagonal on.
+template <int HS, int kQ>
+__global__ void __launch_bounds__(kThreadsFa)
+    flash_backward_kv_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
+  constexpr int NT = kQ / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sV = sK + kRows * HS;
+  bf16* sQ = sV + kRows * HS;
+  bf16* sO = sQ + 2 * kQ * HS;  // dO tiles
+  float* sL = reinterpret_cast<float*>(sO + 2 * kQ * HS);
+  float* sD = sL + 2 * kQ;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
+  const int k0 = blockIdx.x * kRows;  // the longest columns first: key tile 0 sees every query
+  const int64_t ld = a.qkv_ld;
+  const bf16* gq = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch + h * HS;
+  const bf16* gk = gq + a.C;
+  const bf16* gv = gq + 2 * a.C;
+  const bf16* gdo = static_cast<const bf16*>(a.dout) + b * a.o_batch + h * HS;
+  const float* lse = a.lse + static_cast<int64_t>(blockIdx.y) * a.T;
+  const float* dl = delta + static_cast<int64_t>(blockIdx.y) * a.T;
+
+  auto load_q_tile = [&](int qt, int buf) {
+    load_tile<HS, kQ>(sQ + buf * kQ * HS, gq, ld, qt * kQ, a.T);
+    load_tile<HS, kQ>(sO + buf * kQ * HS, gdo, a.o_ld, qt * kQ, a.T);
+    for (int i = threadIdx.x; i < kQ; i += kThreadsFa) {
+      const int q = qt * kQ + i;
+      sL[buf * kQ + i] = q < a.T ? lse[q] * kLog2e : 0.0f;
+      sD[buf * kQ + i] = q < a.T ? dl[q] : 0.0f;
+    }
+  };
+
+  load_tile<HS, kRows>(sK, gk, ld, k0, a.T);
+  load_tile<HS, kRows>(sV, gv, ld, k0, a.T);
+  const int qt0 = k0 / kQ;
+  const int n_qt = (a.T + kQ - 1) / kQ;
+  load_q_tile(qt0, 0);
+  cp_async_commit();
+
+  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  const float sl2 = a.scale * kLog2e;
+  const int key_base = k0 + warp * 16 + (lane >> 2);
+  uint32_t kf[HS / 16][4], vf[HS / 16][4];
+
+  for (int qt = qt0, it = 0; qt < n_qt; ++qt, ++it) {
+    const int buf = it & 1;
+    if (qt + 1 < n_qt) {
+      load_q_tile(qt + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (it == 0) {
+      load_a<HS>(kf, sK, warp * 16, lane);
+      load_a<HS>(vf, sV, warp * 16, lane);
+    }
+    const bf16* qtile = sQ + buf * kQ * HS;
+    const bf16* otile = sO + buf * kQ * HS;
+    const float* L = sL + buf * kQ;
+    const float* D = sD + buf * kQ;
+
+    float p[NT][4] = {};  // Sᵀ, then Pᵀ: [16 keys, kQ queries]
+    mma_abt<HS, NT>(p, kf, qtile, lane);
+    float ds[NT][4] = {};  // dPᵀ, then dSᵀ
+    mma_abt<HS, NT>(ds, vf, otile, lane);
+    const int qs0 = qt * kQ;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = nt * 8 + (lane & 3) * 2 + (e & 1);
+        const int q = qs0 + qi;
+        const int key = key_base + (e >> 1) * 8;
+        const bool live = q >= key && q < a.T && key < a.T;
+        p[nt][e] = live ? exp2f(p[nt][e] * sl2 - L[qi]) : 0.0f;
+        ds[nt][e] = p[nt][e] * (ds[nt][e] - D[qi]);
+      }
+    }
+    mma_pv<HS, kQ / 16>(dv, p, otile, lane);
+    mma_pv<HS, kQ / 16>(dk, ds, qtile, lane);
+    __syncthreads();
+  }
+
+  const float one[2] = {1.0f, 1.0f}, sc[2] = {a.scale, a.scale};
+  bf16* dbase = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * HS;
+  store_rows<HS, true>(dk, dbase + a.C, ld, k0 + warp * 16, a.T, lane, sc);
+  store_rows<HS, true>(dv, dbase + 2 * a.C, ld, k0 + warp * 16, a.T, lane, one);
+}
+
+template <int HS, int kN>
+constexpr int bwd_q_smem_bytes() {
+  return (2 * kRows + 4 * kN) * HS * 2;  // Q, dO, K[2], V[2]
+}
+
+// dQ of 64 queries of one (b, h), over the key tiles up to the diagonal.
+template <int HS, int kN>
+__global__ void __launch_bounds__(kThreadsFa)
+    flash_backward_q_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
+  constexpr int NT = kN / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sO = sQ + kRows * HS;
+  bf16* sK = sO + kRows * HS;
+  bf16* sV = sK + 2 * kN * HS;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int qb = gridDim.x - 1 - blockIdx.x;
+  const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
+  const int q0 = qb * kRows;
+  const int64_t ld = a.qkv_ld;
+  const bf16* gq = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch + h * HS;
+  const bf16* gk = gq + a.C;
+  const bf16* gv = gq + 2 * a.C;
+  const bf16* gdo = static_cast<const bf16*>(a.dout) + b * a.o_batch + h * HS;
+
+  load_tile<HS, kRows>(sQ, gq, ld, q0, a.T);
+  load_tile<HS, kRows>(sO, gdo, a.o_ld, q0, a.T);
+  load_tile<HS, kN>(sK, gk, ld, 0, a.T);
+  load_tile<HS, kN>(sV, gv, ld, 0, a.T);
+  cp_async_commit();
+  const int n_tiles = (min(a.T, q0 + kRows) + kN - 1) / kN;
+
+  const int row_base = q0 + warp * 16 + (lane >> 2);
+  float L[2], D[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int row = row_base + rr * 8;
+    const int64_t i = static_cast<int64_t>(blockIdx.y) * a.T + row;
+    L[rr] = row < a.T ? a.lse[i] * kLog2e : 0.0f;
+    D[rr] = row < a.T ? delta[i] : 0.0f;
+  }
+  float dq[HS / 8][4] = {};
+  uint32_t qf[HS / 16][4], of[HS / 16][4];
+  const float sl2 = a.scale * kLog2e;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    if (j + 1 < n_tiles) {
+      const int nb = (j + 1) & 1;
+      load_tile<HS, kN>(sK + nb * kN * HS, gk, ld, (j + 1) * kN, a.T);
+      load_tile<HS, kN>(sV + nb * kN * HS, gv, ld, (j + 1) * kN, a.T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (j == 0) {
+      load_a<HS>(qf, sQ, warp * 16, lane);
+      load_a<HS>(of, sO, warp * 16, lane);
+    }
+    const bf16* kt = sK + (j & 1) * kN * HS;
+    const bf16* vt = sV + (j & 1) * kN * HS;
+    float p[NT][4] = {};
+    mma_abt<HS, NT>(p, qf, kt, lane);
+    float ds[NT][4] = {};
+    mma_abt<HS, NT>(ds, of, vt, lane);
+    const int k0 = j * kN;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+        const int row = row_base + (e >> 1) * 8;
+        const bool live = key <= row && key < a.T;
+        const float pe = live ? exp2f(p[nt][e] * sl2 - L[e >> 1]) : 0.0f;
+        ds[nt][e] = pe * (ds[nt][e] - D[e >> 1]);
+      }
+    }
+    mma_pv<HS, kN / 16>(dq, ds, kt, lane);
+    __syncthreads();
+  }
+  const float sc[2] = {a.scale, a.scale};
+  bf16* dq_base = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * HS;
+  store_rows<HS, true>(dq, dq_base, ld, q0 + warp * 16, a.T, lane, sc);
+}
+
+template <typename Kernel>
+void set_smem(Kernel k, int bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+template <int HS>
+void forward_hs(const FlashForwardArgs& a, cudaStream_t st) {
+  constexpr int smem = fwd_smem_bytes<HS>();
+  static const bool once = (set_smem(flash_forward_kernel<HS>, smem), true);
+  (void)once;
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.Tq, kRows)),
+                  static_cast<unsigned>(a.B * a.NH));
+  flash_forward_kernel<HS><<<grid, kThreadsFa, smem, st>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Key tile of the query kernel and query tile of the key kernel: 64 for HS = 64, 32 for HS = 128
+// (the register budget of four 16×HS fp32 accumulators' worth of state per warp).
+template <int HS>
+constexpr int bwd_tile() {
+  return HS == 64 ? 64 : 32;
+}
+
+template <int HS>
+void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
+  constexpr int kT = bwd_tile<HS>();
+  constexpr int smem_kv = bwd_kv_smem_bytes<HS, kT>();
+  constexpr int smem_q = bwd_q_smem_bytes<HS, kT>();
+  static const bool once = (set_smem(flash_backward_kv_kernel<HS, kT>, smem_kv),
+                            set_smem(flash_backward_q_kernel<HS, kT>, smem_q), true);
+  (void)once;
+  const int64_t rows = static_cast<int64_t>(a.B) * a.T * a.NH;
+  flash_delta_kernel<HS><<<static_cast<unsigned>(ceil_div<int64_t>(rows * 32, 256)), 256, 0, st>>>(
+      a, delta);
+  CUDA_CHECK_LAUNCH();
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows)),
+                  static_cast<unsigned>(a.B * a.NH));
+  flash_backward_kv_kernel<HS, kT><<<grid, kThreadsFa, smem_kv, st>>>(a, delta);
+  CUDA_CHECK_LAUNCH();
+  flash_backward_q_kernel<HS, kT><<<grid, kThreadsFa, smem_q, st>>>(a, delta);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool flash_attention_supported(int64_t HS, DType act) {
+  return act == DType::kBF16 && (HS == 64 || HS == 128);
+}
+
+void flash_attention_forward(const FlashForwardArgs& a, void* stream) {
+  GTRON_CHECK(a.HS == 64 || a.HS == 128, "flash_attention: head size ", a.HS, ", expected 64/128");
+  GTRON_CHECK(a.Tk >= a.Tq && a.Tq >= 0, "flash_attention: key length ", a.Tk,
+              " below query length ", a.Tq);
+  GTRON_CHECK(a.q_ld % 8 == 0 && a.kv_ld % 8 == 0 && a.o_ld % 8 == 0 && a.q_batch % 8 == 0 &&
+                  a.kv_batch % 8 == 0 && a.o_batch % 8 == 0,
+              "flash_attention: row and batch strides must be multiples of 8 elements");
+  GTRON_CHECK(is_aligned(a.q, 16) && is_aligned(a.k, 16) && is_aligned(a.v, 16) &&
+                  is_aligned(a.o, 16),
+              "flash_attention: operands must be 16-byte aligned");
+  if (static_cast<int64_t>(a.B) * a.NH * a.Tq == 0) return;
+  const auto st = static_cast<cudaStream_t>(stream);
+  if (a.HS == 64) {
+    forward_hs<64>(a, st);
+  } else {
+    forward_hs<128>(a, st);
+  }
+}
+
+int64_t flash_attention_backward_scratch_floats(int64_t B, int64_t T, int64_t NH) {
+  return B * NH * T;
+}
+
+void flash_attention_backward(const FlashBackwardArgs& a, float* scratch, void* stream) {
+  GTRON_CHECK(a.HS == 64 || a.HS == 128, "flash_attention: head size ", a.HS, ", expected 64/128");
+  GTRON_CHECK(a.qkv_ld % 8 == 0 && a.o_ld % 8 == 0 && a.qkv_batch % 8 == 0 && a.o_batch % 8 == 0 &&
+                  a.C % 8 == 0,
+              "flash_attention: row and batch strides must be multiples of 8 elements");
+  GTRON_CHECK(is_aligned(a.qkv, 16) && is_aligned(a.dqkv, 16) && is_aligned(a.o, 16) &&
+                  is_aligned(a.dout, 16),
+              "flash_attention: operands must be 16-byte aligned");
+  if (static_cast<int64_t>(a.B) * a.NH * a.T == 0) return;
+  GTRON_CHECK(scratch != nullptr, "flash_attention: backward needs scratch");
+  const auto st = static_cast<cudaStream_t>(stream);
+  if (a.HS == 64) {
+    backward_hs<64>(a, scratch, st);
+  } else {
+    backward_hs<128>(a, scratch, st);
+  }
+}
+
+}  // namespace gtron::cuda
