@@ -47,7 +47,7 @@ LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in
 
 Var LinearLayer::forward(const Var& x, WeightAccess& w) const {
   Var wv = w.use(*weight);
-  Var y = linear(x, wv, bias ? Var::param(*bias) : Var());
+  Var y = linear(x, wv, bias ? w.use_bias(*bias) : Var());
   w.used(*weight, wv);
   return y;
 }

@@ -21,6 +21,9 @@ class WeightAccess {
  public:
   virtual ~WeightAccess() = default;
   virtual Var use(Parameter& p) = 0;
+  // A whole (never sharded) parameter read by a GEMM epilogue: a linear bias. Its value may come
+  // in the activation dtype (bf16 shadow), so the epilogue adds it; its grad slot is main_grad.
+  virtual Var use_bias(Parameter& p) { return Var::param(p); }
   // Called after the op(s) consuming `v` (from use(p)) were recorded: the access may record what
   // must happen just before their backward runs.
   virtual void used(Parameter& p, const Var& v) {

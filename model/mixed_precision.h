@@ -3,8 +3,8 @@
 //
 // Note [bf16 shadows]
 // - Parameter::data stays the fp32 master (updated by the optimizer, saved in checkpoints).
-// - Every parameter that goes through the WeightAccess (linear weights, the embedding table, the
-//   output head) gets one bf16 shadow of its shape, allocated at its first use and kept for the
+// - Every parameter that goes through the WeightAccess (linear weights and biases, the embedding
+//   table, the output head) gets one bf16 shadow of its shape, allocated at its first use and kept for the
 //   life of the Bf16Weights: a steady-state step allocates nothing here.
 // - A shadow is re-cast from the master at its first use after refresh() (one cast kernel on the
 //   current stream, ordered after the optimizer's kernels by the stream). The cast comes after
@@ -17,8 +17,7 @@
 //   before each replay the runner calls prepare(p) for what the region reads, so stale shadows
 //   are re-cast eagerly and the graphs hold no casts.
 // - Activations follow: the embedding output takes the table's dtype (bf16), so every activation
-//   after it is bf16; norms, positions and biases read their fp32 masters directly; the loss is
-//   fp32.
+//   after it is bf16; norms and positions read their fp32 masters directly; the loss is fp32.
 //
 // Thread safety: one thread (the training thread) drives it.
 #pragma once
@@ -38,6 +37,9 @@ class Bf16Weights : public WeightAccess {
 
   // REQUIRES: p.data is an fp32 CUDA tensor.
   Var use(Parameter& p) override;
+  // A linear bias gets a bf16 shadow too, so cuBLASLt's bias epilogue adds it to the fp32
+  // accumulator before the output's one rounding (no separate bias pass).
+  Var use_bias(Parameter& p) override { return use(p); }
   // Re-casts p's shadow now if it is stale (a graph replays over it; see WeightAccess::prepare).
   // REQUIRES: p is ready (its DDP gather done). No-op for a parameter never used.
   void prepare(Parameter& p) override;

@@ -19,7 +19,9 @@ namespace gtron::cuda {
 
 constexpr int kColTile = 32;  // columns per block: one warp wide, so row reads coalesce
 constexpr int kColLanes = 8;  // row lanes per block
-constexpr int64_t kColMaxChunks = 256;
+// At most 32 chunks: enough blocks to fill the GPU for C >= 768, and a finish pass that adds 32
+// partials per column (256 made it a latency-bound 30 µs chain per launch).
+constexpr int64_t kColMaxChunks = 32;
 constexpr int64_t kColMinRows = 32;  // rows per chunk before chunks start to multiply
 
 inline int64_t column_chunks(int64_t N) {
@@ -74,6 +76,7 @@ __global__ void column_finish_kernel(const float* __restrict__ partial, int64_t 
     float* out = k == 0 ? out0 : out1;
     if (out == nullptr) continue;
     float s = 0.0f;
+#pragma unroll 8
     for (int64_t j = 0; j < chunks; ++j) s += partial[(k * chunks + j) * C + c];
     out[c] += s;
   }

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "model/cuda/check.h"
 #include "model/cuda/gemm.h"
@@ -36,7 +37,7 @@ namespace {
 constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
 
 // (problem, pointer alignments) -> algorithm; see GemmContext::algo.
-using GemmKey = std::array<int64_t, 16>;
+using GemmKey = std::array<int64_t, 17>;
 
 // Device memory owned for the life of the context. Non-copyable; the destructor never throws
 // (at process exit the runtime may already be unloading, so its error is ignored).
@@ -70,12 +71,14 @@ class GemmContext {
     return ws->get();
   }
 
-  bool find(const GemmKey& key, cublasLtMatmulAlgo_t* algo) {
+  // 1: cached algorithm in *algo; 0: not asked yet; -1: known to have none.
+  int find(const GemmKey& key, cublasLtMatmulAlgo_t* algo) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (unsupported_.count(key) != 0) return -1;
     auto it = algos_.find(key);
-    if (it == algos_.end()) return false;
+    if (it == algos_.end()) return 0;
     *algo = it->second;
-    return true;
+    return 1;
   }
 
   void remember(const GemmKey& key, const cublasLtMatmulAlgo_t& algo) {
@@ -83,11 +86,17 @@ class GemmContext {
     algos_.emplace(key, algo);
   }
 
+  void remember_unsupported(const GemmKey& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    unsupported_.insert(key);
+  }
+
  private:
   cublasLtHandle_t handle_ = nullptr;
   std::mutex mu_;
   std::map<cudaStream_t, std::unique_ptr<DeviceBuffer>> workspaces_;
   std::map<GemmKey, cublasLtMatmulAlgo_t> algos_;
+  std::set<GemmKey> unsupported_;
 };
 
 GemmContext& context_for(int device) {
@@ -165,12 +174,15 @@ void check_args(const GemmArgs& g) {
   GTRON_CHECK(g.c_type == DType::kF32 || (g.ab == DType::kBF16 && g.c_type == DType::kBF16),
               "gemm: C type ", dtype_name(g.c_type), " with A/B ", dtype_name(g.ab),
               "; f32 takes f32 C, bf16 takes bf16 or f32 C");
+  GTRON_CHECK(g.bias == nullptr || g.bias_type == g.c_type || g.bias_type == DType::kF32,
+              "gemm: bias type ", dtype_name(g.bias_type), " with C ", dtype_name(g.c_type),
+              "; the bias is in C's type or f32");
 }
 
 // The algorithm for `g`: cached per problem and pointer alignments, else cuBLASLt's first
 // heuristic choice for exactly those alignments (so a cached choice never meets a less aligned
-// operand than it was picked for).
-cublasLtMatmulAlgo_t choose_algo(GemmContext& ctx, const GemmArgs& g, const MatmulDesc& desc,
+// operand than it was picked for). False when cuBLASLt has none.
+bool choose_algo(cublasLtMatmulAlgo_t* chosen, GemmContext& ctx, const GemmArgs& g, const MatmulDesc& desc,
                                  const Layout& op1, const Layout& op2, const Layout& out) {
   const int64_t ab_size = dtype_size(g.ab);
   const int64_t c_size = dtype_size(g.c_type);
@@ -193,9 +205,10 @@ cublasLtMatmulAlgo_t choose_algo(GemmContext& ctx, const GemmArgs& g, const Matm
                        align2,
                        align_c,
                        align_bias,
-                       g.bias != nullptr};
-  cublasLtMatmulAlgo_t algo;
-  if (ctx.find(key, &algo)) return algo;
+                       g.bias != nullptr,
+                       g.bias != nullptr ? static_cast<int64_t>(g.bias_type) : -1};
+  const int known = ctx.find(key, chosen);
+  if (known != 0) return known > 0;
   Preference pref;
   pref.set64(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kWorkspaceBytes);
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align1);
@@ -206,25 +219,36 @@ cublasLtMatmulAlgo_t choose_algo(GemmContext& ctx, const GemmArgs& g, const Matm
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
       ctx.handle(), desc.d, op1.l, op2.l, out.l, out.l, pref.p, 1, &result, &found);
-  if (st != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(st);
-  GTRON_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
-              "gemm: cuBLASLt has no algorithm for m = ", g.m, ", n = ", g.n, ", k = ", g.k,
-              ", batch = ", g.batch, ", A/B ", dtype_name(g.ab), ", C ", dtype_name(g.c_type),
-              ", trans ", g.trans_a, "/", g.trans_b, ", alignments ", align2, "/", align1, "/",
-              align_c);
+  // An f32 bias on a bf16 output is refused with INVALID_VALUE by some cuBLASLt versions (13.0).
+  const bool mixed_bias = g.bias != nullptr && g.bias_type != g.c_type;
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED && !(mixed_bias && st == CUBLAS_STATUS_INVALID_VALUE)) {
+    CUBLAS_CHECK(st);
+  }
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    ctx.remember_unsupported(key);
+    return false;
+  }
   ctx.remember(key, result.algo);
-  return result.algo;
+  *chosen = result.algo;
+  return true;
 }
 
 }  // namespace
 
 void gemm(const GemmArgs& g, void* stream) {
+  GTRON_CHECK(try_gemm(g, stream), "gemm: cuBLASLt has no algorithm for m = ", g.m, ", n = ", g.n,
+              ", k = ", g.k, ", batch = ", g.batch, ", A/B ", dtype_name(g.ab), ", C ",
+              dtype_name(g.c_type), ", trans ", g.trans_a, "/", g.trans_b,
+              g.bias ? ", bias " : "", g.bias ? dtype_name(g.bias_type) : "");
+}
+
+bool try_gemm(const GemmArgs& g, void* stream) {
   check_args(g);
-  if (g.m == 0 || g.n == 0) return;
+  if (g.m == 0 || g.n == 0) return true;
   if (g.k == 0) {
     GTRON_CHECK(g.beta == 1.0f && g.bias == nullptr,
                 "gemm: k = 0 leaves alpha·A·B empty; only beta = 1 without bias is supported");
-    return;
+    return true;
   }
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
@@ -246,12 +270,14 @@ void gemm(const GemmArgs& g, void* stream) {
   if (g.bias != nullptr) {
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BIAS));
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
-    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(ct));
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(cuda_type(g.bias_type)));
   }
 
-  const cublasLtMatmulAlgo_t algo = choose_algo(ctx, g, desc, op1, op2, out);
+  cublasLtMatmulAlgo_t algo;
+  if (!choose_algo(&algo, ctx, g, desc, op1, op2, out)) return false;
   CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), desc.d, &g.alpha, g.b, op1.l, g.a, op2.l, &g.beta, g.c,
                               out.l, g.c, out.l, &algo, ctx.workspace(s), kWorkspaceBytes, s));
+  return true;
 }
 
 }  // namespace gtron::cuda

@@ -12,7 +12,8 @@
 // - ab = bf16: C is bf16 or f32; products accumulate in fp32, beta·C is read in C's type and
 //   added in fp32, the result is rounded once into C's type. f32 C with beta = 1 is the weight-
 //   gradient case: bf16 activations accumulating into an fp32 main_grad.
-// The bias has C's type (cuBLASLt's bias epilogue reads it in the output type).
+// The bias has C's type, or is f32 with a bf16 C (bias_type; added to the fp32 accumulator before
+// the one rounding into C). try_gemm reports a problem cuBLASLt has no algorithm for.
 //
 // Resources: one cuBLASLt handle per device and one workspace per (device, stream), made on the
 // first GEMM that needs them and kept for the life of the process; the chosen algorithm is cached
@@ -40,7 +41,8 @@ struct GemmArgs {
   DType c_type = DType::kF32;  // f32, or bf16 when ab is bf16
   float alpha = 1.0f;
   float beta = 0.0f;
-  const void* bias = nullptr;  // [N] in c_type, or null
+  const void* bias = nullptr;  // [N] in bias_type, or null
+  DType bias_type = DType::kF32;  // c_type, or f32 with a bf16 C
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch matrices
 };
@@ -48,5 +50,8 @@ struct GemmArgs {
 // Runs the product on `stream` (a cudaStream_t) of the current device. REQUIRES: every operand
 // lives on that device; k > 0 unless beta = 1 and there is no bias (then it is a no-op).
 void gemm(const GemmArgs& g, void* stream);
+// As gemm(), but returns false (and does nothing) when cuBLASLt offers no algorithm for the
+// problem; the answer is cached per problem like the algorithm.
+bool try_gemm(const GemmArgs& g, void* stream);
 
 }  // namespace gtron::cuda

@@ -24,8 +24,8 @@ void linear_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db, i
 namespace cuda {
 // y[N, Cout] = x[N, Cin] · w[Cout, Cin]ᵀ (+ bias[Cout]) on `stream` (a cudaStream_t), through
 // model/cuda/gemm.h. x, w and y are in `act` (f32 or bf16). bias is null, or in `bias_dtype`:
-// act (fused into the GEMM epilogue), or f32 with bf16 activations (added after the GEMM by a
-// separate pass, so y is rounded twice).
+// act, or f32 with bf16 activations; either is added in the GEMM epilogue to the fp32 accumulator
+// (y rounded once), falling back to a separate pass where cuBLASLt has no such epilogue.
 void linear_forward(const void* x, const void* w, const void* bias, DType bias_dtype, void* y,
                     int64_t N, int64_t Cin, int64_t Cout, DType act, void* stream);
 // Floats of scratch linear_backward needs when db is given (the deterministic column sum).

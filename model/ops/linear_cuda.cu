@@ -1,6 +1,7 @@
 // linear on CUDA: three cuBLASLt GEMMs (model/cuda/gemm.h) plus the bias pieces.
 //
 //   forward  y  = x · wᵀ (+ b)   GEMM (M, N, K) = (N, Cout, Cin), B transposed; bias epilogue
+//                                 (an f32 bias on bf16 y too)
 //   backward dx += dy · w        GEMM (N, Cin, Cout), beta = 1, C in act
 //            dw += dyᵀ · x       GEMM (Cout, Cin, N), A transposed, beta = 1, C in f32 or act
 //            db += Σ_rows dy     deterministic column sum (model/cuda/column_sum.cuh)
@@ -15,8 +16,7 @@ namespace gtron::cuda {
 
 namespace {
 
-// y[r, c] += bias[c] for an fp32 bias on bf16 activations (cuBLASLt's epilogue reads the bias in
-// the output type).
+// y[r, c] += bias[c] for an fp32 bias on bf16 activations, where cuBLASLt has no epilogue for it.
 // One block per row (grid-stride): no per-element 64-bit modulo to find the column.
 template <typename T>
 __global__ void add_bias_kernel(T* y, const float* __restrict__ bias, int64_t N, int64_t C) {
@@ -44,8 +44,7 @@ void linear_forward(const void* x, const void* w, const void* bias, DType bias_d
                     int64_t N, int64_t Cin, int64_t Cout, DType act, void* stream) {
   GTRON_CHECK(act == DType::kF32 || act == DType::kBF16, "linear: CUDA activations are f32 or ",
               "bf16; got ", dtype_name(act));
-  const bool fused_bias = bias != nullptr && bias_dtype == act;
-  GTRON_CHECK(bias == nullptr || fused_bias || bias_dtype == DType::kF32, "linear: bias ",
+  GTRON_CHECK(bias == nullptr || bias_dtype == act || bias_dtype == DType::kF32, "linear: bias ",
               dtype_name(bias_dtype), " with ", dtype_name(act), " activations");
   GemmArgs g;
   g.a = x;
@@ -57,9 +56,18 @@ void linear_forward(const void* x, const void* w, const void* bias, DType bias_d
   g.k = Cin;
   g.ab = act;
   g.c_type = act;
-  g.bias = fused_bias ? bias : nullptr;
+  g.bias = bias;
+  g.bias_type = bias_dtype;
+  // The bias rides in the epilogue (an f32 bias on bf16 outputs is added before the one
+  // rounding); only where cuBLASLt offers no such algorithm does a separate pass add it.
+  if (bias == nullptr || bias_dtype == act) {
+    gemm(g, stream);
+    return;
+  }
+  if (try_gemm(g, stream)) return;
+  g.bias = nullptr;
   gemm(g, stream);
-  if (bias != nullptr && !fused_bias && N * Cout > 0) {
+  if (N * Cout > 0) {
     constexpr int kThreads = 256;
     add_bias_kernel<bf16><<<static_cast<unsigned>(std::min<int64_t>(N, int64_t{1} << 30)), kThreads,
                             0, static_cast<cudaStream_t>(stream)>>>(

@@ -67,6 +67,7 @@ std::vector<double> run(const Problem& p, std::vector<double>* want) {
   g.c_type = p.c_type;
   g.beta = p.beta;
   g.bias = p.bias ? tbias.raw() : nullptr;
+  g.bias_type = p.c_type;
   g.batch = p.batch;
   g.stride_a = sa;
   g.stride_b = sb;

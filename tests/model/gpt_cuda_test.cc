@@ -126,10 +126,15 @@ TEST(GptCuda, Bf16MatchesCpu) {
   const Result ref = run(cpu, window);
   const Result got = run(gpu, window);  // host window: the ops copy the ids
   expect_close(got, ref, 1e-2, 0.1);
-  // One shadow per weight read through the access (tied embedding/head: one), each cast once
-  // although the head is used 1 + D times.
+  // One shadow per weight and linear bias read through the access (tied embedding/head: one),
+  // each cast once although the head is used 1 + D times.
   int64_t weights = 0;
-  for (Parameter* p : gpu.parameters()) weights += (p->data.rank() == 2 && p->name != "wpe.weight");
+  for (Parameter* p : gpu.parameters()) {
+    const bool linear_bias = p->name.find(".attn.") != std::string::npos ||
+                             p->name.find(".mlp.") != std::string::npos;
+    weights += (p->data.rank() == 2 && p->name != "wpe.weight") ||
+               (linear_bias && p->name.size() > 5 && p->name.substr(p->name.size() - 5) == ".bias");
+  }
   EXPECT_EQ(bf16.casts(), weights);
   // A second pass without refresh() casts nothing; after refresh() every shadow once more.
   run(gpu, window);
