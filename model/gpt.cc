@@ -141,7 +141,9 @@ GPTOutput GPT::forward(const Tensor& window) {
   }
   GPTOutput out;
   for (int k = 0; k <= cfg_.mtp_depth; ++k) {
-    Var ce = cross_entropy(head_logits(hidden[k]), window_targets(window, k), cfg_.vocab_size);
+    // The head's logits feed only this loss: its backward may overwrite them with their gradient.
+    Var ce = cross_entropy(head_logits(hidden[k]), window_targets(window, k), cfg_.vocab_size,
+                           /*overwrite_logits=*/true);
     if (k == 0) {
       out.main_loss = ce;
       out.loss = ce;

@@ -23,7 +23,7 @@ void check_targets_on_host(const Tensor& targets, int64_t V) {
 // The CUDA path: loss, statistics and the unmasked-row count are fp32/i32 device values whatever
 // the logits' dtype; the count never leaves the device.
 Var cross_entropy_cuda(const Var& logits, const Tensor& targets, int64_t N, int64_t V, int64_t Vp,
-                       Stream& s) {
+                       bool overwrite, Stream& s) {
   Device dev = logits.device();
   if (targets.device().is_cpu()) check_targets_on_host(targets, V);
   Tensor tg = ids_on_device(targets, s);                         // [N] i32
@@ -36,9 +36,18 @@ Var cross_entropy_cuda(const Var& logits, const Tensor& targets, int64_t N, int6
                               nullptr, nullptr, N, V, Vp, logits.dtype(), s.native());
   Var out = Var::output(loss, logits.requires_grad());
   if (out.requires_grad()) {
-    record_backward([logits, tg, rmax, rlse, count, out, N, V, Vp] {
+    record_backward([logits, tg, rmax, rlse, count, out, N, V, Vp, overwrite] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
+      if (overwrite && !logits.has_grad()) {
+        Tensor buffer = logits.value();
+        cuda::cross_entropy_backward_inplace(buffer.raw(), tg.data<int32_t>(), rmax.data<float>(),
+                                             rlse.data<float>(), count.data<int32_t>(),
+                                             out.grad().data<float>(), N, V, Vp, logits.dtype(),
+                                             s.native());
+        logits.set_grad(buffer);
+        return;
+      }
       cuda::cross_entropy_backward(logits.value().raw(), tg.data<int32_t>(), rmax.data<float>(),
                                    rlse.data<float>(), count.data<int32_t>(),
                                    out.grad().data<float>(), logits.grad().raw(), N, V, Vp,
@@ -50,7 +59,7 @@ Var cross_entropy_cuda(const Var& logits, const Tensor& targets, int64_t N, int6
 
 }  // namespace
 
-Var cross_entropy(const Var& logits, const Tensor& targets, int64_t V) {
+Var cross_entropy(const Var& logits, const Tensor& targets, int64_t V, bool overwrite_logits) {
   GTRON_CHECK(logits.shape().rank() >= 1, "cross_entropy: logits ", logits.shape().str(),
               " have no vocab dim");
   std::vector<int64_t> lead = logits.shape().vec();
@@ -66,7 +75,7 @@ Var cross_entropy(const Var& logits, const Tensor& targets, int64_t V) {
   const int64_t N = targets.numel();
 
   Stream& s = current_stream(dev);
-  if (dev.is_cuda()) return cross_entropy_cuda(logits, targets, N, V, Vp, s);
+  if (dev.is_cuda()) return cross_entropy_cuda(logits, targets, N, V, Vp, overwrite_logits, s);
   Tensor loss = Tensor::empty(Shape{}, logits.dtype(), dev, &s);
   Tensor rmax = Tensor::empty(Shape{N}, logits.dtype(), dev, &s);  // [N], kept for backward
   Tensor rlse = Tensor::empty(Shape{N}, logits.dtype(), dev, &s);  // [N], kept for backward

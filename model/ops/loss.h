@@ -14,7 +14,12 @@ constexpr int32_t kMaskedTarget = -1;
 // kMaskedTarget. Softmax runs over the first V columns only (the padded tail gets zero gradient).
 // Returns a scalar (rank 0): the mean CE over unmasked positions (0 if all are masked).
 // Backward accumulates dlogits += (softmax − onehot) / n_unmasked · dloss.
-Var cross_entropy(const Var& logits, const Tensor& targets, int64_t V);
+// `overwrite_logits` (the caller promises nothing else reads the logits after this loss, e.g. the
+// model's head): on CUDA, when the logits' gradient slot is still empty at backward, the gradient
+// is written over the logits' own buffer, which becomes that slot (no second [N, Vp] buffer, one
+// pass instead of zero-fill + read-modify-write). The value is the same either way.
+Var cross_entropy(const Var& logits, const Tensor& targets, int64_t V,
+                  bool overwrite_logits = false);
 
 // y = s · x (loss scaling, MTP weighting λ/D). Backward accumulates dx += s·dy.
 Var scale(const Var& x, double s);
@@ -60,6 +65,11 @@ void cross_entropy_backward(const void* logits, const int32_t* targets, const fl
                             const float* rlse, const int32_t* count, const float* dloss,
                             void* dlogits, int64_t N, int64_t V, int64_t Vp, DType act,
                             void* stream);
+// The same gradient written over `logits` itself: logits[:, :V] = (softmax − onehot) · dloss[0] /
+// count[0] from the saved statistics, zeros over the tail [V, Vp) and over masked rows.
+void cross_entropy_backward_inplace(void* logits, const int32_t* targets, const float* rmax,
+                                    const float* rlse, const int32_t* count, const float* dloss,
+                                    int64_t N, int64_t V, int64_t Vp, DType act, void* stream);
 // y = s·x and dx += s·dy over n elements (f32 or bf16), s rounded to float.
 void scale_forward(const void* x, void* y, int64_t n, double s, DType dtype, void* stream);
 void scale_backward(const void* dy, void* dx, int64_t n, double s, DType dtype, void* stream);

@@ -169,6 +169,40 @@ __global__ void backward_kernel(const T* __restrict__ logits, const int32_t* __r
   }
 }
 
+// The in-place backward: row i of `logits` becomes its gradient (softmax − onehot)·dloss/count over
+// [0, V), zeros over the tail [V, Vp) and over masked rows. Each element is read, then written, by
+// the same thread (no __restrict__: the two views alias).
+template <typename T, int kV>
+__global__ void backward_inplace_kernel(T* logits, const int32_t* __restrict__ targets,
+                                        const float* __restrict__ rmax,
+                                        const float* __restrict__ rlse,
+                                        const int32_t* __restrict__ count,
+                                        const float* __restrict__ dloss, int64_t V, int64_t Vp) {
+  const int64_t i = blockIdx.x;
+  const int32_t tgt = targets[i];
+  T* row = logits + i * Vp;
+  const bool masked = tgt == kMaskedTarget;
+  const float g = masked ? 0.0f : dloss[0] / static_cast<float>(count[0]);
+  const float m = masked ? 0.0f : rmax[i];
+  const float l = masked ? 0.0f : rlse[i];
+  const int64_t vec_end = V / kV * kV;
+  for (int64_t j = static_cast<int64_t>(threadIdx.x) * kV; j < vec_end;
+       j += static_cast<int64_t>(blockDim.x) * kV) {
+    float v[kV];
+    load_floats<kV>(row + j, v);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) {
+      v[k] = masked ? 0.0f : (expf(v[k] - m - l) - (j + k == tgt ? 1.0f : 0.0f)) * g;
+    }
+    store_floats<kV>(row + j, v);
+  }
+  for (int64_t j = vec_end + threadIdx.x; j < Vp; j += blockDim.x) {
+    const float p =
+        masked || j >= V ? 0.0f : (expf(to_float(row[j]) - m - l) - (j == tgt ? 1.0f : 0.0f)) * g;
+    row[j] = from_float<T>(p);
+  }
+}
+
 template <typename T, int kV>
 __global__ void scale_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, float f,
                              bool accumulate) {
@@ -252,6 +286,27 @@ void cross_entropy_forward(const void* logits, const int32_t* targets, float* rm
       CUDA_CHECK_LAUNCH();
     }
     finalize_kernel<T><<<1, kOneBlock, 0, st>>>(lp, targets, rmax, rlse, count, loss, N, Vp);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void cross_entropy_backward_inplace(void* logits, const int32_t* targets, const float* rmax,
+                                    const float* rlse, const int32_t* count, const float* dloss,
+                                    int64_t N, int64_t V, int64_t Vp, DType act, void* stream) {
+  if (N == 0) return;
+  dispatch_act("cross_entropy", act, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kV = kPack<T>;
+    auto* lp = static_cast<T*>(logits);
+    auto st = static_cast<cudaStream_t>(stream);
+    const auto grid = static_cast<unsigned>(N);
+    if (rows_packed<T>(Vp, logits, logits)) {
+      backward_inplace_kernel<T, kV>
+          <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dloss, V, Vp);
+    } else {
+      backward_inplace_kernel<T, 1>
+          <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dloss, V, Vp);
+    }
     CUDA_CHECK_LAUNCH();
   });
 }

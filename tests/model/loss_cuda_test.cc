@@ -51,6 +51,29 @@ TEST(CrossEntropyCuda, MatchesCpuWithMaskAndPaddedVocab) {
   }
 }
 
+TEST(CrossEntropyCuda, OverwritingTheLogitsGivesTheSameGradientInTheirBuffer) {
+  // overwrite_logits with an empty gradient slot: the gradient lands in the logits' own buffer
+  // (masked rows and the loud padded tail become zeros), equal to the accumulating path's.
+  GTRON_REQUIRE_GPU();
+  for (DType act : {DType::kF32, DType::kBF16}) {
+    const Tensor host = logits_with_loud_tail().to(act);
+    Var a = Var::leaf(host.to(Device::cuda(0)));
+    Var b = Var::leaf(host.to(Device::cuda(0)));
+    const void* b_buffer = b.value().raw();
+    Var la = cross_entropy(a, targets(), kV);
+    backward(la, 0.75);  // runs (and clears) the tape: one loss at a time
+    Var lb = cross_entropy(b, targets(), kV, /*overwrite_logits=*/true);
+    EXPECT_EQ(la.value().item(), lb.value().item());
+    backward(lb, 0.75);
+    EXPECT_EQ(b.grad().raw(), b_buffer);
+    const Tensor ga = a.grad().to(Device::cpu()).to(DType::kF64);
+    const Tensor gb = b.grad().to(Device::cpu()).to(DType::kF64);
+    for (int64_t i = 0; i < ga.numel(); ++i) {
+      ASSERT_EQ(ga.data<double>()[i], gb.data<double>()[i]) << dtype_name(act) << " at " << i;
+    }
+  }
+}
+
 TEST(CrossEntropyCuda, AllMaskedGivesZeroLossAndGradient) {
   GTRON_REQUIRE_GPU();
   Var logits = Var::leaf(testing::randn_tensor({3, 8}, 2, 1.0, DType::kF32).to(Device::cuda(0)));
