@@ -8,6 +8,11 @@
 # GTRON_BENCH_GRAPHS="none" limits the scopes. Last, a launch-bound small model (L=4, C=256, NH=4,
 # V=256, T=256, B=8, 200 steps) with each scope: where graphs pay off most.
 #
+# `--compare` instead runs gtron (graphs full) and scripts/bench_torch.py (torch.compile)
+# alternately, two rounds, for D = 0 and D = 1, then PyTorch eager once per D, and prints every
+# JSON line plus {"ratio_vs_torch_compile": gtron / torch.compile tokens/s, "D", "round"} lines.
+# Remaining flags pass through to both (same spelling: --B, --T, --L, --C, --NH, --V, --steps).
+#
 # Uses a prebuilt binary when there is one next to this script or in .gpubin/ (GPU machines have
 # no Bazel: scripts/gpu_tests.sh copies it there); otherwise builds it with Bazel.
 set -euo pipefail
@@ -22,6 +27,24 @@ if [[ -z "$bin" ]]; then
   bin="$PWD/bazel-bin/tests/trainer/bench_gpu"
 fi
 common=(--L 12 --C 768 --NH 12 --V 50257 --T 1024 --B 16 --steps 50 --warmup 5)
+if [[ "${1:-}" == "--compare" ]]; then
+  shift
+  torch_py="$here/bench_torch.py"
+  [[ -f "$torch_py" ]] || torch_py="$here/../scripts/bench_torch.py"
+  for round in 1 2; do
+    for d in 0 1; do
+      g_line=$("$bin" "${common[@]}" --D "$d" --graphs full "$@")
+      echo "$g_line"
+      t_line=$(python3 "$torch_py" --mode compile --D "$d" "${common[@]}" "$@" 2>/dev/null | tail -1)
+      echo "$t_line"
+      python3 -c 'import json,sys; g,t=json.loads(sys.argv[1]),json.loads(sys.argv[2]); print(json.dumps({"ratio_vs_torch_compile": round(g["tokens_per_s"]/t["tokens_per_s"],4), "D": int(sys.argv[3]), "round": int(sys.argv[4]), "gtron_peak_gib": g["peak_mem_gib"], "torch_compile_peak_gib": t["peak_mem_gib"]}))' "$g_line" "$t_line" "$d" "$round"
+    done
+  done
+  for d in 0 1; do
+    python3 "$torch_py" --mode eager --D "$d" "${common[@]}" "$@" 2>/dev/null | tail -1
+  done
+  exit 0
+fi
 for d in 0 1; do
   for g in ${GTRON_BENCH_GRAPHS:-none layers full}; do
     "$bin" "${common[@]}" --D "$d" --graphs "$g" "$@"
