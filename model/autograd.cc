@@ -78,6 +78,15 @@ Var Var::output(Tensor value, bool requires_grad) {
   return v;
 }
 
+Tensor& Var::grad_for_write(bool* overwrite) const {
+  GTRON_CHECK(requires_grad(), "grad_for_write() of a Var that does not require grad");
+  *overwrite = impl_->param == nullptr && !impl_->grad.defined();
+  if (*overwrite) {
+    impl_->grad = Tensor::empty(impl_->value.shape(), impl_->value.dtype(), impl_->value.device());
+  }
+  return impl_->param != nullptr ? impl_->param->main_grad : impl_->grad;
+}
+
 Tensor& Var::grad() const {
   GTRON_CHECK(requires_grad(), "grad() of a Var that does not require grad");
   if (impl_->param != nullptr) return impl_->param->main_grad;

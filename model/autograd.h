@@ -79,6 +79,11 @@ class Var {
   bool has_grad() const { return impl_->param != nullptr || impl_->grad.defined(); }
   // The gradient slot, zero-initialized on first access. REQUIRES: requires_grad().
   Tensor& grad() const;
+  // The gradient slot for a backward that writes every element of it. While the slot is empty it
+  // is allocated uninitialized and *overwrite is set: the caller writes instead of accumulating
+  // (no zero-fill, no read of zeros). Otherwise *overwrite is cleared and the caller accumulates.
+  // REQUIRES: requires_grad().
+  Tensor& grad_for_write(bool* overwrite) const;
   const Shape& shape() const { return impl_->value.shape(); }
   DType dtype() const { return impl_->value.dtype(); }
   Device device() const { return impl_->value.device(); }

@@ -301,6 +301,19 @@ Var GtpWeights::use(Parameter& p) {
   return v;
 }
 
+Var GtpWeights::use_bias(Parameter& p) {
+  if (opt_.compute_dtype != DType::kBF16) return Var::param(p);
+  p.make_ready();
+  Stream& stream = current_stream(device_);
+  Tensor& copy = bias_copies_[&p];
+  if (!copy.defined()) copy = Tensor::empty(p.data.shape(), DType::kBF16, device_, &stream);
+  cuda::cast_f32_to_bf16(p.data.data<float>(), copy.raw(), p.data.numel(), stream.native());
+  Var v = Var::external(copy);
+  v.set_grad(p.main_grad);
+  note_param_use(p);
+  return v;
+}
+
 void GtpWeights::used(Parameter& p, const Var& v) {
   if (!v.requires_grad()) return;
   Info* pin = &info(&p);

@@ -94,6 +94,10 @@ class GtpWeights : public WeightAccess {
 
   Var use(Parameter& p) override;
   void used(Parameter& p, const Var& v) override;
+  // Biases are whole. With bf16 compute each use casts the fp32 master into the bias's own bf16
+  // copy (a fixed address, cast on the stream: a capture re-casts it at every replay), so the
+  // GEMM's bias epilogue adds it exactly as on the single-process path; f32: the parameter.
+  Var use_bias(Parameter& p) override;
   // Cancels prefetches left from an earlier pass and restarts the per-pass use counts.
   void begin_forward() override;
   // Finalizes every pending reduce-scatter (call after each micro-batch's backward).
@@ -147,6 +151,7 @@ class GtpWeights : public WeightAccess {
   memory::SymmetricPool pool_;                                  // send buffers
   std::deque<Pending> pending_;
   std::unordered_map<void*, std::pair<Info*, memory::Direction>> occupant_;  // buffer -> holder
+  std::unordered_map<const Parameter*, Tensor> bias_copies_;  // bf16 [C] per bias, bf16 compute
   GtpStats stats_;
 };
 

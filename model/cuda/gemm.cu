@@ -37,7 +37,7 @@ namespace {
 constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
 
 // (problem, pointer alignments) -> algorithm; see GemmContext::algo.
-using GemmKey = std::array<int64_t, 17>;
+using GemmKey = std::array<int64_t, 18>;
 
 // Device memory owned for the life of the context. Non-copyable; the destructor never throws
 // (at process exit the runtime may already be unloading, so its error is ignored).
@@ -206,7 +206,8 @@ bool choose_algo(cublasLtMatmulAlgo_t* chosen, GemmContext& ctx, const GemmArgs&
                        align_c,
                        align_bias,
                        g.bias != nullptr,
-                       g.bias != nullptr ? static_cast<int64_t>(g.bias_type) : -1};
+                       g.bias != nullptr ? static_cast<int64_t>(g.bias_type) : -1,
+                       g.beta == 0.0f};
   const int known = ctx.find(key, chosen);
   if (known != 0) return known > 0;
   Preference pref;

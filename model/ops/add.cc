@@ -21,6 +21,31 @@ void accumulate_into(Tensor& dst, const Tensor& src) {
   });
 }
 
+namespace {
+
+// Note [add backward aliasing]
+// out.grad is final when add's backward runs (every consumer of out ran its backward first) and
+// nothing reads it afterwards, so one input whose gradient slot is still empty may take out.grad's
+// buffer itself (no copy, no kernel); a second empty slot gets a copy (two inputs sharing one
+// buffer would see each other's later accumulations). A slot already holding gradient
+// accumulates. Along the residual stream this keeps one gradient buffer per block.
+void add_backward_cuda(const Var& a, const Var& b, const Var& out) {
+  bool aliased = false;
+  for (const Var* in : {&a, &b}) {
+    if (!in->requires_grad()) continue;
+    if (in->has_grad()) {
+      accumulate_into(in->grad(), out.grad());
+    } else if (!aliased) {
+      in->set_grad(out.grad());
+      aliased = true;
+    } else {
+      in->set_grad(out.grad().clone(&current_stream(out.device())));
+    }
+  }
+}
+
+}  // namespace
+
 Var add(const Var& a, const Var& b) {
   check_shape("add", b.shape(), a.shape());
   check_same_device_dtype("add", a.value(), b.value());
@@ -43,6 +68,10 @@ Var add(const Var& a, const Var& b) {
   if (out.requires_grad()) {
     record_backward([a, b, out] {
       if (!out.has_grad()) return;
+      if (out.device().is_cuda()) {
+        add_backward_cuda(a, b, out);
+        return;
+      }
       if (a.requires_grad()) accumulate_into(a.grad(), out.grad());
       if (b.requires_grad()) accumulate_into(b.grad(), out.grad());
     });

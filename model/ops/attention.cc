@@ -97,10 +97,14 @@ Var causal_attention(const Var& qkv, int NH) {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
       if (flash) {
-        Tensor scratch = scratch_floats(cuda::flash_attention_backward_scratch_floats(B, Tlen, NH), s);
-        cuda::flash_attention_backward(
-            flash_backward_args(qkv.value(), out.value(), out.grad(), lse, qkv.grad(), NH),
-            scratch.data<float>(), s.native());
+        Tensor scratch =
+            scratch_floats(cuda::flash_attention_backward_scratch_floats(B, Tlen, NH), s);
+        bool overwrite = false;
+        Tensor& dqkv = qkv.grad_for_write(&overwrite);
+        cuda::FlashBackwardArgs a =
+            flash_backward_args(qkv.value(), out.value(), out.grad(), lse, dqkv, NH);
+        a.accumulate = !overwrite;
+        cuda::flash_attention_backward(a, scratch.data<float>(), s.native());
         return;
       }
       if (out.device().is_cuda()) {

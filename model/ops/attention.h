@@ -78,6 +78,7 @@ struct FlashBackwardArgs {
   int64_t qkv_ld = 0, qkv_batch = 0, o_ld = 0, o_batch = 0, C = 0;
   int B = 0, NH = 0, HS = 0, T = 0;
   float scale = 0.0f;
+  bool accumulate = true;  // false: dqkv is written, not added to (every element is covered)
 };
 int64_t flash_attention_backward_scratch_floats(int64_t B, int64_t T, int64_t NH);
 void flash_attention_backward(const FlashBackwardArgs& a, float* scratch, void* stream);

@@ -177,11 +177,12 @@ __device__ __forceinline__ void load_a(uint32_t (&af)[HS / 16][4], const bf16* t
   for (int kk = 0; kk < HS / 16; ++kk) ldsm_x4(af[kk], lds_a<HS>(t, r0, kk * 2, lane));
 }
 
-// acc rows r0 + lane/4 (+8) go to dst rows (row stride ld) below `len`: stored, or added to what
-// is there (bf16 read-modify-write, one owner per element), after scaling by `mul`.
-template <int HS, bool kAdd>
+// acc rows r0 + lane/4 (+8) go to dst rows (row stride ld) below `len`: stored, or with `add`
+// added to what is there (bf16 read-modify-write, one owner per element), after scaling by `mul`.
+template <int HS>
 __device__ __forceinline__ void store_rows(const float (&acc)[HS / 8][4], bf16* dst, int64_t ld,
-                                           int r0, int len, int lane, const float (&mul)[2]) {
+                                           int r0, int len, int lane, const float (&mul)[2],
+                                           bool add) {
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int row = r0 + (lane >> 2) + rr * 8;
@@ -191,7 +192,7 @@ __device__ __forceinline__ void store_rows(const float (&acc)[HS / 8][4], bf16* 
     for (int dt = 0; dt < HS / 8; ++dt) {
       float x = acc[dt][2 * rr] * mul[rr], y = acc[dt][2 * rr + 1] * mul[rr];
       __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out + dt * 8);
-      if constexpr (kAdd) {
+      if (add) {
         const float2 cur = __bfloat1622float2(*o);
         x += cur.x;
         y += cur.y;
@@ -313,7 +314,7 @@ __global__ void __launch_bounds__(kThreadsFa) flash_forward_kernel(FlashForwardA
     }
   }
   bf16* go = static_cast<bf16*>(a.o) + b * a.o_batch + h * HS;
-  store_rows<HS, false>(o, go, a.o_ld, q0 + warp * 16, a.Tq, lane, inv);
+  store_rows<HS>(o, go, a.o_ld, q0 + warp * 16, a.Tq, lane, inv, false);
 }
 
 }  // namespace
@@ -323,28 +324,31 @@ __global__ void __launch_bounds__(kThreadsFa) flash_forward_kernel(FlashForwardA
 
 namespace {
 
-// Δ[bh, t] = Σ_c dO[b, t, h, c] · O[b, t, h, c] in fp32. One warp per (b, t, h).
+// Δ[bh, t] = Σ_c dO[b, t, h, c] · O[b, t, h, c] in fp32. HS/8 threads per (b, t, h), 16-byte
+// loads, the group's partial sums added by an xor butterfly (fixed order). Rows past the end
+// recompute row 0 and store nothing.
 template <int HS>
 __global__ void flash_delta_kernel(FlashBackwardArgs a, float* __restrict__ delta) {
-  const int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
+  constexpr int kGroup = HS / 8;
+  const int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kGroup;
+  const int lane = threadIdx.x % kGroup;
   const int64_t rows = static_cast<int64_t>(a.B) * a.T * a.NH;
-  if (w >= rows) return;
-  const int h = static_cast<int>(w % a.NH);
-  const int64_t bt = w / a.NH;
+  const bool valid = w < rows;  // every lane stays for the shuffles below
+  const int64_t r = valid ? w : 0;
+  const int h = static_cast<int>(r % a.NH);
+  const int64_t bt = r / a.NH;
   const int t = static_cast<int>(bt % a.T);
   const int b = static_cast<int>(bt / a.T);
   const int64_t at = b * a.o_batch + t * a.o_ld + h * HS;
-  const bf16* po = static_cast<const bf16*>(a.o) + at;
-  const bf16* pd = static_cast<const bf16*>(a.dout) + at;
+  float x[8], y[8];
+  load_floats<8>(static_cast<const bf16*>(a.o) + at + lane * 8, x);
+  load_floats<8>(static_cast<const bf16*>(a.dout) + at + lane * 8, y);
   float sum = 0.0f;
-  for (int c = lane * 2; c < HS; c += 64) {
-    const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(po + c));
-    const float2 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pd + c));
-    sum += x.x * y.x + x.y * y.y;
-  }
-  sum = warp_sum(sum);
-  if (lane == 0) delta[(static_cast<int64_t>(b) * a.NH + h) * a.T + t] = sum;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) sum += x[k] * y[k];
+#pragma unroll
+  for (int o = kGroup / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o, kGroup);
+  if (valid && lane == 0) delta[(static_cast<int64_t>(b) * a.NH + h) * a.T + t] = sum;
 }
 
 template <int HS, int kQ>
@@ -441,8 +445,8 @@ __global__ void __launch_bounds__(kThreadsFa)
 
   const float one[2] = {1.0f, 1.0f}, sc[2] = {a.scale, a.scale};
   bf16* dbase = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * HS;
-  store_rows<HS, true>(dk, dbase + a.C, ld, k0 + warp * 16, a.T, lane, sc);
-  store_rows<HS, true>(dv, dbase + 2 * a.C, ld, k0 + warp * 16, a.T, lane, one);
+  store_rows<HS>(dk, dbase + a.C, ld, k0 + warp * 16, a.T, lane, sc, a.accumulate);
+  store_rows<HS>(dv, dbase + 2 * a.C, ld, k0 + warp * 16, a.T, lane, one, a.accumulate);
 }
 
 template <int HS, int kN>
@@ -529,7 +533,7 @@ __global__ void __launch_bounds__(kThreadsFa)
   }
   const float sc[2] = {a.scale, a.scale};
   bf16* dq_base = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * HS;
-  store_rows<HS, true>(dq, dq_base, ld, q0 + warp * 16, a.T, lane, sc);
+  store_rows<HS>(dq, dq_base, ld, q0 + warp * 16, a.T, lane, sc, a.accumulate);
 }
 
 template <typename Kernel>
@@ -564,8 +568,8 @@ void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
                             set_smem(flash_backward_q_kernel<HS, kT>, smem_q), true);
   (void)once;
   const int64_t rows = static_cast<int64_t>(a.B) * a.T * a.NH;
-  flash_delta_kernel<HS><<<static_cast<unsigned>(ceil_div<int64_t>(rows * 32, 256)), 256, 0, st>>>(
-      a, delta);
+  flash_delta_kernel<HS>
+      <<<static_cast<unsigned>(ceil_div<int64_t>(rows * (HS / 8), 256)), 256, 0, st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows)),
                   static_cast<unsigned>(a.B * a.NH));

@@ -26,8 +26,10 @@ Var gelu(const Var& x) {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
       if (out.device().is_cuda()) {
-        cuda::gelu_backward(x.value().raw(), out.grad().raw(), x.grad().raw(), n, out.dtype(),
-                            s.native());
+        bool overwrite = false;
+        Tensor& dx = x.grad_for_write(&overwrite);
+        cuda::gelu_backward(x.value().raw(), out.grad().raw(), dx.raw(), n, out.dtype(),
+                            s.native(), overwrite);
         return;
       }
       dispatch_float(out.dtype(), [&](auto tag) {

@@ -21,8 +21,9 @@ void gelu_backward(const T* x, const T* dy, T* dx, int64_t n);
 namespace cuda {
 // n elements in `act` (f32 or bf16), fp32 math, on `stream` (a cudaStream_t).
 void gelu_forward(const void* x, void* y, int64_t n, DType act, void* stream);
-// Accumulates dx += gelu'(x)·dy.
-void gelu_backward(const void* x, const void* dy, void* dx, int64_t n, DType act, void* stream);
+// Accumulates dx += gelu'(x)·dy, or writes dx = gelu'(x)·dy with `overwrite`.
+void gelu_backward(const void* x, const void* dy, void* dx, int64_t n, DType act, void* stream,
+                   bool overwrite = false);
 }  // namespace cuda
 
 }  // namespace gtron

@@ -39,7 +39,7 @@ __global__ void gelu_forward_kernel(const T* __restrict__ x, T* __restrict__ y, 
   }
 }
 
-template <typename T, int kV>
+template <typename T, int kV, bool kOverwrite>
 __global__ void gelu_backward_kernel(const T* __restrict__ x, const T* __restrict__ dy,
                                      T* __restrict__ dx, int64_t n) {
   const int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kV;
@@ -49,10 +49,15 @@ __global__ void gelu_backward_kernel(const T* __restrict__ x, const T* __restric
     load_floats<kV>(dy + base, d);
 #pragma unroll
     for (int k = 0; k < kV; ++k) v[k] = gelu_grad(v[k]) * d[k];
-    add_floats<kV>(dx + base, v);
+    if constexpr (kOverwrite) {
+      store_floats<kV>(dx + base, v);
+    } else {
+      add_floats<kV>(dx + base, v);
+    }
   } else {
     for (int64_t e = base; e < n; ++e) {
-      dx[e] = from_float<T>(to_float(dx[e]) + gelu_grad(to_float(x[e])) * to_float(dy[e]));
+      const float g = gelu_grad(to_float(x[e])) * to_float(dy[e]);
+      dx[e] = from_float<T>(kOverwrite ? g : to_float(dx[e]) + g);
     }
   }
 }
@@ -81,7 +86,8 @@ void gelu_forward(const void* x, void* y, int64_t n, DType act, void* stream) {
   });
 }
 
-void gelu_backward(const void* x, const void* dy, void* dx, int64_t n, DType act, void* stream) {
+void gelu_backward(const void* x, const void* dy, void* dx, int64_t n, DType act, void* stream,
+                   bool overwrite) {
   if (n == 0) return;
   dispatch_act("gelu", act, [&](auto tag) {
     using T = decltype(tag);
@@ -90,10 +96,15 @@ void gelu_backward(const void* x, const void* dy, void* dx, int64_t n, DType act
     const auto* dyp = static_cast<const T*>(dy);
     auto* dxp = static_cast<T*>(dx);
     auto st = static_cast<cudaStream_t>(stream);
-    if (is_aligned(x, 16) && is_aligned(dy, 16) && is_aligned(dx, 16)) {
-      gelu_backward_kernel<T, kV><<<blocks_for(n, kV), 256, 0, st>>>(xp, dyp, dxp, n);
+    const bool packed = is_aligned(x, 16) && is_aligned(dy, 16) && is_aligned(dx, 16);
+    if (packed && overwrite) {
+      gelu_backward_kernel<T, kV, true><<<blocks_for(n, kV), 256, 0, st>>>(xp, dyp, dxp, n);
+    } else if (packed) {
+      gelu_backward_kernel<T, kV, false><<<blocks_for(n, kV), 256, 0, st>>>(xp, dyp, dxp, n);
+    } else if (overwrite) {
+      gelu_backward_kernel<T, 1, true><<<blocks_for(n, 1), 256, 0, st>>>(xp, dyp, dxp, n);
     } else {
-      gelu_backward_kernel<T, 1><<<blocks_for(n, 1), 256, 0, st>>>(xp, dyp, dxp, n);
+      gelu_backward_kernel<T, 1, false><<<blocks_for(n, 1), 256, 0, st>>>(xp, dyp, dxp, n);
     }
     CUDA_CHECK_LAUNCH();
   });

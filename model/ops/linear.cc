@@ -46,11 +46,13 @@ Var linear(const Var& x, const Var& w, const Var& b) {
         Tensor scratch;
         if (want_db) scratch = scratch_floats(cuda::linear_backward_scratch_floats(N, Cout), s);
         Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
-        cuda::linear_backward(
-            x.value().raw(), w.value().raw(), out.grad().raw(),
-            x.requires_grad() ? x.grad().raw() : nullptr, dw ? dw->raw() : nullptr,
-            dw ? dw->dtype() : DType::kF32, want_db ? f32_grad("linear bias", b.grad()) : nullptr,
-            want_db ? scratch.data<float>() : nullptr, N, Cin, Cout, out.dtype(), s.native());
+        bool dx_overwrite = false;
+        void* dx = x.requires_grad() ? x.grad_for_write(&dx_overwrite).raw() : nullptr;
+        cuda::linear_backward(x.value().raw(), w.value().raw(), out.grad().raw(), dx,
+                              dw ? dw->raw() : nullptr, dw ? dw->dtype() : DType::kF32,
+                              want_db ? f32_grad("linear bias", b.grad()) : nullptr,
+                              want_db ? scratch.data<float>() : nullptr, N, Cin, Cout,
+                              out.dtype(), s.native(), dx_overwrite);
         return;
       }
       dispatch_float(out.dtype(), [&](auto tag) {

@@ -35,9 +35,10 @@ int64_t linear_backward_scratch_floats(int64_t N, int64_t Cout);
 // dw is f32 (a main_grad) or act (e.g. a bf16 send buffer); db is f32 whatever `act` is. db is a
 // fixed-order reduction (model/cuda/column_sum.cuh); `scratch` holds
 // linear_backward_scratch_floats(N, Cout) floats.
+// With dx_overwrite, dx is written (beta = 0) instead of accumulated into.
 void linear_backward(const void* x, const void* w, const void* dy, void* dx, void* dw,
                      DType dw_dtype, float* db, float* scratch, int64_t N, int64_t Cin,
-                     int64_t Cout, DType act, void* stream);
+                     int64_t Cout, DType act, void* stream, bool dx_overwrite = false);
 }  // namespace cuda
 
 }  // namespace gtron

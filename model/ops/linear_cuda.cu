@@ -82,7 +82,7 @@ int64_t linear_backward_scratch_floats(int64_t N, int64_t Cout) {
 
 void linear_backward(const void* x, const void* w, const void* dy, void* dx, void* dw,
                      DType dw_dtype, float* db, float* scratch, int64_t N, int64_t Cin,
-                     int64_t Cout, DType act, void* stream) {
+                     int64_t Cout, DType act, void* stream, bool dx_overwrite) {
   GTRON_CHECK(act == DType::kF32 || act == DType::kBF16, "linear: CUDA activations are f32 or ",
               "bf16; got ", dtype_name(act));
   if (dx != nullptr) {
@@ -95,7 +95,7 @@ void linear_backward(const void* x, const void* w, const void* dy, void* dx, voi
     g.k = Cout;
     g.ab = act;
     g.c_type = act;
-    g.beta = 1.0f;
+    g.beta = dx_overwrite ? 0.0f : 1.0f;
     gemm(g, stream);
   }
   if (dw != nullptr) {
