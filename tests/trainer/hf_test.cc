@@ -177,7 +177,9 @@ TEST(Init, RoundTrippedCheckpointGivesTheSameFirstStepLoss) {
     if (!init.empty()) args.insert(args.end(), {"--init", init});
     const CmdResult r = run_gtron(args);
     EXPECT_EQ(r.exit_code, 0) << r.output;
-    if (!init.empty()) EXPECT_NE(r.output.find("initialized weights from"), std::string::npos);
+    if (!init.empty()) {
+      EXPECT_NE(r.output.find("initialized weights from"), std::string::npos) << r.output;
+    }
     const std::vector<std::string> losses = metrics_losses(dir + "/" + out + "/metrics.jsonl");
     return losses.empty() ? std::string("none") : losses.front();
   };
