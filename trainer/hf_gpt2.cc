@@ -67,7 +67,9 @@ Slot slot_of(const std::string& name) {
 }
 
 // The name model.safetensors stores: "transformer." + slot, except the head.
-std::string file_name(const Slot& s) { return s.name == "lm_head.weight" ? s.name : kPrefix + s.name; }
+std::string file_name(const Slot& s) {
+  return s.name == "lm_head.weight" ? s.name : kPrefix + s.name;
+}
 
 Tensor transposed(const Tensor& t) {
   const int64_t R = t.dim(0), C = t.dim(1);
@@ -93,9 +95,9 @@ Tensor to_hf(const std::string& name, const Tensor& t, Conv conv, int64_t V) {
   const float* p = pad.data<float>();
   for (int64_t i = 0; i < pad.numel(); ++i) {
     if (p[i] != 0.0f)  // gtron keeps them zero: a nonzero one would be lost by the export
-      throw UserError(str_cat("checkpoint tensor '", name, "' has a nonzero padded row (rows >= ",
-                              "model.vocab_size = ", V, " must be zero); it cannot be exported ",
-                              "bit-exactly"));
+      throw UserError(str_cat("checkpoint tensor '", name,
+                              "' has a nonzero padded row (rows >= ", "model.vocab_size = ", V,
+                              " must be zero); it cannot be exported ", "bit-exactly"));
   }
   return t.rows(0, V).clone();
 }
@@ -232,8 +234,8 @@ Config import_config(const HfImportOptions& o, const HfArch& a, const json& gtro
   // A base that leaves the sequence length open trains on the model's whole context.
   if (!base.contains("train") || !base["train"].contains("seq_len"))
     base["train"]["seq_len"] = a.n_positions;
-  return config_from_json_text(base.dump(), o.sets, source + " with the model shape of " +
-                                                        o.hf_dir + "/" + kHfConfig);
+  return config_from_json_text(base.dump(), o.sets,
+                               source + " with the model shape of " + o.hf_dir + "/" + kHfConfig);
 }
 
 // model.safetensors by GPT-2 name without "transformer.", mask buffers dropped.
@@ -243,8 +245,9 @@ std::map<std::string, Tensor> read_hf_tensors(const std::string& dir) {
   if (!fs::is_regular_file(path, ec)) {
     const bool sharded = fs::exists(dir + "/model.safetensors.index.json", ec);
     throw UserError(str_cat("Hugging Face directory '", dir, "' has no ", kHfModel, "; hint: ",
-                            sharded ? "sharded checkpoints are not supported, save it unsharded"
-                                    : "save it with save_pretrained(..., safe_serialization=True)"));
+                            sharded
+                                ? "sharded checkpoints are not supported, save it unsharded"
+                                : "save it with save_pretrained(..., safe_serialization=True)"));
   }
   std::map<std::string, Tensor> out;
   for (NamedTensor& nt : read_safetensors(path).tensors) {
@@ -332,7 +335,8 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
 std::string import_hf(const HfImportOptions& o) {
   std::error_code ec;
   if (!fs::is_directory(o.hf_dir, ec))
-    throw UserError("--hf '" + o.hf_dir + "' is not a directory; hint: pass the folder that "
+    throw UserError("--hf '" + o.hf_dir +
+                    "' is not a directory; hint: pass the folder that "
                     "save_pretrained() or gtron export wrote");
   const std::string config_path = o.hf_dir + "/" + kHfConfig;
   if (!fs::is_regular_file(config_path, ec))
@@ -364,8 +368,8 @@ std::string import_hf(const HfImportOptions& o) {
   });
   return str_cat("imported ", o.hf_dir, " into ", o.out_dir, ": L=", arch.n_layer,
                  " C=", arch.n_embd, " NH=", arch.n_head, " V=", arch.vocab_size,
-                 " Tmax=", arch.n_positions, arch.tied ? " tied" : " untied", ", MTP D=",
-                 cfg.mtp.depth, " (", fresh, " MTP tensors freshly initialized)");
+                 " Tmax=", arch.n_positions, arch.tied ? " tied" : " untied",
+                 ", MTP D=", cfg.mtp.depth, " (", fresh, " MTP tensors freshly initialized)");
 }
 
 }  // namespace gtron

@@ -51,10 +51,10 @@ namespace gtron {
 void export_hf(const std::string& checkpoint_dir, const std::string& out_dir);
 
 struct HfImportOptions {
-  std::string hf_dir;            // a GPT-2 directory (config.json, model.safetensors, ...)
-  std::string out_dir;           // the gtron checkpoint directory to write (must not exist)
-  std::string config_path;       // gtron config for the keys config.json lacks; "" = gtron.json's
-                                 // config when present, else the defaults
+  std::string hf_dir;             // a GPT-2 directory (config.json, model.safetensors, ...)
+  std::string out_dir;            // the gtron checkpoint directory to write (must not exist)
+  std::string config_path;        // gtron config for the keys config.json lacks; "" = gtron.json's
+                                  // config when present, else the defaults
   std::vector<std::string> sets;  // --set overrides, applied after that config
 };
 

@@ -26,7 +26,7 @@ struct Options {
   bool resume = false;
   std::string init;  // train --init: a checkpoint's weights start the run
   std::string checkpoint;
-  std::string hf;                        // export --hf OUT, import --hf DIR
+  std::string hf;                       // export --hf OUT, import --hf DIR
   std::vector<std::string> token_rows;  // logits --tokens "1,2,3" (one per sequence)
   std::string prompt;
   int64_t tokens = 256;              // sample: bytes to generate

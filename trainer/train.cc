@@ -283,10 +283,11 @@ void Run::init_weights(const std::string& dir) {
   CheckpointTensors c = read_checkpoint_tensors(dir, /*with_optimizer=*/false);
   for (const auto& [name, tensor] : c.params) {
     if (model_->find(name) == nullptr)
-      throw UserError(str_cat("--init: checkpoint '", dir, "' has tensor '", name, "' ",
-                              tensor.shape().str(), ", which the configured model has no place for",
-                              "; hint: match model.tied_embeddings and mtp.depth to the checkpoint ",
-                              "(its trainer_state.json holds its config)"));
+      throw UserError(
+          str_cat("--init: checkpoint '", dir, "' has tensor '", name, "' ", tensor.shape().str(),
+                  ", which the configured model has no place for",
+                  "; hint: match model.tied_embeddings and mtp.depth to the checkpoint ",
+                  "(its trainer_state.json holds its config)"));
   }
   par_->load(c, dir, nullptr, nullptr);  // names the first missing or mis-shaped tensor
   if (bf16_weights_) bf16_weights_->refresh();

@@ -116,10 +116,12 @@ class RoundTrip : public ::testing::TestWithParam<Case> {};
 
 TEST_P(RoundTrip, ImportOfExportIsBitExact) {
   const Case c = GetParam();
-  const std::string dir = temp_dir("hf_roundtrip_" + std::to_string(c.tied) + std::to_string(c.depth));
+  const std::string dir =
+      temp_dir("hf_roundtrip_" + std::to_string(c.tied) + std::to_string(c.depth));
   const std::string ckpt =
-      train_checkpoint(dir, "run", {"model.tied_embeddings=" + std::string(c.tied ? "true" : "false"),
-                                    "mtp.depth=" + std::to_string(c.depth)});
+      train_checkpoint(dir, "run",
+                       {"model.tied_embeddings=" + std::string(c.tied ? "true" : "false"),
+                        "mtp.depth=" + std::to_string(c.depth)});
   write_text(ckpt + "/tokenizer.json", "{\"model\": {\"type\": \"BPE\"}}\n");  // rides along
   const std::string hf = dir + "/hf", back = dir + "/back";
   expect_ok({"export", "--checkpoint", ckpt, "--hf", hf});
@@ -147,11 +149,18 @@ TEST_P(RoundTrip, ImportOfExportIsBitExact) {
   EXPECT_FALSE(exists(back + "/optimizer.safetensors"));
   EXPECT_TRUE(exists(back + "/MANIFEST.json"));
 
-  // The logits of the two checkpoints agree bit for bit as well.
-  expect_ok({"logits", "--checkpoint", ckpt, "--tokens", "1,2,3,99", "--tokens", "5 6 7 8", "--out",
+  // The logits of the two checkpoints agree bit for bit as well, and a second GPT-2 (numpy, over
+  // the exported directory, read as transformers reads it) computes the same ones.
+  const std::string row1 = "1,2,3,99,0,42,17,63,5,5,5,80,12,7,99,31", row2 = "5 6 7 8";
+  expect_ok({"logits", "--checkpoint", ckpt, "--tokens", row1, "--out", dir + "/ref.safetensors"});
+  const CmdResult ref = run_command("/usr/bin/python3 tests/trainer/gpt2_reference.py '" + hf +
+                                    "' '" + dir + "/ref.safetensors'");
+  EXPECT_EQ(ref.exit_code, 0) << ref.output;
+  EXPECT_NE(ref.output.find("\"shape\": [1, 16, 100]"), std::string::npos) << ref.output;
+  expect_ok({"logits", "--checkpoint", ckpt, "--tokens", "1,2,3,99", "--tokens", row2, "--out",
              dir + "/a.safetensors"});
-  expect_ok({"logits", "--checkpoint", back, "--tokens", "1,2,3,99", "--tokens", "5 6 7 8",
-             "--out", dir + "/b.safetensors"});
+  expect_ok({"logits", "--checkpoint", back, "--tokens", "1,2,3,99", "--tokens", row2, "--out",
+             dir + "/b.safetensors"});
   const SafetensorsFile la = read_safetensors(dir + "/a.safetensors");
   const SafetensorsFile lb = read_safetensors(dir + "/b.safetensors");
   ASSERT_EQ(la.tensors.size(), 2u);
@@ -171,9 +180,9 @@ TEST(Init, RoundTrippedCheckpointGivesTheSameFirstStepLoss) {
   expect_ok({"export", "--checkpoint", ckpt, "--hf", dir + "/hf"});
   expect_ok({"import", "--hf", dir + "/hf", "--out", dir + "/back"});
   auto first_loss = [&](const std::string& out, const std::string& init) {
-    std::vector<std::string> args = {"train",     "--config", dir + "/c.json", "--out",
-                                     dir + "/" + out, "--set", "mtp.depth=2",  "--set",
-                                     "train.seed=7"};
+    std::vector<std::string> args = {"train",       "--config",      dir + "/c.json",
+                                     "--out",       dir + "/" + out, "--set",
+                                     "mtp.depth=2", "--set",         "train.seed=7"};
     if (!init.empty()) args.insert(args.end(), {"--init", init});
     const CmdResult r = run_gtron(args);
     EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -192,8 +201,7 @@ TEST(Init, RoundTrippedCheckpointGivesTheSameFirstStepLoss) {
 }
 
 // Rewrites a safetensors file through `edit` (name -> tensor; erase, replace or add).
-void rewrite(const std::string& path,
-             const std::function<void(std::vector<NamedTensor>&)>& edit) {
+void rewrite(const std::string& path, const std::function<void(std::vector<NamedTensor>&)>& edit) {
   SafetensorsFile f = read_safetensors(path);
   edit(f.tensors);
   write_safetensors(path, f.tensors, f.metadata);
@@ -250,8 +258,9 @@ TEST_F(ImportErrors, WrongArchitectureNamesTheField) {
 TEST_F(ImportErrors, MissingExtraAndMisShapedTensors) {
   std::string hf = copy("missing");
   rewrite(hf + "/model.safetensors", [](std::vector<NamedTensor>& t) {
-    t.erase(std::find_if(t.begin(), t.end(),
-                         [](const NamedTensor& n) { return n.name == "transformer.h.1.ln_1.bias"; }));
+    t.erase(std::find_if(t.begin(), t.end(), [](const NamedTensor& n) {
+      return n.name == "transformer.h.1.ln_1.bias";
+    }));
   });
   expect_import_error(hf, "no tensor 'h.1.ln_1.bias'");
 
@@ -261,8 +270,9 @@ TEST_F(ImportErrors, MissingExtraAndMisShapedTensors) {
       if (n.name == "transformer.h.0.attn.c_attn.weight")
         n.tensor = Tensor::zeros({3 * C, C}, DType::kF32);
   });
-  expect_import_error(hf, "tensor 'h.0.attn.c_attn.weight' is [48, 16] f32, the model expects "
-                          "[16, 48] f32");
+  expect_import_error(hf,
+                      "tensor 'h.0.attn.c_attn.weight' is [48, 16] f32, the model expects "
+                      "[16, 48] f32");
 
   hf = copy("extra");
   rewrite(hf + "/model.safetensors", [](std::vector<NamedTensor>& t) {
@@ -324,8 +334,8 @@ TEST_F(ImportErrors, OpenAiNamesAndMaskBuffersImportAsWell) {
     t.push_back({"h.0.attn.masked_bias", Tensor::zeros(Shape{}, DType::kF32)});
   });
   const std::string out = hf + "_ckpt";
-  const CmdResult r = run_gtron({"import", "--hf", hf, "--out", out, "--config", *dir_ + "/c.json",
-                                 "--set", "mtp.depth=1"});
+  const CmdResult r = run_gtron(
+      {"import", "--hf", hf, "--out", out, "--config", *dir_ + "/c.json", "--set", "mtp.depth=1"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("MTP D=1"), std::string::npos) << r.output;
   std::map<std::string, Tensor> original;
@@ -357,9 +367,9 @@ TEST_F(ImportErrors, LogitsRejectsBadTokens) {
   const std::string out = *dir_ + "/l.safetensors";
   expect_user_error({"logits", "--checkpoint", *ckpt_, "--tokens", "1,100", "--out", out},
                     "'100' is not a token id in [0, 100)");
-  expect_user_error({"logits", "--checkpoint", *ckpt_, "--tokens", "1,2", "--tokens", "3", "--out",
-                     out},
-                    "same length");
+  expect_user_error(
+      {"logits", "--checkpoint", *ckpt_, "--tokens", "1,2", "--tokens", "3", "--out", out},
+      "same length");
   EXPECT_FALSE(exists(out));
 }
 
