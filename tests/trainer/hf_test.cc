@@ -18,9 +18,11 @@ namespace gtron {
 namespace {
 
 using testing::CmdResult;
+using testing::metrics_loss_values;
 using testing::metrics_losses;
 using testing::run_command;
 using testing::run_gtron;
+using testing::run_launcher;
 using testing::temp_dir;
 using testing::write_text;
 
@@ -198,6 +200,24 @@ TEST(Init, RoundTrippedCheckpointGivesTheSameFirstStepLoss) {
   EXPECT_EQ(from_original, from_round_trip);
   EXPECT_NE(from_original, fresh) << "--init had no effect";
   EXPECT_NE(from_original, "none");
+
+  // With --resume, --init applies only when there is nothing to resume.
+  const CmdResult again =
+      run_gtron({"train", "--config", dir + "/c.json", "--out", dir + "/a", "--set", "mtp.depth=2",
+                 "--set", "train.seed=7", "--set", "train.steps=3", "--resume", "--init", ckpt});
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("resumed from"), std::string::npos) << again.output;
+  EXPECT_EQ(again.output.find("initialized weights"), std::string::npos) << again.output;
+
+  // Two GTP ranks shard the imported weights as they shard their own: the same first step.
+  const CmdResult r = run_launcher(
+      {"--nproc-per-node", "2"},
+      {"train", "--config", dir + "/c.json", "--out", dir + "/gtp", "--set", "mtp.depth=2", "--set",
+       "train.seed=7", "--set", "parallel.gtp=2", "--init", dir + "/back"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> gtp = metrics_loss_values(dir + "/gtp/metrics.jsonl");
+  ASSERT_FALSE(gtp.empty());
+  EXPECT_NEAR(gtp.front(), std::stod(from_original), 1e-5 * std::stod(from_original));
 }
 
 // Rewrites a safetensors file through `edit` (name -> tensor; erase, replace or add).
