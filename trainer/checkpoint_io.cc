@@ -290,14 +290,18 @@ std::string save_checkpoint_dir(const std::string& root, int64_t step,
   return final_path;
 }
 
-void save_folder_as(const std::string& dir, int64_t step,
-                    const std::function<void(const std::string& tmp_dir)>& write_files) {
-  const fs::path path = fs::path(dir).lexically_normal();
-  const fs::path clean = path.has_filename() ? path : path.parent_path();
+void require_new_folder(const std::string& dir) {
   std::error_code ec;
-  if (clean.empty() || fs::exists(clean, ec))
+  if (dir.empty() || fs::exists(dir, ec))
     throw UserError(str_cat("output folder '", dir,
                             "' already exists; hint: choose a new path (nothing is overwritten)"));
+}
+
+void save_folder_as(const std::string& dir, int64_t step,
+                    const std::function<void(const std::string& tmp_dir)>& write_files) {
+  require_new_folder(dir);
+  const fs::path path = fs::path(dir).lexically_normal();
+  const fs::path clean = path.has_filename() ? path : path.parent_path();
   const std::string root = clean.has_parent_path() ? clean.parent_path().string() : ".";
   save_sealed(root, clean.filename().string(), step, write_files);
 }

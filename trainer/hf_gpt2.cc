@@ -303,6 +303,7 @@ int fill_model(GPT& model, const std::map<std::string, Tensor>& hf,
 }  // namespace
 
 void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
+  require_new_folder(out_dir);
   verify_checkpoint_dir(checkpoint_dir);
   const TrainerState st = read_trainer_state(checkpoint_dir);
   const Config cfg =
@@ -333,6 +334,7 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
 }
 
 std::string import_hf(const HfImportOptions& o) {
+  require_new_folder(o.out_dir);
   std::error_code ec;
   if (!fs::is_directory(o.hf_dir, ec))
     throw UserError("--hf '" + o.hf_dir +
