@@ -18,6 +18,23 @@ std::map<std::string, Tensor> by_name(const SafetensorsFile& f) {
   return m;
 }
 
+// The files of a checkpoint directory except MANIFEST.json, written into `dir`.
+void write_checkpoint_files(const std::string& dir, const std::vector<NamedTensor>& params,
+                            const std::vector<NamedTensor>& moments, const TrainerState& state) {
+  write_safetensors(dir + "/" + kModelFile, params,
+                    {{"format", "gtron"}, {"step", std::to_string(state.step)}});
+  if (!moments.empty()) {
+    write_safetensors(dir + "/" + kOptimizerFile, moments,
+                      {{"optimizer", "adamw"}, {"t", std::to_string(state.optimizer_steps)}});
+  }
+  nlohmann::json j;
+  j["step"] = state.step;
+  j["optimizer_steps"] = state.optimizer_steps;
+  j["seed"] = state.seed;
+  j["config"] = nlohmann::json::parse(state.config_json);
+  write_file_atomic_in_dir(dir, kStateFile, j.dump(2) + "\n");
+}
+
 }  // namespace
 
 std::string save_training_checkpoint(const std::string& root,
@@ -26,21 +43,16 @@ std::string save_training_checkpoint(const std::string& root,
                                      const TrainerState& state, int keep) {
   return save_checkpoint_dir(
       root, state.step,
-      [&](const std::string& dir) {
-        write_safetensors(dir + "/" + kModelFile, params,
-                          {{"format", "gtron"}, {"step", std::to_string(state.step)}});
-        if (!moments.empty()) {
-          write_safetensors(dir + "/" + kOptimizerFile, moments,
-                            {{"optimizer", "adamw"}, {"t", std::to_string(state.optimizer_steps)}});
-        }
-        nlohmann::json j;
-        j["step"] = state.step;
-        j["optimizer_steps"] = state.optimizer_steps;
-        j["seed"] = state.seed;
-        j["config"] = nlohmann::json::parse(state.config_json);
-        write_file_atomic_in_dir(dir, kStateFile, j.dump(2) + "\n");
-      },
-      keep);
+      [&](const std::string& dir) { write_checkpoint_files(dir, params, moments, state); }, keep);
+}
+
+void save_weights_checkpoint(const std::string& dir, const std::vector<NamedTensor>& params,
+                             const TrainerState& state,
+                             const std::function<void(const std::string& tmp_dir)>& extra_files) {
+  save_folder_as(dir, state.step, [&](const std::string& tmp) {
+    write_checkpoint_files(tmp, params, {}, state);
+    if (extra_files) extra_files(tmp);
+  });
 }
 
 TrainerState read_trainer_state(const std::string& dir) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -34,6 +35,13 @@ std::string save_training_checkpoint(const std::string& root,
                                      const std::vector<NamedTensor>& params,
                                      const std::vector<NamedTensor>& moments,
                                      const TrainerState& state, int keep);
+
+// Writes a checkpoint without optimizer state as the folder `dir` itself (gtron import): atomic,
+// with MANIFEST.json; `extra_files(tmp_dir)`, when set, adds files (tokenizer.json) before the
+// manifest. Throws UserError when `dir` exists.
+void save_weights_checkpoint(const std::string& dir, const std::vector<NamedTensor>& params,
+                             const TrainerState& state,
+                             const std::function<void(const std::string& tmp_dir)>& extra_files);
 
 // Reads trainer_state.json of a verified checkpoint directory. Throws UserError.
 TrainerState read_trainer_state(const std::string& dir);

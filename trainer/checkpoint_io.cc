@@ -103,7 +103,22 @@ bool starts_with(const std::string& s, const char* prefix) {
   return s.compare(0, std::strlen(prefix), prefix) == 0;
 }
 
-// Writes MANIFEST.json listing every regular file under `dir`, then fsyncs every file and folder.
+// MANIFEST.json of checkpoint `step` listing `files` (relative to `dir`) with sizes and CRC32s.
+void write_manifest(const std::string& dir, int64_t step, const std::vector<std::string>& files) {
+  nlohmann::ordered_json manifest = {{"format", kManifestFormat},
+                                     {"version", kManifestVersion},
+                                     {"step", step},
+                                     {"files", nlohmann::ordered_json::array()}};
+  for (const std::string& rel : files) {
+    uint64_t bytes = 0;
+    const uint32_t crc = file_crc(dir + "/" + rel, &bytes);
+    manifest["files"].push_back({{"path", rel}, {"bytes", bytes}, {"crc32", crc32_hex(crc)}});
+  }
+  write_file_bytes(dir + "/" + kManifestName, manifest.dump(2) + "\n", /*sync=*/true);
+}
+
+// Writes MANIFEST.json listing every regular file under `dir` (unless step < 0), then fsyncs every
+// file and folder.
 void seal_dir(const std::string& dir, int64_t step) {
   std::vector<std::string> files;
   std::vector<std::string> dirs = {dir};
@@ -122,17 +137,7 @@ void seal_dir(const std::string& dir, int64_t step) {
   }
   if (ec) fs_fail("list", dir, ec);
   std::sort(files.begin(), files.end());
-
-  nlohmann::ordered_json manifest = {{"format", kManifestFormat},
-                                     {"version", kManifestVersion},
-                                     {"step", step},
-                                     {"files", nlohmann::ordered_json::array()}};
-  for (const std::string& rel : files) {
-    uint64_t bytes = 0;
-    const uint32_t crc = file_crc(dir + "/" + rel, &bytes);
-    manifest["files"].push_back({{"path", rel}, {"bytes", bytes}, {"crc32", crc32_hex(crc)}});
-  }
-  write_file_bytes(dir + "/" + kManifestName, manifest.dump(2) + "\n", /*sync=*/true);
+  if (step >= 0) write_manifest(dir, step, files);
   for (const std::string& rel : files) fsync_path(dir + "/" + rel, /*is_dir=*/false);
   // Children before parents, so each folder's sync covers entries that are already durable.
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) fsync_path(*it, /*is_dir=*/true);
@@ -140,8 +145,7 @@ void seal_dir(const std::string& dir, int64_t step) {
 
 // Moves `tmp` to `final_path`, replacing an existing checkpoint there (Note [checkpoint
 // atomicity]). Leaves `root` synced.
-void install_dir(const std::string& root, const std::string& tmp, const std::string& final_path,
-                 int64_t step) {
+void install_dir(const std::string& root, const std::string& tmp, const std::string& final_path) {
   std::error_code ec;
   if (!fs::exists(final_path, ec)) {
     if (std::rename(tmp.c_str(), final_path.c_str()) != 0)
@@ -151,7 +155,7 @@ void install_dir(const std::string& root, const std::string& tmp, const std::str
   }
   std::string old = tmp;  // after an exchange the old checkpoint sits at the tmp path
   if (!exchange_paths(tmp, final_path)) {
-    old = str_cat(root, "/.old-", checkpoint_dir_name(step), "-", ::getpid());
+    old = str_cat(root, "/.old-", fs::path(final_path).filename().string(), "-", ::getpid());
     fs::remove_all(old, ec);
     if (std::rename(final_path.c_str(), old.c_str()) != 0) fs_fail("move aside", final_path, errno);
     if (std::rename(tmp.c_str(), final_path.c_str()) != 0) {
@@ -246,6 +250,26 @@ std::string checkpoint_problem(const std::string& dir) {
   }
 }
 
+// Writes root/<name> through the temporary folder root/.tmp-<name>-<pid>: write_files, then the
+// manifest of checkpoint `step` (none when step < 0, only fsyncs), then the rename.
+void save_sealed(const std::string& root, const std::string& name, int64_t step,
+                 const std::function<void(const std::string& tmp_dir)>& write_files) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) fs_fail("create checkpoint root", root, ec);
+  const std::string tmp = str_cat(root, "/.tmp-", name, "-", ::getpid());
+  fs::remove_all(tmp, ec);  // a stale leftover of an earlier process with the same pid
+  if (!fs::create_directory(tmp, ec)) fs_fail("create temporary checkpoint folder", tmp, ec);
+  try {
+    write_files(tmp);
+    seal_dir(tmp, step);
+    install_dir(root, tmp, str_cat(root, "/", name));
+  } catch (...) {
+    fs::remove_all(tmp, ec);  // best effort; an interrupted save must not leave half a checkpoint
+    throw;
+  }
+}
+
 }  // namespace
 
 std::string checkpoint_dir_name(int64_t step) {
@@ -260,23 +284,26 @@ std::string save_checkpoint_dir(const std::string& root, int64_t step,
                                 int keep) {
   GTRON_CHECK(keep >= 0, "keep = ", keep);
   const std::string name = checkpoint_dir_name(step);
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) fs_fail("create checkpoint root", root, ec);
-  const std::string tmp = str_cat(root, "/.tmp-", name, "-", ::getpid());
+  save_sealed(root, name, step, write_files);
   const std::string final_path = str_cat(root, "/", name);
-  fs::remove_all(tmp, ec);  // a stale leftover of an earlier process with the same pid
-  if (!fs::create_directory(tmp, ec)) fs_fail("create temporary checkpoint folder", tmp, ec);
-  try {
-    write_files(tmp);
-    seal_dir(tmp, step);
-    install_dir(root, tmp, final_path, step);
-  } catch (...) {
-    fs::remove_all(tmp, ec);  // best effort; an interrupted save must not leave half a checkpoint
-    throw;
-  }
   if (keep > 0) apply_retention(root, final_path, keep);
   return final_path;
+}
+
+void require_new_folder(const std::string& dir) {
+  std::error_code ec;
+  if (dir.empty() || fs::exists(dir, ec))
+    throw UserError(str_cat("output folder '", dir,
+                            "' already exists; hint: choose a new path (nothing is overwritten)"));
+}
+
+void save_folder_as(const std::string& dir, int64_t step,
+                    const std::function<void(const std::string& tmp_dir)>& write_files) {
+  require_new_folder(dir);
+  const fs::path path = fs::path(dir).lexically_normal();
+  const fs::path clean = path.has_filename() ? path : path.parent_path();
+  const std::string root = clean.has_parent_path() ? clean.parent_path().string() : ".";
+  save_sealed(root, clean.filename().string(), step, write_files);
 }
 
 std::optional<std::string> find_latest_complete(const std::string& root) {

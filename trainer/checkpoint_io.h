@@ -51,6 +51,16 @@ std::string save_checkpoint_dir(const std::string& root, int64_t step,
                                 const std::function<void(const std::string& tmp_dir)>& write_files,
                                 int keep = 0);
 
+// Writes the folder `dir` itself atomically, as save_checkpoint_dir() writes a step_ folder:
+// write_files(tmp_dir) in a temporary folder beside it, then MANIFEST.json of checkpoint `step`
+// (step < 0: no manifest, a plain folder), fsync, rename. Throws UserError when `dir` exists
+// already (nothing is overwritten). Its parent is created when missing.
+void save_folder_as(const std::string& dir, int64_t step,
+                    const std::function<void(const std::string& tmp_dir)>& write_files);
+
+// Throws the UserError of save_folder_as() when `dir` exists (callers check before long work).
+void require_new_folder(const std::string& dir);
+
 // The path of the newest good checkpoint under `root`, or nullopt when there is none (or no root).
 // Every bad step_ folder met on the way (newest first) and every leftover temporary folder is
 // reported on stderr, e.g. "checkpoint 'root/step_00000040' is corrupt: model.safetensors has 100

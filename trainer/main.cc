@@ -1,14 +1,19 @@
-// gtron: the command-line trainer. Subcommands: train, eval, sample, prepare, print-config.
+// gtron: the command-line trainer. Subcommands: train, eval, sample, logits, prepare, export,
+// import, print-config.
 // Every user error (flags, config, data, checkpoint) prints one clear message and exits with code 2
 // before any work starts; internal invariants abort.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <sstream>
 
 #include "trainer/checkpoint.h"
 #include "trainer/checkpoint_io.h"
 #include "trainer/config.h"
+#include "trainer/hf_gpt2.h"
 #include "trainer/prepare.h"
+#include "trainer/safetensors.h"
 #include "trainer/train.h"
 
 namespace gtron {
@@ -19,7 +24,10 @@ struct Options {
   std::vector<std::string> sets;
   std::string out;
   bool resume = false;
+  std::string init;  // train --init: a checkpoint's weights start the run
   std::string checkpoint;
+  std::string hf;                       // export --hf OUT, import --hf DIR
+  std::vector<std::string> token_rows;  // logits --tokens "1,2,3" (one per sequence)
   std::string prompt;
   int64_t tokens = 256;              // sample: bytes to generate
   int64_t prepare_tokens = 2000000;  // prepare --synthetic: train tokens
@@ -43,7 +51,7 @@ Config load(const Options& o) {
   return load_config(o.config, sets);
 }
 
-int cmd_train(const Options& o) { return run_training(load(o), o.resume); }
+int cmd_train(const Options& o) { return run_training(load(o), o.resume, nullptr, o.init); }
 
 int cmd_eval(const Options& o) {
   Config cfg = load(o);
@@ -69,6 +77,74 @@ int cmd_sample(const Options& o) {
   load_model_weights(o.checkpoint, model);
   std::string text = sample_text(model, o.prompt, o.tokens, o.temperature, o.top_k, o.seed);
   std::cout << o.prompt << text << std::endl;
+  return kExitOk;
+}
+
+// "1,2,3" (commas or spaces) -> ids, each in [0, V).
+std::vector<int32_t> parse_token_row(const std::string& row, int64_t V) {
+  std::string text = row;
+  for (char& c : text) c = c == ',' ? ' ' : c;
+  std::istringstream in(text);
+  std::vector<int32_t> ids;
+  std::string word;
+  while (in >> word) {
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != word.size() || v < 0 || v >= V)
+      throw UserError(str_cat("gtron logits: --tokens '", row, "': '", word,
+                              "' is not a token id in [0, ", V, ") (model.vocab_size)"));
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+int cmd_logits(const Options& o) {
+  verify_checkpoint_dir(o.checkpoint);
+  TrainerState st = read_trainer_state(o.checkpoint);
+  Config cfg = config_from_json_text(st.config_json, {}, o.checkpoint + "/trainer_state.json");
+  const int64_t V = cfg.model.vocab_size;
+  std::vector<int32_t> ids;
+  int64_t T = 0;
+  for (const std::string& row : o.token_rows) {
+    std::vector<int32_t> r = parse_token_row(row, V);
+    if (T == 0) T = static_cast<int64_t>(r.size());
+    if (r.empty() || static_cast<int64_t>(r.size()) != T || T > cfg.model.context_length)
+      throw UserError(str_cat("gtron logits: every --tokens row needs the same length, between 1 ",
+                              "and model.context_length = ", cfg.model.context_length, "; '", row,
+                              "' has ", r.size(), " tokens, the first row ", T));
+    ids.insert(ids.end(), r.begin(), r.end());
+  }
+  const int64_t B = static_cast<int64_t>(o.token_rows.size());
+  GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
+  load_model_weights(o.checkpoint, model);
+  const Tensor tokens = Tensor::from_ints(ids, {B, T});
+  const Tensor all = model.logits(tokens).view({B * T, cfg.model.padded_vocab()});
+  Tensor logits = Tensor::empty({B, T, V}, DType::kF32);  // the padded columns cut off
+  for (int64_t i = 0; i < B * T; ++i) {
+    std::memcpy(logits.data<float>() + i * V, all.data<float>() + i * all.dim(1),
+                static_cast<size_t>(V) * sizeof(float));
+  }
+  write_safetensors(o.out, {{"tokens", tokens}, {"logits", logits}},
+                    {{"checkpoint", o.checkpoint}});
+  std::printf("{\"out\": \"%s\", \"logits\": [%ld, %ld, %ld]}\n", o.out.c_str(),
+              static_cast<long>(B), static_cast<long>(T), static_cast<long>(V));
+  return kExitOk;
+}
+
+int cmd_export(const Options& o) {
+  export_hf(o.checkpoint, o.hf);
+  std::printf("exported %s to %s (transformers GPT-2 directory)\n", o.checkpoint.c_str(),
+              o.hf.c_str());
+  return kExitOk;
+}
+
+int cmd_import(const Options& o) {
+  std::printf("%s\n", import_hf({o.hf, o.out, o.config, o.sets}).c_str());
   return kExitOk;
 }
 
@@ -113,6 +189,9 @@ int run(int argc, char** argv) {
   train->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
   train->add_option("--out", o.out, "Run directory (overrides train.out_dir)");
   train->add_flag("--resume", o.resume, "Continue from the newest complete checkpoint");
+  train->add_option("--init", o.init,
+                    "Start from a checkpoint's weights (fresh optimizer, step 0; with --resume: "
+                    "only when there is nothing to resume)");
 
   auto* eval =
       app.add_subcommand("eval", "Validation loss (and per-depth MTP losses) of a checkpoint");
@@ -131,6 +210,27 @@ int run(int argc, char** argv) {
   sample->add_option("--top-k", o.top_k, "Sample among the k most likely tokens (0 = all)")
       ->check(CLI::NonNegativeNumber);
   sample->add_option("--seed", o.seed, "Sampling seed");
+
+  auto* logits = app.add_subcommand(
+      "logits", "Next-token logits (fp32, CPU) of a checkpoint for given tokens, as safetensors");
+  logits->add_option("--checkpoint", o.checkpoint, "Checkpoint directory")->required();
+  logits->add_option("--tokens", o.token_rows, "One sequence of token ids, e.g. 1,2,3 (repeatable)")
+      ->required();
+  logits->add_option("--out", o.out, "Output safetensors file (tokens [B, T], logits [B, T, V])")
+      ->required();
+
+  auto* exp = app.add_subcommand("export", "Write a checkpoint as a transformers GPT-2 directory");
+  exp->add_option("--checkpoint", o.checkpoint, "Checkpoint directory")->required();
+  exp->add_option("--hf", o.hf, "Output directory (must not exist)")->required();
+
+  auto* imp =
+      app.add_subcommand("import", "Read a transformers GPT-2 directory into a gtron checkpoint");
+  imp->add_option("--hf", o.hf, "GPT-2 directory (config.json, model.safetensors)")->required();
+  imp->add_option("--out", o.out, "Checkpoint directory to write (must not exist)")->required();
+  imp->add_option("--config", o.config,
+                  "gtron config for the keys config.json lacks (default: the export's gtron.json, "
+                  "else the defaults)");
+  imp->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
 
   auto* prepare =
       app.add_subcommand("prepare", "Write token shards: byte-level text or a synthetic source");
@@ -155,11 +255,12 @@ int run(int argc, char** argv) {
   // CLI11 reports a mistyped subcommand only as "a subcommand is required": name it instead.
   const std::string first = argc > 1 ? argv[1] : "";
   const bool known = first == "train" || first == "eval" || first == "sample" ||
-                     first == "prepare" || first == "print-config";
+                     first == "logits" || first == "prepare" || first == "export" ||
+                     first == "import" || first == "print-config";
   if (!first.empty() && first[0] != '-' && !known) {
     std::fprintf(stderr,
                  "gtron: error: unknown subcommand '%s'; expected one of train, eval, sample, "
-                 "prepare, print-config (see gtron --help)\n",
+                 "logits, prepare, export, import, print-config (see gtron --help)\n",
                  argv[1]);
     return kExitUserError;
   }
@@ -177,7 +278,10 @@ int run(int argc, char** argv) {
     if (*train) return cmd_train(o);
     if (*eval) return cmd_eval(o);
     if (*sample) return cmd_sample(o);
+    if (*logits) return cmd_logits(o);
     if (*prepare) return cmd_prepare(o);
+    if (*exp) return cmd_export(o);
+    if (*imp) return cmd_import(o);
     return cmd_print_config(o);
   } catch (const UserError& e) {
     std::fprintf(stderr, "gtron: error: %s\n", e.what());

@@ -189,18 +189,21 @@ std::vector<NamedTensor> ParallelState::full_moments(const Tensor& m, const Tens
   return ms;
 }
 
-void ParallelState::load(const CheckpointTensors& c, const std::string& dir, Tensor& m, Tensor& v) {
+void ParallelState::load(const CheckpointTensors& c, const std::string& dir, Tensor* m, Tensor* v) {
   const std::string model_file = dir + "/model.safetensors";
   const std::string opt_file = dir + "/optimizer.safetensors";
+  const bool moments = m != nullptr && v != nullptr;
   for (Part& part : parts_) {
-    Tensor m_flat = Tensor::zeros({std::max<int64_t>(part.dp->flat_numel(), 1)}, DType::kF32);
-    Tensor v_flat = Tensor::zeros({std::max<int64_t>(part.dp->flat_numel(), 1)}, DType::kF32);
+    const int64_t flat = moments ? std::max<int64_t>(part.dp->flat_numel(), 1) : 1;
+    Tensor m_flat = Tensor::zeros({flat}, DType::kF32);
+    Tensor v_flat = Tensor::zeros({flat}, DType::kF32);
     for (Parameter* p : part.params) {
       const bool sharded = gtp_ && gtp_->is_sharded(p);
       const Shape full_shape =
           sharded ? Shape{gtp_->full_rows(p), p->data.dim(1)} : p->data.shape();
       auto local = [&](const Tensor& full) { return sharded ? gtp_->shard_of(p, full) : full; };
       p->data.copy_from(local(checked_tensor(c.params, p->name, full_shape, model_file)));
+      if (!moments) continue;
       const int64_t off = part.dp->flat_offset(p);
       const int64_t n = p->data.numel();
       Tensor mv = m_flat.rows(off, off + n);
@@ -208,9 +211,10 @@ void ParallelState::load(const CheckpointTensors& c, const std::string& dir, Ten
       Tensor vv = v_flat.rows(off, off + n);
       vv.copy_from(local(checked_tensor(c.moments, "v." + p->name, full_shape, opt_file)));
     }
+    if (!moments) continue;
     const int64_t n = part.dp->owned_numel();
-    Tensor m_slice = m.rows(part.state_offset, part.state_offset + n);
-    Tensor v_slice = v.rows(part.state_offset, part.state_offset + n);
+    Tensor m_slice = m->rows(part.state_offset, part.state_offset + n);
+    Tensor v_slice = v->rows(part.state_offset, part.state_offset + n);
     part.dp->scatter_to_owned(m_flat, m_slice);
     part.dp->scatter_to_owned(v_flat, v_slice);
   }

@@ -52,7 +52,9 @@ class ParallelState {
   std::vector<NamedTensor> full_parameters();
   // "m.<name>" for every parameter, then "v.<name>", from the optimizer's owned state.
   std::vector<NamedTensor> full_moments(const Tensor& m, const Tensor& v);
-  void load(const CheckpointTensors& c, const std::string& dir, Tensor& m, Tensor& v);
+  // Loads the parameters of `c` (read from checkpoint `dir`) and, when m and v are set, the AdamW
+  // moments into the optimizer's owned state; null m, v: parameters only (train --init).
+  void load(const CheckpointTensors& c, const std::string& dir, Tensor* m, Tensor* v);
 
   // metrics.jsonl extras (GTP pool bytes, buffers per key, gathers, prefetch hits).
   std::vector<std::pair<std::string, double>> metrics() const;

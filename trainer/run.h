@@ -31,7 +31,8 @@ using Clock = std::chrono::steady_clock;
 // One training run: the process group, model, data-parallel buffers, optimizer and data.
 class Run {
  public:
-  Run(const Config& cfg, bool resume, TrainSummary* summary);
+  // init_dir: a checkpoint whose weights start the run (train --init) unless it resumes; "" = none.
+  Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSummary* summary);
   int train();
 
  private:
@@ -42,6 +43,8 @@ class Run {
   bool flush_cuda(int64_t done);
   // After the last step: the final evaluation and summary line.
   int finish();
+  // train --init: every parameter from checkpoint `dir` (shapes checked), fresh optimizer.
+  void init_weights(const std::string& dir);
   bool is_rank0() const { return env_.rank == 0; }
   void print_header(const ResolvedData& data) const;
   // Mean over the world of a few per-rank values (every rank gets the result).

@@ -200,7 +200,7 @@ ResolvedData resolve_data(const Config& cfg) {
 
 namespace internal {
 
-Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
+Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSummary* summary)
     : cfg_(cfg), summary_(summary), env_(parallel::dist_env_from_environment()) {
   validate(cfg_, env_.world_size);
   const DevicePlan plan = pick_device(cfg_, env_);
@@ -244,11 +244,13 @@ Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
                cfg_.train.steps,   cfg_.schedule.min_lr_ratio, cfg_.schedule.wsd_decay_fraction};
   accum_ = grad_accum_steps(cfg_, env_.world_size);
 
+  bool resumed = false;
   if (resume) {
     const std::string root = checkpoint_dir(cfg_);
     if (auto dir = find_latest_complete(root)) {
       CheckpointTensors c = read_checkpoint_tensors(*dir, /*with_optimizer=*/true);
-      par_->load(c, *dir, opt_->m(), opt_->v());
+      par_->load(c, *dir, &opt_->m(), &opt_->v());
+      resumed = true;
       opt_->set_steps_taken(c.optimizer_steps);
       if (bf16_weights_) bf16_weights_->refresh();
       start_ = read_trainer_state(*dir).step;
@@ -258,6 +260,7 @@ Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
       std::printf("--resume: no complete checkpoint in %s; starting from step 0\n", root.c_str());
     }
   }
+  if (!resumed && !init_dir.empty()) init_weights(init_dir);
   // Last: the graphs bake in the addresses of everything above (weights, shadows, buffers).
   graphs_ = std::make_unique<graphs::ModelGraphs>(*model_, graph_scope(cfg_.graphs.scope), device_,
                                                   graph_options(cfg_.graphs));
@@ -273,6 +276,23 @@ Run::Run(const Config& cfg, bool resume, TrainSummary* summary)
     summary_->first_step = start_ + 1;
     summary_->entropy_rate = data_.entropy_rate;
   }
+}
+
+void Run::init_weights(const std::string& dir) {
+  verify_checkpoint_dir(dir);
+  CheckpointTensors c = read_checkpoint_tensors(dir, /*with_optimizer=*/false);
+  for (const auto& [name, tensor] : c.params) {
+    if (model_->find(name) == nullptr)
+      throw UserError(
+          str_cat("--init: checkpoint '", dir, "' has tensor '", name, "' ", tensor.shape().str(),
+                  ", which the configured model has no place for",
+                  "; hint: match model.tied_embeddings and mtp.depth to the checkpoint ",
+                  "(its trainer_state.json holds its config)"));
+  }
+  par_->load(c, dir, nullptr, nullptr);  // names the first missing or mis-shaped tensor
+  if (bf16_weights_) bf16_weights_->refresh();
+  if (is_rank0())
+    std::printf("initialized weights from %s (fresh optimizer, step 0)\n", dir.c_str());
 }
 
 void Run::print_header(const ResolvedData& data) const {
@@ -445,8 +465,9 @@ int Run::finish() {
 
 }  // namespace internal
 
-int run_training(const Config& cfg, bool resume, TrainSummary* summary) {
-  internal::Run run(cfg, resume, summary);
+int run_training(const Config& cfg, bool resume, TrainSummary* summary,
+                 const std::string& init_dir) {
+  internal::Run run(cfg, resume, init_dir, summary);
   return run.train();
 }
 

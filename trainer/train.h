@@ -36,10 +36,13 @@ struct TrainSummary {
   std::optional<double> entropy_rate;
 };
 
-// Trains per `cfg` (validated), resuming from the newest complete checkpoint when `resume`.
-// Throws UserError for bad inputs; returns kExitNonFinite if the loss or gradient stops being
-// finite (the last good checkpoint is kept).
-int run_training(const Config& cfg, bool resume, TrainSummary* summary = nullptr);
+// Trains per `cfg` (validated), resuming from the newest complete checkpoint when `resume`. When
+// it does not resume and `init_dir` is set, the weights start from that checkpoint (fresh
+// optimizer, step 0; every tensor must match the model's names and shapes). Throws UserError for
+// bad inputs; returns kExitNonFinite if the loss or gradient stops being finite (the last good
+// checkpoint is kept).
+int run_training(const Config& cfg, bool resume, TrainSummary* summary = nullptr,
+                 const std::string& init_dir = "");
 
 struct EvalResult {
   double main_loss = 0;
