@@ -6,6 +6,7 @@
 #include "model/ops/add.h"
 #include "model/ops/attention.h"
 #include "model/ops/concat.h"
+#include "model/ops/fused_mlp.h"
 #include "model/ops/gelu.h"
 #include "model/ops/linear.h"
 #include "model/ops/norm.h"
@@ -78,11 +79,29 @@ TransformerBlock::TransformerBlock(ParamRegistry& reg, const std::string& name, 
   mlp_proj = LinearLayer(reg, name + ".mlp.proj", 4 * d.C, d.C, true, resid_std);
 }
 
+Var TransformerBlock::mlp(const Var& x, WeightAccess& w) const {
+  if (!fused_mlp_supported(x)) return mlp_proj.forward(gelu(fc.forward(x, w)), w);
+  // CUDA bf16: GELU rides in the two GEMMs' epilogues (model/ops/fused_mlp.h). The weight
+  // accesses come in the same order as the composed path's (use/used fc, then proj).
+  Var wf = w.use(*fc.weight);
+  Var bf = w.use_bias(*fc.bias);
+  if (bf.dtype() != DType::kBF16) {  // an access that keeps f32 biases: the composed ops
+    Var up = linear(x, wf, bf);
+    w.used(*fc.weight, wf);
+    return mlp_proj.forward(gelu(up), w);
+  }
+  GeluUp up = linear_gelu_up(x, wf, bf);
+  w.used(*fc.weight, wf);
+  Var wp = w.use(*mlp_proj.weight);
+  Var y = linear_after_gelu(up, wp, w.use_bias(*mlp_proj.bias));
+  w.used(*mlp_proj.weight, wp);
+  return y;
+}
+
 Var TransformerBlock::forward(const Var& x, WeightAccess& w) const {
   Var a = attn_proj.forward(causal_attention(qkv.forward(ln1.forward(x), w), NH), w);
   Var h = add(x, a);
-  Var m = mlp_proj.forward(gelu(fc.forward(ln2.forward(h), w)), w);
-  return add(h, m);
+  return add(h, mlp(ln2.forward(h), w));
 }
 
 MTPModule::MTPModule(ParamRegistry& reg, const std::string& name, const BlockDims& d) {

@@ -121,6 +121,8 @@ struct TransformerBlock {
   TransformerBlock(ParamRegistry& reg, const std::string& name, const BlockDims& d);
   // x: [B, T, C] -> [B, T, C]
   Var forward(const Var& x, WeightAccess& w) const;
+  // mlp_proj(gelu(fc(x))): fused on CUDA bf16 (model/ops/fused_mlp.h), composed elsewhere.
+  Var mlp(const Var& x, WeightAccess& w) const;
 };
 
 // DeepSeek-V3 MTP depth: h' = Block(W · concat(RMSNorm(h), RMSNorm(Emb(tokens shifted by k)))).

@@ -4,8 +4,8 @@
 // Note [bf16 shadows]
 // - Parameter::data stays the fp32 master (updated by the optimizer, saved in checkpoints).
 // - Every parameter that goes through the WeightAccess (linear weights and biases, the embedding
-//   table, the output head) gets one bf16 shadow of its shape, allocated at its first use and kept for the
-//   life of the Bf16Weights: a steady-state step allocates nothing here.
+//   table, the output head) gets one bf16 shadow of its shape, allocated at its first use and kept
+//   for the life of the Bf16Weights: a steady-state step allocates nothing here.
 // - A shadow is re-cast from the master at its first use after refresh() (one cast kernel on the
 //   current stream, ordered after the optimizer's kernels by the stream). The cast comes after
 //   p.make_ready(), so a lazily gathered DDP bucket is never read early; later uses in the same

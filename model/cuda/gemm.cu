@@ -37,7 +37,7 @@ namespace {
 constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
 
 // (problem, pointer alignments) -> algorithm; see GemmContext::algo.
-using GemmKey = std::array<int64_t, 18>;
+using GemmKey = std::array<int64_t, 20>;
 
 // Device memory owned for the life of the context. Non-copyable; the destructor never throws
 // (at process exit the runtime may already be unloading, so its error is ignored).
@@ -182,8 +182,8 @@ void check_args(const GemmArgs& g) {
 // The algorithm for `g`: cached per problem and pointer alignments, else cuBLASLt's first
 // heuristic choice for exactly those alignments (so a cached choice never meets a less aligned
 // operand than it was picked for). False when cuBLASLt has none.
-bool choose_algo(cublasLtMatmulAlgo_t* chosen, GemmContext& ctx, const GemmArgs& g, const MatmulDesc& desc,
-                                 const Layout& op1, const Layout& op2, const Layout& out) {
+bool choose_algo(cublasLtMatmulAlgo_t* chosen, GemmContext& ctx, const GemmArgs& g,
+                 const MatmulDesc& desc, const Layout& op1, const Layout& op2, const Layout& out) {
   const int64_t ab_size = dtype_size(g.ab);
   const int64_t c_size = dtype_size(g.c_type);
   const uint32_t align1 = alignment(g.b, g.batch, g.stride_b * ab_size);
@@ -207,7 +207,9 @@ bool choose_algo(cublasLtMatmulAlgo_t* chosen, GemmContext& ctx, const GemmArgs&
                        align_bias,
                        g.bias != nullptr,
                        g.bias != nullptr ? static_cast<int64_t>(g.bias_type) : -1,
-                       g.beta == 0.0f};
+                       g.beta == 0.0f,
+                       static_cast<int64_t>(g.epilogue),
+                       g.aux ? alignment(g.aux, 1, 0) + 1000 * g.aux_ld : 0};
   const int known = ctx.find(key, chosen);
   if (known != 0) return known > 0;
   Preference pref;
@@ -221,8 +223,9 @@ bool choose_algo(cublasLtMatmulAlgo_t* chosen, GemmContext& ctx, const GemmArgs&
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
       ctx.handle(), desc.d, op1.l, op2.l, out.l, out.l, pref.p, 1, &result, &found);
   // An f32 bias on a bf16 output is refused with INVALID_VALUE by some cuBLASLt versions (13.0).
-  const bool mixed_bias = g.bias != nullptr && g.bias_type != g.c_type;
-  if (st != CUBLAS_STATUS_NOT_SUPPORTED && !(mixed_bias && st == CUBLAS_STATUS_INVALID_VALUE)) {
+  const bool optional =
+      (g.bias != nullptr && g.bias_type != g.c_type) || g.epilogue != Epilogue::kNone;
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED && !(optional && st == CUBLAS_STATUS_INVALID_VALUE)) {
     CUBLAS_CHECK(st);
   }
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
@@ -239,8 +242,8 @@ bool choose_algo(cublasLtMatmulAlgo_t* chosen, GemmContext& ctx, const GemmArgs&
 void gemm(const GemmArgs& g, void* stream) {
   GTRON_CHECK(try_gemm(g, stream), "gemm: cuBLASLt has no algorithm for m = ", g.m, ", n = ", g.n,
               ", k = ", g.k, ", batch = ", g.batch, ", A/B ", dtype_name(g.ab), ", C ",
-              dtype_name(g.c_type), ", trans ", g.trans_a, "/", g.trans_b,
-              g.bias ? ", bias " : "", g.bias ? dtype_name(g.bias_type) : "");
+              dtype_name(g.c_type), ", trans ", g.trans_a, "/", g.trans_b, g.bias ? ", bias " : "",
+              g.bias ? dtype_name(g.bias_type) : "");
 }
 
 bool try_gemm(const GemmArgs& g, void* stream) {
@@ -268,7 +271,25 @@ bool try_gemm(const GemmArgs& g, void* stream) {
            static_cast<int32_t>(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
   desc.set(CUBLASLT_MATMUL_DESC_TRANSB,
            static_cast<int32_t>(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
-  if (g.bias != nullptr) {
+  if (g.epilogue != Epilogue::kNone) {
+    GTRON_CHECK(g.c_type == DType::kBF16 && g.aux != nullptr && g.aux_ld >= g.n && g.batch == 1,
+                "gemm: GELU epilogues take a bf16 C, an aux buffer of leading dimension >= n and "
+                "no batch");
+    GTRON_CHECK(g.epilogue == Epilogue::kGeluAux || g.bias == nullptr,
+                "gemm: the DGELU epilogue takes no bias");
+    const cublasLtEpilogue_t e =
+        g.epilogue == Epilogue::kDGelu
+            ? CUBLASLT_EPILOGUE_DGELU
+            : (g.bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX);
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(e));
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.aux_ld);
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, static_cast<int32_t>(ct));
+    if (g.bias != nullptr) {
+      desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+      desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(cuda_type(g.bias_type)));
+    }
+  } else if (g.bias != nullptr) {
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BIAS));
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(cuda_type(g.bias_type)));

@@ -30,6 +30,13 @@
 
 namespace gtron::cuda {
 
+// Elementwise work riding in the GEMM's epilogue (bf16 C only), with aux [M, N] row-major (leading
+// dimension aux_ld elements) in C's type:
+//   kGeluAux: aux = acc (+ bias), C = gelu_tanh(aux)      (the MLP's up projection)
+//   kDGelu:   C = acc ⊙ gelu_tanh'(aux)                   (its backward, through the down
+//   projection)
+enum class Epilogue { kNone, kGeluAux, kDGelu };
+
 struct GemmArgs {
   const void* a = nullptr;  // op(A): [M, K]
   bool trans_a = false;
@@ -41,8 +48,11 @@ struct GemmArgs {
   DType c_type = DType::kF32;  // f32, or bf16 when ab is bf16
   float alpha = 1.0f;
   float beta = 0.0f;
-  const void* bias = nullptr;  // [N] in bias_type, or null
+  const void* bias = nullptr;     // [N] in bias_type, or null
   DType bias_type = DType::kF32;  // c_type, or f32 with a bf16 C
+  Epilogue epilogue = Epilogue::kNone;
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch matrices
 };

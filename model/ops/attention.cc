@@ -9,7 +9,9 @@ namespace gtron {
 
 namespace {
 
-float score_scale(int64_t HS) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(HS))); }
+float score_scale(int64_t HS) {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(HS)));
+}
 
 // The flash kernels' view of causal_attention's tensors: qkv [B, T, 3C] packed, y [B, T, C].
 cuda::FlashForwardArgs flash_forward_args(const Tensor& qkv, Tensor& y, Tensor& lse, int NH) {

@@ -592,9 +592,9 @@ void flash_attention_forward(const FlashForwardArgs& a, void* stream) {
   GTRON_CHECK(a.q_ld % 8 == 0 && a.kv_ld % 8 == 0 && a.o_ld % 8 == 0 && a.q_batch % 8 == 0 &&
                   a.kv_batch % 8 == 0 && a.o_batch % 8 == 0,
               "flash_attention: row and batch strides must be multiples of 8 elements");
-  GTRON_CHECK(is_aligned(a.q, 16) && is_aligned(a.k, 16) && is_aligned(a.v, 16) &&
-                  is_aligned(a.o, 16),
-              "flash_attention: operands must be 16-byte aligned");
+  GTRON_CHECK(
+      is_aligned(a.q, 16) && is_aligned(a.k, 16) && is_aligned(a.v, 16) && is_aligned(a.o, 16),
+      "flash_attention: operands must be 16-byte aligned");
   if (static_cast<int64_t>(a.B) * a.NH * a.Tq == 0) return;
   const auto st = static_cast<cudaStream_t>(stream);
   if (a.HS == 64) {

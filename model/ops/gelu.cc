@@ -28,8 +28,8 @@ Var gelu(const Var& x) {
       if (out.device().is_cuda()) {
         bool overwrite = false;
         Tensor& dx = x.grad_for_write(&overwrite);
-        cuda::gelu_backward(x.value().raw(), out.grad().raw(), dx.raw(), n, out.dtype(),
-                            s.native(), overwrite);
+        cuda::gelu_backward(x.value().raw(), out.grad().raw(), dx.raw(), n, out.dtype(), s.native(),
+                            overwrite);
         return;
       }
       dispatch_float(out.dtype(), [&](auto tag) {

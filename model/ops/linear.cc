@@ -51,8 +51,8 @@ Var linear(const Var& x, const Var& w, const Var& b) {
         cuda::linear_backward(x.value().raw(), w.value().raw(), out.grad().raw(), dx,
                               dw ? dw->raw() : nullptr, dw ? dw->dtype() : DType::kF32,
                               want_db ? f32_grad("linear bias", b.grad()) : nullptr,
-                              want_db ? scratch.data<float>() : nullptr, N, Cin, Cout,
-                              out.dtype(), s.native(), dx_overwrite);
+                              want_db ? scratch.data<float>() : nullptr, N, Cin, Cout, out.dtype(),
+                              s.native(), dx_overwrite);
         return;
       }
       dispatch_float(out.dtype(), [&](auto tag) {

@@ -41,10 +41,9 @@ Var cross_entropy_cuda(const Var& logits, const Tensor& targets, int64_t N, int6
       Stream& s = current_stream(out.device());
       if (overwrite && !logits.has_grad()) {
         Tensor buffer = logits.value();
-        cuda::cross_entropy_backward_inplace(buffer.raw(), tg.data<int32_t>(), rmax.data<float>(),
-                                             rlse.data<float>(), count.data<int32_t>(),
-                                             out.grad().data<float>(), N, V, Vp, logits.dtype(),
-                                             s.native());
+        cuda::cross_entropy_backward_inplace(
+            buffer.raw(), tg.data<int32_t>(), rmax.data<float>(), rlse.data<float>(),
+            count.data<int32_t>(), out.grad().data<float>(), N, V, Vp, logits.dtype(), s.native());
         logits.set_grad(buffer);
         return;
       }

@@ -106,8 +106,7 @@ Result run_flash(const Problem& p, const std::vector<double>& qkv, const std::ve
   b.HS = static_cast<int>(p.HS);
   b.T = static_cast<int>(p.T);
   b.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.HS)));
-  Tensor scratch =
-      scratch_floats(cuda::flash_attention_backward_scratch_floats(p.B, p.T, p.NH), s);
+  Tensor scratch = scratch_floats(cuda::flash_attention_backward_scratch_floats(p.B, p.T, p.NH), s);
   cuda::flash_attention_backward(b, scratch.data<float>(), s.native());
   return {to_host(out), to_host(lse), to_host(tdq)};
 }
@@ -122,12 +121,12 @@ Result run_reference_cuda(const Problem& p, const std::vector<double>& qkv,
   Tensor tdq = to_gpu_bf16(dqkv0, {p.B, p.T, 3 * C});
   Tensor out = Tensor::empty({p.B, p.T, C}, DType::kBF16, Device::cuda(0), &s);
   Tensor lse = Tensor::empty({p.B, p.NH, p.T}, DType::kF32, Device::cuda(0), &s);
-  Tensor fs = scratch_bytes(
-      cuda::attention_forward_scratch_bytes(p.B, p.T, p.NH, p.HS, DType::kBF16), s);
+  Tensor fs =
+      scratch_bytes(cuda::attention_forward_scratch_bytes(p.B, p.T, p.NH, p.HS, DType::kBF16), s);
   cuda::attention_forward(tq.raw(), out.raw(), lse.data<float>(), fs.raw(), p.B, p.T, p.NH, p.HS,
                           DType::kBF16, s.native());
-  Tensor bs = scratch_bytes(
-      cuda::attention_backward_scratch_bytes(p.B, p.T, p.NH, p.HS, DType::kBF16), s);
+  Tensor bs =
+      scratch_bytes(cuda::attention_backward_scratch_bytes(p.B, p.T, p.NH, p.HS, DType::kBF16), s);
   cuda::attention_backward(tq.raw(), lse.data<float>(), tdo.raw(), tdq.raw(), bs.raw(), p.B, p.T,
                            p.NH, p.HS, DType::kBF16, s.native());
   return {to_host(out), to_host(lse), to_host(tdq)};

@@ -130,8 +130,8 @@ TEST(GptCuda, Bf16MatchesCpu) {
   // each cast once although the head is used 1 + D times.
   int64_t weights = 0;
   for (Parameter* p : gpu.parameters()) {
-    const bool linear_bias = p->name.find(".attn.") != std::string::npos ||
-                             p->name.find(".mlp.") != std::string::npos;
+    const bool linear_bias =
+        p->name.find(".attn.") != std::string::npos || p->name.find(".mlp.") != std::string::npos;
     weights += (p->data.rank() == 2 && p->name != "wpe.weight") ||
                (linear_bias && p->name.size() > 5 && p->name.substr(p->name.size() - 5) == ".bias");
   }

@@ -1,0 +1,119 @@
+#include "model/ops/fused_mlp.h"
+
+#include "model/ops/add.h"
+#include "model/ops/device_util.h"
+#include "model/ops/gelu.h"
+#include "model/ops/linear.h"
+#include "model/ops/shape_check.h"
+#include "model/stream.h"
+
+namespace gtron {
+
+bool fused_mlp_supported(const Var& x) { return x.device().is_cuda() && x.dtype() == DType::kBF16; }
+
+namespace {
+
+struct Dims {
+  int64_t N, Cin, Cout;
+};
+
+Dims check_operands(const char* op, const Var& x, const Var& w, const Var& b) {
+  GTRON_CHECK(fused_mlp_supported(x), op, ": CUDA bf16 activations only; got ", x.device().str(),
+              "/", dtype_name(x.dtype()));
+  const int64_t Cin = x.shape()[x.shape().rank() - 1];
+  const int64_t Cout = w.shape()[0];
+  check_shape(op, w.shape(), Shape{Cout, Cin});
+  check_shape(op, b.shape(), Shape{Cout});
+  check_same_device_dtype(op, x.value(), w.value());
+  check_same_device_dtype(op, x.value(), b.value());
+  return {x.value().numel() / Cin, Cin, Cout};
+}
+
+std::vector<int64_t> with_last(const Shape& s, int64_t last) {
+  std::vector<int64_t> d = s.vec();
+  d.back() = last;
+  return d;
+}
+
+}  // namespace
+
+GeluUp linear_gelu_up(const Var& x, const Var& w, const Var& b) {
+  const Dims d = check_operands("linear_gelu_up", x, w, b);
+  Stream& s = current_stream(x.device());
+  const Shape out_shape(with_last(x.shape(), d.Cout));
+  Tensor pre = Tensor::empty(out_shape, DType::kBF16, x.device(), &s);
+  Tensor g = Tensor::empty(out_shape, DType::kBF16, x.device(), &s);
+  cuda::linear_gelu_forward(x.value().raw(), w.value().raw(), b.value().raw(), pre.raw(), g.raw(),
+                            d.N, d.Cin, d.Cout, s.native());
+  const bool need = x.requires_grad() || w.requires_grad() || b.requires_grad();
+  GeluUp up{Var::output(pre, need), Var::output(g, need)};
+  if (need) {
+    Var vpre = up.pre;
+    record_backward([x, w, b, vpre, d] {
+      if (!vpre.has_grad()) return;
+      Stream& s = current_stream(vpre.device());
+      const bool want_db = b.requires_grad();
+      Tensor scratch;
+      if (want_db) scratch = scratch_floats(cuda::linear_backward_scratch_floats(d.N, d.Cout), s);
+      Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
+      bool dx_overwrite = false;
+      void* dx = x.requires_grad() ? x.grad_for_write(&dx_overwrite).raw() : nullptr;
+      cuda::linear_backward(x.value().raw(), w.value().raw(), vpre.grad().raw(), dx,
+                            dw ? dw->raw() : nullptr, dw ? dw->dtype() : DType::kF32,
+                            want_db ? f32_grad("linear_gelu_up bias", b.grad()) : nullptr,
+                            want_db ? scratch.data<float>() : nullptr, d.N, d.Cin, d.Cout,
+                            DType::kBF16, s.native(), dx_overwrite);
+    });
+  }
+  return up;
+}
+
+Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b) {
+  const Var& g = up.g;
+  const Dims d = check_operands("linear_after_gelu", g, w, b);
+  Stream& s = current_stream(g.device());
+  Tensor y = Tensor::empty(Shape(with_last(g.shape(), d.Cout)), DType::kBF16, g.device(), &s);
+  cuda::linear_forward(g.value().raw(), w.value().raw(), b.value().raw(), DType::kBF16, y.raw(),
+                       d.N, d.Cin, d.Cout, DType::kBF16, s.native());
+  const bool need = g.requires_grad() || w.requires_grad() || b.requires_grad();
+  Var out = Var::output(y, need);
+  if (need) {
+    // g is not kept for the backward (its [N, 4C] buffer is free once y is formed): the backward
+    // recomputes it from pre, one elementwise pass, to form dw.
+    Var pre = up.pre;
+    const Shape g_shape = g.shape();
+    record_backward([g_shape, pre, w, b, out, d] {
+      if (!out.has_grad()) return;
+      Stream& s = current_stream(out.device());
+      Tensor g = Tensor::empty(g_shape, DType::kBF16, out.device(), &s);
+      cuda::gelu_forward(pre.value().raw(), g.raw(), d.N * d.Cin, DType::kBF16, s.native());
+      const bool want_db = b.requires_grad();
+      Tensor scratch;
+      if (want_db) scratch = scratch_floats(cuda::linear_backward_scratch_floats(d.N, d.Cout), s);
+      Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
+      // dw, db as linear's; the input gradient goes to pre through gelu' (below), never to g.
+      cuda::linear_backward(g.raw(), w.value().raw(), out.grad().raw(), nullptr,
+                            dw ? dw->raw() : nullptr, dw ? dw->dtype() : DType::kF32,
+                            want_db ? f32_grad("linear_after_gelu bias", b.grad()) : nullptr,
+                            want_db ? scratch.data<float>() : nullptr, d.N, d.Cin, d.Cout,
+                            DType::kBF16, s.native());
+      if (!pre.requires_grad()) return;
+      bool overwrite = false;
+      Tensor& dpre = pre.grad_for_write(&overwrite);
+      if (overwrite && cuda::dgelu_backward(out.grad().raw(), w.value().raw(), pre.value().raw(),
+                                            dpre.raw(), d.N, d.Cin, d.Cout, s.native())) {
+        return;
+      }
+      // Composed: dg = dy·w into a scratch, then d pre (+)= gelu'(pre)·dg.
+      Tensor dg = Tensor::empty(g_shape, DType::kBF16, out.device(), &s);
+      cuda::linear_backward(g.raw(), w.value().raw(), out.grad().raw(), dg.raw(), nullptr,
+                            DType::kF32, nullptr, nullptr, d.N, d.Cin, d.Cout, DType::kBF16,
+                            s.native(), /*dx_overwrite=*/true);
+      cuda::gelu_backward(pre.value().raw(), dg.raw(), dpre.raw(), d.N * d.Cin, DType::kBF16,
+                          s.native(), overwrite);
+    });
+  }
+  return out;
+}
+
+}  // namespace gtron
