@@ -11,28 +11,21 @@
 # `--compare` instead runs gtron (graphs full) and scripts/bench_torch.py (torch.compile)
 # alternately, two rounds, for D = 0 and D = 1, then PyTorch eager once per D, and prints every
 # JSON line plus {"ratio_vs_torch_compile": gtron / torch.compile tokens/s, "D", "round"} lines.
-# Remaining flags pass through to both (same spelling: --B, --T, --L, --C, --NH, --V, --steps).
+# Remaining flags pass through to both (same spelling: --B, --T, --L, --C, --NH, --V, --steps);
+# GTRON_COMPARE_ROUNDS (2) and GTRON_COMPARE_D ("0 1") narrow it, e.g. for GPT-2 350M:
+#   GTRON_COMPARE_ROUNDS=1 GTRON_COMPARE_D=0 scripts/bench_gpu.sh --compare --L 24 --C 1024 --NH 16
 #
-# Uses a prebuilt binary when there is one next to this script or in .gpubin/ (GPU machines have
-# no Bazel: scripts/gpu_tests.sh copies it there); otherwise builds it with Bazel.
+# The binary: scripts/bench_gpu_bin.sh (prebuilt next to this script or in .gpubin/, else Bazel).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-bin=""
-for cand in "$here/bench_gpu" "$here/../.gpubin/bench_gpu"; do
-  if [[ -x "$cand" ]]; then bin="$cand"; break; fi
-done
-if [[ -z "$bin" ]]; then
-  cd "$here/.."
-  bazel build //tests/trainer:bench_gpu >/dev/null 2>&1 || bazel build //tests/trainer:bench_gpu
-  bin="$PWD/bazel-bin/tests/trainer/bench_gpu"
-fi
+bin="$("$here/bench_gpu_bin.sh")"
 common=(--L 12 --C 768 --NH 12 --V 50257 --T 1024 --B 16 --steps 50 --warmup 5)
 if [[ "${1:-}" == "--compare" ]]; then
   shift
   torch_py="$here/bench_torch.py"
   [[ -f "$torch_py" ]] || torch_py="$here/../scripts/bench_torch.py"
-  for round in 1 2; do
-    for d in 0 1; do
+  for round in $(seq 1 "${GTRON_COMPARE_ROUNDS:-2}"); do
+    for d in ${GTRON_COMPARE_D:-0 1}; do
       g_line=$("$bin" "${common[@]}" --D "$d" --graphs full "$@")
       echo "$g_line"
       t_line=$(python3 "$torch_py" --mode compile --D "$d" "${common[@]}" "$@" 2>/dev/null | tail -1)
@@ -40,7 +33,7 @@ if [[ "${1:-}" == "--compare" ]]; then
       python3 -c 'import json,sys; g,t=json.loads(sys.argv[1]),json.loads(sys.argv[2]); print(json.dumps({"ratio_vs_torch_compile": round(g["tokens_per_s"]/t["tokens_per_s"],4), "D": int(sys.argv[3]), "round": int(sys.argv[4]), "gtron_peak_gib": g["peak_mem_gib"], "torch_compile_peak_gib": t["peak_mem_gib"]}))' "$g_line" "$t_line" "$d" "$round"
     done
   done
-  for d in 0 1; do
+  for d in ${GTRON_COMPARE_D:-0 1}; do
     python3 "$torch_py" --mode eager --D "$d" "${common[@]}" "$@" 2>/dev/null | tail -1
   done
   exit 0

@@ -37,7 +37,8 @@ for label in "${tests[@]}" //tests/trainer:bench_gpu //trainer:gtron; do
   chmod u+w ".gpubin/$(basename "$path")"
   strip --strip-unneeded ".gpubin/$(basename "$path")"  # the carry limit is 64 MiB
 done
-cp scripts/bench_gpu.sh .gpubin/
+cp scripts/bench_gpu.sh scripts/bench_gpu_bin.sh scripts/bench_torch.py scripts/profile_gpu.sh \
+  scripts/profile_table.py .gpubin/
 # Shared libraries of this image that a GPU machine may lack (Gloo and its dependencies, libgomp):
 # run there with LD_LIBRARY_PATH=.gpubin/lib. CUDA's own libraries and the C runtime stay out.
 mkdir -p .gpubin/lib

@@ -10,15 +10,7 @@
 # default /tmp/gtron_profile.csv). Prints the table, then one JSON line with the totals.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-bin=""
-for cand in "$here/bench_gpu" "$here/../.gpubin/bench_gpu"; do
-  if [[ -x "$cand" ]]; then bin="$cand"; break; fi
-done
-if [[ -z "$bin" ]]; then
-  cd "$here/.."
-  bazel build //tests/trainer:bench_gpu >/dev/null
-  bin="$PWD/bazel-bin/tests/trainer/bench_gpu"
-fi
+bin="$("$here/bench_gpu_bin.sh")"
 steps="${GTRON_PROFILE_STEPS:-2}"
 csv="${GTRON_PROFILE_OUT:-/tmp/gtron_profile.csv}"
 args=(--L 12 --C 768 --NH 12 --V 50257 --T 1024 --B 16 --graphs none "$@")

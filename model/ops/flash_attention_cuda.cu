@@ -125,6 +125,24 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* g, int64_t ld,
   }
 }
 
+// The key/value double buffer of a CTA walking key tiles 0 .. n_tiles − 1: issues tile j + 1's
+// loads into the other buffer (when there is one), then waits until tile j's have landed and
+// every thread sees them. Tile j sits in buffer j % 2. Called by all threads.
+template <int HS, int kN>
+__device__ __forceinline__ void next_kv_tile(bf16* sK, bf16* sV, const bf16* gk, const bf16* gv,
+                                             int64_t ld, int j, int n_tiles, int len) {
+  if (j + 1 < n_tiles) {
+    const int nb = (j + 1) & 1;
+    load_tile<HS, kN>(sK + nb * kN * HS, gk, ld, (j + 1) * kN, len);
+    load_tile<HS, kN>(sV + nb * kN * HS, gv, ld, (j + 1) * kN, len);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
 // Max and sum over the 4 lanes of a quad (one accumulator row).
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -246,16 +264,7 @@ __global__ void __launch_bounds__(kThreadsFa) flash_forward_kernel(FlashForwardA
   const int row_base = q0 + warp * 16 + (lane >> 2);
 
   for (int j = 0; j < n_tiles; ++j) {
-    if (j + 1 < n_tiles) {
-      const int nb = (j + 1) & 1;
-      load_tile<HS, kN>(sK + nb * kN * HS, gk, a.kv_ld, (j + 1) * kN, a.Tk);
-      load_tile<HS, kN>(sV + nb * kN * HS, gv, a.kv_ld, (j + 1) * kN, a.Tk);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    next_kv_tile<HS, kN>(sK, sV, gk, gv, a.kv_ld, j, n_tiles, a.Tk);
     if (j == 0) load_a<HS>(qf, sQ, warp * 16, lane);
     const bf16* kt = sK + (j & 1) * kN * HS;
     const bf16* vt = sV + (j & 1) * kN * HS;
@@ -496,16 +505,7 @@ __global__ void __launch_bounds__(kThreadsFa)
   const float sl2 = a.scale * kLog2e;
 
   for (int j = 0; j < n_tiles; ++j) {
-    if (j + 1 < n_tiles) {
-      const int nb = (j + 1) & 1;
-      load_tile<HS, kN>(sK + nb * kN * HS, gk, ld, (j + 1) * kN, a.T);
-      load_tile<HS, kN>(sV + nb * kN * HS, gv, ld, (j + 1) * kN, a.T);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    next_kv_tile<HS, kN>(sK, sV, gk, gv, ld, j, n_tiles, a.T);
     if (j == 0) {
       load_a<HS>(qf, sQ, warp * 16, lane);
       load_a<HS>(of, sO, warp * 16, lane);
