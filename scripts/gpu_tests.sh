@@ -9,6 +9,7 @@
 # machines have in the same CUDA 13.0 install. No test reads runfiles: trainer tests write under
 # $TEST_TMPDIR, or /tmp when it is unset.
 #
+# GTRON_GPU_PACK=1 also writes .gpupack/gpubin.tar.xz (see the end).
 # Arguments (optional): name filters — only the tests whose name contains one of them are copied
 # (bench_gpu and gtron always are). The whole set is about 67 MB, above a 64 MiB carry limit:
 # carry it in two batches, e.g. `bash scripts/gpu_tests.sh _cuda_test` (the op and trainer
@@ -47,3 +48,12 @@ for bin in .gpubin/*_test .gpubin/bench_gpu .gpubin/gtron; do
 done | sort -u | grep -v -E '/usr/local/cuda|/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" .gpubin/lib/; done
 ls -1 .gpubin .gpubin/lib
+# GTRON_GPU_PACK=1: also pack .gpubin into .gpupack/gpubin.tar.xz (git-ignored; static binaries
+# compress about 5x, so the whole set travels under the 64 MiB carry limit). On the GPU machine:
+#   tar xJf .gpupack/gpubin.tar.xz      (recreates .gpubin/)
+if [[ "${GTRON_GPU_PACK:-0}" == "1" ]]; then
+  rm -rf .gpupack
+  mkdir -p .gpupack
+  tar cJf .gpupack/gpubin.tar.xz .gpubin
+  ls -l .gpupack/gpubin.tar.xz
+fi
