@@ -10,6 +10,7 @@
 #include "model/ops/gelu.h"
 #include "model/ops/linear.h"
 #include "model/ops/norm.h"
+#include "model/ops/norm_linear.h"
 
 namespace gtron {
 
@@ -98,8 +99,19 @@ Var TransformerBlock::mlp(const Var& x, WeightAccess& w) const {
   return y;
 }
 
+Var TransformerBlock::qkv_of(const Var& x, WeightAccess& w) const {
+  if (!x.device().is_cuda()) return qkv.forward(ln1.forward(x), w);
+  // CUDA: ln1's output is recomputed in the backward instead of kept (model/ops/norm_linear.h).
+  Var gamma = Var::param(*ln1.weight);
+  Var beta = Var::param(*ln1.bias);
+  Var wv = w.use(*qkv.weight);
+  Var y = layernorm_linear(x, gamma, beta, wv, w.use_bias(*qkv.bias));
+  w.used(*qkv.weight, wv);
+  return y;
+}
+
 Var TransformerBlock::forward(const Var& x, WeightAccess& w) const {
-  Var a = attn_proj.forward(causal_attention(qkv.forward(ln1.forward(x), w), NH), w);
+  Var a = attn_proj.forward(causal_attention(qkv_of(x, w), NH), w);
   Var h = add(x, a);
   return add(h, mlp(ln2.forward(h), w));
 }

@@ -123,6 +123,8 @@ struct TransformerBlock {
   Var forward(const Var& x, WeightAccess& w) const;
   // mlp_proj(gelu(fc(x))): fused on CUDA bf16 (model/ops/fused_mlp.h), composed elsewhere.
   Var mlp(const Var& x, WeightAccess& w) const;
+  // qkv(ln1(x)): on CUDA without keeping ln1's output (model/ops/norm_linear.h).
+  Var qkv_of(const Var& x, WeightAccess& w) const;
 };
 
 // DeepSeek-V3 MTP depth: h' = Block(W · concat(RMSNorm(h), RMSNorm(Emb(tokens shifted by k)))).

@@ -1,0 +1,79 @@
+#include "model/ops/norm_linear.h"
+
+#include "model/ops/device_util.h"
+#include "model/ops/linear.h"
+#include "model/ops/shape_check.h"
+#include "model/stream.h"
+
+namespace gtron {
+
+Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var& w, const Var& b,
+                     double eps) {
+  GTRON_CHECK(x.device().is_cuda(), "layernorm_linear: CUDA only; got ", x.device().str());
+  const int64_t C = x.shape()[x.shape().rank() - 1];
+  const int64_t N = x.value().numel() / C;
+  const int64_t Cout = w.shape()[0];
+  check_shape("layernorm_linear gamma", gamma.shape(), Shape{C});
+  check_shape("layernorm_linear beta", beta.shape(), Shape{C});
+  check_shape("layernorm_linear weight", w.shape(), Shape{Cout, C});
+  if (b.defined()) check_shape("layernorm_linear bias", b.shape(), Shape{Cout});
+  check_param_operand("layernorm_linear", x.value(), gamma.value());
+  check_same_device_dtype("layernorm_linear", x.value(), w.value());
+  if (b.defined()) check_param_operand("layernorm_linear bias", x.value(), b.value());
+
+  const DType act = x.dtype();
+  Stream& s = current_stream(x.device());
+  // The normalized rows live only until the GEMM has read them (the allocator orders the reuse).
+  auto normalize = [=](Stream& st, float* mean, float* rstd) {
+    Tensor n = Tensor::empty(x.shape(), act, x.device(), &st);
+    cuda::layernorm_forward(x.value().raw(), gamma.value().raw(), beta.value().raw(), gamma.dtype(),
+                            n.raw(), mean, rstd, N, C, eps, act, st.native());
+    return n;
+  };
+  Tensor mean = Tensor::empty(Shape{N}, DType::kF32, x.device(), &s);
+  Tensor rstd = Tensor::empty(Shape{N}, DType::kF32, x.device(), &s);
+  std::vector<int64_t> ydims = x.shape().vec();
+  ydims.back() = Cout;
+  Tensor y = Tensor::empty(Shape(ydims), act, x.device(), &s);
+  {
+    const Tensor n = normalize(s, mean.data<float>(), rstd.data<float>());
+    cuda::linear_forward(n.raw(), w.value().raw(), b.defined() ? b.value().raw() : nullptr,
+                         b.defined() ? b.dtype() : act, y.raw(), N, C, Cout, act, s.native());
+  }
+  const bool need = x.requires_grad() || gamma.requires_grad() || beta.requires_grad() ||
+                    w.requires_grad() || (b.defined() && b.requires_grad());
+  Var out = Var::output(y, need);
+  if (!need) return out;
+  record_backward([x, gamma, beta, w, b, out, mean, rstd, normalize, N, C, Cout, act] {
+    if (!out.has_grad()) return;
+    Stream& s = current_stream(out.device());
+    // Recompute the normalized rows (the same kernel on the same x: the same bits, and the same
+    // statistics rewritten over mean and rstd).
+    const Tensor n = normalize(s, mean.data<float>(), rstd.data<float>());
+    const bool want_db = b.defined() && b.requires_grad();
+    Tensor lin_scratch;
+    if (want_db) lin_scratch = scratch_floats(cuda::linear_backward_scratch_floats(N, Cout), s);
+    Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
+    const bool want_dn = x.requires_grad() || gamma.requires_grad() || beta.requires_grad();
+    Tensor dn;
+    if (want_dn) dn = Tensor::empty(x.shape(), act, x.device(), &s);
+    cuda::linear_backward(n.raw(), w.value().raw(), out.grad().raw(), want_dn ? dn.raw() : nullptr,
+                          dw ? dw->raw() : nullptr, dw ? dw->dtype() : DType::kF32,
+                          want_db ? f32_grad("layernorm_linear bias", b.grad()) : nullptr,
+                          want_db ? lin_scratch.data<float>() : nullptr, N, C, Cout, act,
+                          s.native(), /*dx_overwrite=*/true);
+    if (!want_dn) return;
+    const bool want_params = gamma.requires_grad() || beta.requires_grad();
+    Tensor ln_scratch;
+    if (want_params) ln_scratch = scratch_floats(cuda::layernorm_backward_scratch_floats(N, C), s);
+    cuda::layernorm_backward(
+        x.value().raw(), gamma.value().raw(), gamma.dtype(), mean.data<float>(), rstd.data<float>(),
+        dn.raw(), x.requires_grad() ? x.grad().raw() : nullptr,
+        gamma.requires_grad() ? f32_grad("layernorm_linear gamma", gamma.grad()) : nullptr,
+        beta.requires_grad() ? f32_grad("layernorm_linear beta", beta.grad()) : nullptr,
+        want_params ? ln_scratch.data<float>() : nullptr, N, C, act, s.native());
+  });
+  return out;
+}
+
+}  // namespace gtron
