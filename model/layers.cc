@@ -78,8 +78,21 @@ TransformerBlock::TransformerBlock(ParamRegistry& reg, const std::string& name, 
   mlp_proj = LinearLayer(reg, name + ".mlp.proj", 4 * d.C, d.C, true, resid_std);
 }
 
+namespace {
+
+// The training attention: causal self-attention over the window's own positions.
+TransformerBlock::Attention causal_over(int NH) {
+  return [NH](const Var& qkv) { return causal_attention(qkv, NH); };
+}
+
+}  // namespace
+
 Var TransformerBlock::forward(const Var& x, WeightAccess& w) const {
-  Var a = attn_proj.forward(causal_attention(qkv.forward(ln1.forward(x), w), NH), w);
+  return forward(x, w, causal_over(NH));
+}
+
+Var TransformerBlock::forward(const Var& x, WeightAccess& w, const Attention& attend) const {
+  Var a = attn_proj.forward(attend(qkv.forward(ln1.forward(x), w)), w);
   Var h = add(x, a);
   Var m = mlp_proj.forward(gelu(fc.forward(ln2.forward(h), w)), w);
   return add(h, m);
@@ -93,8 +106,13 @@ MTPModule::MTPModule(ParamRegistry& reg, const std::string& name, const BlockDim
 }
 
 Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w) const {
+  return forward(h, emb, w, causal_over(block.NH));
+}
+
+Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w,
+                       const TransformerBlock::Attention& attend) const {
   Var z = proj.forward(concat_features(hnorm.forward(h), enorm.forward(emb)), w);
-  return block.forward(z, w);
+  return block.forward(z, w, attend);
 }
 
 }  // namespace gtron
