@@ -154,8 +154,8 @@ TEST(SpeculativeSampling, DecodedTokensFollowTheMainModel) {
     const ChiSquare& naive = results["naive"];
     EXPECT_TRUE(exact.passes()) << "T " << s.temperature << ": chi2 " << exact.stat << " df "
                                 << exact.df << " crit " << chi2_critical(exact.df);
-    EXPECT_FALSE(naive.passes()) << "T " << s.temperature << ": naive chi2 " << naive.stat
-                                 << " df " << naive.df;
+    EXPECT_FALSE(naive.passes()) << "T " << s.temperature << ": naive chi2 " << naive.stat << " df "
+                                 << naive.df;
   }
 }
 
