@@ -23,13 +23,6 @@ KVCache::KVCache(int64_t B, int64_t Tmax, int64_t NH, int64_t HS, DType dtype, D
 namespace cpu {
 namespace {
 
-template <typename T>
-using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename T>
-using Strided = Eigen::Map<RowMat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
-template <typename T>
-using CStrided = Eigen::Map<const RowMat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
-
 // Row i of S (raw scores over keys 0..L-1) -> softmax(scale·S) over keys 0..last, zeros after.
 template <typename T>
 void softmax_prefix(T* row, int64_t last, int64_t L, T scale) {
@@ -58,7 +51,7 @@ void cached_attention_forward(const T* qkv, T* kc, T* vc, T* out, const int64_t*
   // columns: deterministic whatever the thread count (as model/ops/attention_cpu.cc).
 #pragma omp parallel
   {
-    RowMat<T> S;
+    RowMajorMat<T> S;
 #pragma omp for
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
@@ -70,15 +63,15 @@ void cached_attention_forward(const T* qkv, T* kc, T* vc, T* out, const int64_t*
         std::memcpy(K + (s0 + i) * HS, rows + i * 3 * C + C, sizeof(T) * HS);
         std::memcpy(V + (s0 + i) * HS, rows + i * 3 * C + 2 * C, sizeof(T) * HS);
       }
-      Strided<T> O(out + b * W * C + h * HS, W, HS, Eigen::OuterStride<>(C));
+      StridedRows<T> O(out + b * W * C + h * HS, W, HS, Eigen::OuterStride<>(C));
       if (n == 0) {
         O.setZero();
         continue;
       }
       const int64_t L = s0 + n;
-      CStrided<T> Q(rows, W, HS, Eigen::OuterStride<>(3 * C));
-      CStrided<T> Kc(K, L, HS, Eigen::OuterStride<>(HS));
-      CStrided<T> Vc(V, L, HS, Eigen::OuterStride<>(HS));
+      CStridedRows<T> Q(rows, W, HS, Eigen::OuterStride<>(3 * C));
+      CStridedRows<T> Kc(K, L, HS, Eigen::OuterStride<>(HS));
+      CStridedRows<T> Vc(V, L, HS, Eigen::OuterStride<>(HS));
       S.resize(W, L);
       S.noalias() = Q * Kc.transpose();
       for (int64_t i = 0; i < W; ++i)
