@@ -8,19 +8,22 @@
 
 namespace gtron {
 
-Decoder::Decoder(const GPT& model, int64_t batch, bool keep_hidden)
-    : model_(model), batch_(batch), tmax_(model.config().context_length) {
+Decoder::Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capacity)
+    : model_(model),
+      batch_(batch),
+      capacity_(capacity > 0 ? capacity : model.config().context_length) {
   const GPTConfig& c = model.config();
-  GTRON_CHECK(batch >= 1, "Decoder for ", batch, " rows");
+  GTRON_CHECK(batch >= 1 && capacity_ <= c.context_length, "Decoder for ", batch, " rows of ",
+              capacity_, " positions (context ", c.context_length, ")");
   const Tensor& wte = model.token_embedding().data;
   const int64_t HS = c.n_embd / c.n_head;
   for (int l = 0; l < c.n_layer; ++l) {
-    main_caches_.emplace_back(batch, tmax_, c.n_head, HS, wte.dtype(), wte.device());
+    main_caches_.emplace_back(batch, capacity_, c.n_head, HS, wte.dtype(), wte.device());
   }
   for (int k = 1; k <= c.mtp_depth; ++k) {
-    mtp_caches_.emplace_back(batch, tmax_, c.n_head, HS, wte.dtype(), wte.device());
+    mtp_caches_.emplace_back(batch, capacity_, c.n_head, HS, wte.dtype(), wte.device());
     if (keep_hidden) {
-      stores_.push_back(Tensor::zeros({batch, tmax_, c.n_embd}, wte.dtype(), wte.device()));
+      stores_.push_back(Tensor::zeros({batch, capacity_, c.n_embd}, wte.dtype(), wte.device()));
     }
   }
 }
@@ -33,8 +36,9 @@ DecodeWindow Decoder::window_of(const WindowInput& in) const {
   DecodeWindow win;
   for (int64_t b = 0; b < batch_; ++b) {
     const auto n = static_cast<int64_t>(in.tokens[b].size());
-    GTRON_CHECK(in.start[b] >= 0 && in.start[b] + n <= tmax_, "row ", b, ": positions [",
-                in.start[b], ", ", in.start[b] + n, ") outside the context of ", tmax_);
+    GTRON_CHECK(in.start[b] >= 0 && in.start[b] + n <= capacity_, "row ", b, ": positions [",
+                in.start[b], ", ", in.start[b] + n, ") outside the caches of ", capacity_,
+                " positions");
     for (int64_t slot : in.want[b]) {
       GTRON_CHECK(slot >= 0 && slot < n, "row ", b, ": logits of slot ", slot, " of ", n);
     }
@@ -55,7 +59,7 @@ Tensor Decoder::slot_ids(const WindowInput& in, const DecodeWindow& win, bool po
     for (int64_t i = 0; i < W; ++i) {
       int32_t& id = ids[b * W + i];
       if (positions) {
-        id = static_cast<int32_t>(win.position(b, i, tmax_));
+        id = static_cast<int32_t>(win.position(b, i, capacity_));
       } else if (i < win.count[b]) {
         id = in.tokens[b][i];
         GTRON_CHECK(id >= 0 && id < V, "token ", id, " outside the vocabulary of ", V);
@@ -79,10 +83,10 @@ TransformerBlock::Attention against(KVCache& cache, const DecodeWindow& win) {
 void Decoder::save(int store, const Var& x, const DecodeWindow& win) {
   if (store >= static_cast<int>(stores_.size())) return;
   const int64_t W = win.width, C = model_.config().n_embd;
-  Tensor rows = stores_[store].view({batch_ * tmax_, C});
+  Tensor rows = stores_[store].view({batch_ * capacity_, C});
   Tensor src = x.value().view({batch_ * W, C});
   for (int64_t b = 0; b < batch_; ++b) {
-    const int64_t n = win.count[b], s0 = b * tmax_ + win.start[b];
+    const int64_t n = win.count[b], s0 = b * capacity_ + win.start[b];
     if (n > 0) rows.rows(s0, s0 + n).copy_from(src.rows(b * W, b * W + n));
   }
 }
@@ -94,9 +98,9 @@ Var Decoder::load(int store, const DecodeWindow& win) const {
   const Tensor& s = stores_[store];
   Tensor out = Tensor::zeros({batch_, W, C}, s.dtype(), s.device());
   Tensor dst = out.view({batch_ * W, C});
-  Tensor rows = s.view({batch_ * tmax_, C});
+  Tensor rows = s.view({batch_ * capacity_, C});
   for (int64_t b = 0; b < batch_; ++b) {
-    const int64_t n = win.count[b], s0 = b * tmax_ + win.start[b];
+    const int64_t n = win.count[b], s0 = b * capacity_ + win.start[b];
     if (n > 0) dst.rows(b * W, b * W + n).copy_from(rows.rows(s0, s0 + n));
   }
   return Var::constant(out);

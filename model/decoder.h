@@ -8,7 +8,7 @@
 // (model/gpt.h). A depth's window can start before the positions the previous module just ran
 // (its cached positions that used drafted tokens are recomputed once the real tokens are known),
 // so the decoder keeps, per module feeding a depth, its hidden states at every position:
-// stores[k] [B, Tmax, C] for k = 0..D-1, written by each window at its real slots.
+// stores[k] [B, capacity, C] for k = 0..D-1, written by each window at its real slots.
 #pragma once
 
 #include <cstdint>
@@ -29,10 +29,11 @@ struct WindowInput {
 
 class Decoder {
  public:
-  // Caches for `batch` rows of model.config().context_length positions, in the model's dtype and
-  // on its device. keep_hidden: keep the MTP hidden stores (speculative decoding needs them).
-  // The model must outlive the decoder; its parameters are read directly (no weight access).
-  Decoder(const GPT& model, int64_t batch, bool keep_hidden);
+  // Caches for `batch` rows of `capacity` positions (0: model.config().context_length, the most
+  // allowed), in the model's dtype and on its device, allocated here once. keep_hidden: keep the
+  // MTP hidden stores (speculative decoding needs them). The model must outlive the decoder; its
+  // parameters are read directly (no weight access).
+  Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capacity = 0);
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
 
@@ -40,7 +41,7 @@ class Decoder {
 
   // The main model over the window: writes its keys/values (and store 0) at the real slots and
   // returns the logits of the wanted slots, fp32 rows of V (the real vocabulary) in row order,
-  // then slot order within a row. REQUIRES: tokens in [0, V), start[b] + count_b <= Tmax.
+  // then slot order within a row. REQUIRES: tokens in [0, V), start[b] + count_b <= capacity.
   std::vector<float> main(const WindowInput& in);
   // MTP depth k (1..D): slot i of row b combines store k-1 at position start[b]+i (which must
   // hold that position's hidden state) with the embedding of tokens[b][i] (the token k ahead).
@@ -57,10 +58,10 @@ class Decoder {
 
   const GPT& model_;
   int64_t batch_;
-  int64_t tmax_;
+  int64_t capacity_;                  // positions per row in every cache and store
   std::vector<KVCache> main_caches_;  // [L]
   std::vector<KVCache> mtp_caches_;   // [D]
-  std::vector<Tensor> stores_;        // [D] of [B, Tmax, C] (empty without keep_hidden)
+  std::vector<Tensor> stores_;        // [D] of [B, capacity, C] (empty without keep_hidden)
   DirectWeights direct_;
 };
 

@@ -41,6 +41,12 @@ void check_args(const GPT& model, const std::vector<std::vector<int32_t>>& promp
   }
 }
 
+int64_t longest(const std::vector<std::vector<int32_t>>& prompts) {
+  size_t n = 0;
+  for (const auto& p : prompts) n = std::max(n, p.size());
+  return static_cast<int64_t>(n);
+}
+
 // The token chosen from one row of logits (greedy or a draw), and its distribution when drawn.
 int32_t choose(const float* logits, int64_t V, const SamplingOptions& s, Rng& rng,
                std::vector<double>* dist = nullptr) {
@@ -58,7 +64,8 @@ class Generator {
       : o_(o),
         V_(model.config().vocab_size),
         D_(o.speculative ? model.config().mtp_depth : 0),
-        dec_(model, static_cast<int64_t>(prompts.size()), o.speculative) {
+        dec_(model, static_cast<int64_t>(prompts.size()), o.speculative,
+             longest(prompts) + o.max_new_tokens) {
     for (size_t b = 0; b < prompts.size(); ++b) {
       Row r;
       r.seq = prompts[b];

@@ -27,12 +27,13 @@ struct DecodeWindow {
   std::vector<int64_t> count;  // [B] real slots of row b, in [0, W]
 
   int64_t rows() const { return static_cast<int64_t>(start.size()); }
-  // The position table row of slot i of row b (padding slots repeat a valid position).
+  // The position of slot i of row b (padding slots repeat a real one), clamped below Tmax.
   int64_t position(int64_t b, int64_t i, int64_t Tmax) const;
 };
 
-// The keys and values of one attention layer for B rows of up to Tmax positions. Allocated once;
-// the window writes its slots in place.
+// The keys and values of one attention layer for B rows of up to Tmax positions (here: what the
+// cache holds, at most the model's context length). Allocated once; windows write their slots in
+// place.
 class KVCache {
  public:
   KVCache(int64_t B, int64_t Tmax, int64_t NH, int64_t HS, DType dtype, Device device);
