@@ -1,6 +1,7 @@
 #include "tests/model/trained_tiny.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cstdlib>
 
@@ -41,6 +42,14 @@ std::unique_ptr<GPT> train_and_load() {
 }  // namespace
 
 GPT& trained_tiny_mtp2() {
+  // One OpenMP thread for the whole test process: a model this small gains nothing from more,
+  // and on a machine whose cores are shared (CI) every OpenMP barrier can cost a time slice, a
+  // hundredfold slowdown. The kernels give the same bits whatever the thread count.
+  static const bool one_thread = [] {
+    omp_set_num_threads(1);
+    return true;
+  }();
+  (void)one_thread;
   static std::unique_ptr<GPT> model = train_and_load();
   return *model;
 }
