@@ -50,7 +50,7 @@ DecodeWindow Decoder::window_of(const WindowInput& in) const {
   return win;
 }
 
-// i32 [B, W] on the model's device: the tokens of each slot (padding: 0), or its position.
+// i32 [B, W] on the CPU: the tokens of each slot (padding: 0), or its position.
 Tensor Decoder::slot_ids(const WindowInput& in, const DecodeWindow& win, bool positions) const {
   const int64_t W = win.width;
   const int64_t V = model_.config().vocab_size;
@@ -66,9 +66,7 @@ Tensor Decoder::slot_ids(const WindowInput& in, const DecodeWindow& win, bool po
       }
     }
   }
-  Tensor t = Tensor::from_ints(ids, {batch_, W});
-  const Device dev = model_.token_embedding().data.device();
-  return dev.is_cpu() ? t : t.to(dev);
+  return Tensor::from_ints(ids, {batch_, W});  // the embedding op moves it to a CUDA table
 }
 
 namespace {
@@ -116,9 +114,8 @@ std::vector<float> Decoder::logits_at(const Var& x, const WindowInput& in,
   }
   if (rows.empty()) return {};
   const int64_t C = model_.config().n_embd, N = static_cast<int64_t>(rows.size());
-  Tensor ids = Tensor::from_ints(rows, {N});
-  if (x.device().is_cuda()) ids = ids.to(x.device());
-  Var h = embedding(ids, Var::constant(x.value().view({batch_ * win.width, C})));
+  Var h = embedding(Tensor::from_ints(rows, {N}),
+                    Var::constant(x.value().view({batch_ * win.width, C})));
   Var logits = linear(model_.final_norm().forward(h), Var::param(model_.output_head()), Var());
   Tensor host =
       logits.value().device().is_cpu() ? logits.value() : logits.value().to(Device::cpu());

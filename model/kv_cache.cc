@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/kv_cache_cuda.h"
+#include "model/ops/device_util.h"
 #include "model/ops/eigen.h"
 #include "model/stream.h"
 
@@ -97,7 +99,7 @@ Var cached_attention(const Var& qkv, KVCache& cache, const DecodeWindow& win) {
   Tensor& kc = cache.keys();
   const int64_t NH = kc.dim(1), Tmax = kc.dim(2), HS = kc.dim(3);
   GTRON_CHECK(B == kc.dim(0) && C == NH * HS && qkv.shape()[2] == 3 * C && W == win.width &&
-                  win.rows() == B && qkv.dtype() == kc.dtype(),
+                  win.rows() == B && qkv.dtype() == kc.dtype() && qkv.device() == kc.device(),
               "cached_attention: qkv ", qkv.shape().str(), " against a cache of ", kc.shape().str(),
               " and a window of width ", win.width);
   for (int64_t b = 0; b < B; ++b) {
@@ -105,10 +107,17 @@ Var cached_attention(const Var& qkv, KVCache& cache, const DecodeWindow& win) {
     GTRON_CHECK(n >= 0 && n <= W && s0 >= 0 && s0 + n <= Tmax, "cached_attention: row ", b,
                 " slots [", s0, ", ", s0 + n, ") outside the cache of ", Tmax, " positions");
   }
-  GTRON_CHECK(qkv.device().is_cpu(),
-              "cached_attention runs on the CPU only (its CUDA twin is not written yet)");
   Stream& s = current_stream(qkv.device());
   Tensor y = Tensor::empty(Shape{B, W, C}, qkv.dtype(), qkv.device(), &s);
+  if (qkv.device().is_cuda()) {
+    std::vector<int32_t> start_count;
+    for (int64_t v : win.start) start_count.push_back(static_cast<int32_t>(v));
+    for (int64_t v : win.count) start_count.push_back(static_cast<int32_t>(v));
+    const Tensor sc = ids_on_device(Tensor::from_ints(start_count, {2 * B}), s);
+    cuda::cached_attention_forward(qkv.value().raw(), kc.raw(), cache.values().raw(), y.raw(),
+                                   sc.data<int32_t>(), B, W, Tmax, NH, HS, qkv.dtype(), s.native());
+    return Var::output(y, false);
+  }
   dispatch_float(qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* qp = qkv.value().data<T>();

@@ -51,7 +51,8 @@ class KVCache {
 // and value of each real slot into `cache` at its position, then returns out [B, W, C]:
 //   out[b, i] = Σ_{s <= last} softmax_s(q[b, i]·k[b, s] / sqrt(HS)) · v[b, s],
 //   last = start[b] + min(i, count[b] - 1)   (Note [decode windows]); rows with count 0 give 0.
-// REQUIRES: no grad, CPU tensors (the CUDA twin is not written yet), start[b] + count[b] <= Tmax.
+// CPU (f32, f64) or CUDA (f32, bf16: model/kv_cache_cuda.h). REQUIRES: no grad, qkv and cache
+// on one device, start[b] + count[b] <= Tmax.
 Var cached_attention(const Var& qkv, KVCache& cache, const DecodeWindow& win);
 
 namespace cpu {

@@ -62,7 +62,7 @@ int cmd_sample(const Options& o) {
   verify_checkpoint_dir(o.checkpoint);
   TrainerState st = read_trainer_state(o.checkpoint);
   Config cfg = config_from_json_text(st.config_json, {}, o.checkpoint + "/trainer_state.json");
-  GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
+  GPT model(gpt_config(cfg), DType::kF32, sample_device(o.sample.device), cfg.train.seed);
   load_model_weights(o.checkpoint, model);
   run_sample(model, o.sample, std::cout, std::cerr);
   return kExitOk;
@@ -138,6 +138,7 @@ int run(int argc, char** argv) {
   sample->add_flag("--print-ids", sa.print_ids, "Print token ids instead of text");
   sample->add_flag("--recompute", sa.recompute,
                    "Recompute the whole context for every token (the slow reference path)");
+  sample->add_option("--device", sa.device, "cpu, or cuda (fp32 on GPU 0)");
 
   auto* prepare =
       app.add_subcommand("prepare", "Write token shards: byte-level text or a synthetic source");

@@ -106,6 +106,17 @@ void print_row(const std::vector<int32_t>& prompt, const std::vector<int32_t>& t
 
 }  // namespace
 
+Device sample_device(const std::string& flag) {
+  if (flag == "cpu") return Device::cpu();
+  if (flag != "cuda") {
+    throw UserError("--device \"" + flag + "\": expected cpu or cuda");
+  }
+  if (cuda_device_count() == 0) {
+    throw UserError("--device cuda: no GPU found on this machine. Hint: --device cpu");
+  }
+  return Device::cuda(0);
+}
+
 void run_sample(GPT& model, const SampleArgs& a, std::ostream& out, std::ostream& err) {
   const std::vector<int32_t> prompt = prompt_of(model, a);
   check_flags(model, a, static_cast<int64_t>(prompt.size()));

@@ -21,9 +21,13 @@ struct SampleArgs {
   bool speculative = false;       // --speculative: MTP self-speculative decoding
   bool print_ids = false;         // --print-ids: token ids out instead of text
   bool recompute = false;         // --recompute: the full-recomputation reference path
+  std::string device = "cpu";     // --device: cpu, or cuda (fp32 on GPU 0)
   bool prompt_given = false;      // --prompt was on the command line
   bool prompt_ids_given = false;  // --prompt-ids was on the command line
 };
+
+// The device --device names (UserError for anything else, or cuda without a GPU).
+Device sample_device(const std::string& flag);
 
 // Checks the flags against the model (a UserError naming the flag otherwise), generates, writes
 // one line per row to `out` (prompt + new tokens, as text or comma-separated ids) and the stats

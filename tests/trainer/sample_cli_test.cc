@@ -142,6 +142,7 @@ TEST_F(SampleCli, BadInputsNameTheFlag) {
       {{"--prompt-ids", "1", "--tokens", "4", "--top-p", "0"}, "--top-p"},
       {{"--prompt-ids", "1", "--tokens", "4", "--batch", "0"}, "--batch"},
       {{"--prompt-ids", "1", "--tokens", "4", "--speculative", "--recompute"}, "--recompute"},
+      {{"--prompt-ids", "1", "--tokens", "4", "--device", "tpu"}, "--device"},
   };
   for (const Bad& c : cases) {
     const Sampled s = sample(c.args, c.depth);
