@@ -5,6 +5,7 @@
 #include "model/ops/add.h"
 #include "model/ops/embedding.h"
 #include "model/ops/linear.h"
+#include "model/stream.h"
 
 namespace gtron {
 
@@ -47,6 +48,8 @@ DecodeWindow Decoder::window_of(const WindowInput& in) const {
     win.width = std::max(win.width, n);
   }
   GTRON_CHECK(win.width > 0, "a decode window with no tokens");
+  const Device dev = model_.token_embedding().data.device();
+  if (dev.is_cuda()) win.device_start_count = win.start_count_ids().to(dev, &current_stream(dev));
   return win;
 }
 

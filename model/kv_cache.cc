@@ -18,6 +18,13 @@ int64_t DecodeWindow::position(int64_t b, int64_t i, int64_t Tmax) const {
   return std::min(p, Tmax - 1);
 }
 
+Tensor DecodeWindow::start_count_ids() const {
+  std::vector<int32_t> ids;
+  for (int64_t v : start) ids.push_back(static_cast<int32_t>(v));
+  for (int64_t v : count) ids.push_back(static_cast<int32_t>(v));
+  return Tensor::from_ints(ids, {2 * rows()});
+}
+
 KVCache::KVCache(int64_t B, int64_t Tmax, int64_t NH, int64_t HS, DType dtype, Device device)
     : keys_(Tensor::zeros({B, NH, Tmax, HS}, dtype, device)),
       values_(Tensor::zeros({B, NH, Tmax, HS}, dtype, device)) {}
@@ -110,10 +117,8 @@ Var cached_attention(const Var& qkv, KVCache& cache, const DecodeWindow& win) {
   Stream& s = current_stream(qkv.device());
   Tensor y = Tensor::empty(Shape{B, W, C}, qkv.dtype(), qkv.device(), &s);
   if (qkv.device().is_cuda()) {
-    std::vector<int32_t> start_count;
-    for (int64_t v : win.start) start_count.push_back(static_cast<int32_t>(v));
-    for (int64_t v : win.count) start_count.push_back(static_cast<int32_t>(v));
-    const Tensor sc = ids_on_device(Tensor::from_ints(start_count, {2 * B}), s);
+    const Tensor sc = win.device_start_count.defined() ? win.device_start_count
+                                                       : ids_on_device(win.start_count_ids(), s);
     cuda::cached_attention_forward(qkv.value().raw(), kc.raw(), cache.values().raw(), y.raw(),
                                    sc.data<int32_t>(), B, W, Tmax, NH, HS, qkv.dtype(), s.native());
     return Var::output(y, false);

@@ -25,10 +25,15 @@ struct DecodeWindow {
   int64_t width = 0;           // W: slots per row
   std::vector<int64_t> start;  // [B] position of slot 0 of row b
   std::vector<int64_t> count;  // [B] real slots of row b, in [0, W]
+  // CUDA: start then count as i32 [2B] on the caches' device, made once per window and shared
+  // by its layers (undefined: cached_attention makes its own copy).
+  Tensor device_start_count;
 
   int64_t rows() const { return static_cast<int64_t>(start.size()); }
   // The position of slot i of row b (padding slots repeat a real one), clamped below Tmax.
   int64_t position(int64_t b, int64_t i, int64_t Tmax) const;
+  // start then count as a CPU i32 tensor [2B].
+  Tensor start_count_ids() const;
 };
 
 // The keys and values of one attention layer for B rows of up to Tmax positions (here: what the

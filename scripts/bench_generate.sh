@@ -15,6 +15,8 @@
 #   --depths "1 2" --batches "1 16" --prompt P --tokens N      what is measured
 #   --train-steps S --seq-len T --lr LR --device auto|cpu|cuda  how each model is trained
 #   --temperature X (0 = greedy) --out DIR (runs/bench_generate) --no-recompute (skip the slow path)
+#   --sample-device cpu|cuda  where generation runs (default: cuda when --device is cuda, or is
+#                             auto and nvidia-smi lists a GPU; else cpu)
 # A trained model is reused when DIR/D<k>/checkpoints already holds its final step.
 #
 # Uses GTRON_BIN, or a prebuilt binary in .gpubin/ (GPU machines have no Bazel), or builds one.
@@ -23,6 +25,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 layers=12 embd=768 heads=12 vocab=50257 context=1024
 depths="1 2" batches="1 16" prompt=128 tokens=256
 steps=600 seq_len=512 lr=6e-4 device=auto temperature=0 out=runs/bench_generate recompute=1
+sample_device=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --layers) layers=$2; shift 2 ;;
@@ -41,6 +44,7 @@ while [[ $# -gt 0 ]]; do
     --temperature) temperature=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --no-recompute) recompute=0; shift ;;
+    --sample-device) sample_device=$2; shift 2 ;;
     *) echo "bench_generate.sh: unknown flag '$1' (see the comment at the top)" >&2; exit 2 ;;
   esac
 done
@@ -52,6 +56,12 @@ if [[ -z "$bin" ]]; then
   bin="$here/../bazel-bin/trainer/gtron"
 fi
 py="$(command -v python3)"
+if [[ -z "$sample_device" ]]; then
+  sample_device=cpu
+  if [[ $device == cuda ]] || { [[ $device == auto ]] && nvidia-smi -L >/dev/null 2>&1; }; then
+    sample_device=cuda
+  fi
+fi
 
 mkdir -p "$out"
 for d in $depths; do
@@ -92,8 +102,9 @@ EOF
       [[ $mode == recompute ]] && flags=(--recompute)
       [[ $mode == speculative ]] && flags=(--speculative)
       stats=$("$bin" sample --checkpoint "$ckpt" --prompt-ids "$ids" --tokens "$tokens" \
-        --batch "$b" --temperature "$temperature" --print-ids "${flags[@]}" 2>&1 >/dev/null | tail -1)
-      echo "{\"D\": $d, \"batch\": $b, \"mode\": \"$mode\", ${stats#\{}"
+        --batch "$b" --temperature "$temperature" --device "$sample_device" --print-ids \
+        "${flags[@]}" 2>&1 >/dev/null | tail -1)
+      echo "{\"D\": $d, \"batch\": $b, \"mode\": \"$mode\", \"device\": \"$sample_device\", ${stats#\{}"
     done
   done
 done | tee "$out/results.jsonl"
