@@ -156,7 +156,7 @@ class Generator {
     for (size_t b = 0; b < rows_.size(); ++b) {
       const Row& r = rows_[b];
       if (r.wanted() <= 0) continue;
-      const int64_t m = D_ > 0 ? drafts_wanted(r) : 0;
+      const int64_t m = drafts_wanted(r);
       in.start[b] = r.n() - 1;
       in.tokens[b] = {r.seq.back()};
       in.tokens[b].insert(in.tokens[b].end(), r.drafts.begin(), r.drafts.begin() + m);
