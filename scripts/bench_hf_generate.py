@@ -43,7 +43,8 @@ def sync(device):
 
 def timed_generate(model, ids, new_tokens, device):
     """Seconds of one greedy generate() of new_tokens tokens, and of its prefill alone."""
-    kwargs = dict(do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None)
+    kwargs = dict(do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None,
+                  attention_mask=torch.ones_like(ids))
     sync(device)
     t0 = time.perf_counter()
     model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kwargs)
