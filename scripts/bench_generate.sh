@@ -10,10 +10,12 @@
 #
 # Flags (a small CPU shape, for example:
 #   scripts/bench_generate.sh --layers 2 --embd 64 --heads 4 --vocab 16 --context 256 \
-#     --prompt 32 --tokens 64 --train-steps 300 --seq-len 128 --device cpu):
+#     --prompt 32 --tokens 64 --train-steps 1000 --lr 3e-3 --device cpu):
 #   --layers L --embd C --heads NH --vocab V --context TMAX   model shape
 #   --depths "1 2" --batches "1 16" --prompt P --tokens N      what is measured
 #   --train-steps S --seq-len T --lr LR --device auto|cpu|cuda  how each model is trained
+#                             (--seq-len defaults to prompt + tokens: every generated position
+#                             trained)
 #   --temperature X (0 = greedy) --out DIR (runs/bench_generate) --no-recompute (skip the slow path)
 #   --sample-device cpu|cuda  where generation runs (default: cuda when --device is cuda, or is
 #                             auto and nvidia-smi lists a GPU; else cpu)
@@ -24,7 +26,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 layers=12 embd=768 heads=12 vocab=50257 context=1024
 depths="1 2" batches="1 16" prompt=128 tokens=256
-steps=600 seq_len=512 lr=6e-4 device=auto temperature=0 out=runs/bench_generate recompute=1
+steps=600 seq_len="" lr=6e-4 device=auto temperature=0 out=runs/bench_generate recompute=1
 sample_device=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -56,6 +58,14 @@ if [[ -z "$bin" ]]; then
   bin="$here/../bazel-bin/trainer/gtron"
 fi
 py="$(command -v python3)"
+# Train on windows that cover every position generation uses: the position embeddings of
+# positions past the training length stay at their random init, and there the main model and
+# its MTP depths disagree (acceptance collapses).
+if [[ -z "$seq_len" ]]; then seq_len=$((prompt + tokens)); fi
+if ((seq_len < prompt + tokens)); then
+  echo "bench_generate.sh: warning: --seq-len $seq_len < prompt + tokens = $((prompt + tokens));" \
+    "later positions are untrained" >&2
+fi
 if [[ -z "$sample_device" ]]; then
   sample_device=cpu
   if [[ $device == cuda ]] || { [[ $device == auto ]] && nvidia-smi -L >/dev/null 2>&1; }; then
