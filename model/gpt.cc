@@ -117,9 +117,16 @@ Var GPT::trunk(const Tensor& inputs) {
   return x;
 }
 
-Var GPT::block_forward(int layer, const Var& x) {
+Var GPT::block_forward(int layer, const Var& x) { return block(layer).forward(x, *weights_); }
+
+const TransformerBlock& GPT::block(int layer) const {
   GTRON_CHECK(layer >= 0 && layer < num_blocks(), "block ", layer, " of ", num_blocks());
-  return blocks_[static_cast<size_t>(layer)].forward(x, *weights_);
+  return blocks_[static_cast<size_t>(layer)];
+}
+
+const MTPModule& GPT::mtp_module(int depth) const {
+  GTRON_CHECK(depth >= 1 && depth <= cfg_.mtp_depth, "MTP depth ", depth, " of ", cfg_.mtp_depth);
+  return mtp_[static_cast<size_t>(depth - 1)];
 }
 
 Tensor GPT::logits(const Tensor& inputs) {

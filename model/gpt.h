@@ -71,6 +71,15 @@ class GPT {
   Var block_forward(int layer, const Var& x);
   int num_blocks() const { return static_cast<int>(blocks_.size()); }
 
+  // The modules, for code that runs them its own way (generation with key/value caches,
+  // model/generate.h). Read directly, not through the weight access.
+  const TransformerBlock& block(int layer) const;
+  const MTPModule& mtp_module(int depth) const;  // depth k in 1..D
+  const LayerNormLayer& final_norm() const { return ln_f_; }
+  Parameter& token_embedding() const { return *wte_; }     // [Vp, C]
+  Parameter& position_embedding() const { return *wpe_; }  // [Tmax, C]
+  Parameter& output_head() const { return *head_; }        // [Vp, C]
+
  private:
   // inputs i32 [B, T] -> last hidden state [B, T, C] (before the final norm).
   Var trunk(const Tensor& inputs);

@@ -110,8 +110,21 @@ Var TransformerBlock::qkv_of(const Var& x, WeightAccess& w) const {
   return y;
 }
 
+namespace {
+
+// The training attention: causal self-attention over the window's own positions.
+TransformerBlock::Attention causal_over(int NH) {
+  return [NH](const Var& qkv) { return causal_attention(qkv, NH); };
+}
+
+}  // namespace
+
 Var TransformerBlock::forward(const Var& x, WeightAccess& w) const {
-  Var a = attn_proj.forward(causal_attention(qkv_of(x, w), NH), w);
+  return forward(x, w, causal_over(NH));
+}
+
+Var TransformerBlock::forward(const Var& x, WeightAccess& w, const Attention& attend) const {
+  Var a = attn_proj.forward(attend(qkv_of(x, w)), w);
   Var h = add(x, a);
   return add(h, mlp(ln2.forward(h), w));
 }
@@ -124,8 +137,13 @@ MTPModule::MTPModule(ParamRegistry& reg, const std::string& name, const BlockDim
 }
 
 Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w) const {
+  return forward(h, emb, w, causal_over(block.NH));
+}
+
+Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w,
+                       const TransformerBlock::Attention& attend) const {
   Var z = proj.forward(concat_features(hnorm.forward(h), enorm.forward(emb)), w);
-  return block.forward(z, w);
+  return block.forward(z, w, attend);
 }
 
 }  // namespace gtron

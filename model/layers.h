@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -119,12 +120,16 @@ struct TransformerBlock {
   int NH = 0;
   TransformerBlock() = default;
   TransformerBlock(ParamRegistry& reg, const std::string& name, const BlockDims& d);
-  // x: [B, T, C] -> [B, T, C]
+  // x: [B, T, C] -> [B, T, C], with causal self-attention over the T positions.
   Var forward(const Var& x, WeightAccess& w) const;
   // mlp_proj(gelu(fc(x))): fused on CUDA bf16 (model/ops/fused_mlp.h), composed elsewhere.
   Var mlp(const Var& x, WeightAccess& w) const;
   // qkv(ln1(x)): on CUDA without keeping ln1's output (model/ops/norm_linear.h).
   Var qkv_of(const Var& x, WeightAccess& w) const;
+  // The same block with another attention over the packed qkv [B, T, 3C] -> [B, T, C]
+  // (generation: the new positions' queries against a key/value cache, model/kv_cache.h).
+  using Attention = std::function<Var(const Var& qkv)>;
+  Var forward(const Var& x, WeightAccess& w, const Attention& attend) const;
 };
 
 // DeepSeek-V3 MTP depth: h' = Block(W · concat(RMSNorm(h), RMSNorm(Emb(tokens shifted by k)))).
@@ -136,6 +141,9 @@ struct MTPModule {
   MTPModule(ParamRegistry& reg, const std::string& name, const BlockDims& d);
   // h: [B, T, C] previous depth's hidden state; emb: [B, T, C] embeddings of the shifted tokens.
   Var forward(const Var& h, const Var& emb, WeightAccess& w) const;
+  // The same with the block's attention replaced (TransformerBlock::forward above).
+  Var forward(const Var& h, const Var& emb, WeightAccess& w,
+              const TransformerBlock::Attention& attend) const;
 };
 
 }  // namespace gtron

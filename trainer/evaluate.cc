@@ -1,7 +1,5 @@
-// Evaluation and byte-level sampling, shared by `gtron train`, `gtron eval` and `gtron sample`.
+// Evaluation, shared by `gtron train` and `gtron eval`.
 #include <algorithm>
-#include <cmath>
-#include <random>
 
 #include "trainer/sampler.h"
 #include "trainer/shards.h"
@@ -35,52 +33,6 @@ EvalResult evaluate(GPT& model, const Config& cfg, const std::string& val_glob) 
     for (double& l : r.mtp_losses) l /= static_cast<double>(batches);
   }
   return r;
-}
-
-std::string sample_text(GPT& model, const std::string& prompt, int64_t tokens, double temperature,
-                        int64_t top_k, uint64_t seed) {
-  const GPTConfig& c = model.config();
-  if (c.vocab_size < 256) {
-    throw UserError(
-        "gtron sample is for byte-level models (model.vocab_size >= 256); this "
-        "checkpoint has vocab_size " +
-        std::to_string(c.vocab_size));
-  }
-  std::vector<int32_t> ids;
-  for (unsigned char ch : prompt) ids.push_back(ch);
-  if (ids.empty()) ids.push_back('\n');
-  std::mt19937_64 rng(seed);
-  std::string out;
-  for (int64_t n = 0; n < tokens; ++n) {
-    const int64_t T = std::min<int64_t>(static_cast<int64_t>(ids.size()), c.context_length);
-    std::vector<int32_t> ctx(ids.end() - T, ids.end());
-    Tensor logits = model.logits(Tensor::from_ints(ctx, {1, T}));
-    const int64_t Vp = c.padded_vocab();
-    std::vector<double> row = logits.rows(0, 1).view({T, Vp}).rows(T - 1, T).to_vector();
-    row.resize(static_cast<size_t>(c.vocab_size));
-    int32_t next = 0;
-    if (temperature <= 0) {
-      next = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-    } else {
-      std::vector<double> sorted = row;
-      double cutoff = -INFINITY;
-      if (top_k > 0 && top_k < static_cast<int64_t>(sorted.size())) {
-        std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(),
-                         std::greater<double>());
-        cutoff = sorted[static_cast<size_t>(top_k - 1)];
-      }
-      const double mx = *std::max_element(row.begin(), row.end());
-      std::vector<double> p(row.size());
-      for (size_t i = 0; i < row.size(); ++i) {
-        p[i] = row[i] < cutoff ? 0.0 : std::exp((row[i] - mx) / temperature);
-      }
-      std::discrete_distribution<int32_t> dist(p.begin(), p.end());
-      next = dist(rng);
-    }
-    ids.push_back(next);
-    out.push_back(static_cast<char>(next & 0xff));
-  }
-  return out;
 }
 
 }  // namespace gtron

@@ -14,6 +14,7 @@
 #include "trainer/hf_gpt2.h"
 #include "trainer/prepare.h"
 #include "trainer/safetensors.h"
+#include "trainer/sample.h"
 #include "trainer/train.h"
 
 namespace gtron {
@@ -28,12 +29,8 @@ struct Options {
   std::string checkpoint;
   std::string hf;                       // export --hf OUT, import --hf DIR
   std::vector<std::string> token_rows;  // logits --tokens "1,2,3" (one per sequence)
-  std::string prompt;
-  int64_t tokens = 256;              // sample: bytes to generate
+  SampleArgs sample;
   int64_t prepare_tokens = 2000000;  // prepare --synthetic: train tokens
-  double temperature = 1.0;
-  int64_t top_k = 0;
-  uint64_t seed = 1;
   std::string text;
   std::string synthetic;
   double val_fraction = 0.1;
@@ -73,10 +70,9 @@ int cmd_sample(const Options& o) {
   verify_checkpoint_dir(o.checkpoint);
   TrainerState st = read_trainer_state(o.checkpoint);
   Config cfg = config_from_json_text(st.config_json, {}, o.checkpoint + "/trainer_state.json");
-  GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
+  GPT model(gpt_config(cfg), DType::kF32, sample_device(o.sample.device), cfg.train.seed);
   load_model_weights(o.checkpoint, model);
-  std::string text = sample_text(model, o.prompt, o.tokens, o.temperature, o.top_k, o.seed);
-  std::cout << o.prompt << text << std::endl;
+  run_sample(model, o.sample, std::cout, std::cerr);
   return kExitOk;
 }
 
@@ -200,16 +196,28 @@ int run(int argc, char** argv) {
       ->required();
   eval->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
 
-  auto* sample = app.add_subcommand("sample", "Generate text from a byte-level checkpoint");
+  auto* sample = app.add_subcommand(
+      "sample", "Generate from a checkpoint (KV cache; MTP self-speculative decoding)");
+  SampleArgs& sa = o.sample;
   sample->add_option("--checkpoint", o.checkpoint, "Checkpoint directory")->required();
-  sample->add_option("--prompt", o.prompt, "Prompt text");
-  sample->add_option("--tokens", o.tokens, "Tokens (bytes) to generate")
-      ->check(CLI::Range(1, 1 << 20));
-  sample->add_option("--temperature", o.temperature, "Softmax temperature (0 = greedy)")
+  auto* prompt = sample->add_option("--prompt", sa.prompt, "Prompt text (byte-level models)");
+  auto* prompt_ids =
+      sample->add_option("--prompt-ids", sa.prompt_ids, "Prompt token ids, e.g. 1,2,3 (any model)");
+  sample->add_option("--tokens", sa.tokens, "New tokens per row")->check(CLI::Range(1, 1 << 20));
+  sample->add_option("--temperature", sa.temperature, "Softmax temperature (0 = greedy)")
       ->check(CLI::Range(0.0, 100.0));
-  sample->add_option("--top-k", o.top_k, "Sample among the k most likely tokens (0 = all)")
+  sample->add_option("--top-k", sa.top_k, "Sample among the k most likely tokens (0 = all)")
       ->check(CLI::NonNegativeNumber);
-  sample->add_option("--seed", o.seed, "Sampling seed");
+  sample->add_option("--top-p", sa.top_p, "Sample from the smallest set of mass >= P (1 = all)");
+  sample->add_option("--seed", sa.seed, "Sampling seed (row b of a batch uses stream b)");
+  sample->add_option("--batch", sa.batch, "Decode the prompt N times together")
+      ->check(CLI::Range(1, 1 << 16));
+  sample->add_flag("--speculative", sa.speculative,
+                   "Draft with the MTP depths, verify in one pass");
+  sample->add_flag("--print-ids", sa.print_ids, "Print token ids instead of text");
+  sample->add_flag("--recompute", sa.recompute,
+                   "Recompute the whole context for every token (the slow reference path)");
+  sample->add_option("--device", sa.device, "cpu, or cuda (fp32 on GPU 0)");
 
   auto* logits = app.add_subcommand(
       "logits", "Next-token logits (fp32, CPU) of a checkpoint for given tokens, as safetensors");
@@ -277,7 +285,11 @@ int run(int argc, char** argv) {
   try {
     if (*train) return cmd_train(o);
     if (*eval) return cmd_eval(o);
-    if (*sample) return cmd_sample(o);
+    if (*sample) {
+      o.sample.prompt_given = prompt->count() > 0;
+      o.sample.prompt_ids_given = prompt_ids->count() > 0;
+      return cmd_sample(o);
+    }
     if (*logits) return cmd_logits(o);
     if (*prepare) return cmd_prepare(o);
     if (*exp) return cmd_export(o);

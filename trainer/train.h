@@ -1,5 +1,5 @@
-// The training loop (one process, or DP × GTP ranks over Gloo/NCCL; trainer/run.h), evaluation
-// and sampling, shared by the gtron CLI subcommands.
+// The training loop (one process, or DP × GTP ranks over Gloo/NCCL; trainer/run.h) and
+// evaluation, shared by the gtron CLI subcommands.
 #pragma once
 
 #include <cstdint>
@@ -51,9 +51,5 @@ struct EvalResult {
 };
 // Mean validation losses over train.eval_batches micro-batches of the val set.
 EvalResult evaluate(GPT& model, const Config& cfg, const std::string& val_glob);
-
-// Byte-level sampling from a checkpoint (model.vocab_size must be >= 256).
-std::string sample_text(GPT& model, const std::string& prompt, int64_t tokens, double temperature,
-                        int64_t top_k, uint64_t seed);
 
 }  // namespace gtron

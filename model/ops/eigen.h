@@ -27,4 +27,13 @@ using Vec = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>>;
 template <typename T>
 using CVec = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>;
 
+// An owning row-major matrix (scratch), and [rows, cols] blocks of a wider row-major buffer
+// (row stride given): the per-head q, k, v columns of a packed qkv, read in place.
+template <typename T>
+using RowMajorMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename T>
+using StridedRows = Eigen::Map<RowMajorMat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <typename T>
+using CStridedRows = Eigen::Map<const RowMajorMat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+
 }  // namespace gtron::cpu

@@ -1,0 +1,158 @@
+#include "model/decoder.h"
+
+#include <algorithm>
+
+#include "model/ops/add.h"
+#include "model/ops/embedding.h"
+#include "model/ops/linear.h"
+#include "model/stream.h"
+
+namespace gtron {
+
+Decoder::Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capacity)
+    : model_(model),
+      batch_(batch),
+      capacity_(capacity > 0 ? capacity : model.config().context_length) {
+  const GPTConfig& c = model.config();
+  GTRON_CHECK(batch >= 1 && capacity_ <= c.context_length, "Decoder for ", batch, " rows of ",
+              capacity_, " positions (context ", c.context_length, ")");
+  const Tensor& wte = model.token_embedding().data;
+  const int64_t HS = c.n_embd / c.n_head;
+  for (int l = 0; l < c.n_layer; ++l) {
+    main_caches_.emplace_back(batch, capacity_, c.n_head, HS, wte.dtype(), wte.device());
+  }
+  for (int k = 1; k <= c.mtp_depth; ++k) {
+    mtp_caches_.emplace_back(batch, capacity_, c.n_head, HS, wte.dtype(), wte.device());
+    if (keep_hidden) {
+      stores_.push_back(Tensor::zeros({batch, capacity_, c.n_embd}, wte.dtype(), wte.device()));
+    }
+  }
+}
+
+DecodeWindow Decoder::window_of(const WindowInput& in) const {
+  GTRON_CHECK(static_cast<int64_t>(in.tokens.size()) == batch_ &&
+                  static_cast<int64_t>(in.start.size()) == batch_ &&
+                  static_cast<int64_t>(in.want.size()) == batch_,
+              "a decode window needs tokens, start and want for each of ", batch_, " rows");
+  DecodeWindow win;
+  for (int64_t b = 0; b < batch_; ++b) {
+    const auto n = static_cast<int64_t>(in.tokens[b].size());
+    GTRON_CHECK(in.start[b] >= 0 && in.start[b] + n <= capacity_, "row ", b, ": positions [",
+                in.start[b], ", ", in.start[b] + n, ") outside the caches of ", capacity_,
+                " positions");
+    for (int64_t slot : in.want[b]) {
+      GTRON_CHECK(slot >= 0 && slot < n, "row ", b, ": logits of slot ", slot, " of ", n);
+    }
+    win.start.push_back(in.start[b]);
+    win.count.push_back(n);
+    win.width = std::max(win.width, n);
+  }
+  GTRON_CHECK(win.width > 0, "a decode window with no tokens");
+  const Device dev = model_.token_embedding().data.device();
+  if (dev.is_cuda()) win.device_start_count = win.start_count_ids().to(dev, &current_stream(dev));
+  return win;
+}
+
+// i32 [B, W] on the CPU: the tokens of each slot (padding: 0), or its position.
+Tensor Decoder::slot_ids(const WindowInput& in, const DecodeWindow& win, bool positions) const {
+  const int64_t W = win.width;
+  const int64_t V = model_.config().vocab_size;
+  std::vector<int32_t> ids(static_cast<size_t>(batch_ * W), 0);
+  for (int64_t b = 0; b < batch_; ++b) {
+    for (int64_t i = 0; i < W; ++i) {
+      int32_t& id = ids[b * W + i];
+      if (positions) {
+        id = static_cast<int32_t>(win.position(b, i, capacity_));
+      } else if (i < win.count[b]) {
+        id = in.tokens[b][i];
+        GTRON_CHECK(id >= 0 && id < V, "token ", id, " outside the vocabulary of ", V);
+      }
+    }
+  }
+  return Tensor::from_ints(ids, {batch_, W});  // the embedding op moves it to a CUDA table
+}
+
+namespace {
+
+// The blocks' attention during decoding: the window's queries against the block's cache.
+TransformerBlock::Attention against(KVCache& cache, const DecodeWindow& win) {
+  return [&cache, &win](const Var& qkv) { return cached_attention(qkv, cache, win); };
+}
+
+}  // namespace
+
+void Decoder::save(int store, const Var& x, const DecodeWindow& win) {
+  if (store >= static_cast<int>(stores_.size())) return;
+  const int64_t W = win.width, C = model_.config().n_embd;
+  Tensor rows = stores_[store].view({batch_ * capacity_, C});
+  Tensor src = x.value().view({batch_ * W, C});
+  for (int64_t b = 0; b < batch_; ++b) {
+    const int64_t n = win.count[b], s0 = b * capacity_ + win.start[b];
+    if (n > 0) rows.rows(s0, s0 + n).copy_from(src.rows(b * W, b * W + n));
+  }
+}
+
+Var Decoder::load(int store, const DecodeWindow& win) const {
+  GTRON_CHECK(store < static_cast<int>(stores_.size()),
+              "MTP depths read hidden stores: make the Decoder with keep_hidden");
+  const int64_t W = win.width, C = model_.config().n_embd;
+  const Tensor& s = stores_[store];
+  Tensor out = Tensor::zeros({batch_, W, C}, s.dtype(), s.device());
+  Tensor dst = out.view({batch_ * W, C});
+  Tensor rows = s.view({batch_ * capacity_, C});
+  for (int64_t b = 0; b < batch_; ++b) {
+    const int64_t n = win.count[b], s0 = b * capacity_ + win.start[b];
+    if (n > 0) dst.rows(b * W, b * W + n).copy_from(rows.rows(s0, s0 + n));
+  }
+  return Var::constant(out);
+}
+
+// Gathers the wanted slots' rows of x [B, W, C] (an embedding lookup into x viewed as a table of
+// B·W rows), then the final norm and the head over those rows only.
+std::vector<float> Decoder::logits_at(const Var& x, const WindowInput& in,
+                                      const DecodeWindow& win) {
+  std::vector<int32_t> rows;
+  for (int64_t b = 0; b < batch_; ++b) {
+    for (int64_t slot : in.want[b]) rows.push_back(static_cast<int32_t>(b * win.width + slot));
+  }
+  if (rows.empty()) return {};
+  const int64_t C = model_.config().n_embd, N = static_cast<int64_t>(rows.size());
+  Var h = embedding(Tensor::from_ints(rows, {N}),
+                    Var::constant(x.value().view({batch_ * win.width, C})));
+  Var logits = linear(model_.final_norm().forward(h), Var::param(model_.output_head()), Var());
+  Tensor host =
+      logits.value().device().is_cpu() ? logits.value() : logits.value().to(Device::cpu());
+  if (host.dtype() != DType::kF32) host = host.to(DType::kF32);
+  const int64_t Vp = host.dim(1), V = model_.config().vocab_size;
+  const float* p = host.data<float>();
+  std::vector<float> out(static_cast<size_t>(N * V));
+  for (int64_t r = 0; r < N; ++r) std::copy(p + r * Vp, p + r * Vp + V, out.begin() + r * V);
+  return out;
+}
+
+std::vector<float> Decoder::main(const WindowInput& in) {
+  NoGradGuard no_grad;
+  const DecodeWindow win = window_of(in);
+  Var x = add(embedding(slot_ids(in, win, false), Var::param(model_.token_embedding())),
+              embedding(slot_ids(in, win, true), Var::param(model_.position_embedding())));
+  for (int l = 0; l < model_.num_blocks(); ++l) {
+    x = model_.block(l).forward(x, direct_, against(main_caches_[static_cast<size_t>(l)], win));
+  }
+  save(0, x, win);
+  return logits_at(x, in, win);
+}
+
+std::vector<float> Decoder::depth(int k, const WindowInput& in) {
+  GTRON_CHECK(k >= 1 && k <= model_.config().mtp_depth, "MTP depth ", k, " of ",
+              model_.config().mtp_depth);
+  NoGradGuard no_grad;
+  const DecodeWindow win = window_of(in);
+  const MTPModule& m = model_.mtp_module(k);
+  Var emb = embedding(slot_ids(in, win, false), Var::param(model_.token_embedding()));
+  KVCache& cache = mtp_caches_[static_cast<size_t>(k - 1)];
+  Var x = m.forward(load(k - 1, win), emb, direct_, against(cache, win));
+  save(k, x, win);
+  return logits_at(x, in, win);
+}
+
+}  // namespace gtron

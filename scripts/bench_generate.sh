@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Generation benchmark (issue 14): tokens/s of full recomputation (--recompute), of the KV cache,
+# and of MTP self-speculative decoding (--speculative, with its acceptance), at each batch size,
+# for a model trained on the tiny Markov source (order 2, 16 tokens) with each MTP depth D.
+# Default shape: GPT-2 124M (L=12, C=768, NH=12, V=50257, context 1024), a 128-token prompt from
+# the source's validation split, 256 new tokens, batch 1 and 16, D = 1 and 2, greedy.
+# Prints one JSON line per run ({"D", "batch", "mode", "tokens", "tokens_per_s", "prefill_ms",
+# "proposed", "accepted", "acceptance"}), then one summary line per (D, batch) with the speedups
+# cache / recompute and speculative / cache.
+#
+# Flags (a small CPU shape, for example:
+#   scripts/bench_generate.sh --layers 2 --embd 64 --heads 4 --vocab 16 --context 256 \
+#     --prompt 32 --tokens 64 --train-steps 1000 --lr 3e-3 --device cpu):
+#   --layers L --embd C --heads NH --vocab V --context TMAX   model shape
+#   --depths "1 2" --batches "1 16" --prompt P --tokens N      what is measured
+#   --train-steps S --seq-len T --lr LR --device auto|cpu|cuda  how each model is trained
+#                             (--seq-len defaults to prompt + tokens: every generated position
+#                             trained)
+#   --temperature X (0 = greedy) --out DIR (runs/bench_generate) --no-recompute (skip the slow path)
+#   --sample-device cpu|cuda  where generation runs (default: cuda when --device is cuda, or is
+#                             auto and nvidia-smi lists a GPU; else cpu)
+# A trained model is reused when DIR/D<k>/checkpoints already holds its final step.
+#
+# Uses GTRON_BIN, or a prebuilt binary in .gpubin/ (GPU machines have no Bazel), or builds one.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+layers=12 embd=768 heads=12 vocab=50257 context=1024
+depths="1 2" batches="1 16" prompt=128 tokens=256
+steps=600 seq_len="" lr=6e-4 device=auto temperature=0 out=runs/bench_generate recompute=1
+sample_device=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --layers) layers=$2; shift 2 ;;
+    --embd) embd=$2; shift 2 ;;
+    --heads) heads=$2; shift 2 ;;
+    --vocab) vocab=$2; shift 2 ;;
+    --context) context=$2; shift 2 ;;
+    --depths) depths=$2; shift 2 ;;
+    --batches) batches=$2; shift 2 ;;
+    --prompt) prompt=$2; shift 2 ;;
+    --tokens) tokens=$2; shift 2 ;;
+    --train-steps) steps=$2; shift 2 ;;
+    --seq-len) seq_len=$2; shift 2 ;;
+    --lr) lr=$2; shift 2 ;;
+    --device) device=$2; shift 2 ;;
+    --temperature) temperature=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --no-recompute) recompute=0; shift ;;
+    --sample-device) sample_device=$2; shift 2 ;;
+    *) echo "bench_generate.sh: unknown flag '$1' (see the comment at the top)" >&2; exit 2 ;;
+  esac
+done
+
+bin="${GTRON_BIN:-}"
+if [[ -z "$bin" && -x "$here/../.gpubin/gtron" ]]; then bin="$here/../.gpubin/gtron"; fi
+if [[ -z "$bin" ]]; then
+  (cd "$here/.." && { bazel build //trainer:gtron >/dev/null 2>&1 || bazel build //trainer:gtron; })
+  bin="$here/../bazel-bin/trainer/gtron"
+fi
+py="$(command -v python3)"
+# Train on windows that cover every position generation uses: the position embeddings of
+# positions past the training length stay at their random init, and there the main model and
+# its MTP depths disagree (acceptance collapses).
+if [[ -z "$seq_len" ]]; then seq_len=$((prompt + tokens)); fi
+if ((seq_len < prompt + tokens)); then
+  echo "bench_generate.sh: warning: --seq-len $seq_len < prompt + tokens = $((prompt + tokens));" \
+    "later positions are untrained" >&2
+fi
+if [[ -z "$sample_device" ]]; then
+  sample_device=cpu
+  if [[ $device == cuda ]] || { [[ $device == auto ]] && nvidia-smi -L >/dev/null 2>&1; }; then
+    sample_device=cuda
+  fi
+fi
+
+mkdir -p "$out"
+for d in $depths; do
+  run="$out/D$d"
+  ckpt="$run/checkpoints/step_$(printf '%08d' "$steps")"
+  if [[ ! -f "$ckpt/MANIFEST.json" ]]; then
+    cat >"$out/D$d.json" <<EOF
+{
+  "model": {"vocab_size": $vocab, "context_length": $context, "n_layer": $layers,
+            "n_head": $heads, "n_embd": $embd},
+  "mtp": {"depth": $d},
+  "data": {"synthetic": {"order": 2, "vocab": 16, "alpha": 0.2}},
+  "optimizer": {"lr": $lr, "weight_decay": 0.0},
+  "schedule": {"warmup_steps": $((steps / 10))},
+  "train": {"steps": $steps, "global_batch": 16, "micro_batch": 16, "seq_len": $seq_len,
+            "device": "$device", "out_dir": "$run"},
+  "log": {"every": $(((steps + 4) / 5))}
+}
+EOF
+    "$bin" train --config "$out/D$d.json" >&2
+  fi
+  # The prompt: the first tokens of the source's validation split (llm.c shard: 1024-byte header,
+  # then uint16 tokens).
+  ids=$("$py" - "$run/data/val_000.bin" "$prompt" <<'EOF'
+import struct, sys
+with open(sys.argv[1], "rb") as f:
+    header = struct.unpack("<256i", f.read(1024))
+    n = int(sys.argv[2])
+    assert header[1] == 1 and header[2] >= n, "bench_generate.sh: short or uint32 val shard"
+    print(",".join(str(t) for t in struct.unpack("<%dH" % n, f.read(2 * n))))
+EOF
+)
+  for b in $batches; do
+    modes="cache speculative"
+    if [[ $recompute == 1 ]]; then modes="recompute $modes"; fi
+    for mode in $modes; do
+      flags=()
+      [[ $mode == recompute ]] && flags=(--recompute)
+      [[ $mode == speculative ]] && flags=(--speculative)
+      stats=$("$bin" sample --checkpoint "$ckpt" --prompt-ids "$ids" --tokens "$tokens" \
+        --batch "$b" --temperature "$temperature" --device "$sample_device" --print-ids \
+        "${flags[@]}" 2>&1 >/dev/null | tail -1)
+      echo "{\"D\": $d, \"batch\": $b, \"mode\": \"$mode\", \"device\": \"$sample_device\", ${stats#\{}"
+    done
+  done
+done | tee "$out/results.jsonl"
+
+"$py" - "$out/results.jsonl" <<'EOF'
+import json, sys
+runs = [json.loads(line) for line in open(sys.argv[1])]
+speed = {(r["D"], r["batch"], r["mode"]): r["tokens_per_s"] for r in runs}
+acc = {(r["D"], r["batch"]): r["acceptance"] for r in runs if r["mode"] == "speculative"}
+for (d, b) in sorted({(r["D"], r["batch"]) for r in runs}):
+    s = {"D": d, "batch": b, "summary": True, "acceptance": acc.get((d, b))}
+    cache = speed.get((d, b, "cache"))
+    if (d, b, "recompute") in speed and cache:
+        s["cache_over_recompute"] = round(cache / speed[(d, b, "recompute")], 2)
+    if (d, b, "speculative") in speed and cache:
+        s["speculative_over_cache"] = round(speed[(d, b, "speculative")] / cache, 2)
+    print(json.dumps(s))
+EOF

@@ -1,0 +1,37 @@
+// `gtron sample`: the flags, their validation against the checkpoint's model, and the output.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+#include "model/gpt.h"
+
+namespace gtron {
+
+struct SampleArgs {
+  std::string prompt;      // --prompt: text, one token per byte (byte-level models)
+  std::string prompt_ids;  // --prompt-ids: "1,2,3"
+  int64_t tokens = 256;    // --tokens: new tokens per row
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 1;
+  int64_t batch = 1;              // --batch: the prompt decoded N times, row b with seed stream b
+  bool speculative = false;       // --speculative: MTP self-speculative decoding
+  bool print_ids = false;         // --print-ids: token ids out instead of text
+  bool recompute = false;         // --recompute: the full-recomputation reference path
+  std::string device = "cpu";     // --device: cpu, or cuda (fp32 on GPU 0)
+  bool prompt_given = false;      // --prompt was on the command line
+  bool prompt_ids_given = false;  // --prompt-ids was on the command line
+};
+
+// The device --device names (UserError for anything else, or cuda without a GPU).
+Device sample_device(const std::string& flag);
+
+// Checks the flags against the model (a UserError naming the flag otherwise), generates, writes
+// one line per row to `out` (prompt + new tokens, as text or comma-separated ids) and the stats
+// JSON line (model/generate.h) to `err`.
+void run_sample(GPT& model, const SampleArgs& args, std::ostream& out, std::ostream& err);
+
+}  // namespace gtron
