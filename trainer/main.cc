@@ -1,4 +1,5 @@
-// gtron: the command-line trainer. Subcommands: train, eval, sample, prepare, print-config.
+// gtron: the command-line trainer. Subcommands: train, eval, sample, prepare, tokenizer (train,
+// encode), print-config.
 // Every user error (flags, config, data, checkpoint) prints one clear message and exits with code 2
 // before any work starts; internal invariants abort.
 #include <CLI/CLI.hpp>
@@ -9,6 +10,7 @@
 #include "trainer/checkpoint_io.h"
 #include "trainer/config.h"
 #include "trainer/prepare.h"
+#include "trainer/tokenizer_commands.h"
 #include "trainer/train.h"
 
 namespace gtron {
@@ -35,6 +37,8 @@ struct Options {
   uint64_t prepare_seed = 1234;  // same default as data.synthetic.seed
   int64_t val_tokens = 100000;
   bool markdown = false;
+  TokenizerTrainArgs tok_train;
+  TokenizerEncodeArgs tok_encode;
 };
 
 Config load(const Options& o) {
@@ -147,6 +151,24 @@ int run(int argc, char** argv) {
   prepare->add_option("--seed", o.prepare_seed, "Seed of the synthetic source");
   prepare->add_option("--out", o.out, "Output directory")->required();
 
+  auto* tokenizer = app.add_subcommand("tokenizer", "Byte-level BPE tokenizers (tokenizer.json)");
+  tokenizer->require_subcommand(1);
+  auto* tok_train = tokenizer->add_subcommand("train", "Train a tokenizer on text files");
+  TokenizerTrainArgs& tt = o.tok_train;
+  tok_train->add_option("--text", tt.text, "Text files (one document each)")->required();
+  tok_train->add_option("--vocab-size", tt.vocab_size, "Tokens: 256 bytes + merges + specials")
+      ->required();
+  tok_train->add_option("--out", tt.out, "tokenizer.json to write")->required();
+  tok_train->add_option("--special", tt.specials, "A special token, kept whole (repeatable)");
+  tok_train->add_option("--doc-separator", tt.doc_separator,
+                        "A line that separates documents inside a file (e.g. %)");
+  tok_train->add_option("--val-fraction", tt.val_fraction,
+                        "Leave out the validation split `prepare --val-fraction` makes");
+  auto* tok_encode = tokenizer->add_subcommand("encode", "Encode text files; print the speed");
+  tok_encode->add_option("--tokenizer", o.tok_encode.tokenizer, "tokenizer.json")->required();
+  tok_encode->add_option("--text", o.tok_encode.text, "Text files")->required();
+  tok_encode->add_option("--ids-out", o.tok_encode.ids_out, "Write the ids here (one line a file)");
+
   auto* print = app.add_subcommand("print-config", "Print the resolved config with every default");
   print->add_option("--config", o.config, "JSON config file (none = all defaults)");
   print->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
@@ -155,12 +177,21 @@ int run(int argc, char** argv) {
   // CLI11 reports a mistyped subcommand only as "a subcommand is required": name it instead.
   const std::string first = argc > 1 ? argv[1] : "";
   const bool known = first == "train" || first == "eval" || first == "sample" ||
-                     first == "prepare" || first == "print-config";
+                     first == "prepare" || first == "tokenizer" || first == "print-config";
   if (!first.empty() && first[0] != '-' && !known) {
     std::fprintf(stderr,
                  "gtron: error: unknown subcommand '%s'; expected one of train, eval, sample, "
-                 "prepare, print-config (see gtron --help)\n",
+                 "prepare, tokenizer, print-config (see gtron --help)\n",
                  argv[1]);
+    return kExitUserError;
+  }
+  const std::string second = argc > 2 ? argv[2] : "";
+  if (first == "tokenizer" && !second.empty() && second[0] != '-' && second != "train" &&
+      second != "encode") {
+    std::fprintf(stderr,
+                 "gtron: error: unknown subcommand 'tokenizer %s'; expected tokenizer train or "
+                 "tokenizer encode\n",
+                 argv[2]);
     return kExitUserError;
   }
   try {
@@ -178,6 +209,8 @@ int run(int argc, char** argv) {
     if (*eval) return cmd_eval(o);
     if (*sample) return cmd_sample(o);
     if (*prepare) return cmd_prepare(o);
+    if (*tok_train) return tokenizer_train_command(o.tok_train);
+    if (*tok_encode) return tokenizer_encode_command(o.tok_encode);
     return cmd_print_config(o);
   } catch (const UserError& e) {
     std::fprintf(stderr, "gtron: error: %s\n", e.what());
