@@ -1,4 +1,4 @@
-// Evaluation and byte-level sampling, shared by `gtron train`, `gtron eval` and `gtron sample`.
+// Evaluation and sampling, shared by `gtron train`, `gtron eval` and `gtron sample`.
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -37,18 +37,33 @@ EvalResult evaluate(GPT& model, const Config& cfg, const std::string& val_glob) 
   return r;
 }
 
+std::optional<double> bits_per_byte(const ResolvedData& data, double nats_per_token) {
+  if (!data.val_tokens || !data.val_bytes || *data.val_bytes <= 0) return std::nullopt;
+  return nats_per_token / std::log(2.0) * *data.val_tokens / *data.val_bytes;
+}
+
 std::string sample_text(GPT& model, const std::string& prompt, int64_t tokens, double temperature,
-                        int64_t top_k, uint64_t seed) {
+                        int64_t top_k, uint64_t seed, Tokenizer* tokenizer) {
   const GPTConfig& c = model.config();
-  if (c.vocab_size < 256) {
+  if (tokenizer != nullptr && c.vocab_size < tokenizer->vocab_size()) {
+    throw UserError(str_cat("the checkpoint's model.vocab_size ", c.vocab_size,
+                            " is below its tokenizer's ", tokenizer->vocab_size(), " tokens"));
+  }
+  if (tokenizer == nullptr && c.vocab_size < 256) {
     throw UserError(
         "gtron sample is for byte-level models (model.vocab_size >= 256); this "
         "checkpoint has vocab_size " +
         std::to_string(c.vocab_size));
   }
   std::vector<int32_t> ids;
-  for (unsigned char ch : prompt) ids.push_back(ch);
+  if (tokenizer != nullptr) {
+    if (auto eot = tokenizer->special_id("<|endoftext|>")) ids.push_back(*eot);
+    tokenizer->encode_append(prompt, &ids);
+  } else {
+    for (unsigned char ch : prompt) ids.push_back(ch);
+  }
   if (ids.empty()) ids.push_back('\n');
+  const size_t prompt_ids = ids.size();
   std::mt19937_64 rng(seed);
   std::string out;
   for (int64_t n = 0; n < tokens; ++n) {
@@ -78,7 +93,10 @@ std::string sample_text(GPT& model, const std::string& prompt, int64_t tokens, d
       next = dist(rng);
     }
     ids.push_back(next);
-    out.push_back(static_cast<char>(next & 0xff));
+    if (tokenizer == nullptr) out.push_back(static_cast<char>(next & 0xff));
+  }
+  if (tokenizer != nullptr) {
+    out = tokenizer->decode(ids.data() + prompt_ids, static_cast<int64_t>(ids.size() - prompt_ids));
   }
   return out;
 }

@@ -28,7 +28,9 @@ struct Options {
   double temperature = 1.0;
   int64_t top_k = 0;
   uint64_t seed = 1;
-  std::string text;
+  std::vector<std::string> text;
+  std::string tokenizer;
+  std::string doc_separator;
   std::string synthetic;
   double val_fraction = 0.1;
   int64_t order = 2;
@@ -61,7 +63,11 @@ int cmd_eval(const Options& o) {
   for (size_t k = 0; k < r.mtp_losses.size(); ++k) {
     std::printf("%s%.6f", k ? ", " : "", r.mtp_losses[k]);
   }
-  std::printf("], \"tokens\": %ld}\n", static_cast<long>(r.tokens));
+  std::printf("], \"tokens\": %ld", static_cast<long>(r.tokens));
+  if (const auto bpb = bits_per_byte(data, r.main_loss)) {
+    std::printf(", \"val_bits_per_byte\": %.6f", *bpb);
+  }
+  std::printf("}\n");
   return kExitOk;
 }
 
@@ -71,7 +77,9 @@ int cmd_sample(const Options& o) {
   Config cfg = config_from_json_text(st.config_json, {}, o.checkpoint + "/trainer_state.json");
   GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
   load_model_weights(o.checkpoint, model);
-  std::string text = sample_text(model, o.prompt, o.tokens, o.temperature, o.top_k, o.seed);
+  std::optional<Tokenizer> tokenizer = read_checkpoint_tokenizer(o.checkpoint);
+  std::string text = sample_text(model, o.prompt, o.tokens, o.temperature, o.top_k, o.seed,
+                                 tokenizer ? &*tokenizer : nullptr);
   std::cout << o.prompt << text << std::endl;
   return kExitOk;
 }
@@ -81,8 +89,21 @@ int cmd_prepare(const Options& o) {
   if (!o.text.empty() && !o.synthetic.empty()) {
     throw UserError("gtron prepare: give either --text FILE or --synthetic markov, not both");
   }
-  if (!o.text.empty()) {
-    prepare_text(o.text, o.out, o.val_fraction);
+  if (!o.text.empty() && !o.tokenizer.empty()) {
+    TokenizedTextOptions t;
+    t.files = o.text;
+    t.tokenizer = o.tokenizer;
+    t.doc_separator = o.doc_separator;
+    t.val_fraction = o.val_fraction;
+    prepare_tokenized_text(t, o.out);
+  } else if (!o.tokenizer.empty() || !o.doc_separator.empty()) {
+    throw UserError("gtron prepare: --tokenizer and --doc-separator go with --text FILE...");
+  } else if (o.text.size() > 1) {
+    throw UserError(
+        "gtron prepare: the byte-level tokenizer takes one --text file. Hint: pass --tokenizer "
+        "tokenizer.json to prepare several files");
+  } else if (!o.text.empty()) {
+    prepare_text(o.text[0], o.out, o.val_fraction);
   } else if (o.synthetic == "markov") {
     prepare_synthetic_markov(static_cast<int>(o.order), static_cast<int>(o.vocab), o.alpha,
                              o.prepare_tokens, o.val_tokens, o.prepare_seed, o.out);
@@ -125,10 +146,10 @@ int run(int argc, char** argv) {
       ->required();
   eval->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
 
-  auto* sample = app.add_subcommand("sample", "Generate text from a byte-level checkpoint");
+  auto* sample = app.add_subcommand("sample", "Generate text from a checkpoint");
   sample->add_option("--checkpoint", o.checkpoint, "Checkpoint directory")->required();
   sample->add_option("--prompt", o.prompt, "Prompt text");
-  sample->add_option("--tokens", o.tokens, "Tokens (bytes) to generate")
+  sample->add_option("--tokens", o.tokens, "Tokens to generate (bytes for byte-level models)")
       ->check(CLI::Range(1, 1 << 20));
   sample->add_option("--temperature", o.temperature, "Softmax temperature (0 = greedy)")
       ->check(CLI::Range(0.0, 100.0));
@@ -136,9 +157,12 @@ int run(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   sample->add_option("--seed", o.seed, "Sampling seed");
 
-  auto* prepare =
-      app.add_subcommand("prepare", "Write token shards: byte-level text or a synthetic source");
-  prepare->add_option("--text", o.text, "Text file to tokenize (bytes)");
+  auto* prepare = app.add_subcommand(
+      "prepare", "Write token shards: text (bytes or BPE) or a synthetic source");
+  prepare->add_option("--text", o.text, "Text files (byte-level: one file)");
+  prepare->add_option("--tokenizer", o.tokenizer, "tokenizer.json to encode the text with");
+  prepare->add_option("--doc-separator", o.doc_separator,
+                      "With --tokenizer: a line that separates documents (e.g. %)");
   prepare->add_option("--val-fraction", o.val_fraction, "Fraction of the text for validation");
   prepare->add_option("--synthetic", o.synthetic, "Synthetic source: markov");
   prepare->add_option("--order", o.order, "Markov order K")->check(CLI::PositiveNumber);

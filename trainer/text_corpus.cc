@@ -1,5 +1,6 @@
 #include "trainer/text_corpus.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -65,32 +66,30 @@ std::vector<std::string> read_documents(const std::vector<std::string>& files,
   return docs;
 }
 
-int64_t total_bytes(const std::vector<std::string>& documents, size_t begin, size_t end) {
+int64_t total_bytes(const std::vector<std::string>& documents, const std::vector<size_t>& which) {
   int64_t n = 0;
-  for (size_t i = begin; i < end; ++i) n += static_cast<int64_t>(documents[i].size());
+  for (size_t i : which) n += static_cast<int64_t>(documents[i].size());
   return n;
 }
 
-size_t train_document_count(const std::vector<std::string>& documents, double val_fraction) {
+DocumentSplit split_documents(size_t n, double val_fraction) {
   if (!(val_fraction >= 0.0 && val_fraction < 1.0)) {
     throw UserError(str_cat("--val-fraction ", val_fraction,
                             " is not allowed; expected a fraction in [0, 1) (e.g. 0.1)."));
   }
-  if (val_fraction == 0.0) return documents.size();
-  const double want =
-      (1.0 - val_fraction) * static_cast<double>(total_bytes(documents, 0, documents.size()));
-  size_t k = 0;
-  int64_t bytes = 0;
-  while (k < documents.size() && static_cast<double>(bytes) < want) {
-    bytes += static_cast<int64_t>(documents[k++].size());
+  DocumentSplit split;
+  for (size_t i = 0; i < n; ++i) {
+    const bool val = std::floor(static_cast<double>(i + 1) * val_fraction) >
+                     std::floor(static_cast<double>(i) * val_fraction);
+    (val ? split.val : split.train).push_back(i);
   }
-  if (k == 0 || k >= documents.size()) {
-    throw UserError(str_cat("--val-fraction ", val_fraction, " over ", documents.size(),
+  if (val_fraction > 0.0 && (split.val.empty() || split.train.empty())) {
+    throw UserError(str_cat("--val-fraction ", val_fraction, " over ", n,
                             " documents leaves no document for ",
-                            k == 0 ? "training" : "validation",
+                            split.train.empty() ? "training" : "validation",
                             ". Hint: more documents (see --doc-separator), or another fraction."));
   }
-  return k;
+  return split;
 }
 
 }  // namespace gtron

@@ -15,12 +15,17 @@ namespace gtron {
 std::vector<std::string> read_documents(const std::vector<std::string>& files,
                                         const std::string& separator_line);
 
-// How many leading documents are for training: the fewest whose bytes reach (1 - val_fraction)
-// of all bytes; the rest are validation. val_fraction 0 keeps everything for training.
-// REQUIRES (else UserError): 0 <= val_fraction < 1, and when val_fraction > 0, at least one
-// document on each side.
-size_t train_document_count(const std::vector<std::string>& documents, double val_fraction);
+// Note [document split]
+// Document i (0-based) is for validation when floor((i + 1) * f) > floor(i * f), f the
+// val_fraction: floor(n * f) validation documents spread evenly through the corpus (with f = 0.1,
+// every tenth), so validation text is drawn from every file, not only the last one.
+struct DocumentSplit {
+  std::vector<size_t> train, val;  // document indices, ascending
+};
+// REQUIRES (else UserError): 0 <= val_fraction < 1; when val_fraction > 0, at least one document
+// on each side. val_fraction 0 puts every document into train.
+DocumentSplit split_documents(size_t n, double val_fraction);
 
-int64_t total_bytes(const std::vector<std::string>& documents, size_t begin, size_t end);
+int64_t total_bytes(const std::vector<std::string>& documents, const std::vector<size_t>& which);
 
 }  // namespace gtron

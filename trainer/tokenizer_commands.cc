@@ -25,8 +25,9 @@ int tokenizer_train_command(const TokenizerTrainArgs& args) {
   if (args.out.empty()) throw UserError("gtron tokenizer train: --out tokenizer.json is required");
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<std::string> docs = read_documents(args.text, args.doc_separator);
-  const size_t n_train = train_document_count(docs, args.val_fraction);
-  std::vector<std::string_view> texts(docs.begin(), docs.begin() + n_train);
+  const DocumentSplit split = split_documents(docs.size(), args.val_fraction);
+  std::vector<std::string_view> texts;
+  for (size_t i : split.train) texts.emplace_back(docs[i]);
   BpeTrainOptions options;
   options.vocab_size = args.vocab_size;
   options.specials = args.specials;
@@ -38,8 +39,8 @@ int tokenizer_train_command(const TokenizerTrainArgs& args) {
                                          {"merges", stats.merges},
                                          {"unique_words", stats.unique_words},
                                          {"pieces", stats.pieces},
-                                         {"train_documents", n_train},
-                                         {"train_bytes", total_bytes(docs, 0, n_train)},
+                                         {"train_documents", split.train.size()},
+                                         {"train_bytes", total_bytes(docs, split.train)},
                                          {"seconds", seconds_since(t0)}};
   std::printf("%s\n", report.dump().c_str());
   return 0;
