@@ -1,12 +1,14 @@
 #include "trainer/prepare.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "model/check.h"
 #include "trainer/markov.h"
@@ -119,17 +121,7 @@ bool reuse_or_claim(const std::string& out_dir, const json& params) {
 }
 
 std::string read_text_file(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) {
-    throw UserError(str_cat("text file '", path,
-                            "': does not exist or is not a regular file. "
-                            "Hint: pass the path of a UTF-8/ASCII text file."));
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  if (!in) throw UserError(str_cat("text file '", path, "': cannot be read."));
-  std::string text = bytes.str();
+  std::string text = read_file_bytes(path, "text file");
   if (text.empty()) {
     throw UserError(
         str_cat("text file '", path, "': is empty; expected at least 2 bytes of text."));
@@ -146,12 +138,14 @@ uint64_t fnv1a64(const std::string& bytes) {
   return fnv1a64_continue(0xcbf29ce484222325ULL, bytes);
 }
 
-std::string read_file_bytes(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError(str_cat(what, " '", path, "': cannot be opened."));
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
+// Entropy in nats of the token frequencies: the loss of a model that ignores context.
+double unigram_entropy(const std::vector<uint32_t>& tokens) {
+  std::unordered_map<uint32_t, int64_t> counts;
+  for (uint32_t t : tokens) ++counts[t];
+  double h = 0;
+  const auto n = static_cast<double>(tokens.size());
+  for (const auto& [t, c] : counts) h -= c / n * std::log(c / n);
+  return h;
 }
 
 uint64_t splitmix64(uint64_t x) {
@@ -268,6 +262,7 @@ PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
   meta["val_documents"] = split.val.size();
   meta["tokens"] = train.size();
   meta["val_tokens"] = val.size();
+  meta["unigram_entropy"] = unigram_entropy(train);
   meta["train_bytes"] = total_bytes(docs, split.train);
   meta["val_bytes"] = total_bytes(docs, split.val);
   write_file_atomic(join(out_dir, kMetaFile), meta.dump(2) + "\n");

@@ -10,20 +10,6 @@
 namespace gtron {
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    throw UserError(str_cat("text file '", path,
-                            "': does not exist or is not a regular file. Hint: pass the paths "
-                            "of text files."));
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  if (!in) throw UserError(str_cat("text file '", path, "': cannot be read."));
-  return bytes.str();
-}
-
 bool blank(const std::string& s) { return s.find_first_not_of(" \t\r\n\f\v") == std::string::npos; }
 
 void add_document(std::string doc, std::vector<std::string>* out) {
@@ -32,12 +18,24 @@ void add_document(std::string doc, std::vector<std::string>* out) {
 
 }  // namespace
 
+std::string read_file_bytes(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw UserError(str_cat(what, " '", path, "': does not exist or is not a regular file."));
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  if (!in) throw UserError(str_cat(what, " '", path, "': cannot be read."));
+  return bytes.str();
+}
+
 std::vector<std::string> read_documents(const std::vector<std::string>& files,
                                         const std::string& separator_line) {
   if (files.empty()) throw UserError("no text files given. Hint: --text FILE...");
   std::vector<std::string> docs;
   for (const std::string& path : files) {
-    std::string text = read_file(path);
+    std::string text = read_file_bytes(path, "text file");
     if (separator_line.empty()) {
       add_document(std::move(text), &docs);
       continue;

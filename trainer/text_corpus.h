@@ -8,6 +8,10 @@
 
 namespace gtron {
 
+// The bytes of the file at `path`. Throws UserError naming `what` and the path when it is missing,
+// not a regular file, or unreadable.
+std::string read_file_bytes(const std::string& path, const std::string& what);
+
 // Reads `files` in order. Each file is one document; with a non-empty separator_line, a file is
 // also cut at every line equal to separator_line (the line itself is dropped, e.g. "%" in the
 // fortune files). Documents of only whitespace are dropped. Throws UserError naming a missing or

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string_view>
@@ -33,6 +34,11 @@ int tokenizer_train_command(const TokenizerTrainArgs& args) {
   options.specials = args.specials;
   BpeTrainStats stats;
   Tokenizer tok(train_bpe(texts, options, &stats), args.out);
+  const std::filesystem::path parent = std::filesystem::path(args.out).parent_path();
+  std::error_code ec;
+  if (!parent.empty() && !std::filesystem::create_directories(parent, ec) && ec) {
+    throw UserError(str_cat("--out '", args.out, "': cannot create its folder: ", ec.message()));
+  }
   tok.save(args.out);
   const nlohmann::ordered_json report = {{"out", args.out},
                                          {"vocab_size", tok.vocab_size()},

@@ -462,6 +462,8 @@ int Run::finish() {
   if (data_.entropy_rate) {
     std::printf(" | entropy floor %.4f | gap %.4f nats/token", *data_.entropy_rate,
                 ev.main_loss - *data_.entropy_rate);
+  } else if (data_.unigram_entropy) {
+    std::printf(" | unigram %.4f nats/token", *data_.unigram_entropy);
   }
   if (const auto bpb = bits_per_byte(data_, ev.main_loss)) std::printf(" | %.4f bits/byte", *bpb);
   std::printf(" | %.1f s\n", seconds_since(t_run_));

@@ -2,7 +2,9 @@
 // meta.json, the shard width, and reuse of a matching previous output.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -96,6 +98,11 @@ TEST_F(PrepareBpe, DocumentsAreSeparatedByEndOfText) {
   EXPECT_EQ(meta["val_documents"], 5);
   EXPECT_EQ(meta["val_bytes"], want_val.size() - 5 * std::string("<|endoftext|>").size());
   EXPECT_EQ(read_all(out + "/tokenizer.json"), read_all(dir_ + "/tok.json"));
+  std::map<uint32_t, double> freq;
+  for (uint32_t t : train) freq[t] += 1.0 / static_cast<double>(train.size());
+  double h = 0;
+  for (const auto& [t, p] : freq) h -= p * std::log(p);
+  EXPECT_NEAR(meta["unigram_entropy"].get<double>(), h, 1e-9);
 
   EXPECT_TRUE(prepare_tokenized_text(options(), out).reused);  // same inputs: nothing written
   TokenizedTextOptions other = options();

@@ -36,7 +36,7 @@ TEST(TextPipeline, TokenizerPrepareTrainEvalSample) {
   }
   testing::write_text(dir + "/corpus.txt", text);
   testing::write_text(dir + "/config.json", kConfig);
-  const std::string tok = dir + "/tokenizer.json", data = dir + "/data";
+  const std::string tok = dir + "/tok/tokenizer.json", data = dir + "/data";  // tok/ is created
 
   auto t = run_gtron({"tokenizer", "train", "--text", dir + "/corpus.txt", "--doc-separator", "%",
                       "--val-fraction", "0.1", "--vocab-size", "300", "--special", "<|endoftext|>",
