@@ -120,6 +120,19 @@ bool reuse_or_claim(const std::string& out_dir, const json& params) {
   return true;
 }
 
+// [eot] + tokens of each document in `which`, concatenated.
+std::vector<uint32_t> encode_documents(Tokenizer& tok, const std::vector<std::string>& docs,
+                                       const std::vector<size_t>& which, int32_t eot) {
+  std::vector<uint32_t> tokens;
+  std::vector<int32_t> ids;
+  for (size_t d : which) {
+    ids.assign(1, eot);
+    tok.encode_append(docs[d], &ids);
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+  }
+  return tokens;
+}
+
 std::string read_text_file(const std::string& path) {
   std::string text = read_file_bytes(path, "text file");
   if (text.empty()) {
@@ -215,15 +228,11 @@ PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
   }
   const DocumentSplit split = split_documents(docs.size(), options.val_fraction);
   uint64_t hash = 0xcbf29ce484222325ULL;
-  int64_t text_bytes = 0;
-  for (const std::string& d : docs) {
-    hash = fnv1a64_continue(hash, d + '\0');
-    text_bytes += static_cast<int64_t>(d.size());
-  }
+  for (const std::string& d : docs) hash = fnv1a64_continue(hash, d + '\0');
   json params = {{"source", "text"},
                  {"tokenizer", "bpe"},
                  {"tokenizer_sha256", sha256_hex(tokenizer_text)},
-                 {"text_bytes", text_bytes},
+                 {"text_bytes", total_bytes(docs, split.train) + total_bytes(docs, split.val)},
                  {"text_fnv1a64", hash},
                  {"doc_separator", options.doc_separator},
                  {"val_fraction", options.val_fraction}};
@@ -232,17 +241,8 @@ PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
     json meta = json::parse(read_file_bytes(join(out_dir, kMetaFile), "meta"));
     return result_for(out_dir, vocab, meta_int(meta, "tokens"), meta_int(meta, "val_tokens"), true);
   }
-  auto encode = [&](const std::vector<size_t>& which) {
-    std::vector<uint32_t> tokens;
-    std::vector<int32_t> ids;
-    for (size_t d : which) {
-      ids.assign(1, *eot);
-      tok.encode_append(docs[d], &ids);
-      tokens.insert(tokens.end(), ids.begin(), ids.end());
-    }
-    return tokens;
-  };
-  const std::vector<uint32_t> train = encode(split.train), val = encode(split.val);
+  const std::vector<uint32_t> train = encode_documents(tok, docs, split.train, *eot);
+  const std::vector<uint32_t> val = encode_documents(tok, docs, split.val, *eot);
   if (train.size() > static_cast<size_t>(kMaxShardTokens) ||
       val.size() > static_cast<size_t>(kMaxShardTokens)) {
     throw UserError(str_cat("prepare: ", train.size(), " + ", val.size(),
