@@ -187,6 +187,25 @@ TEST(Tokenizer, ReadsTokenizersFilesWithTheirIds) {
   EXPECT_THROW(tok.encode("c"), UserError);  // 'c' has no token in this file
 }
 
+// The fields GPT-2's own tokenizer.json has: a ByteLevel post_processor (ignored: it changes no
+// ids), "" subword prefix/suffix, merges as "left right" strings, the special at the end.
+TEST(Tokenizer, ReadsGpt2ShapedFiles) {
+  const std::string json = R"({"version": "1.0", "truncation": null, "padding": null,
+    "added_tokens": [{"id": 6, "content": "<|endoftext|>", "single_word": false, "lstrip": false,
+                      "rstrip": false, "normalized": true, "special": true}],
+    "normalizer": null,
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true},
+    "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false},
+    "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true},
+    "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",
+              "end_of_word_suffix": "", "fuse_unk": false,
+              "vocab": {"h": 0, "i": 1, "Ġ": 2, "hi": 3, "Ġhi": 4, "Ċ": 5, "<|endoftext|>": 6},
+              "merges": ["h i", "Ġ hi"]}})";
+  Tokenizer tok = Tokenizer::from_json_text(json, "gpt2.json");
+  EXPECT_EQ(tok.encode("hi hi\n<|endoftext|>"), (std::vector<int32_t>{3, 4, 5, 6}));
+  EXPECT_EQ(tok.vocab_size(), 7);
+}
+
 TEST(Tokenizer, RefusesOtherModelsAndCorruptFiles) {
   auto message = [](const std::string& json) {
     try {
