@@ -12,6 +12,8 @@ PACKAGES=(
   nlohmann-json3-dev
   libgtest-dev
   libgloo-dev
+  libpcre2-dev         # the tokenizer's pre-tokenization regex (Unicode properties, JIT)
+  fortunes             # English text for the fortunes example (configs/fortunes.json)
   python3-matplotlib   # scripts/plot_metrics.py (Debian python: /usr/bin/python3)
   python3-numpy
 )

@@ -1,5 +1,6 @@
 #include "trainer/checkpoint.h"
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "trainer/checkpoint_io.h"
@@ -11,6 +12,7 @@ namespace {
 constexpr char kModelFile[] = "model.safetensors";
 constexpr char kOptimizerFile[] = "optimizer.safetensors";
 constexpr char kStateFile[] = "trainer_state.json";
+constexpr char kTokenizerFile[] = "tokenizer.json";
 
 std::map<std::string, Tensor> by_name(const SafetensorsFile& f) {
   std::map<std::string, Tensor> m;
@@ -33,6 +35,9 @@ void write_checkpoint_files(const std::string& dir, const std::vector<NamedTenso
   j["seed"] = state.seed;
   j["config"] = nlohmann::json::parse(state.config_json);
   write_file_atomic_in_dir(dir, kStateFile, j.dump(2) + "\n");
+  if (!state.tokenizer_json.empty()) {
+    write_file_atomic_in_dir(dir, kTokenizerFile, state.tokenizer_json);
+  }
 }
 
 }  // namespace
@@ -68,6 +73,13 @@ TrainerState read_trainer_state(const std::string& dir) {
     throw UserError("checkpoint state '" + path + "' is malformed: " + e.what());
   }
   return s;
+}
+
+std::optional<Tokenizer> read_checkpoint_tokenizer(const std::string& dir) {
+  const std::string path = dir + "/" + kTokenizerFile;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  return Tokenizer::from_json_text(read_file(path), path);
 }
 
 CheckpointTensors read_checkpoint_tensors(const std::string& dir, bool with_optimizer) {

@@ -4,6 +4,7 @@
 //                          PyTorch layout (linear weights [out, in]); a tied head is stored once
 //   optimizer.safetensors  AdamW moments "m.<name>" and "v.<name>", full, fp32; metadata t
 //   trainer_state.json     {"step", "optimizer_steps", "seed", "config": <resolved config>}
+//   tokenizer.json         the data's BPE tokenizer (only for data prepared with one)
 //   MANIFEST.json          sizes and CRC32 of the files above (trainer/checkpoint_io.h)
 //
 // Everything is stored unsharded, so a checkpoint loads into any DP × GTP layout. The data
@@ -14,11 +15,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/gpt.h"
 #include "trainer/safetensors.h"
+#include "trainer/tokenizer.h"
 
 namespace gtron {
 
@@ -26,7 +29,8 @@ struct TrainerState {
   int64_t step = 0;             // optimizer steps completed
   int64_t optimizer_steps = 0;  // AdamW's t
   uint64_t seed = 0;
-  std::string config_json;  // resolved config of the run that wrote it
+  std::string config_json;     // resolved config of the run that wrote it
+  std::string tokenizer_json;  // the data's tokenizer.json; empty for byte-level/synthetic data
 };
 
 // Writes full parameters, full moments ("m.<name>", "v.<name>"; empty = no optimizer file) and
@@ -51,6 +55,9 @@ struct CheckpointTensors {
   std::map<std::string, Tensor> moments;  // "m.<name>", "v.<name>"
   int64_t optimizer_steps = 0;
 };
+// The tokenizer a verified checkpoint carries, or nullopt (byte-level). Throws UserError.
+std::optional<Tokenizer> read_checkpoint_tokenizer(const std::string& dir);
+
 // Reads the tensors of a checkpoint directory (moments only when `with_optimizer`).
 CheckpointTensors read_checkpoint_tensors(const std::string& dir, bool with_optimizer);
 

@@ -1,5 +1,6 @@
 // Evaluation, shared by `gtron train` and `gtron eval`.
 #include <algorithm>
+#include <cmath>
 
 #include "trainer/sampler.h"
 #include "trainer/shards.h"
@@ -33,6 +34,11 @@ EvalResult evaluate(GPT& model, const Config& cfg, const std::string& val_glob) 
     for (double& l : r.mtp_losses) l /= static_cast<double>(batches);
   }
   return r;
+}
+
+std::optional<double> bits_per_byte(const ResolvedData& data, double nats_per_token) {
+  if (!data.val_tokens || !data.val_bytes || *data.val_bytes <= 0) return std::nullopt;
+  return nats_per_token / std::log(2.0) * *data.val_tokens / *data.val_bytes;
 }
 
 }  // namespace gtron

@@ -1,5 +1,5 @@
-// gtron: the command-line trainer. Subcommands: train, eval, sample, logits, prepare, export,
-// import, print-config.
+// gtron: the command-line trainer. Subcommands: train, eval, sample, logits, prepare, tokenizer
+// (train, encode), export, import, print-config.
 // Every user error (flags, config, data, checkpoint) prints one clear message and exits with code 2
 // before any work starts; internal invariants abort.
 #include <CLI/CLI.hpp>
@@ -15,6 +15,7 @@
 #include "trainer/prepare.h"
 #include "trainer/safetensors.h"
 #include "trainer/sample.h"
+#include "trainer/tokenizer_commands.h"
 #include "trainer/train.h"
 
 namespace gtron {
@@ -31,7 +32,9 @@ struct Options {
   std::vector<std::string> token_rows;  // logits --tokens "1,2,3" (one per sequence)
   SampleArgs sample;
   int64_t prepare_tokens = 2000000;  // prepare --synthetic: train tokens
-  std::string text;
+  std::vector<std::string> text;
+  std::string tokenizer;
+  std::string doc_separator;
   std::string synthetic;
   double val_fraction = 0.1;
   int64_t order = 2;
@@ -40,6 +43,8 @@ struct Options {
   uint64_t prepare_seed = 1234;  // same default as data.synthetic.seed
   int64_t val_tokens = 100000;
   bool markdown = false;
+  TokenizerTrainArgs tok_train;
+  TokenizerEncodeArgs tok_encode;
 };
 
 Config load(const Options& o) {
@@ -62,7 +67,11 @@ int cmd_eval(const Options& o) {
   for (size_t k = 0; k < r.mtp_losses.size(); ++k) {
     std::printf("%s%.6f", k ? ", " : "", r.mtp_losses[k]);
   }
-  std::printf("], \"tokens\": %ld}\n", static_cast<long>(r.tokens));
+  std::printf("], \"tokens\": %ld", static_cast<long>(r.tokens));
+  if (const auto bpb = bits_per_byte(data, r.main_loss)) {
+    std::printf(", \"val_bits_per_byte\": %.6f", *bpb);
+  }
+  std::printf("}\n");
   return kExitOk;
 }
 
@@ -72,7 +81,8 @@ int cmd_sample(const Options& o) {
   Config cfg = config_from_json_text(st.config_json, {}, o.checkpoint + "/trainer_state.json");
   GPT model(gpt_config(cfg), DType::kF32, sample_device(o.sample.device), cfg.train.seed);
   load_model_weights(o.checkpoint, model);
-  run_sample(model, o.sample, std::cout, std::cerr);
+  std::optional<Tokenizer> tokenizer = read_checkpoint_tokenizer(o.checkpoint);
+  run_sample(model, o.sample, std::cout, std::cerr, tokenizer ? &*tokenizer : nullptr);
   return kExitOk;
 }
 
@@ -149,8 +159,21 @@ int cmd_prepare(const Options& o) {
   if (!o.text.empty() && !o.synthetic.empty()) {
     throw UserError("gtron prepare: give either --text FILE or --synthetic markov, not both");
   }
-  if (!o.text.empty()) {
-    prepare_text(o.text, o.out, o.val_fraction);
+  if (!o.text.empty() && !o.tokenizer.empty()) {
+    TokenizedTextOptions t;
+    t.files = o.text;
+    t.tokenizer = o.tokenizer;
+    t.doc_separator = o.doc_separator;
+    t.val_fraction = o.val_fraction;
+    prepare_tokenized_text(t, o.out);
+  } else if (!o.tokenizer.empty() || !o.doc_separator.empty()) {
+    throw UserError("gtron prepare: --tokenizer and --doc-separator go with --text FILE...");
+  } else if (o.text.size() > 1) {
+    throw UserError(
+        "gtron prepare: the byte-level tokenizer takes one --text file. Hint: pass --tokenizer "
+        "tokenizer.json to prepare several files");
+  } else if (!o.text.empty()) {
+    prepare_text(o.text[0], o.out, o.val_fraction);
   } else if (o.synthetic == "markov") {
     prepare_synthetic_markov(static_cast<int>(o.order), static_cast<int>(o.vocab), o.alpha,
                              o.prepare_tokens, o.val_tokens, o.prepare_seed, o.out);
@@ -200,7 +223,8 @@ int run(int argc, char** argv) {
       "sample", "Generate from a checkpoint (KV cache; MTP self-speculative decoding)");
   SampleArgs& sa = o.sample;
   sample->add_option("--checkpoint", o.checkpoint, "Checkpoint directory")->required();
-  auto* prompt = sample->add_option("--prompt", sa.prompt, "Prompt text (byte-level models)");
+  auto* prompt = sample->add_option("--prompt", sa.prompt,
+                                    "Prompt text (through the checkpoint's tokenizer, else bytes)");
   auto* prompt_ids =
       sample->add_option("--prompt-ids", sa.prompt_ids, "Prompt token ids, e.g. 1,2,3 (any model)");
   sample->add_option("--tokens", sa.tokens, "New tokens per row")->check(CLI::Range(1, 1 << 20));
@@ -240,9 +264,12 @@ int run(int argc, char** argv) {
                   "else the defaults)");
   imp->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
 
-  auto* prepare =
-      app.add_subcommand("prepare", "Write token shards: byte-level text or a synthetic source");
-  prepare->add_option("--text", o.text, "Text file to tokenize (bytes)");
+  auto* prepare = app.add_subcommand(
+      "prepare", "Write token shards: text (bytes or BPE) or a synthetic source");
+  prepare->add_option("--text", o.text, "Text files (byte-level: one file)");
+  prepare->add_option("--tokenizer", o.tokenizer, "tokenizer.json to encode the text with");
+  prepare->add_option("--doc-separator", o.doc_separator,
+                      "With --tokenizer: a line that separates documents (e.g. %)");
   prepare->add_option("--val-fraction", o.val_fraction, "Fraction of the text for validation");
   prepare->add_option("--synthetic", o.synthetic, "Synthetic source: markov");
   prepare->add_option("--order", o.order, "Markov order K")->check(CLI::PositiveNumber);
@@ -255,6 +282,24 @@ int run(int argc, char** argv) {
   prepare->add_option("--seed", o.prepare_seed, "Seed of the synthetic source");
   prepare->add_option("--out", o.out, "Output directory")->required();
 
+  auto* tokenizer = app.add_subcommand("tokenizer", "Byte-level BPE tokenizers (tokenizer.json)");
+  tokenizer->require_subcommand(1);
+  auto* tok_train = tokenizer->add_subcommand("train", "Train a tokenizer on text files");
+  TokenizerTrainArgs& tt = o.tok_train;
+  tok_train->add_option("--text", tt.text, "Text files (one document each)")->required();
+  tok_train->add_option("--vocab-size", tt.vocab_size, "Tokens: 256 bytes + merges + specials")
+      ->required();
+  tok_train->add_option("--out", tt.out, "tokenizer.json to write")->required();
+  tok_train->add_option("--special", tt.specials, "A special token, kept whole (repeatable)");
+  tok_train->add_option("--doc-separator", tt.doc_separator,
+                        "A line that separates documents inside a file (e.g. %)");
+  tok_train->add_option("--val-fraction", tt.val_fraction,
+                        "Leave out the validation split `prepare --val-fraction` makes");
+  auto* tok_encode = tokenizer->add_subcommand("encode", "Encode text files; print the speed");
+  tok_encode->add_option("--tokenizer", o.tok_encode.tokenizer, "tokenizer.json")->required();
+  tok_encode->add_option("--text", o.tok_encode.text, "Text files")->required();
+  tok_encode->add_option("--ids-out", o.tok_encode.ids_out, "Write the ids here (one line a file)");
+
   auto* print = app.add_subcommand("print-config", "Print the resolved config with every default");
   print->add_option("--config", o.config, "JSON config file (none = all defaults)");
   print->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
@@ -263,13 +308,22 @@ int run(int argc, char** argv) {
   // CLI11 reports a mistyped subcommand only as "a subcommand is required": name it instead.
   const std::string first = argc > 1 ? argv[1] : "";
   const bool known = first == "train" || first == "eval" || first == "sample" ||
-                     first == "logits" || first == "prepare" || first == "export" ||
-                     first == "import" || first == "print-config";
+                     first == "logits" || first == "prepare" || first == "tokenizer" ||
+                     first == "export" || first == "import" || first == "print-config";
   if (!first.empty() && first[0] != '-' && !known) {
     std::fprintf(stderr,
                  "gtron: error: unknown subcommand '%s'; expected one of train, eval, sample, "
-                 "logits, prepare, export, import, print-config (see gtron --help)\n",
+                 "logits, prepare, tokenizer, export, import, print-config (see gtron --help)\n",
                  argv[1]);
+    return kExitUserError;
+  }
+  const std::string second = argc > 2 ? argv[2] : "";
+  if (first == "tokenizer" && !second.empty() && second[0] != '-' && second != "train" &&
+      second != "encode") {
+    std::fprintf(stderr,
+                 "gtron: error: unknown subcommand 'tokenizer %s'; expected tokenizer train or "
+                 "tokenizer encode\n",
+                 argv[2]);
     return kExitUserError;
   }
   try {
@@ -294,6 +348,8 @@ int run(int argc, char** argv) {
     if (*prepare) return cmd_prepare(o);
     if (*exp) return cmd_export(o);
     if (*imp) return cmd_import(o);
+    if (*tok_train) return tokenizer_train_command(o.tok_train);
+    if (*tok_encode) return tokenizer_encode_command(o.tok_encode);
     return cmd_print_config(o);
   } catch (const UserError& e) {
     std::fprintf(stderr, "gtron: error: %s\n", e.what());

@@ -1,16 +1,21 @@
 #include "trainer/prepare.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "model/check.h"
 #include "trainer/markov.h"
+#include "trainer/sha256.h"
 #include "trainer/shards.h"
+#include "trainer/text_corpus.h"
+#include "trainer/tokenizer.h"
 
 namespace gtron {
 namespace {
@@ -21,6 +26,7 @@ using nlohmann::json;
 constexpr const char* kTrainFile = "train_000.bin";
 constexpr const char* kValFile = "val_000.bin";
 constexpr const char* kMetaFile = "meta.json";
+constexpr const char* kTokenizerFile = "tokenizer.json";
 constexpr int64_t kMaxShardTokens = std::numeric_limits<int32_t>::max();
 
 std::string join(const std::string& dir, const std::string& name) {
@@ -47,9 +53,13 @@ std::string refuse(const std::string& out_dir, const std::string& why) {
 // True when out_dir is empty or every entry is a file an interrupted prepare may have left (shards,
 // their temporaries, the meta temporary), so overwriting it destroys nothing of the user's.
 bool only_partial_prepare_files(const std::string& out_dir) {
-  const std::set<std::string> ours = {kTrainFile, kValFile, std::string(kTrainFile) + ".tmp",
+  const std::set<std::string> ours = {kTrainFile,
+                                      kValFile,
+                                      std::string(kTrainFile) + ".tmp",
                                       std::string(kValFile) + ".tmp",
-                                      std::string(kMetaFile) + ".tmp"};
+                                      std::string(kMetaFile) + ".tmp",
+                                      kTokenizerFile,
+                                      std::string(kTokenizerFile) + ".tmp"};
   std::error_code ec;
   fs::directory_iterator it(out_dir, ec);
   if (ec) throw UserError(refuse(out_dir, str_cat("cannot list it: ", ec.message())));
@@ -110,18 +120,21 @@ bool reuse_or_claim(const std::string& out_dir, const json& params) {
   return true;
 }
 
-std::string read_text_file(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) {
-    throw UserError(str_cat("text file '", path,
-                            "': does not exist or is not a regular file. "
-                            "Hint: pass the path of a UTF-8/ASCII text file."));
+// [eot] + tokens of each document in `which`, concatenated.
+std::vector<uint32_t> encode_documents(Tokenizer& tok, const std::vector<std::string>& docs,
+                                       const std::vector<size_t>& which, int32_t eot) {
+  std::vector<uint32_t> tokens;
+  std::vector<int32_t> ids;
+  for (size_t d : which) {
+    ids.assign(1, eot);
+    tok.encode_append(docs[d], &ids);
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
   }
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  if (!in) throw UserError(str_cat("text file '", path, "': cannot be read."));
-  std::string text = bytes.str();
+  return tokens;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::string text = read_file_bytes(path, "text file");
   if (text.empty()) {
     throw UserError(
         str_cat("text file '", path, "': is empty; expected at least 2 bytes of text."));
@@ -129,9 +142,22 @@ std::string read_text_file(const std::string& path) {
   return text;
 }
 
-uint64_t fnv1a64(const std::string& bytes) {
-  uint64_t h = 0xcbf29ce484222325ULL;
+uint64_t fnv1a64_continue(uint64_t h, const std::string& bytes) {
   for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+uint64_t fnv1a64(const std::string& bytes) {
+  return fnv1a64_continue(0xcbf29ce484222325ULL, bytes);
+}
+
+// Entropy in nats of the token frequencies: the loss of a model that ignores context.
+double unigram_entropy(const std::vector<uint32_t>& tokens) {
+  std::unordered_map<uint32_t, int64_t> counts;
+  for (uint32_t t : tokens) ++counts[t];
+  double h = 0;
+  const auto n = static_cast<double>(tokens.size());
+  for (const auto& [t, c] : counts) h -= c / n * std::log(c / n);
   return h;
 }
 
@@ -183,6 +209,65 @@ PrepareResult prepare_text(const std::string& text_file, const std::string& out_
   meta["val_tokens"] = val_n;
   write_file_atomic(join(out_dir, kMetaFile), meta.dump(2) + "\n");
   return result_for(out_dir, 256, train_n, val_n, false);
+}
+
+PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
+                                     const std::string& out_dir) {
+  const std::string tokenizer_text = read_file_bytes(options.tokenizer, "tokenizer");
+  Tokenizer tok = Tokenizer::from_json_text(tokenizer_text, options.tokenizer);
+  const std::optional<int32_t> eot = tok.special_id(options.eot);
+  if (!eot) {
+    throw UserError(
+        str_cat("tokenizer '", options.tokenizer, "' has no special token \"", options.eot,
+                "\" to put between documents. Hint: train it with --special '", options.eot, "'."));
+  }
+  const std::vector<std::string> docs = read_documents(options.files, options.doc_separator);
+  if (!(options.val_fraction > 0.0)) {
+    throw UserError(str_cat("prepare: --val-fraction ", options.val_fraction,
+                            " is not allowed; expected a fraction strictly between 0 and 1."));
+  }
+  const DocumentSplit split = split_documents(docs.size(), options.val_fraction);
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const std::string& d : docs) hash = fnv1a64_continue(hash, d + '\0');
+  json params = {{"source", "text"},
+                 {"tokenizer", "bpe"},
+                 {"tokenizer_sha256", sha256_hex(tokenizer_text)},
+                 {"text_bytes", total_bytes(docs, split.train) + total_bytes(docs, split.val)},
+                 {"text_fnv1a64", hash},
+                 {"doc_separator", options.doc_separator},
+                 {"val_fraction", options.val_fraction}};
+  const int64_t vocab = tok.vocab_size();
+  if (reuse_or_claim(out_dir, params)) {
+    json meta = json::parse(read_file_bytes(join(out_dir, kMetaFile), "meta"));
+    return result_for(out_dir, vocab, meta_int(meta, "tokens"), meta_int(meta, "val_tokens"), true);
+  }
+  const std::vector<uint32_t> train = encode_documents(tok, docs, split.train, *eot);
+  const std::vector<uint32_t> val = encode_documents(tok, docs, split.val, *eot);
+  if (train.size() > static_cast<size_t>(kMaxShardTokens) ||
+      val.size() > static_cast<size_t>(kMaxShardTokens)) {
+    throw UserError(str_cat("prepare: ", train.size(), " + ", val.size(),
+                            " tokens; each shard holds at most 2^31-1. Hint: fewer texts."));
+  }
+  const int version = vocab <= 65536 ? kShardVersionU16 : kShardVersionU32;
+  write_file_atomic(join(out_dir, kTokenizerFile), tokenizer_text);
+  write_shard(join(out_dir, kValFile), val, version);
+  write_shard(join(out_dir, kTrainFile), train, version);
+  json meta = params;
+  meta["vocab"] = vocab;
+  meta["eot_id"] = *eot;
+  json files = json::array();
+  for (const std::string& f : options.files) files.push_back(fs::absolute(f).string());
+  meta["text_files"] = files;  // informational; identity is the content
+  meta["documents"] = split.train.size();
+  meta["val_documents"] = split.val.size();
+  meta["tokens"] = train.size();
+  meta["val_tokens"] = val.size();
+  meta["unigram_entropy"] = unigram_entropy(train);
+  meta["train_bytes"] = total_bytes(docs, split.train);
+  meta["val_bytes"] = total_bytes(docs, split.val);
+  write_file_atomic(join(out_dir, kMetaFile), meta.dump(2) + "\n");
+  return result_for(out_dir, vocab, static_cast<int64_t>(train.size()),
+                    static_cast<int64_t>(val.size()), false);
 }
 
 PrepareResult prepare_synthetic_markov(int order, int vocab, double alpha, int64_t tokens,

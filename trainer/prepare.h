@@ -16,6 +16,13 @@
 //
 // Text: a byte-level tokenizer, token = byte value (vocab 256). The parameters that identify a text
 // prepare are the file's path, byte size and FNV-1a 64 hash, and val_fraction.
+//
+// Text with a BPE tokenizer (prepare_tokenized_text): the files are read as documents
+// (trainer/text_corpus.h), split into train and validation documents (Note [document split]), and
+// every document is encoded as [end-of-text] + its tokens, so documents are separated by the
+// end-of-text token (llm.c's convention). out_dir also gets a copy of the tokenizer.json (the
+// trainer puts it into every checkpoint). The parameters that identify it are the tokenizer's
+// SHA-256, the texts' byte count and FNV-1a 64 hash, the document separator and val_fraction.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +46,23 @@ struct PrepareResult {
 // "text_fnv1a64", "val_fraction", "tokens", "val_tokens"}.
 PrepareResult prepare_text(const std::string& text_file, const std::string& out_dir,
                            double val_fraction);
+
+struct TokenizedTextOptions {
+  std::vector<std::string> files;
+  std::string tokenizer;      // tokenizer.json
+  std::string doc_separator;  // a line that separates documents ("" = one document per file)
+  double val_fraction = 0.1;
+  std::string eot = "<|endoftext|>";  // the special token between documents
+};
+
+// REQUIRES (else UserError): readable files with text, a loadable tokenizer that has the `eot`
+// special token, a split with a document on each side (text_corpus.h). meta.json: {"source":
+// "text", "tokenizer": "bpe", "tokenizer_sha256", "vocab" (the tokenizer's vocabulary size),
+// "eot_id", "text_files", "text_bytes", "text_fnv1a64", "doc_separator", "val_fraction",
+// "documents", "val_documents", "tokens", "val_tokens", "unigram_entropy" (nats/token, of the
+// train tokens), "train_bytes", "val_bytes"}.
+PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
+                                     const std::string& out_dir);
 
 // One chain of tokens + val_tokens tokens from MarkovSource(order, vocab, alpha, seed), generated
 // with seed splitmix64(seed); the last val_tokens go to val. meta.json is MarkovSource's (with

@@ -71,6 +71,7 @@ class Run {
   Device device_;
   bool bf16_ = false;
   ResolvedData data_;
+  std::string tokenizer_json_;  // the data's tokenizer.json, carried by every checkpoint
   std::unique_ptr<ShardSet> train_shards_;
   std::unique_ptr<SequenceSampler> sampler_;
   std::unique_ptr<GPT> model_;

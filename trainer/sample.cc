@@ -31,7 +31,7 @@ std::vector<int32_t> parse_ids(const std::string& text, int64_t V) {
   return ids;
 }
 
-std::vector<int32_t> prompt_of(const GPT& model, const SampleArgs& a) {
+std::vector<int32_t> prompt_of(const GPT& model, const SampleArgs& a, Tokenizer* tok) {
   if (a.prompt_given && a.prompt_ids_given) {
     throw UserError("gtron sample: give --prompt TEXT or --prompt-ids IDS, not both");
   }
@@ -44,20 +44,34 @@ std::vector<int32_t> prompt_of(const GPT& model, const SampleArgs& a) {
     if (ids.empty()) throw UserError("--prompt-ids is empty: generation needs a prompt token");
     return ids;
   }
-  if (!byte_level(model)) {
+  if (tok == nullptr && !byte_level(model)) {
     throw UserError(
-        str_cat("--prompt takes text, which is for byte-level models (vocab_size >= "
-                "256); this checkpoint has vocab_size ",
-                model.config().vocab_size, ". Hint: --prompt-ids 1,2,3 --print-ids"));
+        str_cat("--prompt takes text, which needs a tokenizer in the checkpoint or a byte-level "
+                "model (vocab_size >= 256); this checkpoint has vocab_size ",
+                model.config().vocab_size,
+                " and no tokenizer.json. Hint: --prompt-ids 1,2,3 "
+                "--print-ids"));
   }
   if (a.prompt.empty()) {
     throw UserError("--prompt is empty: generation needs a prompt token. Hint: --prompt TEXT");
   }
-  return std::vector<int32_t>(a.prompt.begin(), a.prompt.end());
+  if (tok != nullptr) {
+    std::vector<int32_t> ids;
+    if (auto eot = tok->special_id("<|endoftext|>")) ids.push_back(*eot);
+    tok->encode_append(a.prompt, &ids);
+    return ids;
+  }
+  std::vector<int32_t> ids;
+  for (unsigned char ch : a.prompt) ids.push_back(ch);  // bytes >= 128 stay positive ids
+  return ids;
 }
 
-void check_flags(const GPT& model, const SampleArgs& a, int64_t prompt_len) {
+void check_flags(const GPT& model, const SampleArgs& a, int64_t prompt_len, const Tokenizer* tok) {
   const GPTConfig& c = model.config();
+  if (tok != nullptr && c.vocab_size < tok->vocab_size()) {
+    throw UserError(str_cat("the checkpoint's model.vocab_size ", c.vocab_size,
+                            " is below its tokenizer's ", tok->vocab_size(), " tokens"));
+  }
   if (prompt_len + a.tokens > c.context_length) {
     throw UserError(str_cat("--tokens ", a.tokens, ": the prompt (", prompt_len, " tokens) plus ",
                             a.tokens, " new tokens exceed the model's context length ",
@@ -80,14 +94,19 @@ void check_flags(const GPT& model, const SampleArgs& a, int64_t prompt_len) {
   if (a.speculative && a.recompute) {
     throw UserError("--speculative and --recompute exclude each other");
   }
-  if (!a.print_ids && !byte_level(model)) {
+  if (!a.print_ids && tok == nullptr && !byte_level(model)) {
     throw UserError(str_cat("this checkpoint has vocab_size ", c.vocab_size,
-                            " (not byte-level): its tokens are not text. Hint: --print-ids"));
+                            " (not byte-level) and no tokenizer.json: its tokens are not text. "
+                            "Hint: --print-ids"));
   }
 }
 
 void print_row(const std::vector<int32_t>& prompt, const std::vector<int32_t>& tokens, bool ids,
-               std::ostream& out) {
+               const SampleArgs& a, const Tokenizer* tok, std::ostream& out) {
+  if (!ids && tok != nullptr) {
+    out << a.prompt << tok->decode(tokens.data(), static_cast<int64_t>(tokens.size())) << '\n';
+    return;
+  }
   if (!ids) {
     for (int32_t t : prompt) out << static_cast<char>(t & 0xff);
     for (int32_t t : tokens) out << static_cast<char>(t & 0xff);
@@ -117,9 +136,10 @@ Device sample_device(const std::string& flag) {
   return Device::cuda(0);
 }
 
-void run_sample(GPT& model, const SampleArgs& a, std::ostream& out, std::ostream& err) {
-  const std::vector<int32_t> prompt = prompt_of(model, a);
-  check_flags(model, a, static_cast<int64_t>(prompt.size()));
+void run_sample(GPT& model, const SampleArgs& a, std::ostream& out, std::ostream& err,
+                Tokenizer* tokenizer) {
+  const std::vector<int32_t> prompt = prompt_of(model, a, tokenizer);
+  check_flags(model, a, static_cast<int64_t>(prompt.size()), tokenizer);
   GenerateOptions o;
   o.max_new_tokens = a.tokens;
   o.sampling.temperature = a.temperature;
@@ -130,7 +150,7 @@ void run_sample(GPT& model, const SampleArgs& a, std::ostream& out, std::ostream
   const std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(a.batch), prompt);
   const Generation g =
       a.recompute ? generate_recompute(model, prompts, o) : generate(model, prompts, o);
-  for (const auto& row : g.tokens) print_row(prompt, row, a.print_ids, out);
+  for (const auto& row : g.tokens) print_row(prompt, row, a.print_ids, a, tokenizer, out);
   out.flush();
   err << g.stats.json() << std::endl;
 }

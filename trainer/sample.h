@@ -6,11 +6,12 @@
 #include <string>
 
 #include "model/gpt.h"
+#include "trainer/tokenizer.h"
 
 namespace gtron {
 
 struct SampleArgs {
-  std::string prompt;      // --prompt: text, one token per byte (byte-level models)
+  std::string prompt;      // --prompt: text (the checkpoint's tokenizer, else one token per byte)
   std::string prompt_ids;  // --prompt-ids: "1,2,3"
   int64_t tokens = 256;    // --tokens: new tokens per row
   double temperature = 1.0;
@@ -31,7 +32,10 @@ Device sample_device(const std::string& flag);
 
 // Checks the flags against the model (a UserError naming the flag otherwise), generates, writes
 // one line per row to `out` (prompt + new tokens, as text or comma-separated ids) and the stats
-// JSON line (model/generate.h) to `err`.
-void run_sample(GPT& model, const SampleArgs& args, std::ostream& out, std::ostream& err);
+// JSON line (model/generate.h) to `err`. With a tokenizer (the checkpoint's tokenizer.json) text
+// goes through it: the prompt is encoded after the end-of-text token (documents start with it)
+// and the new tokens are decoded; without one, text is byte-level (vocab_size >= 256).
+void run_sample(GPT& model, const SampleArgs& args, std::ostream& out, std::ostream& err,
+                Tokenizer* tokenizer = nullptr);
 
 }  // namespace gtron

@@ -116,6 +116,17 @@ std::optional<double> meta_number(const std::string& meta_path, const char* key)
   return std::nullopt;
 }
 
+std::string meta_string(const std::string& meta_path, const char* key) {
+  std::ifstream f(meta_path);
+  if (!f) return "";
+  try {
+    nlohmann::json j = nlohmann::json::parse(f);
+    if (j.contains(key) && j[key].is_string()) return j[key].get<std::string>();
+  } catch (const nlohmann::json::exception&) {
+  }
+  return "";
+}
+
 graphs::Scope graph_scope(GraphScope s) {
   switch (s) {
     case GraphScope::kLayers:
@@ -195,6 +206,17 @@ ResolvedData resolve_data(const Config& cfg) {
   const std::string meta = dirname_of(d.train_glob) + "/meta.json";
   d.entropy_rate = meta_number(meta, "entropy_rate");
   d.unigram_entropy = meta_number(meta, "unigram_entropy");
+  const std::optional<double> vocab = meta_number(meta, "vocab");
+  if (vocab && *vocab > static_cast<double>(cfg.model.vocab_size)) {
+    throw UserError(str_cat("model.vocab_size ", cfg.model.vocab_size, " is below the ",
+                            static_cast<int64_t>(*vocab), " tokens of the data (", meta,
+                            "). Hint: --set model.vocab_size=", static_cast<int64_t>(*vocab)));
+  }
+  if (meta_string(meta, "tokenizer") == "bpe") {
+    d.tokenizer_path = dirname_of(d.train_glob) + "/tokenizer.json";
+    d.val_tokens = meta_number(meta, "val_tokens");
+    d.val_bytes = meta_number(meta, "val_bytes");
+  }
   return d;
 }
 
@@ -220,6 +242,7 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
   if (is_rank0()) data_ = resolve_data(cfg_);
   if (grid_.world) grid_.world->barrier();
   if (!is_rank0()) data_ = resolve_data(cfg_);
+  if (!data_.tokenizer_path.empty()) tokenizer_json_ = read_file(data_.tokenizer_path);
   train_shards_ = std::make_unique<ShardSet>(data_.train_glob, cfg_.model.vocab_size);
   sampler_ = std::make_unique<SequenceSampler>(*train_shards_, cfg_.train.seq_len);
 
@@ -339,7 +362,8 @@ void Run::save_checkpoint() {
   std::vector<NamedTensor> params = on_host(par_->full_parameters());
   std::vector<NamedTensor> moments = on_host(par_->full_moments(opt_->m(), opt_->v()));
   if (is_rank0()) {
-    TrainerState st{start_, opt_->steps_taken(), cfg_.train.seed, resolved_json(cfg_)};
+    TrainerState st{start_, opt_->steps_taken(), cfg_.train.seed, resolved_json(cfg_),
+                    tokenizer_json_};
     std::string dir = save_training_checkpoint(checkpoint_dir(cfg_), params, moments, st,
                                                static_cast<int>(cfg_.checkpoint.keep));
     std::printf("checkpoint %s\n", dir.c_str());
@@ -458,7 +482,10 @@ int Run::finish() {
   if (data_.entropy_rate) {
     std::printf(" | entropy floor %.4f | gap %.4f nats/token", *data_.entropy_rate,
                 ev.main_loss - *data_.entropy_rate);
+  } else if (data_.unigram_entropy) {
+    std::printf(" | unigram %.4f nats/token", *data_.unigram_entropy);
   }
+  if (const auto bpb = bits_per_byte(data_, ev.main_loss)) std::printf(" | %.4f bits/byte", *bpb);
   std::printf(" | %.1f s\n", seconds_since(t_run_));
   return kExitOk;
 }

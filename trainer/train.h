@@ -9,6 +9,7 @@
 
 #include "model/gpt.h"
 #include "trainer/config.h"
+#include "trainer/tokenizer.h"
 
 namespace gtron {
 
@@ -26,7 +27,13 @@ struct ResolvedData {
   std::string val_glob;
   std::optional<double> entropy_rate;     // nats/token, when the source is known
   std::optional<double> unigram_entropy;  // nats/token
+  // Text prepared with a BPE tokenizer: its tokenizer.json (beside meta.json) and the validation
+  // split's size, for bits per byte.
+  std::string tokenizer_path;
+  std::optional<double> val_tokens, val_bytes;
 };
+// Also refuses (UserError) a model.vocab_size below the vocabulary recorded in the data's
+// meta.json.
 ResolvedData resolve_data(const Config& cfg);
 
 struct TrainSummary {
@@ -51,5 +58,8 @@ struct EvalResult {
 };
 // Mean validation losses over train.eval_batches micro-batches of the val set.
 EvalResult evaluate(GPT& model, const Config& cfg, const std::string& val_glob);
+
+// Bits per byte of a validation loss in nats/token, when the data records its val bytes.
+std::optional<double> bits_per_byte(const ResolvedData& data, double nats_per_token);
 
 }  // namespace gtron

@@ -30,7 +30,8 @@ TEST(Readme, HoldsTheGeneratedConfigTable) {
 TEST(Readme, NamesEverySubcommand) {
   const std::string text = readme();
   for (const char* cmd : {"gtron train", "gtron eval", "gtron sample", "gtron logits",
-                          "gtron prepare", "gtron export", "gtron import", "gtron print-config"}) {
+                          "gtron prepare", "gtron tokenizer train", "gtron tokenizer encode",
+                          "gtron export", "gtron import", "gtron print-config"}) {
     EXPECT_NE(text.find(cmd), std::string::npos) << cmd;
   }
 }

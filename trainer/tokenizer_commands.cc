@@ -1,0 +1,86 @@
+#include "trainer/tokenizer_commands.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string_view>
+
+#include "model/check.h"
+#include "trainer/bpe_train.h"
+#include "trainer/shards.h"
+#include "trainer/text_corpus.h"
+#include "trainer/tokenizer.h"
+
+namespace gtron {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int tokenizer_train_command(const TokenizerTrainArgs& args) {
+  if (args.out.empty()) throw UserError("gtron tokenizer train: --out tokenizer.json is required");
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<std::string> docs = read_documents(args.text, args.doc_separator);
+  const DocumentSplit split = split_documents(docs.size(), args.val_fraction);
+  std::vector<std::string_view> texts;
+  for (size_t i : split.train) texts.emplace_back(docs[i]);
+  BpeTrainOptions options;
+  options.vocab_size = args.vocab_size;
+  options.specials = args.specials;
+  BpeTrainStats stats;
+  Tokenizer tok(train_bpe(texts, options, &stats), args.out);
+  const std::filesystem::path parent = std::filesystem::path(args.out).parent_path();
+  std::error_code ec;
+  if (!parent.empty() && !std::filesystem::create_directories(parent, ec) && ec) {
+    throw UserError(str_cat("--out '", args.out, "': cannot create its folder: ", ec.message()));
+  }
+  tok.save(args.out);
+  const nlohmann::ordered_json report = {{"out", args.out},
+                                         {"vocab_size", tok.vocab_size()},
+                                         {"merges", stats.merges},
+                                         {"unique_words", stats.unique_words},
+                                         {"pieces", stats.pieces},
+                                         {"train_documents", split.train.size()},
+                                         {"train_bytes", total_bytes(docs, split.train)},
+                                         {"seconds", seconds_since(t0)}};
+  std::printf("%s\n", report.dump().c_str());
+  return 0;
+}
+
+int tokenizer_encode_command(const TokenizerEncodeArgs& args) {
+  Tokenizer tok = Tokenizer::load(args.tokenizer);
+  const std::vector<std::string> files = read_documents(args.text, "");
+  if (files.size() != args.text.size()) {
+    throw UserError("gtron tokenizer encode: a --text file holds no text");
+  }
+  std::vector<std::vector<int32_t>> ids(files.size());
+  int64_t bytes = 0, tokens = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t f = 0; f < files.size(); ++f) {
+    tok.encode_append(files[f], &ids[f]);
+    bytes += static_cast<int64_t>(files[f].size());
+    tokens += static_cast<int64_t>(ids[f].size());
+  }
+  const double secs = seconds_since(t0);
+  if (!args.ids_out.empty()) {
+    std::string text;
+    for (const auto& line : ids) {
+      for (size_t i = 0; i < line.size(); ++i) text += (i ? " " : "") + std::to_string(line[i]);
+      text += "\n";
+    }
+    write_file_atomic(args.ids_out, text);
+  }
+  const nlohmann::ordered_json report = {{"bytes", bytes},
+                                         {"tokens", tokens},
+                                         {"seconds", secs},
+                                         {"mb_per_s", secs > 0 ? bytes / secs / 1e6 : 0.0}};
+  std::printf("%s\n", report.dump().c_str());
+  return 0;
+}
+
+}  // namespace gtron

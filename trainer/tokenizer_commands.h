@@ -1,0 +1,32 @@
+// `gtron tokenizer train` and `gtron tokenizer encode`. Both print one JSON line of results.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gtron {
+
+struct TokenizerTrainArgs {
+  std::vector<std::string> text;  // files
+  std::string doc_separator;      // a line that separates documents ("" = one per file)
+  double val_fraction = 0.0;      // leave out prepare's validation split (0 = train on all)
+  int64_t vocab_size = 0;
+  std::vector<std::string> specials;
+  std::string out;  // tokenizer.json, written atomically
+};
+
+// Prints {"out", "vocab_size", "merges", "unique_words", "pieces", "train_documents",
+// "train_bytes", "seconds"}. Throws UserError for bad input (nothing is written then).
+int tokenizer_train_command(const TokenizerTrainArgs& args);
+
+struct TokenizerEncodeArgs {
+  std::string tokenizer;
+  std::vector<std::string> text;  // files, each encoded whole
+  std::string ids_out;            // optional: the ids, space-separated, one line per file
+};
+
+// Prints {"bytes", "tokens", "seconds", "mb_per_s"} (encoding time only, one thread, cold cache).
+int tokenizer_encode_command(const TokenizerEncodeArgs& args);
+
+}  // namespace gtron
