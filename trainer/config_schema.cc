@@ -153,6 +153,9 @@ std::vector<KeySpec> build_schema() {
           "Tokens the source emits; <= model.vocab_size when data.train is \"\"."),
       key(GTRON_FIELD(data.synthetic.alpha), 0.2, above(0),
           "Dirichlet concentration of each transition row (small = more predictable)."),
+      key(GTRON_FIELD(data.synthetic.bigram), 0.9, half_open(0, 1),
+          "Weight of a first-order part mixed into each order-K row (0 = pure order K): the "
+          "previous token alone then predicts much, so a model leaves the unigram loss early."),
       key(GTRON_FIELD(data.synthetic.tokens), 2000000, at_least(1), "Train split length, tokens."),
       key(GTRON_FIELD(data.synthetic.val_tokens), 100000, at_least(1), "Val split length, tokens."),
       key(GTRON_FIELD(data.synthetic.seed), 1234, at_least(0), "Seed of the synthetic source."),

@@ -40,6 +40,7 @@ struct Options {
   int64_t order = 2;
   int64_t vocab = 64;
   double alpha = 0.2;
+  double bigram = 0.0;           // prepare --synthetic: first-order weight (0 = pure order K)
   uint64_t prepare_seed = 1234;  // same default as data.synthetic.seed
   int64_t val_tokens = 100000;
   bool markdown = false;
@@ -176,7 +177,7 @@ int cmd_prepare(const Options& o) {
     prepare_text(o.text[0], o.out, o.val_fraction);
   } else if (o.synthetic == "markov") {
     prepare_synthetic_markov(static_cast<int>(o.order), static_cast<int>(o.vocab), o.alpha,
-                             o.prepare_tokens, o.val_tokens, o.prepare_seed, o.out);
+                             o.prepare_tokens, o.val_tokens, o.prepare_seed, o.out, o.bigram);
   } else if (!o.synthetic.empty()) {
     throw UserError("gtron prepare: --synthetic \"" + o.synthetic +
                     "\": the only synthetic source is \"markov\"");
@@ -275,6 +276,10 @@ int run(int argc, char** argv) {
   prepare->add_option("--order", o.order, "Markov order K")->check(CLI::PositiveNumber);
   prepare->add_option("--vocab", o.vocab, "Markov vocabulary V")->check(CLI::Range(2, 1 << 20));
   prepare->add_option("--alpha", o.alpha, "Dirichlet concentration of transition rows");
+  prepare
+      ->add_option("--bigram", o.bigram,
+                   "Weight of a first-order part mixed into each row (0 = pure order K)")
+      ->check(CLI::Range(0.0, 0.999999));
   prepare->add_option("--tokens", o.prepare_tokens, "Train tokens (synthetic)")
       ->check(CLI::PositiveNumber);
   prepare->add_option("--val-tokens", o.val_tokens, "Validation tokens (synthetic)")

@@ -77,25 +77,47 @@ int64_t count_contexts(int order, int vocab) {
 
 }  // namespace
 
-MarkovSource::MarkovSource(int order, int vocab, double alpha, uint64_t seed)
-    : order_(order), vocab_(vocab), random_(true), alpha_(alpha), seed_(seed) {
+namespace {
+
+// count rows of v entries, each from Dirichlet(alpha): Gamma(alpha, 1) draws, normalized.
+std::vector<double> dirichlet_rows(int64_t count, int v, double alpha, std::mt19937_64& gen) {
+  std::vector<double> rows(static_cast<size_t>(count * v));
+  for (int64_t r = 0; r < count; ++r) {
+    double* row = &rows[r * v];
+    double sum = 0.0;
+    for (int k = 0; k < v; ++k) {
+      row[k] = gamma_variate(alpha, gen);
+      sum += row[k];
+    }
+    // Gamma(alpha) draws are > 0 almost surely; a zero sum would need every draw to underflow.
+    GTRON_CHECK(sum > 0.0, "all gamma draws of row ", r, " underflowed");
+    for (int k = 0; k < v; ++k) row[k] /= sum;
+  }
+  return rows;
+}
+
+}  // namespace
+
+MarkovSource::MarkovSource(int order, int vocab, double alpha, uint64_t seed, double bigram)
+    : order_(order), vocab_(vocab), random_(true), alpha_(alpha), seed_(seed), bigram_(bigram) {
   num_contexts_ = count_contexts(order, vocab);
   if (!(alpha > 0.0) || !std::isfinite(alpha)) {
     throw UserError(str_cat("markov source: alpha ", alpha,
                             " is not allowed; expected a finite Dirichlet concentration > 0."));
   }
+  if (!(bigram >= 0.0 && bigram < 1.0)) {
+    throw UserError(
+        str_cat("markov source: bigram ", bigram, " is not allowed; expected a weight in [0, 1)."));
+  }
   std::mt19937_64 gen(seed);
-  rows_.resize(static_cast<size_t>(num_contexts_ * vocab_));
-  for (int64_t ctx = 0; ctx < num_contexts_; ++ctx) {
-    double* row = &rows_[ctx * vocab_];
-    double sum = 0.0;
-    for (int v = 0; v < vocab_; ++v) {
-      row[v] = gamma_variate(alpha, gen);
-      sum += row[v];
+  rows_ = dirichlet_rows(num_contexts_, vocab_, alpha, gen);
+  if (bigram > 0.0) {
+    const std::vector<double> first_order = dirichlet_rows(vocab_, vocab_, alpha, gen);
+    for (int64_t ctx = 0; ctx < num_contexts_; ++ctx) {
+      const double* b = &first_order[(ctx % vocab_) * vocab_];  // the most recent token's row
+      double* row = &rows_[ctx * vocab_];
+      for (int v = 0; v < vocab_; ++v) row[v] = bigram * b[v] + (1.0 - bigram) * row[v];
     }
-    // Gamma(alpha) draws are > 0 almost surely; a zero sum would need every draw to underflow.
-    GTRON_CHECK(sum > 0.0, "all gamma draws of context ", ctx, " underflowed");
-    for (int v = 0; v < vocab_; ++v) row[v] /= sum;
   }
   finish_construction();
 }
@@ -213,6 +235,7 @@ void MarkovSource::write_meta_json(const std::string& path, int64_t tokens,
   meta["order"] = order_;
   meta["vocab"] = vocab_;
   meta["alpha"] = random_ ? nlohmann::json(alpha_) : nlohmann::json(nullptr);
+  meta["bigram"] = random_ ? nlohmann::json(bigram_) : nlohmann::json(nullptr);
   meta["seed"] = random_ ? nlohmann::json(seed_) : nlohmann::json(nullptr);
   meta["tokens"] = tokens;
   meta["val_tokens"] = val_tokens;

@@ -8,9 +8,13 @@
 //
 // Transition rows: row(ctx)[v] = P(next = v | ctx), stored densely (V^K rows of V). The random
 // constructor draws each row from a symmetric Dirichlet(alpha) (independent Gamma(alpha, 1) draws,
-// normalized). Gamma, normal and uniform variates are computed here from std::mt19937_64
-// (Marsaglia- Tsang for the gamma), not by std:: distributions, so a seed gives the same table with
-// any standard library.
+// normalized), then, with bigram weight b > 0, mixes in a first-order part:
+//   row(ctx) = b · B[t_{-1}] + (1 − b) · D[ctx],  B's V rows drawn from Dirichlet(alpha) after D's.
+// The chain stays order K (D still depends on the whole context) and its entropy rate stays exact;
+// b gives models a signal they pick up early (the previous token alone), so a loss curve leaves the
+// unigram plateau quickly. b = 0 draws exactly the table of earlier versions. Gamma, normal and
+// uniform variates are computed here from std::mt19937_64 (Marsaglia- Tsang for the gamma), not by
+// std:: distributions, so a seed gives the same table with any standard library.
 //
 // Stationary distribution: power iteration of the lazy chain (pi <- (pi + pi P) / 2; same fixed
 // point, and it converges for periodic chains too) over the V^K contexts, from uniform, until the
@@ -26,8 +30,8 @@ namespace gtron {
 class MarkovSource {
  public:
   // Random table. REQUIRES (else UserError): order >= 1, vocab >= 2, alpha > 0 and finite,
-  // vocab^(order+1) <= 2^24 entries.
-  MarkovSource(int order, int vocab, double alpha, uint64_t seed);
+  // 0 <= bigram < 1, vocab^(order+1) <= 2^24 entries.
+  MarkovSource(int order, int vocab, double alpha, uint64_t seed, double bigram = 0.0);
 
   // Explicit table: `transitions[ctx * vocab + v]` for ctx in [0, vocab^order). Every row must be
   // non-negative and sum to 1 within 1e-9 (it is renormalized); else UserError.
@@ -54,7 +58,7 @@ class MarkovSource {
   double unigram_entropy() const { return unigram_entropy_; }
 
   // Writes a JSON object, atomically: {"source": "markov", "tokenizer": "none", "order", "vocab",
-  // "alpha", "seed" (both null for an explicit table), "tokens", "val_tokens", "entropy_rate",
+  // "alpha", "seed", "bigram" (null for an explicit table), "tokens", "val_tokens", "entropy_rate",
   // "unigram_entropy"}.
   void write_meta_json(const std::string& path, int64_t tokens, int64_t val_tokens) const;
 
@@ -67,6 +71,7 @@ class MarkovSource {
   bool random_ = false;  // made by the (alpha, seed) constructor
   double alpha_ = 0;
   uint64_t seed_ = 0;
+  double bigram_ = 0;
   std::vector<double> rows_;        // [num_contexts, V]
   std::vector<double> cdf_;         // [num_contexts, V], inclusive prefix sums of rows_, last = 1
   std::vector<double> stationary_;  // [num_contexts]

@@ -272,16 +272,16 @@ PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
 
 PrepareResult prepare_synthetic_markov(int order, int vocab, double alpha, int64_t tokens,
                                        int64_t val_tokens, uint64_t seed,
-                                       const std::string& out_dir) {
+                                       const std::string& out_dir, double bigram) {
   if (tokens < 1 || val_tokens < 1 || tokens > kMaxShardTokens || val_tokens > kMaxShardTokens) {
     throw UserError(str_cat("prepare markov: got tokens ", tokens, " and val_tokens ", val_tokens,
                             "; each must be in [1, 2^31-1]."));
   }
   // Validates order/vocab/alpha before touching the output directory.
-  const MarkovSource source(order, vocab, alpha, seed);
-  json params = {{"source", "markov"},      {"order", order}, {"vocab", vocab},
-                 {"alpha", alpha},          {"seed", seed},   {"tokens", tokens},
-                 {"val_tokens", val_tokens}};
+  const MarkovSource source(order, vocab, alpha, seed, bigram);
+  json params = {{"source", "markov"},       {"order", order},  {"vocab", vocab},
+                 {"alpha", alpha},           {"seed", seed},    {"tokens", tokens},
+                 {"val_tokens", val_tokens}, {"bigram", bigram}};
   if (reuse_or_claim(out_dir, params)) return result_for(out_dir, vocab, tokens, val_tokens, true);
 
   const int version = vocab <= 65536 ? kShardVersionU16 : kShardVersionU32;

@@ -64,13 +64,13 @@ struct TokenizedTextOptions {
 PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
                                      const std::string& out_dir);
 
-// One chain of tokens + val_tokens tokens from MarkovSource(order, vocab, alpha, seed), generated
-// with seed splitmix64(seed); the last val_tokens go to val. meta.json is MarkovSource's (with
-// entropy_rate and unigram_entropy). REQUIRES (else UserError): the MarkovSource requirements,
-// tokens >= 1, val_tokens >= 1, tokens <= 2^31 - 1, val_tokens <= 2^31 - 1.
+// One chain of tokens + val_tokens tokens from MarkovSource(order, vocab, alpha, seed, bigram),
+// generated with seed splitmix64(seed); the last val_tokens go to val. meta.json is MarkovSource's
+// (with entropy_rate and unigram_entropy). REQUIRES (else UserError): the MarkovSource
+// requirements, tokens >= 1, val_tokens >= 1, tokens <= 2^31 - 1, val_tokens <= 2^31 - 1.
 PrepareResult prepare_synthetic_markov(int order, int vocab, double alpha, int64_t tokens,
                                        int64_t val_tokens, uint64_t seed,
-                                       const std::string& out_dir);
+                                       const std::string& out_dir, double bigram = 0.0);
 
 // Byte-level tokenizer for `gtron sample` prompts: one token per byte, 0..255.
 std::vector<int32_t> tokenize_bytes(const std::string& text);

@@ -196,7 +196,7 @@ ResolvedData resolve_data(const Config& cfg) {
     const std::string dir = cfg.train.out_dir + "/data";
     make_dirs(cfg.train.out_dir);
     prepare_synthetic_markov(static_cast<int>(s.order), static_cast<int>(s.vocab), s.alpha,
-                             s.tokens, s.val_tokens, s.seed, dir);
+                             s.tokens, s.val_tokens, s.seed, dir, s.bigram);
     d.train_glob = dir + "/train_*.bin";
     d.val_glob = cfg.data.val.empty() ? dir + "/val_*.bin" : cfg.data.val;
   } else {

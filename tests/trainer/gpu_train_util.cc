@@ -20,7 +20,7 @@ Config tiny_train_config(const std::string& out_dir, const std::string& device,
   const std::string json = R"({
     "model": {"vocab_size": 16, "context_length": 32, "n_layer": 2, "n_head": 4, "n_embd": 64},
     "mtp": {"depth": 1},
-    "data": {"synthetic": {"order": 2, "vocab": 16, "alpha": 0.2, "tokens": 100000,
+    "data": {"synthetic": {"order": 2, "vocab": 16, "alpha": 0.2, "bigram": 0.0, "tokens": 100000,
                            "val_tokens": 10000}},
     "optimizer": {"lr": 3e-3, "weight_decay": 0.0},
     "schedule": {"kind": "cosine", "warmup_steps": 10},

@@ -153,6 +153,38 @@ TEST(Markov, DefaultSourceNeedsContextAndMatchesItsSamples) {
   EXPECT_LT(l1, 0.02);
 }
 
+TEST(Markov, BigramMixesAFirstOrderPartIntoTheSameOrderTwoRows) {
+  // row_b(ctx) = b·B[last token] + (1 − b)·D[ctx], with D the b = 0 table of the same seed: so
+  // (row_b − (1 − b)·row_0) / b depends only on the last token and is a distribution.
+  const double b = 0.8;
+  MarkovSource pure(2, 16, 0.2, 1234), mixed(2, 16, 0.2, 1234, b);
+  for (int last = 0; last < 16; ++last) {
+    for (int older = 0; older < 16; ++older) {
+      const int64_t ctx = older * 16 + last;
+      double sum = 0;
+      for (int v = 0; v < 16; ++v) {
+        const double part = (mixed.transition(ctx, v) - (1 - b) * pure.transition(ctx, v)) / b;
+        const double ref = (mixed.transition(last, v) - (1 - b) * pure.transition(last, v)) / b;
+        EXPECT_NEAR(part, ref, 1e-12) << "ctx " << ctx << " v " << v;
+        EXPECT_GE(part, -1e-12);
+        sum += part;
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-12);
+    }
+  }
+  // Still order 2 (the older token matters), with an exact rate between the bigram-only loss and
+  // the unigram: the previous token alone now predicts most of what can be predicted.
+  EXPECT_LT(mixed.entropy_rate(), mixed.unigram_entropy() - 0.5);
+  const std::vector<uint32_t> x = mixed.generate(1000000, 7);
+  const ConditionalEntropy order1 = empirical_conditional_entropy(x, 1, 16);
+  const ConditionalEntropy order2 = empirical_conditional_entropy(x, 2, 16);
+  EXPECT_GT(order1.miller_madow - order2.miller_madow, 0.02);  // context beyond one token helps
+  EXPECT_GT(mixed.unigram_entropy() - order1.miller_madow,
+            0.5 * (mixed.unigram_entropy() - mixed.entropy_rate()));
+  EXPECT_THROW(MarkovSource(2, 16, 0.2, 1, 1.0), UserError);
+  EXPECT_THROW(MarkovSource(2, 16, 0.2, 1, -0.1), UserError);
+}
+
 TEST(Markov, DeterministicInSeeds) {
   MarkovSource a(2, 16, 0.5, 5), b(2, 16, 0.5, 5), c(2, 16, 0.5, 6);
   EXPECT_EQ(a.entropy_rate(), b.entropy_rate());
@@ -185,6 +217,7 @@ TEST(Markov, MetaJson) {
   EXPECT_EQ(meta["vocab"], 8);
   EXPECT_EQ(meta["alpha"], 0.3);
   EXPECT_EQ(meta["seed"], 42);
+  EXPECT_EQ(meta["bigram"], 0.0);
   EXPECT_EQ(meta["tokens"], 1000);
   EXPECT_EQ(meta["val_tokens"], 100);
   EXPECT_EQ(meta["entropy_rate"].get<double>(), m.entropy_rate());  // round-trips exactly
