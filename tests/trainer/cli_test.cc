@@ -11,6 +11,7 @@ namespace gtron {
 namespace {
 
 using testing::run_gtron;
+using testing::sample_text_of;
 using testing::temp_dir;
 using testing::write_text;
 
@@ -233,10 +234,8 @@ TEST_F(BadInput, PrepareTextTrainEvalAndSampleEndToEnd) {
   EXPECT_GE(sample.output.size(), std::string("the quick").size() + 7) << sample.output;
   auto again = run_gtron(
       {"sample", "--checkpoint", ckpt, "--prompt", "the quick", "--tokens", "7", "--seed", "3"});
-  // The stats line (stderr) carries timings; the text before it is the sample.
-  auto text_of = [](const std::string& out) { return out.substr(0, out.find("{\"tokens\": ")); };
   EXPECT_NE(sample.output.find("{\"tokens\": 7, "), std::string::npos) << sample.output;
-  EXPECT_EQ(text_of(again.output), text_of(sample.output))
+  EXPECT_EQ(sample_text_of(again.output), sample_text_of(sample.output))
       << "sampling with one seed is deterministic";
 }
 

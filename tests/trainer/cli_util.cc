@@ -88,4 +88,8 @@ std::vector<std::string> metrics_losses(const std::string& path) {
   return out;
 }
 
+std::string sample_text_of(const std::string& output) {
+  return output.substr(0, output.find("{\"tokens\": "));
+}
+
 }  // namespace gtron::testing

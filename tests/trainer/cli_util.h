@@ -28,5 +28,8 @@ std::string temp_dir(const std::string& name);
 void write_text(const std::string& path, const std::string& text);
 // Main losses per step from a metrics.jsonl file (string compare-friendly: exact printed values).
 std::vector<std::string> metrics_losses(const std::string& path);
+// The sample text of `gtron sample`'s output: everything before its stats JSON line (the stats
+// carry timings, so two runs differ there).
+std::string sample_text_of(const std::string& output);
 
 }  // namespace gtron::testing

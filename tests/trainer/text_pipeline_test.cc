@@ -11,6 +11,7 @@ namespace gtron {
 namespace {
 
 using testing::run_gtron;
+using testing::sample_text_of;
 
 const char kConfig[] = R"({
   "model": {"vocab_size": 320, "context_length": 32, "n_layer": 1, "n_head": 2, "n_embd": 16},
@@ -80,10 +81,9 @@ TEST(TextPipeline, TokenizerPrepareTrainEvalSample) {
   EXPECT_GT(s.output.size(), std::string("The apple\n").size() + 6) << s.output;
   auto again = run_gtron(
       {"sample", "--checkpoint", ckpt, "--prompt", "The apple", "--tokens", "12", "--seed", "5"});
-  // The stats line (stderr) carries timings; the text before it is the sample.
-  auto text_of = [](const std::string& out) { return out.substr(0, out.find("{\"tokens\": ")); };
   EXPECT_NE(s.output.find("{\"tokens\": 12, "), std::string::npos) << s.output;
-  EXPECT_EQ(text_of(again.output), text_of(s.output)) << "sampling with one seed is deterministic";
+  EXPECT_EQ(sample_text_of(again.output), sample_text_of(s.output))
+      << "sampling with one seed is deterministic";
 }
 
 }  // namespace
