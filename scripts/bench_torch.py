@@ -109,6 +109,9 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after the timed steps, N more steps under torch.profiler (CUDA "
+                         "activity); prints the 40 costliest kernels in ms per step to stderr")
     a = ap.parse_args()
 
     torch.manual_seed(a.seed)
@@ -157,6 +160,32 @@ def main():
         "L": a.L, "C": a.C, "NH": a.NH, "T": a.T, "B": a.B, "V": a.V, "D": a.D,
         "steps": a.steps, "warmup": a.warmup, "loss": round(loss.item(), 4), "params": n_params,
     }), flush=True)
+    if a.profile > 0:
+        profile_kernels(step, a.profile)
+
+
+def profile_kernels(step, n):
+    """Per-kernel GPU time of n steps (CUPTI through torch.profiler), ms per step, to stderr."""
+    import sys
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None)
+        if t is None:
+            t = e.cuda_time_total
+        if t > 0:
+            rows.append((t / 1e3 / n, e.count / n, e.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"torch kernels: {total:.3f} ms per step in {sum(r[1] for r in rows):.0f} launches",
+          file=sys.stderr)
+    for ms, count, name in rows[:40]:
+        print(f"{ms:8.3f} ms {100 * ms / total:5.1f}% {count:6.1f}x  {name[:110]}",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,16 @@ __device__ __forceinline__ void add_floats(T* p, const float (&in)[kV]) {
   store_floats<kV>(p, cur);
 }
 
+// 2^x on the special-function unit alone (ex2.approx.ftz: results below 2^-126 flush to zero,
+// -inf gives 0). exp2f would add a range check and two multiplies per call to keep denormal
+// results, which softmax weights and probabilities never need (in the flash kernels those extra
+// steps were a third of the exponent step's instructions).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -131,14 +131,14 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[HS 
     for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
     const float m_new = fmaxf(m[rr], quad_max(mx) * sl2);
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-    const float corr = exp2f(m[rr] - m_use);
+    const float corr = fast_exp2(m[rr] - m_use);
     m[rr] = m_new;
     float sum = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
       for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-        s[nt][e] = exp2f(s[nt][e] * sl2 - m_use);
+        s[nt][e] = fast_exp2(s[nt][e] * sl2 - m_use);
         sum += s[nt][e];
       }
     }
@@ -333,16 +333,23 @@ __global__ void __launch_bounds__(kThreadsFa)
     float ds[NT][4] = {};  // dPᵀ, then dSᵀ
     mma_abt<HS, NT>(ds, vf, otile, lane);
     const int qs0 = qt * kQ;
+    // Only the tile on the diagonal and the tails see dead (query, key) pairs.
+    const bool masked = qs0 < k0 + kRows || qs0 + kQ > a.T || k0 + kRows > a.T;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
+      const int qi = nt * 8 + (lane & 3) * 2;
+      const float2 lq = *reinterpret_cast<const float2*>(L + qi);
+      const float2 dq = *reinterpret_cast<const float2*>(D + qi);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int qi = nt * 8 + (lane & 3) * 2 + (e & 1);
-        const int q = qs0 + qi;
-        const int key = key_base + (e >> 1) * 8;
-        const bool live = q >= key && q < a.T && key < a.T;
-        p[nt][e] = live ? exp2f(p[nt][e] * sl2 - L[qi]) : 0.0f;
-        ds[nt][e] = p[nt][e] * (ds[nt][e] - D[qi]);
+        float pe = fast_exp2(p[nt][e] * sl2 - ((e & 1) ? lq.y : lq.x));
+        if (masked) {
+          const int q = qs0 + qi + (e & 1);
+          const int key = key_base + (e >> 1) * 8;
+          if (q < key || q >= a.T || key >= a.T) pe = 0.0f;
+        }
+        p[nt][e] = pe;
+        ds[nt][e] = pe * (ds[nt][e] - ((e & 1) ? dq.y : dq.x));
       }
     }
     mma_pv<HS, kQ / 16>(dv, p, otile, lane);
@@ -415,14 +422,18 @@ __global__ void __launch_bounds__(kThreadsFa)
     float ds[NT][4] = {};
     mma_abt<HS, NT>(ds, of, vt, lane);
     const int k0 = j * kN;
+    // Only the tile on the diagonal and the key tail see dead (query, key) pairs.
+    const bool masked = k0 + kN > q0 || k0 + kN > a.T;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-        const int row = row_base + (e >> 1) * 8;
-        const bool live = key <= row && key < a.T;
-        const float pe = live ? exp2f(p[nt][e] * sl2 - L[e >> 1]) : 0.0f;
+        float pe = fast_exp2(p[nt][e] * sl2 - L[e >> 1]);
+        if (masked) {
+          const int key = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+          const int row = row_base + (e >> 1) * 8;
+          if (key > row || key >= a.T) pe = 0.0f;
+        }
         ds[nt][e] = pe * (ds[nt][e] - D[e >> 1]);
       }
     }

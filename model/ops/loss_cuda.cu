@@ -7,7 +7,7 @@
 //    fixed xor-butterfly tree), writing rmax and rlse. In the fused mode a second walk over the row
 //    (an L2 hit) turns each logit into its probability once and accumulates the gradient.
 // 3. finalize (one block): loss = Σ_rows (rlse − (logit[target] − rmax)) / count, in a fixed order.
-// The backward (unfused) kernel recomputes p = exp(logit − rmax − rlse) from the statistics.
+// The backward kernels recompute p = exp(logit − rmax − rlse) from the statistics (logit_grad).
 // Masked rows (kMaskedTarget) are skipped everywhere; the padded tail [V, Vp) is never touched.
 #include <cmath>
 #include <cstdio>
@@ -22,6 +22,8 @@ namespace {
 constexpr int kRowThreads = 256;
 constexpr int kOneBlock = 1024;
 
+constexpr float kLog2e = 1.4426950408889634f;
+
 __device__ __forceinline__ void online_update(float& m, float& s, float x) {
   if (x > m) {
     s = s * expf(m - x) + 1.0f;  // m = −inf at start: s = 0·0 + 1
@@ -29,6 +31,22 @@ __device__ __forceinline__ void online_update(float& m, float& s, float x) {
   } else {
     s += expf(x - m);
   }
+}
+
+// The online update for a pack of kV values: one rescale per pack (when its max is new), then
+// one exp2 per value (the special-function unit alone; see fast_exp2).
+template <int kV>
+__device__ __forceinline__ void online_update_pack(float& m, float& s, const float (&v)[kV]) {
+  float pm = v[0];
+#pragma unroll
+  for (int k = 1; k < kV; ++k) pm = fmaxf(pm, v[k]);
+  if (pm > m) {
+    s *= fast_exp2((m - pm) * kLog2e);  // m = −inf at start: s = 0·0
+    m = pm;
+  }
+  const float ml = m * kLog2e;
+#pragma unroll
+  for (int k = 0; k < kV; ++k) s += fast_exp2(fmaf(v[k], kLog2e, -ml));
 }
 
 // Merges (om, os) into (m, s). Symmetric up to commutative additions, so both lanes of a
@@ -66,6 +84,12 @@ __global__ void count_kernel(const int32_t* __restrict__ targets, int64_t N, int
   if (threadIdx.x == 0) count[0] = total;
 }
 
+// The gradient of one logit x: (softmax − onehot)·g with p = 2^(x·log2 e − ml),
+// ml = (row max + lse)·log2 e. Every gradient kernel forms it this way, so they agree bit for bit.
+__device__ __forceinline__ float logit_grad(float x, float ml, bool target, float g) {
+  return (fast_exp2(fmaf(x, kLog2e, -ml)) - (target ? 1.0f : 0.0f)) * g;
+}
+
 // One block per row. kGrad: also accumulate the gradient (the fused mode).
 template <typename T, int kV, bool kGrad>
 __global__ void rows_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
@@ -83,8 +107,7 @@ __global__ void rows_kernel(const T* __restrict__ logits, const int32_t* __restr
   for (int64_t j = static_cast<int64_t>(threadIdx.x) * kV; j < vec_end; j += step) {
     float v[kV];
     load_floats<kV>(row + j, v);
-#pragma unroll
-    for (int k = 0; k < kV; ++k) online_update(m, s, v[k]);
+    online_update_pack<kV>(m, s, v);
   }
   for (int64_t j = vec_end + threadIdx.x; j < V; j += blockDim.x)
     online_update(m, s, to_float(row[j]));
@@ -106,17 +129,17 @@ __global__ void rows_kernel(const T* __restrict__ logits, const int32_t* __restr
   }
   if constexpr (kGrad) {
     const float g = dloss[0] / static_cast<float>(count[0]);
+    const float ml = (m + lse) * kLog2e;
     T* drow = dlogits + i * Vp;
     for (int64_t j = static_cast<int64_t>(threadIdx.x) * kV; j < vec_end; j += step) {
       float v[kV];
       load_floats<kV>(row + j, v);
 #pragma unroll
-      for (int k = 0; k < kV; ++k) v[k] = (expf(v[k] - m - lse) - (j + k == tgt ? 1.0f : 0.0f)) * g;
+      for (int k = 0; k < kV; ++k) v[k] = logit_grad(v[k], ml, j + k == tgt, g);
       add_floats<kV>(drow + j, v);
     }
     for (int64_t j = vec_end + threadIdx.x; j < V; j += blockDim.x) {
-      const float p = expf(to_float(row[j]) - m - lse) - (j == tgt ? 1.0f : 0.0f);
-      drow[j] = from_float<T>(to_float(drow[j]) + p * g);
+      drow[j] = from_float<T>(to_float(drow[j]) + logit_grad(to_float(row[j]), ml, j == tgt, g));
     }
   }
 }
@@ -152,6 +175,7 @@ __global__ void backward_kernel(const T* __restrict__ logits, const int32_t* __r
   const float g = dloss[0] / static_cast<float>(count[0]);
   const float m = rmax[i];
   const float l = rlse[i];
+  const float ml = (m + l) * kLog2e;
   const T* row = logits + i * Vp;
   T* drow = dlogits + i * Vp;
   const int64_t vec_end = V / kV * kV;
@@ -160,12 +184,11 @@ __global__ void backward_kernel(const T* __restrict__ logits, const int32_t* __r
     float v[kV];
     load_floats<kV>(row + j, v);
 #pragma unroll
-    for (int k = 0; k < kV; ++k) v[k] = (expf(v[k] - m - l) - (j + k == tgt ? 1.0f : 0.0f)) * g;
+    for (int k = 0; k < kV; ++k) v[k] = logit_grad(v[k], ml, j + k == tgt, g);
     add_floats<kV>(drow + j, v);
   }
   for (int64_t j = vec_end + threadIdx.x; j < V; j += blockDim.x) {
-    const float p = expf(to_float(row[j]) - m - l) - (j == tgt ? 1.0f : 0.0f);
-    drow[j] = from_float<T>(to_float(drow[j]) + p * g);
+    drow[j] = from_float<T>(to_float(drow[j]) + logit_grad(to_float(row[j]), ml, j == tgt, g));
   }
 }
 
@@ -185,6 +208,7 @@ __global__ void backward_inplace_kernel(T* logits, const int32_t* __restrict__ t
   const float g = masked ? 0.0f : dloss[0] / static_cast<float>(count[0]);
   const float m = masked ? 0.0f : rmax[i];
   const float l = masked ? 0.0f : rlse[i];
+  const float ml = (m + l) * kLog2e;  // p = 2^(x·log2 e − (m + lse)·log2 e)
   const int64_t vec_end = V / kV * kV;
   for (int64_t j = static_cast<int64_t>(threadIdx.x) * kV; j < vec_end;
        j += static_cast<int64_t>(blockDim.x) * kV) {
@@ -192,13 +216,13 @@ __global__ void backward_inplace_kernel(T* logits, const int32_t* __restrict__ t
     load_floats<kV>(row + j, v);
 #pragma unroll
     for (int k = 0; k < kV; ++k) {
-      v[k] = masked ? 0.0f : (expf(v[k] - m - l) - (j + k == tgt ? 1.0f : 0.0f)) * g;
+      v[k] = masked ? 0.0f : logit_grad(v[k], ml, j + k == tgt, g);
     }
     store_floats<kV>(row + j, v);
   }
   for (int64_t j = vec_end + threadIdx.x; j < Vp; j += blockDim.x) {
     const float p =
-        masked || j >= V ? 0.0f : (expf(to_float(row[j]) - m - l) - (j == tgt ? 1.0f : 0.0f)) * g;
+        masked || j >= V ? 0.0f : logit_grad(to_float(row[j]), ml, j == tgt, g);
     row[j] = from_float<T>(p);
   }
 }
