@@ -1,12 +1,14 @@
 // Generation on CUDA against the CPU (issue 14, acceptance 1 on the GPU, fp32): the cached
-// attention kernel against its CPU twin at odd sizes over ragged windows (f32 tight, bf16 loose),
-// and greedy decoding of a whole model on cuda:0 in fp32, plain and speculative, token for token
-// equal to the CPU's. Skips without a GPU.
+// attention kernel against its CPU twin over ragged windows, at odd sizes and over several key
+// splits (f32 tight, bf16 loose); the decoder's captured greedy steps against its eager ones
+// (Note [decode graphs]); and greedy decoding of a whole model on cuda:0 in fp32, plain and
+// speculative, with graphs and without, token for token equal to the CPU's. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
+#include "model/decoder.h"
 #include "model/generate.h"
 #include "model/kv_cache.h"
 #include "tests/model/cuda_op_check.h"
@@ -29,12 +31,27 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
   return d;
 }
 
-// Three windows over B = 3 rows: a ragged prefill, single slots with one row sitting out, and a
-// window that rewrites rolled-back positions. NH = 3, HS = 5, 13 cached positions.
-void check_cached_attention(DType act, double tol) {
-  const int64_t B = 3, NH = 3, HS = 5, C = NH * HS, Tc = 13;
-  const std::vector<DecodeWindow> windows = {
-      {4, {0, 0, 0}, {4, 2, 3}}, {1, {4, 2, 3}, {1, 1, 0}}, {3, {3, 3, 3}, {3, 1, 2}}};
+struct AttentionCase {
+  int64_t NH, HS, Tc;
+  std::vector<DecodeWindow> windows;  // over B = 3 rows
+};
+
+// Small: a ragged prefill, single slots with one row sitting out, and a window that rewrites
+// rolled-back positions (NH = 3, HS = 5, 13 cached positions: one key split). Long: GPT-2's head
+// size over 100 positions, windows whose last keys fall in the first, third and fourth splits.
+const AttentionCase kSmall = {
+    3, 5, 13, {{4, {0, 0, 0}, {4, 2, 3}}, {1, {4, 2, 3}, {1, 1, 0}}, {3, {3, 3, 3}, {3, 1, 2}}}};
+const AttentionCase kLong = {2,
+                             64,
+                             100,
+                             {{70, {0, 0, 0}, {70, 40, 9}},
+                              {1, {70, 40, 9}, {1, 1, 0}},
+                              {3, {66, 41, 9}, {3, 2, 3}},
+                              {2, {97, 63, 64}, {2, 1, 2}}}};
+
+void check_cached_attention(const AttentionCase& t, DType act, double tol) {
+  const int64_t B = 3, NH = t.NH, HS = t.HS, C = NH * HS, Tc = t.Tc;
+  const std::vector<DecodeWindow>& windows = t.windows;
   KVCache cpu_cache(B, Tc, NH, HS, DType::kF32, Device::cpu());
   KVCache gpu_cache(B, Tc, NH, HS, act, Device::cuda(0));
   NoGradGuard no_grad;
@@ -53,8 +70,10 @@ void check_cached_attention(DType act, double tol) {
 
 TEST(GenerateCuda, CachedAttentionMatchesTheCpuKernel) {
   GTRON_REQUIRE_GPU();
-  check_cached_attention(DType::kF32, 1e-5);
-  check_cached_attention(DType::kBF16, 2e-2);
+  for (const AttentionCase* t : {&kSmall, &kLong}) {
+    check_cached_attention(*t, DType::kF32, 1e-5);
+    check_cached_attention(*t, DType::kBF16, 2e-2);
+  }
 }
 
 GPTConfig model_config() {
@@ -69,6 +88,45 @@ GPTConfig model_config() {
   return c;
 }
 
+// One history of windows over B = 3 rows fed to two decoders of one model, one replaying graphs
+// and one eager: a prefill (eager in both: it wants only the last slots), single slots, a ragged
+// verify window with a row sitting out, both depths (ragged, a row out), a graph replayed at
+// rolled-back positions, and a want pattern no graph covers. Every step's tokens must agree.
+TEST(GenerateCuda, GraphStepsEqualEagerSteps) {
+  GTRON_REQUIRE_GPU();
+  GPT model(model_config(), DType::kF32, Device::cuda(0), 5);
+  Decoder graphed(model, 3, true, 0, true);
+  Decoder eager(model, 3, true, 0, false);
+  struct Step {
+    int module;  // 0: main, k: depth k
+    WindowInput in;
+  };
+  const std::vector<Step> steps = {
+      {0, {{{1, 2, 3, 4, 5, 6}, {7, 8, 9}, {10, 11, 12, 13}}, {0, 0, 0}, {{5}, {2}, {3}}}},
+      {0, {{{14}, {15}, {16}}, {6, 3, 4}, {{0}, {0}, {0}}}},
+      {0, {{{5, 6, 7}, {8}, {}}, {7, 4, 0}, {{0, 1, 2}, {0}, {}}}},
+      {1, {{{2, 3, 4, 5}, {8, 9}, {11, 12, 13}}, {0, 0, 0}, {{3}, {1}, {2}}}},
+      {2, {{{3, 4}, {9}, {}}, {0, 0, 0}, {{1}, {0}, {}}}},
+      {0, {{{1}, {2}, {3}}, {8, 5, 5}, {{0}, {0}, {0}}}},
+      {1, {{{20, 21}, {22, 23}, {24}}, {3, 1, 2}, {{1}, {1}, {0}}}},
+      {0, {{{17, 18}, {19}, {20}}, {9, 6, 6}, {{1}, {0}, {0}}}},
+  };
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& st = steps[i];
+    const std::vector<int32_t> got =
+        st.module == 0 ? graphed.main_argmax(st.in) : graphed.depth_argmax(st.module, st.in);
+    const std::vector<int32_t> want =
+        st.module == 0 ? eager.main_argmax(st.in) : eager.depth_argmax(st.module, st.in);
+    EXPECT_EQ(got, want) << "step " << i;
+    size_t wanted = 0;
+    for (const auto& w : st.in.want) wanted += w.size();
+    EXPECT_EQ(got.size(), wanted) << "step " << i;
+  }
+  // (main, 1), (main, 3), (depth 1, 4), (depth 2, 2), (depth 1, 2); the rest ran eagerly.
+  EXPECT_EQ(graphed.graphs_captured(), 5);
+  EXPECT_EQ(eager.graphs_captured(), 0);
+}
+
 TEST(GenerateCuda, GreedyTokensOnTheGpuEqualTheCpus) {
   GTRON_REQUIRE_GPU();
   GPT cpu_model(model_config(), DType::kF32, Device::cpu(), 5);
@@ -80,9 +138,12 @@ TEST(GenerateCuda, GreedyTokensOnTheGpuEqualTheCpus) {
     o.sampling.temperature = 0;
     o.speculative = speculative;
     const Generation want = generate(cpu_model, prompts, o);
-    const Generation got = generate(gpu_model, prompts, o);
-    EXPECT_EQ(got.tokens, want.tokens) << "speculative " << speculative;
-    EXPECT_EQ(got.stats.accepted, want.stats.accepted);
+    for (bool graphs : {true, false}) {
+      o.graphs = graphs;
+      const Generation got = generate(gpu_model, prompts, o);
+      EXPECT_EQ(got.tokens, want.tokens) << "speculative " << speculative << " graphs " << graphs;
+      EXPECT_EQ(got.stats.accepted, want.stats.accepted);
+    }
   }
 }
 
