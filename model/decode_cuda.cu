@@ -135,3 +135,76 @@ void argmax_rows(const void* logits, int32_t* ids, int64_t N, int64_t V, int64_t
 }
 
 }  // namespace gtron::cuda
+
+namespace gtron::cuda {
+
+namespace {
+
+constexpr int kSmallRows = 8;                // rows one warp accumulates in registers
+constexpr int kSmallWarps = 8;               // output columns per block
+constexpr int64_t kSmallShared = 48 * 1024;  // bytes of staged x
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);  // as model/ops/gelu_cuda.cu
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+__global__ void small_linear_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                    const float* __restrict__ bias, const float* __restrict__ res,
+                                    float* __restrict__ y, int M, int K, int64_t N, bool gelu) {
+  extern __shared__ float4 xs[];  // [M, K / 4]
+  const int K4 = K / 4;
+  const auto* x4 = reinterpret_cast<const float4*>(x);
+  for (int e = threadIdx.x; e < M * K4; e += blockDim.x) xs[e] = x4[e];
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kSmallWarps + warp;
+  if (j >= N) return;
+  const auto* wr = reinterpret_cast<const float4*>(w + j * K);
+  float acc[kSmallRows];
+#pragma unroll
+  for (int m = 0; m < kSmallRows; ++m) acc[m] = 0.0f;
+#pragma unroll 4
+  for (int k = lane; k < K4; k += 32) {
+    const float4 wv = __ldg(wr + k);
+#pragma unroll
+    for (int m = 0; m < kSmallRows; ++m) {
+      if (m < M) {
+        const float4 xv = xs[m * K4 + k];
+        acc[m] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+      }
+    }
+  }
+  float mine = 0.0f;  // lane m keeps row m's sum
+#pragma unroll
+  for (int m = 0; m < kSmallRows; ++m) {
+    const float s = warp_sum(acc[m]);
+    if (m == lane) mine = s;
+  }
+  if (lane >= M) return;
+  float v = mine + (bias != nullptr ? bias[j] : 0.0f);
+  if (gelu) v = gelu_tanh(v);
+  if (res != nullptr) v += res[lane * N + j];
+  y[lane * N + j] = v;
+}
+
+}  // namespace
+
+bool small_linear_supported(int64_t M, int64_t K) {
+  return M >= 1 && M <= kSmallRows && K >= 4 && K % 4 == 0 &&
+         M * K * static_cast<int64_t>(sizeof(float)) <= kSmallShared;
+}
+
+void small_linear(const float* x, const float* w, const float* bias, const float* res, float* y,
+                  int64_t M, int64_t K, int64_t N, bool gelu, void* stream) {
+  GTRON_CHECK(small_linear_supported(M, K) && is_aligned(x, 16) && is_aligned(w, 16),
+              "small_linear: ", M, " rows of ", K, " (or unaligned operands)");
+  if (N == 0) return;
+  const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(N, kSmallWarps));
+  const size_t smem = static_cast<size_t>(M * K) * sizeof(float);
+  small_linear_kernel<<<blocks, kSmallWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
+      x, w, bias, res, y, static_cast<int>(M), static_cast<int>(K), N, gelu);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace gtron::cuda

@@ -27,3 +27,17 @@ void argmax_rows(const void* logits, int32_t* ids, int64_t N, int64_t V, int64_t
                  void* stream);
 
 }  // namespace gtron::cuda
+
+namespace gtron::cuda {
+
+// Small-row linear for decoding steps (Note [decode fast block] in model/decode_ops.h), f32:
+// y [M, N] = x [M, K] · wᵀ (w [N, K]) (+ bias [N]), then GELU-tanh when `gelu`, then
+// (+ res [M, N]). One warp per output column reads its weight row once for all M rows (x staged
+// in shared memory); lanes own fixed k's and the warp sums by xor butterfly: bit-identical
+// reruns, and each row's result does not depend on M.
+bool small_linear_supported(int64_t M, int64_t K);
+// REQUIRES: small_linear_supported(M, K); x and w 16-byte aligned.
+void small_linear(const float* x, const float* w, const float* bias, const float* res, float* y,
+                  int64_t M, int64_t K, int64_t N, bool gelu, void* stream);
+
+}  // namespace gtron::cuda

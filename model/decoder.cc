@@ -4,6 +4,7 @@
 
 #include "graphs/graph_runner.h"
 #include "model/decode_cuda.h"
+#include "model/decode_ops.h"
 #include "model/ops/add.h"
 #include "model/ops/embedding.h"
 #include "model/ops/linear.h"
@@ -142,7 +143,11 @@ Var Decoder::load(int store, const DecodeWindow& win) const {
 }
 
 Var Decoder::head(const Var& rows) const {
-  return linear(model_.final_norm().forward(rows), Var::param(model_.output_head()), Var());
+  const Var normed = model_.final_norm().forward(rows);
+  if (!graphs_) return linear(normed, Var::param(model_.output_head()), Var());
+  LinearLayer head;
+  head.weight = &model_.output_head();
+  return decode_linear(normed, head, Var(), false);
 }
 
 // Gathers the wanted slots' rows of x [B, W, C] (an embedding lookup into x viewed as a table of
@@ -171,7 +176,9 @@ Var Decoder::run_main(const Tensor& tokens, const Tensor& positions, const Decod
   Var x = add(embedding(tokens, Var::param(model_.token_embedding())),
               embedding(positions, Var::param(model_.position_embedding())));
   for (int l = 0; l < model_.num_blocks(); ++l) {
-    x = model_.block(l).forward(x, direct_, against(main_caches_[static_cast<size_t>(l)], win));
+    const auto attend = against(main_caches_[static_cast<size_t>(l)], win);
+    x = graphs_ ? decode_block(model_.block(l), x, attend)
+                : model_.block(l).forward(x, direct_, attend);
   }
   save(0, x, win);
   return x;
@@ -183,7 +190,9 @@ Var Decoder::run_depth(int k, const Tensor& tokens, const DecodeWindow& win) {
   const MTPModule& m = model_.mtp_module(k);
   Var emb = embedding(tokens, Var::param(model_.token_embedding()));
   KVCache& cache = mtp_caches_[static_cast<size_t>(k - 1)];
-  Var x = m.forward(load(k - 1, win), emb, direct_, against(cache, win));
+  const Var h = load(k - 1, win);
+  Var x = graphs_ ? decode_depth(m, h, emb, against(cache, win))
+                  : m.forward(h, emb, direct_, against(cache, win));
   save(k, x, win);
   return x;
 }

@@ -63,9 +63,11 @@ class Decoder {
 
   // Caches for `batch` rows of `capacity` positions (0: model.config().context_length, the most
   // allowed), in the model's dtype and on its device, allocated here once. keep_hidden: keep the
-  // MTP hidden stores (speculative decoding needs them). graphs: replay captured CUDA graphs for
-  // the greedy calls (Note [decode graphs]; ignored on CPU). The model must outlive the decoder;
-  // its parameters are read directly (no weight access).
+  // MTP hidden stores (speculative decoding needs them). graphs (CUDA only): replay captured
+  // CUDA graphs for the greedy calls (Note [decode graphs]) and run the blocks through the
+  // decoder's fused composition (Note [decode fast block] in model/decode_ops.h), eager calls
+  // too; false runs the training ops eagerly. The model must outlive the decoder; its parameters
+  // are read directly (no weight access).
   Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capacity = 0,
           bool graphs = true);
   ~Decoder();

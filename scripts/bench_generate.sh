@@ -8,10 +8,12 @@
 #
 # Output (stdout, JSON lines, also in DIR/results.jsonl):
 #   one line per run: {"D", "batch", "mode", "device", "tokens", "tokens_per_s", "prefill_ms",
-#     "proposed", "accepted", "acceptance"}, mode = cache | speculative | recompute;
+#     "proposed", "accepted", "acceptance"}, mode = cache | speculative | recompute | eager (a
+#     failed run: {"D", "batch", "mode", "device", "error"} with its last stderr line);
 #   with --hf, bench_hf_generate.py's lines ({"impl": "transformers", "batch", ...});
 #   then one summary line per (D, batch): {"summary": true, "acceptance", "cache_over_recompute",
-#     "speculative_over_cache", "cache_over_transformers"} (the ratios whose runs were measured).
+#     "speculative_over_cache", "cache_over_eager", "cache_over_transformers"} (the ratios whose
+#     runs were measured).
 # Recomputation does not depend on D (the same shape, the same work), so it runs once per batch
 # size, on the first depth's model, after everything else (it is the slow path: at batch 16 it
 # copies about 200 GB of logits to the host); its tokens/s is the divisor of every D's
@@ -24,10 +26,11 @@
 #   --depths "1 2" --batches "1 16" --prompt P --tokens N      what is measured
 #   --train-steps S --seq-len T --lr LR --device auto|cpu|cuda  how each model is trained
 #                             (--seq-len defaults to prompt + tokens: every generated position
-#                             trained; CUDA training captures graphs.scope "full")
+#                             trained)
 #   --temperature X (0 = greedy) --out DIR (runs/bench_generate) --no-recompute (skip the slow path)
 #   --sample-device cpu|cuda  where generation runs (default: cuda when --device is cuda, or is
 #                             auto and nvidia-smi lists a GPU; else cpu)
+#   --eager                   also time the cache with --no-graphs (eager CUDA steps), mode "eager"
 #   --hf                      also run bench_hf_generate.py (torch + transformers) on the same
 #                             shape, prompt, tokens and batches, fp32, after gtron's cached runs
 # A trained model is reused when DIR/D<k>/checkpoints already holds its final step.
@@ -40,7 +43,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 layers=12 embd=768 heads=12 vocab=50257 context=1024
 depths="1 2" batches="1 16" prompt=128 tokens=256
 steps=600 seq_len="" lr=6e-4 device=auto temperature=0 out=runs/bench_generate recompute=1
-sample_device="" hf=0
+sample_device="" hf=0 eager=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --layers) layers=$2; shift 2 ;;
@@ -61,6 +64,7 @@ while [[ $# -gt 0 ]]; do
     --no-recompute) recompute=0; shift ;;
     --sample-device) sample_device=$2; shift 2 ;;
     --hf) hf=1; shift ;;
+    --eager) eager=1; shift ;;
     *) echo "bench_generate.sh: unknown flag '$1' (see the comment at the top)" >&2; exit 2 ;;
   esac
 done
@@ -94,8 +98,6 @@ if [[ -z "$sample_device" ]]; then
     sample_device=cuda
   fi
 fi
-scope=none
-[[ $sample_device == cuda ]] && scope=full
 
 # train D: trains (or reuses) the model of depth D; prints its checkpoint directory.
 train() {
@@ -112,7 +114,6 @@ train() {
   "schedule": {"warmup_steps": $((steps / 10))},
   "train": {"steps": $steps, "global_batch": 16, "micro_batch": 16, "seq_len": $seq_len,
             "device": "$device", "out_dir": "$run"},
-  "graphs": {"scope": "$scope"},
   "log": {"every": $(((steps + 4) / 5))}
 }
 JSON
@@ -139,11 +140,17 @@ measure() {
   local d=$1 b=$2 mode=$3 ckpt=$4 ids=$5 flags=()
   [[ $mode == recompute ]] && flags=(--recompute)
   [[ $mode == speculative ]] && flags=(--speculative)
-  local stats
+  [[ $mode == eager ]] && flags=(--no-graphs)
+  local stats head="{\"D\": $d, \"batch\": $b, \"mode\": \"$mode\", \"device\": \"$sample_device\""
   stats=$(gtron sample --checkpoint "$ckpt" --prompt-ids "$ids" --tokens "$tokens" \
     --batch "$b" --temperature "$temperature" --device "$sample_device" --print-ids \
-    "${flags[@]}" 2>&1 >/dev/null | tail -1)
-  echo "{\"D\": $d, \"batch\": $b, \"mode\": \"$mode\", \"device\": \"$sample_device\", ${stats#\{}"
+    "${flags[@]}" 2>&1 >/dev/null | tail -1) || true
+  if [[ $stats == \{* ]]; then
+    echo "$head, ${stats#\{}"
+  else  # a failed run: its last stderr line, quotes and backslashes dropped
+    stats=${stats//\"/}
+    echo "$head, \"error\": \"${stats//\\/}\"}"
+  fi
 }
 
 mkdir -p "$out"
@@ -156,6 +163,7 @@ first=""
     for b in $batches; do
       measure "$d" "$b" cache "$ckpt" "$ids"
       measure "$d" "$b" speculative "$ckpt" "$ids"
+      if [[ $eager == 1 ]]; then measure "$d" "$b" eager "$ckpt" "$ids"; fi
     done
   done
   if [[ $hf == 1 ]]; then
@@ -173,7 +181,7 @@ first=""
 "$py" - "$out/results.jsonl" <<'PY'
 import json, sys
 runs = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
-gtron = [r for r in runs if "mode" in r]
+gtron = [r for r in runs if "mode" in r and "error" not in r]
 speed = {(r["D"], r["batch"], r["mode"]): r["tokens_per_s"] for r in gtron}
 recompute = {r["batch"]: r["tokens_per_s"] for r in gtron if r["mode"] == "recompute"}
 hf = {r["batch"]: r["tokens_per_s"] for r in runs if r.get("impl") == "transformers"}
@@ -185,6 +193,8 @@ for (d, b) in sorted({(r["D"], r["batch"]) for r in gtron}):
         s["cache_over_recompute"] = round(cache / recompute[b], 2)
     if cache and (d, b, "speculative") in speed:
         s["speculative_over_cache"] = round(speed[(d, b, "speculative")] / cache, 2)
+    if cache and (d, b, "eager") in speed:
+        s["cache_over_eager"] = round(cache / speed[(d, b, "eager")], 2)
     if cache and b in hf:
         s["cache_over_transformers"] = round(cache / hf[b], 2)
     print(json.dumps(s))

@@ -147,6 +147,7 @@ void run_sample(GPT& model, const SampleArgs& a, std::ostream& out, std::ostream
   o.sampling.top_p = a.top_p;
   o.seed = a.seed;
   o.speculative = a.speculative;
+  o.graphs = !a.no_graphs;
   const std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(a.batch), prompt);
   const Generation g =
       a.recompute ? generate_recompute(model, prompts, o) : generate(model, prompts, o);

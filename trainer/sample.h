@@ -22,6 +22,7 @@ struct SampleArgs {
   bool speculative = false;       // --speculative: MTP self-speculative decoding
   bool print_ids = false;         // --print-ids: token ids out instead of text
   bool recompute = false;         // --recompute: the full-recomputation reference path
+  bool no_graphs = false;         // --no-graphs: eager CUDA decoding steps (training ops)
   std::string device = "cpu";     // --device: cpu, or cuda (fp32 on GPU 0)
   bool prompt_given = false;      // --prompt was on the command line
   bool prompt_ids_given = false;  // --prompt-ids was on the command line

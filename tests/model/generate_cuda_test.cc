@@ -8,6 +8,8 @@
 #include <cmath>
 #include <vector>
 
+#include "model/decode_cuda.h"
+#include "model/decode_ops.h"
 #include "model/decoder.h"
 #include "model/generate.h"
 #include "model/kv_cache.h"
@@ -86,6 +88,64 @@ GPTConfig model_config() {
   c.mtp_depth = 2;
   c.init_std = 0.3;  // peaked distributions: no near-ties for argmax to split on
   return c;
+}
+
+// The fused small-row linear (Note [decode fast block]) against the composed training ops on the
+// CPU: fc with GELU, mlp_proj with the residual, at 1, 5 and 8 rows; 9 rows take the composed
+// path on the GPU too.
+TEST(GenerateCuda, SmallLinearMatchesTheComposedOps) {
+  GTRON_REQUIRE_GPU();
+  GPT cpu_model(model_config(), DType::kF32, Device::cpu(), 5);
+  GPT gpu_model(model_config(), DType::kF32, Device::cuda(0), 5);
+  const TransformerBlock& cb = cpu_model.block(1);
+  const TransformerBlock& gb = gpu_model.block(1);
+  const int64_t C = model_config().n_embd;
+  NoGradGuard no_grad;
+  uint64_t seed = 40;
+  for (int64_t M : {1, 5, 8, 9}) {
+    for (bool up : {true, false}) {
+      const LinearLayer& cl = up ? cb.fc : cb.mlp_proj;
+      const LinearLayer& gl = up ? gb.fc : gb.mlp_proj;
+      const int64_t K = cl.weight->data.dim(1), N = cl.weight->data.dim(0);
+      const Tensor x = Tensor::from_vector(pseudo_random(M * K, ++seed), {M, K}, DType::kF32);
+      Var res_cpu, res_gpu;
+      if (!up) {
+        res_cpu =
+            Var::constant(Tensor::from_vector(pseudo_random(M * N, ++seed), {M, N}, DType::kF32));
+        res_gpu = Var::constant(res_cpu.value().to(Device::cuda(0)));
+      }
+      const Tensor want = decode_linear(Var::constant(x), cl, res_cpu, up).value();
+      const Tensor got = decode_linear(Var::constant(x.to(Device::cuda(0))), gl, res_gpu, up)
+                             .value()
+                             .to(Device::cpu());
+      ASSERT_EQ(got.shape().vec(), (std::vector<int64_t>{M, C * (up ? 4 : 1)}));
+      EXPECT_LE(max_abs_diff(got.to_vector(), want.to_vector()), 1e-5) << M << " rows, up " << up;
+    }
+  }
+}
+
+// The device argmax picks the first of equal maxima, as std::max_element does, and ignores the
+// padding columns past V.
+TEST(GenerateCuda, DeviceArgmaxTakesTheFirstMaximum) {
+  GTRON_REQUIRE_GPU();
+  const int64_t N = 4, V = 1000, ld = 1024;
+  std::vector<double> v = pseudo_random(N * ld, 3);
+  for (int64_t r = 0; r < N; ++r) v[r * ld + V + 5] = 9.0;   // padding: never picked
+  v[0 * ld + 7] = v[0 * ld + 700] = 5.0;                     // a tie across threads
+  v[1 * ld + 999] = 5.0;                                     // the last real column
+  v[2 * ld + 300] = v[2 * ld + 556] = v[2 * ld + 44] = 5.0;  // the first is not the lowest thread
+  const Tensor host = Tensor::from_vector(v, {N, ld}, DType::kF32);
+  const Tensor dev = host.to(Device::cuda(0));
+  Tensor ids = Tensor::empty({N}, DType::kI32, Device::cuda(0));
+  cuda::argmax_rows(dev.raw(), ids.data<int32_t>(), N, V, ld, DType::kF32,
+                    current_stream(Device::cuda(0)).native());
+  const Tensor got = ids.to(Device::cpu());
+  for (int64_t r = 0; r < N; ++r) {
+    EXPECT_EQ(got.data<int32_t>()[r], argmax(host.data<float>() + r * ld, V)) << "row " << r;
+  }
+  EXPECT_EQ(got.data<int32_t>()[0], 7);
+  EXPECT_EQ(got.data<int32_t>()[1], 999);
+  EXPECT_EQ(got.data<int32_t>()[2], 44);
 }
 
 // One history of windows over B = 3 rows fed to two decoders of one model, one replaying graphs
