@@ -31,13 +31,27 @@ void argmax_rows(const void* logits, int32_t* ids, int64_t N, int64_t V, int64_t
 namespace gtron::cuda {
 
 // Small-row linear for decoding steps (Note [decode fast block] in model/decode_ops.h), f32:
-// y [M, N] = x [M, K] · wᵀ (w [N, K]) (+ bias [N]), then GELU-tanh when `gelu`, then
-// (+ res [M, N]). One warp per output column reads its weight row once for all M rows (x staged
-// in shared memory); lanes own fixed k's and the warp sums by xor butterfly: bit-identical
-// reruns, and each row's result does not depend on M.
+// y [M, N] = LN(x) [M, K] · wᵀ (w [N, K]) (+ bias [N]), then GELU-tanh when `gelu`, then
+// (+ res [M, N]), where LN is the LayerNorm of gamma/beta when ln_gamma is set (the row
+// statistics and the normalized values computed as model/ops/norm_cuda.cu does) and the identity
+// otherwise. One warp per output column loads its whole weight row into registers first, then
+// the block stages (and normalizes) x in shared memory, and each lane sums fixed k's for all M
+// rows; the warp sums by xor butterfly: bit-identical reruns, and a row's result does not depend
+// on M.
+struct SmallLinearArgs {
+  const float* x = nullptr;  // [M, K], 16-byte aligned
+  const float* w = nullptr;  // [N, K], 16-byte aligned
+  const float* bias = nullptr;
+  const float* res = nullptr;
+  float* y = nullptr;
+  const float* ln_gamma = nullptr;  // [K] (with ln_beta) or null
+  const float* ln_beta = nullptr;
+  float ln_eps = 1e-5f;
+  int64_t M = 0, K = 0, N = 0;
+  bool gelu = false;
+};
 bool small_linear_supported(int64_t M, int64_t K);
-// REQUIRES: small_linear_supported(M, K); x and w 16-byte aligned.
-void small_linear(const float* x, const float* w, const float* bias, const float* res, float* y,
-                  int64_t M, int64_t K, int64_t N, bool gelu, void* stream);
+// REQUIRES: small_linear_supported(M, K), x and w 16-byte aligned.
+void small_linear(const SmallLinearArgs& a, void* stream);
 
 }  // namespace gtron::cuda

@@ -143,11 +143,12 @@ Var Decoder::load(int store, const DecodeWindow& win) const {
 }
 
 Var Decoder::head(const Var& rows) const {
-  const Var normed = model_.final_norm().forward(rows);
-  if (!graphs_) return linear(normed, Var::param(model_.output_head()), Var());
+  if (!graphs_) {
+    return linear(model_.final_norm().forward(rows), Var::param(model_.output_head()), Var());
+  }
   LinearLayer head;
   head.weight = &model_.output_head();
-  return decode_linear(normed, head, Var(), false);
+  return decode_linear(rows, head, Var(), false, &model_.final_norm());
 }
 
 // Gathers the wanted slots' rows of x [B, W, C] (an embedding lookup into x viewed as a table of

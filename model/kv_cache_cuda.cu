@@ -1,6 +1,5 @@
-// Cached attention on CUDA (generation). Three kernels on one stream: the keys and values of the
-// window's real slots go into the caches (one thread per element), then the split-key pass and
-// its combine (Note [split-key decode attention]).
+// Cached attention on CUDA (generation): two kernels on one stream, the split-key pass and its
+// combine (Note [split-key decode attention]).
 //
 // Note [split-key decode attention]
 // A decoding step has few queries (B·NH·W of them, 12 for GPT-2 at batch 1) and up to Tc keys
@@ -12,7 +11,10 @@
 // a) to scratch. A split past the query's last key exits at once (the grid is fixed by Tc, so a
 // captured graph serves every step). The combine kernel, one block per query, rescales the live
 // splits to their common max in split order: out = Σ_s a_s·e^{m_s-M} / Σ_s l_s·e^{m_s-M}. Every
-// sum runs in a fixed order, so reruns are bit-identical.
+// sum runs in a fixed order, so reruns are bit-identical. The window's own keys and values are
+// read straight from qkv (slot p - start of position p), so no kernel has to write them into the
+// cache first; the combine kernel does that, after every split has run (a later window or layer
+// reads them from there).
 #include <cmath>
 
 #include "model/cuda/kernel_util.cuh"
@@ -26,22 +28,6 @@ constexpr int kThreads = 128;
 constexpr int kKeysPerSplit = 32;  // at most kThreads: one thread per score in the softmax
 
 int64_t splits_of(int64_t Tc) { return ceil_div<int64_t>(Tc, kKeysPerSplit); }
-
-template <typename T>
-__global__ void write_cache_kernel(const T* __restrict__ qkv, T* __restrict__ kc,
-                                   T* __restrict__ vc, const int32_t* __restrict__ start_count,
-                                   int64_t B, int64_t W, int64_t Tc, int64_t NH, int64_t HS) {
-  const int64_t C = NH * HS;
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= B * W * C) return;
-  const int64_t b = e / (W * C), i = (e / C) % W, c = e % C;
-  if (i >= start_count[B + b]) return;
-  const int64_t h = c / HS, d = c % HS, pos = start_count[b] + i;
-  const int64_t dst = ((b * NH + h) * Tc + pos) * HS + d;
-  const T* row = qkv + (b * W + i) * 3 * C;
-  kc[dst] = row[C + c];
-  vc[dst] = row[2 * C + c];
-}
 
 __device__ float block_max(float v, float* smem) {
   v = warp_max(v);
@@ -77,16 +63,22 @@ __global__ void attend_split_kernel(const T* __restrict__ qkv, const T* __restri
   const int64_t k0 = split * kKeysPerSplit;
   if (k0 > last) return;  // the combine reads only live splits
   const int64_t nk = (last - k0 + 1 < kKeysPerSplit) ? last - k0 + 1 : kKeysPerSplit;
-  const T* K = kc + bh * Tc * HS + k0 * HS;
-  const T* V = vc + bh * Tc * HS + k0 * HS;
+  // Key or value (part 1 or 2) of position p: the window's own positions from qkv (the combine
+  // kernel writes them into the cache afterwards), earlier ones from the cache.
+  const int64_t s0 = start_count[b];
+  auto row_of = [&](int64_t p, int part) -> const T* {
+    if (p >= s0) return qkv + (b * W + (p - s0)) * 3 * C + part * C + h * HS;
+    return (part == 1 ? kc : vc) + (bh * Tc + p) * HS;
+  };
   for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) {
     q[d] = to_float(qkv[(b * W + i) * 3 * C + h * HS + d]);
   }
   __syncthreads();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   for (int64_t j = warp; j < nk; j += warps) {
+    const T* key = row_of(k0 + j, 1);
     float dot = 0;
-    for (int64_t d = lane; d < HS; d += 32) dot += q[d] * to_float(K[j * HS + d]);
+    for (int64_t d = lane; d < HS; d += 32) dot += q[d] * to_float(key[d]);
     dot = warp_sum(dot);
     if (lane == 0) scores[j] = dot * scale;
   }
@@ -99,7 +91,7 @@ __global__ void attend_split_kernel(const T* __restrict__ qkv, const T* __restri
   float* part = partial + ((bh * W + i) * S + split) * (HS + 2);
   for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) {
     float acc = 0;
-    for (int64_t j = 0; j < nk; ++j) acc += scores[j] * to_float(V[j * HS + d]);
+    for (int64_t j = 0; j < nk; ++j) acc += scores[j] * to_float(row_of(k0 + j, 2)[d]);
     part[2 + d] = acc;
   }
   if (threadIdx.x == 0) {
@@ -108,11 +100,13 @@ __global__ void attend_split_kernel(const T* __restrict__ qkv, const T* __restri
   }
 }
 
-// grid (B·NH, W): out = the live splits' value sums rescaled to their common max, in split order.
+// grid (B·NH, W): writes slot i's key and value of head h into the caches (a real slot), and
+// out = the live splits' value sums rescaled to their common max, in split order.
 template <typename T>
-__global__ void attend_combine_kernel(const float* __restrict__ partial, T* __restrict__ out,
+__global__ void attend_combine_kernel(const float* __restrict__ partial, const T* __restrict__ qkv,
+                                      T* __restrict__ kc, T* __restrict__ vc, T* __restrict__ out,
                                       const int32_t* __restrict__ start_count, int64_t B, int64_t W,
-                                      int64_t NH, int64_t HS, int64_t S) {
+                                      int64_t Tc, int64_t NH, int64_t HS, int64_t S) {
   const int64_t bh = blockIdx.x, i = blockIdx.y;
   const int64_t b = bh / NH, h = bh % NH, C = NH * HS;
   T* o = out + (b * W + i) * C + h * HS;
@@ -120,6 +114,14 @@ __global__ void attend_combine_kernel(const float* __restrict__ partial, T* __re
   if (last < 0) {
     for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) o[d] = from_float<T>(0.0f);
     return;
+  }
+  if (i < start_count[B + b]) {
+    const T* row = qkv + (b * W + i) * 3 * C + h * HS;
+    const int64_t dst = (bh * Tc + start_count[b] + i) * HS;
+    for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) {
+      kc[dst + d] = row[C + d];
+      vc[dst + d] = row[2 * C + d];
+    }
   }
   const int64_t live = last / kKeysPerSplit + 1;
   const float* part = partial + (bh * W + i) * S * (HS + 2);
@@ -159,9 +161,6 @@ void cached_attention_forward(const void* qkv, void* kc, void* vc, void* out,
     const auto* q = static_cast<const T*>(qkv);
     auto* k = static_cast<T*>(kc);
     auto* v = static_cast<T*>(vc);
-    const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(n, kThreads));
-    write_cache_kernel<T><<<blocks, kThreads, 0, st>>>(q, k, v, start_count, B, W, Tc, NH, HS);
-    CUDA_CHECK_LAUNCH();
     const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
     const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>(W),
                     static_cast<unsigned>(S));
@@ -169,8 +168,8 @@ void cached_attention_forward(const void* qkv, void* kc, void* vc, void* out,
         <<<grid, kThreads, smem, st>>>(q, k, v, scratch, start_count, B, W, Tc, NH, HS, scale);
     CUDA_CHECK_LAUNCH();
     const dim3 combine(static_cast<unsigned>(B * NH), static_cast<unsigned>(W));
-    attend_combine_kernel<T>
-        <<<combine, kThreads, 0, st>>>(scratch, static_cast<T*>(out), start_count, B, W, NH, HS, S);
+    attend_combine_kernel<T><<<combine, kThreads, 0, st>>>(scratch, q, k, v, static_cast<T*>(out),
+                                                           start_count, B, W, Tc, NH, HS, S);
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -30,6 +30,11 @@
 #   --temperature X (0 = greedy) --out DIR (runs/bench_generate) --no-recompute (skip the slow path)
 #   --sample-device cpu|cuda  where generation runs (default: cuda when --device is cuda, or is
 #                             auto and nvidia-smi lists a GPU; else cpu)
+#   --no-warmup               time each gtron sample from its first token: by default it passes
+#                             --warmup (an untimed 8-token generation first, as
+#                             bench_hf_generate.py times after one warm-up run), so the stats
+#                             leave out the process's one-time CUDA start-up (about 80 ms on an
+#                             H200: module loading, cuBLASLt's first calls)
 #   --eager                   also time the cache with --no-graphs (eager CUDA steps), mode "eager"
 #   --hf                      also run bench_hf_generate.py (torch + transformers) on the same
 #                             shape, prompt, tokens and batches, fp32, after gtron's cached runs
@@ -43,7 +48,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 layers=12 embd=768 heads=12 vocab=50257 context=1024
 depths="1 2" batches="1 16" prompt=128 tokens=256
 steps=600 seq_len="" lr=6e-4 device=auto temperature=0 out=runs/bench_generate recompute=1
-sample_device="" hf=0 eager=0
+sample_device="" hf=0 eager=0 warmup=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --layers) layers=$2; shift 2 ;;
@@ -65,6 +70,7 @@ while [[ $# -gt 0 ]]; do
     --sample-device) sample_device=$2; shift 2 ;;
     --hf) hf=1; shift ;;
     --eager) eager=1; shift ;;
+    --no-warmup) warmup=0; shift ;;
     *) echo "bench_generate.sh: unknown flag '$1' (see the comment at the top)" >&2; exit 2 ;;
   esac
 done
@@ -138,9 +144,10 @@ PY
 # measure D BATCH MODE CKPT IDS: one gtron sample run, one JSON line.
 measure() {
   local d=$1 b=$2 mode=$3 ckpt=$4 ids=$5 flags=()
-  [[ $mode == recompute ]] && flags=(--recompute)
-  [[ $mode == speculative ]] && flags=(--speculative)
-  [[ $mode == eager ]] && flags=(--no-graphs)
+  [[ $warmup == 1 ]] && flags+=(--warmup)
+  [[ $mode == recompute ]] && flags+=(--recompute)
+  [[ $mode == speculative ]] && flags+=(--speculative)
+  [[ $mode == eager ]] && flags+=(--no-graphs)
   local stats head="{\"D\": $d, \"batch\": $b, \"mode\": \"$mode\", \"device\": \"$sample_device\""
   stats=$(gtron sample --checkpoint "$ckpt" --prompt-ids "$ids" --tokens "$tokens" \
     --batch "$b" --temperature "$temperature" --device "$sample_device" --print-ids \

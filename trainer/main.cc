@@ -244,6 +244,9 @@ int run(int argc, char** argv) {
                    "Recompute the whole context for every token (the slow reference path)");
   sample->add_flag("--no-graphs", sa.no_graphs,
                    "CUDA: run every decoding step eagerly through the training ops");
+  sample->add_flag("--warmup", sa.warmup,
+                   "Generate 8 tokens untimed first (benchmarks: keeps one-time start-up costs "
+                   "out of the stats line)");
   sample->add_option("--device", sa.device, "cpu, or cuda (fp32 on GPU 0)");
 
   auto* logits = app.add_subcommand(

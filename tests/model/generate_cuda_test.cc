@@ -91,35 +91,48 @@ GPTConfig model_config() {
 }
 
 // The fused small-row linear (Note [decode fast block]) against the composed training ops on the
-// CPU: fc with GELU, mlp_proj with the residual, at 1, 5 and 8 rows; 9 rows take the composed
-// path on the GPU too.
+// CPU: ln1 -> qkv, ln2 -> fc -> GELU, mlp_proj + residual, at 1, 5 and 8 rows (9 rows take the
+// composed path on the GPU too), for C = 40 and for C = 272, whose mlp_proj (K = 1088) takes the
+// kernel's long-row instance.
 TEST(GenerateCuda, SmallLinearMatchesTheComposedOps) {
   GTRON_REQUIRE_GPU();
-  GPT cpu_model(model_config(), DType::kF32, Device::cpu(), 5);
-  GPT gpu_model(model_config(), DType::kF32, Device::cuda(0), 5);
-  const TransformerBlock& cb = cpu_model.block(1);
-  const TransformerBlock& gb = gpu_model.block(1);
-  const int64_t C = model_config().n_embd;
-  NoGradGuard no_grad;
-  uint64_t seed = 40;
-  for (int64_t M : {1, 5, 8, 9}) {
-    for (bool up : {true, false}) {
-      const LinearLayer& cl = up ? cb.fc : cb.mlp_proj;
-      const LinearLayer& gl = up ? gb.fc : gb.mlp_proj;
-      const int64_t K = cl.weight->data.dim(1), N = cl.weight->data.dim(0);
-      const Tensor x = Tensor::from_vector(pseudo_random(M * K, ++seed), {M, K}, DType::kF32);
-      Var res_cpu, res_gpu;
-      if (!up) {
-        res_cpu =
-            Var::constant(Tensor::from_vector(pseudo_random(M * N, ++seed), {M, N}, DType::kF32));
-        res_gpu = Var::constant(res_cpu.value().to(Device::cuda(0)));
+  for (int64_t C : {40, 272}) {
+    GPTConfig c = model_config();
+    c.n_embd = C;
+    c.n_layer = 1;
+    c.mtp_depth = 0;
+    GPT cpu_model(c, DType::kF32, Device::cpu(), 5);
+    GPT gpu_model(c, DType::kF32, Device::cuda(0), 5);
+    const TransformerBlock& cb = cpu_model.block(0);
+    const TransformerBlock& gb = gpu_model.block(0);
+    NoGradGuard no_grad;
+    uint64_t seed = 40;
+    for (int64_t M : {1, 5, 8, 9}) {
+      for (int which = 0; which < 3; ++which) {  // qkv, fc, mlp_proj
+        const LinearLayer& cl = which == 0 ? cb.qkv : which == 1 ? cb.fc : cb.mlp_proj;
+        const LinearLayer& gl = which == 0 ? gb.qkv : which == 1 ? gb.fc : gb.mlp_proj;
+        const LayerNormLayer* cn = which == 0 ? &cb.ln1 : which == 1 ? &cb.ln2 : nullptr;
+        const LayerNormLayer* gn = which == 0 ? &gb.ln1 : which == 1 ? &gb.ln2 : nullptr;
+        const int64_t K = cl.weight->data.dim(1), N = cl.weight->data.dim(0);
+        const Tensor x = Tensor::from_vector(pseudo_random(M * K, ++seed), {M, K}, DType::kF32);
+        Var res_cpu, res_gpu;
+        if (which == 2) {
+          res_cpu =
+              Var::constant(Tensor::from_vector(pseudo_random(M * N, ++seed), {M, N}, DType::kF32));
+          res_gpu = Var::constant(res_cpu.value().to(Device::cuda(0)));
+        }
+        const bool up = which == 1;
+        const Tensor want = decode_linear(Var::constant(x), cl, res_cpu, up, cn).value();
+        const Tensor got = decode_linear(Var::constant(x.to(Device::cuda(0))), gl, res_gpu, up, gn)
+                               .value()
+                               .to(Device::cpu());
+        ASSERT_EQ(got.shape().vec(), (std::vector<int64_t>{M, N}));
+        const std::vector<double> w = want.to_vector();
+        double scale = 1;
+        for (double v : w) scale = std::max(scale, std::fabs(v));
+        EXPECT_LE(max_abs_diff(got.to_vector(), w), 1e-5 * scale)
+            << "C " << C << ", " << M << " rows, layer " << which;
       }
-      const Tensor want = decode_linear(Var::constant(x), cl, res_cpu, up).value();
-      const Tensor got = decode_linear(Var::constant(x.to(Device::cuda(0))), gl, res_gpu, up)
-                             .value()
-                             .to(Device::cpu());
-      ASSERT_EQ(got.shape().vec(), (std::vector<int64_t>{M, C * (up ? 4 : 1)}));
-      EXPECT_LE(max_abs_diff(got.to_vector(), want.to_vector()), 1e-5) << M << " rows, up " << up;
     }
   }
 }
