@@ -12,8 +12,10 @@
 #     failed run: {"D", "batch", "mode", "device", "error"} with its last stderr line);
 #   with --hf, bench_hf_generate.py's lines ({"impl": "transformers", "batch", ...});
 #   then one summary line per (D, batch): {"summary": true, "acceptance", "cache_over_recompute",
-#     "speculative_over_cache", "cache_over_eager", "cache_over_transformers"} (the ratios whose
-#     runs were measured).
+#     "speculative_over_cache", "cache_over_eager", "cache_over_transformers",
+#     "same_tokens_as_speculative", "same_tokens_as_eager", "same_tokens_as_recompute"} (what was
+#     measured; the same_tokens fields compare the printed ids, DIR/ids_D<d>_b<b>_<mode>.txt, of
+#     greedy runs with the cache's).
 # Recomputation does not depend on D (the same shape, the same work), so it runs once per batch
 # size, on the first depth's model, after everything else (it is the slow path: at batch 16 it
 # copies about 200 GB of logits to the host); its tokens/s is the divisor of every D's
@@ -151,7 +153,7 @@ measure() {
   local stats head="{\"D\": $d, \"batch\": $b, \"mode\": \"$mode\", \"device\": \"$sample_device\""
   stats=$(gtron sample --checkpoint "$ckpt" --prompt-ids "$ids" --tokens "$tokens" \
     --batch "$b" --temperature "$temperature" --device "$sample_device" --print-ids \
-    "${flags[@]}" 2>&1 >/dev/null | tail -1) || true
+    "${flags[@]}" 2>&1 >"$out/ids_D${d}_b${b}_$mode.txt" | tail -1) || true
   if [[ $stats == \{* ]]; then
     echo "$head, ${stats#\{}"
   else  # a failed run: its last stderr line, quotes and backslashes dropped
@@ -186,12 +188,17 @@ first=""
 } | tee "$out/results.jsonl"
 
 "$py" - "$out/results.jsonl" <<'PY'
-import json, sys
+import json, os, sys
 runs = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
 gtron = [r for r in runs if "mode" in r and "error" not in r]
 speed = {(r["D"], r["batch"], r["mode"]): r["tokens_per_s"] for r in gtron}
 recompute = {r["batch"]: r["tokens_per_s"] for r in gtron if r["mode"] == "recompute"}
 hf = {r["batch"]: r["tokens_per_s"] for r in runs if r.get("impl") == "transformers"}
+out = os.path.dirname(sys.argv[1])
+def ids(d, b, mode):
+    p = os.path.join(out, "ids_D%d_b%d_%s.txt" % (d, b, mode))
+    return open(p).read() if (d, b, mode) in speed and os.path.exists(p) else None
+first_d = min((r["D"] for r in gtron if r["mode"] == "recompute"), default=None)
 acc = {(r["D"], r["batch"]): r["acceptance"] for r in gtron if r["mode"] == "speculative"}
 for (d, b) in sorted({(r["D"], r["batch"]) for r in gtron}):
     s = {"D": d, "batch": b, "summary": True, "acceptance": acc.get((d, b))}
@@ -204,5 +211,9 @@ for (d, b) in sorted({(r["D"], r["batch"]) for r in gtron}):
         s["cache_over_eager"] = round(cache / speed[(d, b, "eager")], 2)
     if cache and b in hf:
         s["cache_over_transformers"] = round(cache / hf[b], 2)
+    # The printed ids (prompt + new tokens of every row) of the other modes against the cache's.
+    for mode, d_of in (("speculative", d), ("eager", d), ("recompute", first_d)):
+        if d_of == d and ids(d, b, "cache") is not None and ids(d, b, mode) is not None:
+            s["same_tokens_as_" + mode] = ids(d, b, "cache") == ids(d, b, mode)
     print(json.dumps(s))
 PY
