@@ -2,17 +2,22 @@
 
 #include <algorithm>
 
+#include "graphs/graph_runner.h"
+#include "model/decode_cuda.h"
+#include "model/decode_ops.h"
 #include "model/ops/add.h"
 #include "model/ops/embedding.h"
 #include "model/ops/linear.h"
+#include "model/sampling.h"
 #include "model/stream.h"
 
 namespace gtron {
 
-Decoder::Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capacity)
+Decoder::Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capacity, bool graphs)
     : model_(model),
       batch_(batch),
-      capacity_(capacity > 0 ? capacity : model.config().context_length) {
+      capacity_(capacity > 0 ? capacity : model.config().context_length),
+      graphs_(graphs && model.token_embedding().data.device().is_cuda()) {
   const GPTConfig& c = model.config();
   GTRON_CHECK(batch >= 1 && capacity_ <= c.context_length, "Decoder for ", batch, " rows of ",
               capacity_, " positions (context ", c.context_length, ")");
@@ -27,9 +32,12 @@ Decoder::Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capa
       stores_.push_back(Tensor::zeros({batch, capacity_, c.n_embd}, wte.dtype(), wte.device()));
     }
   }
+  if (graphs_) pool_ = std::make_unique<graphs::GraphPool>(wte.device());
 }
 
-DecodeWindow Decoder::window_of(const WindowInput& in) const {
+Decoder::~Decoder() = default;
+
+DecodeWindow Decoder::window_of(const WindowInput& in, bool device_extents) const {
   GTRON_CHECK(static_cast<int64_t>(in.tokens.size()) == batch_ &&
                   static_cast<int64_t>(in.start.size()) == batch_ &&
                   static_cast<int64_t>(in.want.size()) == batch_,
@@ -49,7 +57,9 @@ DecodeWindow Decoder::window_of(const WindowInput& in) const {
   }
   GTRON_CHECK(win.width > 0, "a decode window with no tokens");
   const Device dev = model_.token_embedding().data.device();
-  if (dev.is_cuda()) win.device_start_count = win.start_count_ids().to(dev, &current_stream(dev));
+  if (device_extents && dev.is_cuda()) {
+    win.device_start_count = win.start_count_ids().to(dev, &current_stream(dev));
+  }
   return win;
 }
 
@@ -79,11 +89,29 @@ TransformerBlock::Attention against(KVCache& cache, const DecodeWindow& win) {
   return [&cache, &win](const Var& qkv) { return cached_attention(qkv, cache, win); };
 }
 
+const int32_t* device_extents(const DecodeWindow& win) {
+  GTRON_CHECK(win.device_start_count.defined(), "a CUDA decode window without device extents");
+  return win.device_start_count.data<int32_t>();
+}
+
+std::vector<int32_t> argmax_each(const std::vector<float>& logits, int64_t V) {
+  std::vector<int32_t> ids;
+  for (size_t r = 0; r * static_cast<size_t>(V) < logits.size(); ++r) {
+    ids.push_back(argmax(&logits[r * static_cast<size_t>(V)], V));
+  }
+  return ids;
+}
+
 }  // namespace
 
 void Decoder::save(int store, const Var& x, const DecodeWindow& win) {
   if (store >= static_cast<int>(stores_.size())) return;
   const int64_t W = win.width, C = model_.config().n_embd;
+  if (x.device().is_cuda()) {
+    cuda::save_store_rows(x.value().raw(), stores_[store].raw(), device_extents(win), batch_, W,
+                          capacity_, C, x.dtype(), current_stream(x.device()).native());
+    return;
+  }
   Tensor rows = stores_[store].view({batch_ * capacity_, C});
   Tensor src = x.value().view({batch_ * W, C});
   for (int64_t b = 0; b < batch_; ++b) {
@@ -97,6 +125,13 @@ Var Decoder::load(int store, const DecodeWindow& win) const {
               "MTP depths read hidden stores: make the Decoder with keep_hidden");
   const int64_t W = win.width, C = model_.config().n_embd;
   const Tensor& s = stores_[store];
+  if (s.device().is_cuda()) {
+    Stream& st = current_stream(s.device());
+    Tensor out = Tensor::empty({batch_, W, C}, s.dtype(), s.device(), &st);
+    cuda::load_store_rows(s.raw(), out.raw(), device_extents(win), batch_, W, capacity_, C,
+                          s.dtype(), st.native());
+    return Var::constant(out);
+  }
   Tensor out = Tensor::zeros({batch_, W, C}, s.dtype(), s.device());
   Tensor dst = out.view({batch_ * W, C});
   Tensor rows = s.view({batch_ * capacity_, C});
@@ -105,6 +140,15 @@ Var Decoder::load(int store, const DecodeWindow& win) const {
     if (n > 0) dst.rows(b * W, b * W + n).copy_from(rows.rows(s0, s0 + n));
   }
   return Var::constant(out);
+}
+
+Var Decoder::head(const Var& rows) const {
+  if (!graphs_) {
+    return linear(model_.final_norm().forward(rows), Var::param(model_.output_head()), Var());
+  }
+  LinearLayer head;
+  head.weight = &model_.output_head();
+  return decode_linear(rows, head, Var(), false, &model_.final_norm());
 }
 
 // Gathers the wanted slots' rows of x [B, W, C] (an embedding lookup into x viewed as a table of
@@ -117,9 +161,8 @@ std::vector<float> Decoder::logits_at(const Var& x, const WindowInput& in,
   }
   if (rows.empty()) return {};
   const int64_t C = model_.config().n_embd, N = static_cast<int64_t>(rows.size());
-  Var h = embedding(Tensor::from_ints(rows, {N}),
-                    Var::constant(x.value().view({batch_ * win.width, C})));
-  Var logits = linear(model_.final_norm().forward(h), Var::param(model_.output_head()), Var());
+  Var logits = head(embedding(Tensor::from_ints(rows, {N}),
+                              Var::constant(x.value().view({batch_ * win.width, C}))));
   Tensor host =
       logits.value().device().is_cpu() ? logits.value() : logits.value().to(Device::cpu());
   if (host.dtype() != DType::kF32) host = host.to(DType::kF32);
@@ -130,29 +173,53 @@ std::vector<float> Decoder::logits_at(const Var& x, const WindowInput& in,
   return out;
 }
 
-std::vector<float> Decoder::main(const WindowInput& in) {
-  NoGradGuard no_grad;
-  const DecodeWindow win = window_of(in);
-  Var x = add(embedding(slot_ids(in, win, false), Var::param(model_.token_embedding())),
-              embedding(slot_ids(in, win, true), Var::param(model_.position_embedding())));
+Var Decoder::run_main(const Tensor& tokens, const Tensor& positions, const DecodeWindow& win) {
+  Var x = add(embedding(tokens, Var::param(model_.token_embedding())),
+              embedding(positions, Var::param(model_.position_embedding())));
   for (int l = 0; l < model_.num_blocks(); ++l) {
-    x = model_.block(l).forward(x, direct_, against(main_caches_[static_cast<size_t>(l)], win));
+    const auto attend = against(main_caches_[static_cast<size_t>(l)], win);
+    x = graphs_ ? decode_block(model_.block(l), x, attend)
+                : model_.block(l).forward(x, direct_, attend);
   }
   save(0, x, win);
-  return logits_at(x, in, win);
+  return x;
+}
+
+Var Decoder::run_depth(int k, const Tensor& tokens, const DecodeWindow& win) {
+  GTRON_CHECK(k >= 1 && k <= model_.config().mtp_depth, "MTP depth ", k, " of ",
+              model_.config().mtp_depth);
+  const MTPModule& m = model_.mtp_module(k);
+  Var emb = embedding(tokens, Var::param(model_.token_embedding()));
+  KVCache& cache = mtp_caches_[static_cast<size_t>(k - 1)];
+  const Var h = load(k - 1, win);
+  Var x = graphs_ ? decode_depth(m, h, emb, against(cache, win))
+                  : m.forward(h, emb, direct_, against(cache, win));
+  save(k, x, win);
+  return x;
+}
+
+std::vector<float> Decoder::main(const WindowInput& in) {
+  NoGradGuard no_grad;
+  const DecodeWindow win = window_of(in, true);
+  return logits_at(run_main(slot_ids(in, win, false), slot_ids(in, win, true), win), in, win);
 }
 
 std::vector<float> Decoder::depth(int k, const WindowInput& in) {
-  GTRON_CHECK(k >= 1 && k <= model_.config().mtp_depth, "MTP depth ", k, " of ",
-              model_.config().mtp_depth);
   NoGradGuard no_grad;
-  const DecodeWindow win = window_of(in);
-  const MTPModule& m = model_.mtp_module(k);
-  Var emb = embedding(slot_ids(in, win, false), Var::param(model_.token_embedding()));
-  KVCache& cache = mtp_caches_[static_cast<size_t>(k - 1)];
-  Var x = m.forward(load(k - 1, win), emb, direct_, against(cache, win));
-  save(k, x, win);
-  return logits_at(x, in, win);
+  const DecodeWindow win = window_of(in, true);
+  return logits_at(run_depth(k, slot_ids(in, win, false), win), in, win);
+}
+
+std::vector<int32_t> Decoder::main_argmax(const WindowInput& in) {
+  std::vector<int32_t> ids;
+  if (replay_argmax(0, in, &ids)) return ids;
+  return argmax_each(main(in), model_.config().vocab_size);
+}
+
+std::vector<int32_t> Decoder::depth_argmax(int k, const WindowInput& in) {
+  std::vector<int32_t> ids;
+  if (replay_argmax(k, in, &ids)) return ids;
+  return argmax_each(depth(k, in), model_.config().vocab_size);
 }
 
 }  // namespace gtron

@@ -9,15 +9,45 @@
 // (its cached positions that used drafted tokens are recomputed once the real tokens are known),
 // so the decoder keeps, per module feeding a depth, its hidden states at every position:
 // stores[k] [B, capacity, C] for k = 0..D-1, written by each window at its real slots.
+//
+// Note [decode graphs]
+// On CUDA a decoding step is a few hundred small kernels (12 per block), so run eagerly it costs
+// its launches and the host work around them, several times what its weight reads cost. The
+// greedy calls (main_argmax, depth_argmax) therefore replay one CUDA graph per (module, window
+// width), captured at its first use; widths up to kMaxGraphWidth are padded to a power of two
+// (speculative windows vary from round to round), so a module has a few graphs. The graph reads
+// the window from a device buffer (tokens [B·W], positions [B·W], start [B], count [B]; every
+// kernel on the path takes the window's extents from there: embeddings, cached attention, the
+// hidden stores, the gather of a depth's last slots), runs the module, the final norm and the
+// head, and ends with the argmax of each slot's logits. A step is then one host-to-device copy
+// of that buffer from pinned memory, one replay, one device-to-host copy of the B·W (main) or B
+// (depth) token ids and one stream sync. The head runs at every slot of the main model's window
+// (the verify pass wants them all; padding slots are computed and ignored) and at the last real
+// slot of each row for a depth (what drafting wants); other `want` patterns, wider windows
+// (prefills) and every call without graphs run eagerly. Memory a capture allocates comes from the
+// decoder's private pool (graphs::GraphPool), so addresses stay valid for every replay; the
+// graphs run one at a time on one stream, so they may share it. The caches and stores live
+// outside the pool, and eager and replayed steps mix freely over them. A replay runs the eager
+// path's kernels; only its GEMMs see more rows (padding slots, every slot at the head), which
+// cuBLAS may round differently.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
 #include <vector>
 
+#include "graphs/graph.h"
+#include "model/cuda/runtime.h"
 #include "model/gpt.h"
 #include "model/kv_cache.h"
 
 namespace gtron {
+
+namespace graphs {
+class GraphPool;
+}
 
 // One window's input: row b feeds tokens[b] (its real slots; empty: the row sits this pass out)
 // at positions start[b], start[b]+1, ...; `want[b]` lists the slots whose logits are needed.
@@ -29,15 +59,23 @@ struct WindowInput {
 
 class Decoder {
  public:
+  static constexpr int64_t kMaxGraphWidth = 16;
+
   // Caches for `batch` rows of `capacity` positions (0: model.config().context_length, the most
   // allowed), in the model's dtype and on its device, allocated here once. keep_hidden: keep the
-  // MTP hidden stores (speculative decoding needs them). The model must outlive the decoder; its
-  // parameters are read directly (no weight access).
-  Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capacity = 0);
+  // MTP hidden stores (speculative decoding needs them). graphs (CUDA only): replay captured
+  // CUDA graphs for the greedy calls (Note [decode graphs]) and run the blocks through the
+  // decoder's fused composition (Note [decode fast block] in model/decode_ops.h), eager calls
+  // too; false runs the training ops eagerly. The model must outlive the decoder; its parameters
+  // are read directly (no weight access).
+  Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capacity = 0,
+          bool graphs = true);
+  ~Decoder();
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
 
   int64_t batch() const { return batch_; }
+  int64_t graphs_captured() const { return static_cast<int64_t>(steps_.size()); }
 
   // The main model over the window: writes its keys/values (and store 0) at the real slots and
   // returns the logits of the wanted slots, fp32 rows of V (the real vocabulary) in row order,
@@ -47,22 +85,47 @@ class Decoder {
   // hold that position's hidden state) with the embedding of tokens[b][i] (the token k ahead).
   // Writes depth k's caches (and store k when k < D); returns the wanted logits as main() does.
   std::vector<float> depth(int k, const WindowInput& in);
+  // As main() and depth(), but only the argmax token of each wanted slot (greedy decoding), in
+  // the same order: the same tokens as argmax over the logits those return, up to the rounding
+  // of the head's GEMM (Note [decode graphs]).
+  std::vector<int32_t> main_argmax(const WindowInput& in);
+  std::vector<int32_t> depth_argmax(int k, const WindowInput& in);
 
  private:
-  DecodeWindow window_of(const WindowInput& in) const;
+  // One captured (module, width) step. The graph reads `window` and writes `ids`; the pinned
+  // buffers stage the copies around each replay (rewritten only after the step's sync).
+  struct GraphStep {
+    graphs::Graph graph;
+    Tensor window;  // i32 [2·B·W + 2·B] on the device: tokens, positions, start, count
+    Tensor ids;     // i32 [N]: the argmax of each slot (main: N = B·W) or of each row's last slot
+    cuda::PinnedBuffer host_window;
+    cuda::PinnedBuffer host_ids;
+  };
+
+  DecodeWindow window_of(const WindowInput& in, bool device_extents) const;
   Tensor slot_ids(const WindowInput& in, const DecodeWindow& win, bool positions) const;
+  // The modules over slot ids (i32 [B, W], CPU or the model's device): hidden states [B, W, C].
+  Var run_main(const Tensor& tokens, const Tensor& positions, const DecodeWindow& win);
+  Var run_depth(int k, const Tensor& tokens, const DecodeWindow& win);
   // Hidden states x [B, W, C] -> store rows at the real slots, and back.
   void save(int store, const Var& x, const DecodeWindow& win);
   Var load(int store, const DecodeWindow& win) const;
+  Var head(const Var& rows) const;  // [N, C] -> logits [N, Vp]
   std::vector<float> logits_at(const Var& x, const WindowInput& in, const DecodeWindow& win);
+  // Greedy through a graph (Note [decode graphs]); false when this call must run eagerly.
+  bool replay_argmax(int k, const WindowInput& in, std::vector<int32_t>* ids);
+  GraphStep& step_for(int k, const DecodeWindow& win);  // captured at its first use
 
   const GPT& model_;
   int64_t batch_;
-  int64_t capacity_;                  // positions per row in every cache and store
+  int64_t capacity_;  // positions per row in every cache and store
+  bool graphs_;
   std::vector<KVCache> main_caches_;  // [L]
   std::vector<KVCache> mtp_caches_;   // [D]
   std::vector<Tensor> stores_;        // [D] of [B, capacity, C] (empty without keep_hidden)
   DirectWeights direct_;
+  std::unique_ptr<graphs::GraphPool> pool_;  // declared before steps_: outlives their tensors
+  std::map<std::pair<int, int64_t>, std::unique_ptr<GraphStep>> steps_;
 };
 
 }  // namespace gtron

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "model/decoder.h"
+#include "model/stream.h"
 
 namespace gtron {
 namespace {
@@ -65,7 +66,7 @@ class Generator {
         V_(model.config().vocab_size),
         D_(o.speculative ? model.config().mtp_depth : 0),
         dec_(model, static_cast<int64_t>(prompts.size()), o.speculative,
-             longest(prompts) + o.max_new_tokens) {
+             longest(prompts) + o.max_new_tokens, o.graphs) {
     for (size_t b = 0; b < prompts.size(); ++b) {
       Row r;
       r.seq = prompts[b];
@@ -103,6 +104,8 @@ class Generator {
     return in;
   }
 
+  bool greedy() const { return o_.sampling.greedy(); }
+
   // Drafts verified this round: m of Note [MTP self-speculative decoding].
   int64_t drafts_wanted(const Row& r) const { return std::min<int64_t>(D_, r.wanted() - 1); }
 
@@ -111,6 +114,11 @@ class Generator {
     for (size_t b = 0; b < rows_.size(); ++b) {
       in.tokens[b] = rows_[b].seq;
       in.want[b] = {rows_[b].n() - 1};
+    }
+    if (greedy()) {
+      const std::vector<int32_t> ids = dec_.main_argmax(in);
+      for (size_t b = 0; b < rows_.size(); ++b) rows_[b].seq.push_back(ids[b]);
+      return;
     }
     const std::vector<float> logits = dec_.main(in);
     for (size_t b = 0; b < rows_.size(); ++b) {
@@ -141,6 +149,11 @@ class Generator {
       drafting.push_back(b);
     }
     if (drafting.empty()) return;
+    if (greedy()) {
+      const std::vector<int32_t> ids = dec_.depth_argmax(k, in);
+      for (size_t i = 0; i < drafting.size(); ++i) rows_[drafting[i]].drafts.push_back(ids[i]);
+      return;
+    }
     const std::vector<float> logits = dec_.depth(k, in);
     for (size_t i = 0; i < drafting.size(); ++i) {
       Row& r = rows_[drafting[i]];
@@ -163,8 +176,17 @@ class Generator {
       for (int64_t i = 0; i <= m; ++i) in.want[b].push_back(i);
       active.push_back(b);
     }
-    const std::vector<float> logits = dec_.main(in);
     size_t offset = 0;
+    if (greedy()) {
+      const std::vector<int32_t> best = dec_.main_argmax(in);
+      for (size_t b : active) {
+        const int64_t m = static_cast<int64_t>(in.tokens[b].size()) - 1;
+        accept_greedy(rows_[b], &best[offset], m);
+        offset += static_cast<size_t>(m + 1);
+      }
+      return;
+    }
+    const std::vector<float> logits = dec_.main(in);
     for (size_t b : active) {
       const int64_t m = static_cast<int64_t>(in.tokens[b].size()) - 1;
       accept(rows_[b], &logits[offset * V_], m);
@@ -172,20 +194,26 @@ class Generator {
     }
   }
 
-  // p: m + 1 rows of main logits, slot i judging draft i (the last one judges nothing).
+  // Greedy: best holds the main model's argmax at slots 0..m; a draft agrees when it equals the
+  // argmax of the slot before it.
+  void accept_greedy(Row& r, const int32_t* best, int64_t m) {
+    int64_t j = 0;
+    while (j < m && r.drafts[static_cast<size_t>(j)] == best[j]) r.seq.push_back(best[j++]);
+    r.seq.push_back(best[j]);
+    stats_.proposed += m;
+    stats_.accepted += j;
+  }
+
+  // Sampling: p holds m + 1 rows of main logits, slot i judging draft i (the last one judges
+  // nothing).
   void accept(Row& r, const float* p, int64_t m) {
     const SamplingOptions& s = o_.sampling;
     int64_t j = 0;
     int32_t next = -1;  // the token after the accepted drafts, once known
     while (j < m) {
       const int32_t d = r.drafts[static_cast<size_t>(j)];
-      const float* pj = p + j * V_;
-      if (s.greedy()) {
-        if (argmax(pj, V_) != d) next = argmax(pj, V_);
-      } else {
-        const Verdict v = o_.verify(sampling_distribution(pj, V_, s), r.qs[j], d, r.rng);
-        if (!v.accepted) next = v.token;
-      }
+      const Verdict v = o_.verify(sampling_distribution(p + j * V_, V_, s), r.qs[j], d, r.rng);
+      if (!v.accepted) next = v.token;
       if (next >= 0) break;
       r.seq.push_back(d);
       ++j;
@@ -240,13 +268,26 @@ Generation generate_recompute(GPT& model, const std::vector<std::vector<int32_t>
   std::vector<std::vector<int32_t>> seqs = prompts;
   Generation g;
   g.tokens.resize(static_cast<size_t>(B));
+  // On a GPU every step copies all its logits into one host buffer sized for the last step (a
+  // fresh host tensor per step would leave a cached block of each size behind: about 200 GB over
+  // 256 steps at batch 16 for GPT-2's vocabulary).
+  const int64_t Tlast = static_cast<int64_t>(prompts[0].size()) + opts.max_new_tokens - 1;
+  Tensor host;
+  if (!model.token_embedding().data.device().is_cpu()) {
+    host = Tensor::empty({B * Tlast, Vp}, DType::kF32, Device::cpu());
+  }
   const Clock::time_point t0 = Clock::now();
   for (int64_t step = 0; step < opts.max_new_tokens; ++step) {
     const auto T = static_cast<int64_t>(seqs[0].size());
     std::vector<int32_t> flat;
     for (const auto& s : seqs) flat.insert(flat.end(), s.begin(), s.end());
     Tensor logits = model.logits(Tensor::from_ints(flat, {B, T}));
-    if (!logits.device().is_cpu()) logits = logits.to(Device::cpu());
+    if (!logits.device().is_cpu()) {
+      Tensor dst = host.rows(0, B * T);
+      dst.copy_from(logits.view({B * T, Vp}));
+      current_stream(logits.device()).synchronize();
+      logits = dst;
+    }
     const float* all = logits.data<float>();
     for (int64_t b = 0; b < B; ++b) {
       const int32_t t = choose(all + (b * T + T - 1) * Vp, V, opts.sampling, rngs[b]);

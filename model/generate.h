@@ -33,6 +33,10 @@ struct GenerateOptions {
   SamplingOptions sampling;
   uint64_t seed = 1;         // row b draws from row_rng(seed, b)
   bool speculative = false;  // draft with the MTP depths (REQUIRES mtp_depth >= 1)
+  // CUDA, greedy: replay each decoding step as a captured CUDA graph (Note [decode graphs] in
+  // model/decoder.h); false runs every step eagerly (the reference the graphs are tested
+  // against). Ignored on CPU and when sampling.
+  bool graphs = true;
   // The rule that verifies a sampled draft (tests pass a biased one to show what it prevents).
   DraftVerifier verify = verify_draft;
 };

@@ -119,8 +119,10 @@ Var cached_attention(const Var& qkv, KVCache& cache, const DecodeWindow& win) {
   if (qkv.device().is_cuda()) {
     const Tensor sc = win.device_start_count.defined() ? win.device_start_count
                                                        : ids_on_device(win.start_count_ids(), s);
+    Tensor scratch = scratch_floats(cuda::cached_attention_scratch_floats(B, W, Tmax, NH, HS), s);
     cuda::cached_attention_forward(qkv.value().raw(), kc.raw(), cache.values().raw(), y.raw(),
-                                   sc.data<int32_t>(), B, W, Tmax, NH, HS, qkv.dtype(), s.native());
+                                   sc.data<int32_t>(), scratch.data<float>(), B, W, Tmax, NH, HS,
+                                   qkv.dtype(), s.native());
     return Var::output(y, false);
   }
   dispatch_float(qkv.dtype(), [&](auto tag) {

@@ -1,9 +1,20 @@
-// Cached attention on CUDA (generation). Two kernels on one stream: the keys and values of the
-// window's real slots go into the caches (one thread per element), then one block per (row, head,
-// slot) forms the slot's scores against its prefix of the cache in shared memory, softmaxes them
-// (fp32, block max and sum in a fixed order) and sums the values. A decoding step has few slots,
-// so this plain form is enough for now; prefills of long prompts would want the tiled flash
-// kernel of model/ops/attention_cuda.cu once it takes a key length above the query length.
+// Cached attention on CUDA (generation): two kernels on one stream, the split-key pass and its
+// combine (Note [split-key decode attention]).
+//
+// Note [split-key decode attention]
+// A decoding step has few queries (B·NH·W of them, 12 for GPT-2 at batch 1) and up to Tc keys
+// each: one block per query would leave most of the GPU idle and walk the keys serially. So the
+// keys are cut into splits of kKeysPerSplit, and grid (B·NH, W, S) with S = ceil(Tc /
+// kKeysPerSplit) gives each (query, split) its own block: it forms the split's scores (a warp
+// per key, lanes over the head dimension, xor-butterfly sums), their max m, the sum l of
+// exp(score - m) and the unnormalized value sum a[d] = Σ exp(score - m)·v[d], and writes (m, l,
+// a) to scratch. A split past the query's last key exits at once (the grid is fixed by Tc, so a
+// captured graph serves every step). The combine kernel, one block per query, rescales the live
+// splits to their common max in split order: out = Σ_s a_s·e^{m_s-M} / Σ_s l_s·e^{m_s-M}. Every
+// sum runs in a fixed order, so reruns are bit-identical. The window's own keys and values are
+// read straight from qkv (slot p - start of position p), so no kernel has to write them into the
+// cache first; the combine kernel does that, after every split has run (a later window or layer
+// reads them from there).
 #include <cmath>
 
 #include "model/cuda/kernel_util.cuh"
@@ -14,22 +25,9 @@ namespace gtron::cuda {
 namespace {
 
 constexpr int kThreads = 128;
+constexpr int kKeysPerSplit = 32;  // at most kThreads: one thread per score in the softmax
 
-template <typename T>
-__global__ void write_cache_kernel(const T* __restrict__ qkv, T* __restrict__ kc,
-                                   T* __restrict__ vc, const int32_t* __restrict__ start_count,
-                                   int64_t B, int64_t W, int64_t Tc, int64_t NH, int64_t HS) {
-  const int64_t C = NH * HS;
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= B * W * C) return;
-  const int64_t b = e / (W * C), i = (e / C) % W, c = e % C;
-  if (i >= start_count[B + b]) return;
-  const int64_t h = c / HS, d = c % HS, pos = start_count[b] + i;
-  const int64_t dst = ((b * NH + h) * Tc + pos) * HS + d;
-  const T* row = qkv + (b * W + i) * 3 * C;
-  kc[dst] = row[C + c];
-  vc[dst] = row[2 * C + c];
-}
+int64_t splits_of(int64_t Tc) { return ceil_div<int64_t>(Tc, kKeysPerSplit); }
 
 __device__ float block_max(float v, float* smem) {
   v = warp_max(v);
@@ -41,77 +39,137 @@ __device__ float block_max(float v, float* smem) {
   return warp_max(w);
 }
 
-// grid (B·NH, W); shared: scores [Tc], q [HS], reduction [32].
-template <typename T>
-__global__ void attend_kernel(const T* __restrict__ qkv, const T* __restrict__ kc,
-                              const T* __restrict__ vc, T* __restrict__ out,
-                              const int32_t* __restrict__ start_count, int64_t B, int64_t W,
-                              int64_t Tc, int64_t NH, int64_t HS, float scale) {
-  extern __shared__ float smem[];
-  float* scores = smem;
-  float* q = smem + Tc;
-  float* red = q + HS;
-  const int64_t bh = blockIdx.x, i = blockIdx.y;
-  const int64_t b = bh / NH, h = bh % NH, C = NH * HS;
+// The last cached position slot i of row b attends to, or -1 for a row sitting out.
+__device__ int64_t last_key(const int32_t* start_count, int64_t B, int64_t b, int64_t i) {
   const int64_t n = start_count[B + b];
-  T* o = out + (b * W + i) * C + h * HS;
-  if (n == 0) {
-    for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) o[d] = from_float<T>(0.0f);
-    return;
-  }
-  const int64_t last = start_count[b] + (i < n - 1 ? i : n - 1);
-  const T* K = kc + bh * Tc * HS;
-  const T* V = vc + bh * Tc * HS;
+  if (n == 0) return -1;
+  return start_count[b] + (i < n - 1 ? i : n - 1);
+}
+
+// grid (B·NH, W, S); shared: q [HS], scores [kKeysPerSplit], reduction [32]. Writes (m, l,
+// a[HS]) of its split at partial[((bh·W + i)·S + split)·(HS + 2)].
+template <typename T>
+__global__ void attend_split_kernel(const T* __restrict__ qkv, const T* __restrict__ kc,
+                                    const T* __restrict__ vc, float* __restrict__ partial,
+                                    const int32_t* __restrict__ start_count, int64_t B, int64_t W,
+                                    int64_t Tc, int64_t NH, int64_t HS, float scale) {
+  extern __shared__ float smem[];
+  float* q = smem;
+  float* scores = q + HS;
+  float* red = scores + kKeysPerSplit;
+  const int64_t bh = blockIdx.x, i = blockIdx.y, split = blockIdx.z, S = gridDim.z;
+  const int64_t b = bh / NH, h = bh % NH, C = NH * HS;
+  const int64_t last = last_key(start_count, B, b, i);
+  const int64_t k0 = split * kKeysPerSplit;
+  if (k0 > last) return;  // the combine reads only live splits
+  const int64_t nk = (last - k0 + 1 < kKeysPerSplit) ? last - k0 + 1 : kKeysPerSplit;
+  // Key or value (part 1 or 2) of position p: the window's own positions from qkv (the combine
+  // kernel writes them into the cache afterwards), earlier ones from the cache.
+  const int64_t s0 = start_count[b];
+  auto row_of = [&](int64_t p, int part) -> const T* {
+    if (p >= s0) return qkv + (b * W + (p - s0)) * 3 * C + part * C + h * HS;
+    return (part == 1 ? kc : vc) + (bh * Tc + p) * HS;
+  };
   for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) {
     q[d] = to_float(qkv[(b * W + i) * 3 * C + h * HS + d]);
   }
   __syncthreads();
-  float mx = -INFINITY;
-  for (int64_t s = threadIdx.x; s <= last; s += blockDim.x) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int64_t j = warp; j < nk; j += warps) {
+    const T* key = row_of(k0 + j, 1);
     float dot = 0;
-    for (int64_t d = 0; d < HS; ++d) dot += q[d] * to_float(K[s * HS + d]);
-    scores[s] = dot * scale;
-    mx = fmaxf(mx, scores[s]);
+    for (int64_t d = lane; d < HS; d += 32) dot += q[d] * to_float(key[d]);
+    dot = warp_sum(dot);
+    if (lane == 0) scores[j] = dot * scale;
   }
-  mx = block_max(mx, red);
-  float sum = 0;
-  for (int64_t s = threadIdx.x; s <= last; s += blockDim.x) {
-    scores[s] = expf(scores[s] - mx);
-    sum += scores[s];
-  }
-  sum = block_sum(sum, red);  // its barriers also publish every score
-  const float inv = 1.0f / sum;
+  __syncthreads();
+  const int t = threadIdx.x;
+  const float mx = block_max(t < nk ? scores[t] : -INFINITY, red);
+  const float e = t < nk ? expf(scores[t] - mx) : 0.0f;
+  if (t < nk) scores[t] = e;          // each thread rewrites only the score it read
+  const float l = block_sum(e, red);  // its barriers also publish every score
+  float* part = partial + ((bh * W + i) * S + split) * (HS + 2);
   for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) {
     float acc = 0;
-    for (int64_t s = 0; s <= last; ++s) acc += scores[s] * to_float(V[s * HS + d]);
+    for (int64_t j = 0; j < nk; ++j) acc += scores[j] * to_float(row_of(k0 + j, 2)[d]);
+    part[2 + d] = acc;
+  }
+  if (threadIdx.x == 0) {
+    part[0] = mx;
+    part[1] = l;
+  }
+}
+
+// grid (B·NH, W): writes slot i's key and value of head h into the caches (a real slot), and
+// out = the live splits' value sums rescaled to their common max, in split order.
+template <typename T>
+__global__ void attend_combine_kernel(const float* __restrict__ partial, const T* __restrict__ qkv,
+                                      T* __restrict__ kc, T* __restrict__ vc, T* __restrict__ out,
+                                      const int32_t* __restrict__ start_count, int64_t B, int64_t W,
+                                      int64_t Tc, int64_t NH, int64_t HS, int64_t S) {
+  const int64_t bh = blockIdx.x, i = blockIdx.y;
+  const int64_t b = bh / NH, h = bh % NH, C = NH * HS;
+  T* o = out + (b * W + i) * C + h * HS;
+  const int64_t last = last_key(start_count, B, b, i);
+  if (last < 0) {
+    for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) o[d] = from_float<T>(0.0f);
+    return;
+  }
+  if (i < start_count[B + b]) {
+    const T* row = qkv + (b * W + i) * 3 * C + h * HS;
+    const int64_t dst = (bh * Tc + start_count[b] + i) * HS;
+    for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) {
+      kc[dst + d] = row[C + d];
+      vc[dst + d] = row[2 * C + d];
+    }
+  }
+  const int64_t live = last / kKeysPerSplit + 1;
+  const float* part = partial + (bh * W + i) * S * (HS + 2);
+  float M = -INFINITY;
+  for (int64_t s = 0; s < live; ++s) M = fmaxf(M, part[s * (HS + 2)]);
+  float L = 0;
+  for (int64_t s = 0; s < live; ++s) L += part[s * (HS + 2) + 1] * expf(part[s * (HS + 2)] - M);
+  const float inv = 1.0f / L;
+  for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) {
+    float acc = 0;
+    for (int64_t s = 0; s < live; ++s) {
+      acc += part[s * (HS + 2) + 2 + d] * expf(part[s * (HS + 2)] - M);
+    }
     o[d] = from_float<T>(acc * inv);
   }
 }
 
 }  // namespace
 
+int64_t cached_attention_scratch_floats(int64_t B, int64_t W, int64_t Tc, int64_t NH, int64_t HS) {
+  return B * NH * W * splits_of(Tc) * (HS + 2);
+}
+
 void cached_attention_forward(const void* qkv, void* kc, void* vc, void* out,
-                              const int32_t* start_count, int64_t B, int64_t W, int64_t Tc,
-                              int64_t NH, int64_t HS, DType act, void* stream) {
+                              const int32_t* start_count, float* scratch, int64_t B, int64_t W,
+                              int64_t Tc, int64_t NH, int64_t HS, DType act, void* stream) {
   const int64_t n = B * W * NH * HS;
   if (n == 0) return;
-  const size_t smem = static_cast<size_t>(Tc + HS + 32) * sizeof(float);
-  GTRON_CHECK(smem <= 48 * 1024, "cached_attention (CUDA): ", Tc,
-              " cached positions need more shared memory than a block gets (48 KiB)");
-  GTRON_CHECK(W <= 65535, "cached_attention (CUDA): a window of ", W, " slots");
+  const int64_t S = splits_of(Tc);
+  const size_t smem = static_cast<size_t>(HS + kKeysPerSplit + 32) * sizeof(float);
+  GTRON_CHECK(smem <= 48 * 1024, "cached_attention (CUDA): head size ", HS, " too large");
+  GTRON_CHECK(W <= 65535 && S <= 65535, "cached_attention (CUDA): a window of ", W, " slots over ",
+              Tc, " cached positions");
   dispatch_act("cached_attention", act, [&](auto tag) {
     using T = decltype(tag);
     auto st = static_cast<cudaStream_t>(stream);
     const auto* q = static_cast<const T*>(qkv);
     auto* k = static_cast<T*>(kc);
     auto* v = static_cast<T*>(vc);
-    const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(n, kThreads));
-    write_cache_kernel<T><<<blocks, kThreads, 0, st>>>(q, k, v, start_count, B, W, Tc, NH, HS);
-    CUDA_CHECK_LAUNCH();
-    const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>(W));
     const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-    attend_kernel<T><<<grid, kThreads, smem, st>>>(q, k, v, static_cast<T*>(out), start_count, B, W,
-                                                   Tc, NH, HS, scale);
+    const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>(W),
+                    static_cast<unsigned>(S));
+    attend_split_kernel<T>
+        <<<grid, kThreads, smem, st>>>(q, k, v, scratch, start_count, B, W, Tc, NH, HS, scale);
+    CUDA_CHECK_LAUNCH();
+    const dim3 combine(static_cast<unsigned>(B * NH), static_cast<unsigned>(W));
+    attend_combine_kernel<T><<<combine, kThreads, 0, st>>>(scratch, q, k, v, static_cast<T*>(out),
+                                                           start_count, B, W, Tc, NH, HS, S);
     CUDA_CHECK_LAUNCH();
   });
 }

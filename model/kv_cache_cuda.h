@@ -7,13 +7,19 @@
 
 namespace gtron::cuda {
 
+// Floats of scratch cached_attention_forward needs: one partial result per (row, head, slot, key
+// split) (Note [split-key decode attention] in model/kv_cache_cuda.cu).
+int64_t cached_attention_scratch_floats(int64_t B, int64_t W, int64_t Tc, int64_t NH, int64_t HS);
+
 // qkv [B, W, 3C] and out [B, W, C] in `act` (f32 or bf16); kc, vc [B, NH, Tc, HS] in `act`;
-// start_count: i32 [2B] on the device, start[b] then count[b] (Note [decode windows]). Writes the
-// real slots' keys and values into the caches, then each slot's attention over its prefix, all on
-// `stream`. fp32 scores and softmax; one block per (row, head, slot), fixed-order reductions.
-// REQUIRES: start[b] + count[b] <= Tc, (Tc + HS + 32) floats of shared memory fit in 48 KiB.
+// start_count: i32 [2B] on the device, start[b] then count[b] (Note [decode windows]); scratch:
+// cached_attention_scratch_floats(...) floats on the device. Writes the real slots' keys and
+// values into the caches, then each slot's attention over its prefix, all on `stream`, reading
+// the window's extents only on the device (so a captured graph replays it for any window of the
+// same width). fp32 scores and softmax, fixed-order reductions (bit-identical reruns).
+// REQUIRES: start[b] + count[b] <= Tc.
 void cached_attention_forward(const void* qkv, void* kc, void* vc, void* out,
-                              const int32_t* start_count, int64_t B, int64_t W, int64_t Tc,
-                              int64_t NH, int64_t HS, DType act, void* stream);
+                              const int32_t* start_count, float* scratch, int64_t B, int64_t W,
+                              int64_t Tc, int64_t NH, int64_t HS, DType act, void* stream);
 
 }  // namespace gtron::cuda

@@ -242,6 +242,11 @@ int run(int argc, char** argv) {
   sample->add_flag("--print-ids", sa.print_ids, "Print token ids instead of text");
   sample->add_flag("--recompute", sa.recompute,
                    "Recompute the whole context for every token (the slow reference path)");
+  sample->add_flag("--no-graphs", sa.no_graphs,
+                   "CUDA: run every decoding step eagerly through the training ops");
+  sample->add_flag("--warmup", sa.warmup,
+                   "Generate 8 tokens untimed first (benchmarks: keeps one-time start-up costs "
+                   "out of the stats line)");
   sample->add_option("--device", sa.device, "cpu, or cuda (fp32 on GPU 0)");
 
   auto* logits = app.add_subcommand(

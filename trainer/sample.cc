@@ -1,5 +1,6 @@
 #include "trainer/sample.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <ostream>
 #include <sstream>
@@ -147,9 +148,17 @@ void run_sample(GPT& model, const SampleArgs& a, std::ostream& out, std::ostream
   o.sampling.top_p = a.top_p;
   o.seed = a.seed;
   o.speculative = a.speculative;
+  o.graphs = !a.no_graphs;
   const std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(a.batch), prompt);
-  const Generation g =
-      a.recompute ? generate_recompute(model, prompts, o) : generate(model, prompts, o);
+  auto run = [&](const GenerateOptions& opts) {
+    return a.recompute ? generate_recompute(model, prompts, opts) : generate(model, prompts, opts);
+  };
+  if (a.warmup) {  // untimed, discarded: the device's one-time start-up costs
+    GenerateOptions w = o;
+    w.max_new_tokens = std::min<int64_t>(a.tokens, kWarmupTokens);
+    run(w);
+  }
+  const Generation g = run(o);
   for (const auto& row : g.tokens) print_row(prompt, row, a.print_ids, a, tokenizer, out);
   out.flush();
   err << g.stats.json() << std::endl;

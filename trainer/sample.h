@@ -10,6 +10,10 @@
 
 namespace gtron {
 
+// --warmup: tokens per row of the untimed generation that runs first (CUDA module loading,
+// cuBLASLt's first calls and its algorithm choices happen there, as in a benchmark's warm-up run).
+constexpr int64_t kWarmupTokens = 8;
+
 struct SampleArgs {
   std::string prompt;      // --prompt: text (the checkpoint's tokenizer, else one token per byte)
   std::string prompt_ids;  // --prompt-ids: "1,2,3"
@@ -22,6 +26,8 @@ struct SampleArgs {
   bool speculative = false;       // --speculative: MTP self-speculative decoding
   bool print_ids = false;         // --print-ids: token ids out instead of text
   bool recompute = false;         // --recompute: the full-recomputation reference path
+  bool no_graphs = false;         // --no-graphs: eager CUDA decoding steps (training ops)
+  bool warmup = false;            // --warmup: an untimed kWarmupTokens generation first
   std::string device = "cpu";     // --device: cpu, or cuda (fp32 on GPU 0)
   bool prompt_given = false;      // --prompt was on the command line
   bool prompt_ids_given = false;  // --prompt-ids was on the command line

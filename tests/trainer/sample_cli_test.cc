@@ -100,6 +100,15 @@ TEST_F(SampleCli, GreedyIdsAreTheSameCachedSpeculativeAndRecomputed) {
   const Sampled full = with({"--recompute"});
   ASSERT_EQ(full.exit_code, 0) << full.err;
   EXPECT_EQ(full.lines, cached.lines);
+
+  // --warmup discards its own generation: one output row and one stats line of 12 tokens, the
+  // same ids; --no-graphs changes nothing on the CPU.
+  for (const char* flag : {"--warmup", "--no-graphs"}) {
+    const Sampled other = with({flag, "--speculative"});
+    ASSERT_EQ(other.exit_code, 0) << flag << ": " << other.err;
+    EXPECT_EQ(other.lines, cached.lines) << flag;
+    EXPECT_EQ(nlohmann::json::parse(other.err)["tokens"], 12) << flag;
+  }
 }
 
 TEST_F(SampleCli, BatchRowsUseDistinctSeedStreams) {
