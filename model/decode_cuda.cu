@@ -247,8 +247,10 @@ __global__ void small_linear_kernel(SmallLinearArgs a) {
   float mine = 0.0f;  // lane m keeps row m's sum
 #pragma unroll
   for (int m = 0; m < kSmallRows; ++m) {
-    const float s = warp_sum(acc[m]);
-    if (m == lane) mine = s;
+    if (m < M) {  // M is the same for the whole block: the shuffles see full warps
+      const float s = warp_sum(acc[m]);
+      if (m == lane) mine = s;
+    }
   }
   if (lane >= M) return;
   float v = mine + (a.bias != nullptr ? a.bias[j] : 0.0f);

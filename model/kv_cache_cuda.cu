@@ -15,6 +15,7 @@
 // read straight from qkv (slot p - start of position p), so no kernel has to write them into the
 // cache first; the combine kernel does that, after every split has run (a later window or layer
 // reads them from there).
+#include <algorithm>
 #include <cmath>
 
 #include "model/cuda/kernel_util.cuh"
@@ -26,6 +27,7 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kKeysPerSplit = 32;  // at most kThreads: one thread per score in the softmax
+constexpr int kKeysPerWarp = kKeysPerSplit / (kThreads / 32);
 
 int64_t splits_of(int64_t Tc) { return ceil_div<int64_t>(Tc, kKeysPerSplit); }
 
@@ -46,8 +48,9 @@ __device__ int64_t last_key(const int32_t* start_count, int64_t B, int64_t b, in
   return start_count[b] + (i < n - 1 ? i : n - 1);
 }
 
-// grid (B·NH, W, S); shared: q [HS], scores [kKeysPerSplit], reduction [32]. Writes (m, l,
-// a[HS]) of its split at partial[((bh·W + i)·S + split)·(HS + 2)].
+// grid (B·NH, W, S); shared: q [HS], scores [kKeysPerSplit], reduction [32], value sums
+// [max(threads, HS)]. Writes (m, l, a[HS]) of its split at partial[((bh·W + i)·S + split)·(HS +
+// 2)].
 template <typename T>
 __global__ void attend_split_kernel(const T* __restrict__ qkv, const T* __restrict__ kc,
                                     const T* __restrict__ vc, float* __restrict__ partial,
@@ -75,12 +78,24 @@ __global__ void attend_split_kernel(const T* __restrict__ qkv, const T* __restri
   }
   __syncthreads();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  for (int64_t j = warp; j < nk; j += warps) {
-    const T* key = row_of(k0 + j, 1);
-    float dot = 0;
-    for (int64_t d = lane; d < HS; d += 32) dot += q[d] * to_float(key[d]);
-    dot = warp_sum(dot);
-    if (lane == 0) scores[j] = dot * scale;
+  // Warp w scores keys w, w + warps, ...: the loads of all its keys are issued together (the
+  // split is latency-bound), each key's dot product summed over lanes by the butterfly.
+  float dot[kKeysPerWarp];
+#pragma unroll
+  for (int u = 0; u < kKeysPerWarp; ++u) dot[u] = 0.0f;
+  for (int64_t d = lane; d < HS; d += 32) {
+    const float qd = q[d];
+#pragma unroll
+    for (int u = 0; u < kKeysPerWarp; ++u) {
+      const int64_t j = warp + u * warps;
+      if (j < nk) dot[u] += qd * to_float(row_of(k0 + j, 1)[d]);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kKeysPerWarp; ++u) {
+    const int64_t j = warp + u * warps;
+    const float sum = warp_sum(dot[u]);
+    if (lane == 0 && j < nk) scores[j] = sum * scale;
   }
   __syncthreads();
   const int t = threadIdx.x;
@@ -89,9 +104,24 @@ __global__ void attend_split_kernel(const T* __restrict__ qkv, const T* __restri
   if (t < nk) scores[t] = e;          // each thread rewrites only the score it read
   const float l = block_sum(e, red);  // its barriers also publish every score
   float* part = partial + ((bh * W + i) * S + split) * (HS + 2);
+  // Value sums: `groups` threads per dimension, group g summing keys g, g + groups, ... (their
+  // loads in flight together), then the groups' sums added in group order.
+  const int64_t threads = blockDim.x;
+  const int64_t groups = HS < threads ? threads / HS : 1;
+  float* sums = red + 32;  // [groups, HS]
+  const int64_t g = threadIdx.x / HS;
+  if (g < groups) {
+    for (int64_t d = threadIdx.x % HS; d < HS; d += threads) {
+      float acc = 0;
+#pragma unroll 8
+      for (int64_t j = g; j < nk; j += groups) acc += scores[j] * to_float(row_of(k0 + j, 2)[d]);
+      sums[g * HS + d] = acc;
+    }
+  }
+  __syncthreads();
   for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) {
     float acc = 0;
-    for (int64_t j = 0; j < nk; ++j) acc += scores[j] * to_float(row_of(k0 + j, 2)[d]);
+    for (int64_t k = 0; k < groups; ++k) acc += sums[k * HS + d];
     part[2 + d] = acc;
   }
   if (threadIdx.x == 0) {
@@ -100,8 +130,8 @@ __global__ void attend_split_kernel(const T* __restrict__ qkv, const T* __restri
   }
 }
 
-// grid (B·NH, W): writes slot i's key and value of head h into the caches (a real slot), and
-// out = the live splits' value sums rescaled to their common max, in split order.
+// grid (B·NH, W), shared [3S]: writes slot i's key and value of head h into the caches (a real
+// slot), and out = the live splits' value sums rescaled to their common max, in split order.
 template <typename T>
 __global__ void attend_combine_kernel(const float* __restrict__ partial, const T* __restrict__ qkv,
                                       T* __restrict__ kc, T* __restrict__ vc, T* __restrict__ out,
@@ -123,18 +153,30 @@ __global__ void attend_combine_kernel(const float* __restrict__ partial, const T
       vc[dst + d] = row[2 * C + d];
     }
   }
+  // The splits' maxima and sums staged in shared memory (one load each, all in flight), then
+  // their weights e^{m_s - M}.
+  extern __shared__ float stage[];  // m [S], l [S], e [S]
+  float* ms = stage;
+  float* ls = stage + S;
+  float* es = stage + 2 * S;
   const int64_t live = last / kKeysPerSplit + 1;
   const float* part = partial + (bh * W + i) * S * (HS + 2);
+  for (int64_t s = threadIdx.x; s < live; s += blockDim.x) {
+    ms[s] = part[s * (HS + 2)];
+    ls[s] = part[s * (HS + 2) + 1];
+  }
+  __syncthreads();
   float M = -INFINITY;
-  for (int64_t s = 0; s < live; ++s) M = fmaxf(M, part[s * (HS + 2)]);
+  for (int64_t s = 0; s < live; ++s) M = fmaxf(M, ms[s]);
+  for (int64_t s = threadIdx.x; s < live; s += blockDim.x) es[s] = expf(ms[s] - M);
+  __syncthreads();
   float L = 0;
-  for (int64_t s = 0; s < live; ++s) L += part[s * (HS + 2) + 1] * expf(part[s * (HS + 2)] - M);
+  for (int64_t s = 0; s < live; ++s) L += ls[s] * es[s];
   const float inv = 1.0f / L;
   for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) {
     float acc = 0;
-    for (int64_t s = 0; s < live; ++s) {
-      acc += part[s * (HS + 2) + 2 + d] * expf(part[s * (HS + 2)] - M);
-    }
+#pragma unroll 8
+    for (int64_t s = 0; s < live; ++s) acc += part[s * (HS + 2) + 2 + d] * es[s];
     o[d] = from_float<T>(acc * inv);
   }
 }
@@ -151,8 +193,13 @@ void cached_attention_forward(const void* qkv, void* kc, void* vc, void* out,
   const int64_t n = B * W * NH * HS;
   if (n == 0) return;
   const int64_t S = splits_of(Tc);
-  const size_t smem = static_cast<size_t>(HS + kKeysPerSplit + 32) * sizeof(float);
-  GTRON_CHECK(smem <= 48 * 1024, "cached_attention (CUDA): head size ", HS, " too large");
+  // Split: q [HS], scores, reduction [32], the value groups' sums [max(threads, HS)].
+  const size_t smem =
+      static_cast<size_t>(HS + kKeysPerSplit + 32 + std::max<int64_t>(kThreads, HS)) *
+      sizeof(float);
+  const size_t combine_smem = static_cast<size_t>(3 * S) * sizeof(float);
+  GTRON_CHECK(smem <= 48 * 1024 && combine_smem <= 48 * 1024, "cached_attention (CUDA): head size ",
+              HS, " over ", Tc, " cached positions needs too much shared memory");
   GTRON_CHECK(W <= 65535 && S <= 65535, "cached_attention (CUDA): a window of ", W, " slots over ",
               Tc, " cached positions");
   dispatch_act("cached_attention", act, [&](auto tag) {
@@ -168,8 +215,8 @@ void cached_attention_forward(const void* qkv, void* kc, void* vc, void* out,
         <<<grid, kThreads, smem, st>>>(q, k, v, scratch, start_count, B, W, Tc, NH, HS, scale);
     CUDA_CHECK_LAUNCH();
     const dim3 combine(static_cast<unsigned>(B * NH), static_cast<unsigned>(W));
-    attend_combine_kernel<T><<<combine, kThreads, 0, st>>>(scratch, q, k, v, static_cast<T*>(out),
-                                                           start_count, B, W, Tc, NH, HS, S);
+    attend_combine_kernel<T><<<combine, kThreads, combine_smem, st>>>(
+        scratch, q, k, v, static_cast<T*>(out), start_count, B, W, Tc, NH, HS, S);
     CUDA_CHECK_LAUNCH();
   });
 }
