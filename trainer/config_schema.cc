@@ -201,6 +201,9 @@ std::vector<KeySpec> build_schema() {
       // parallel
       key(GTRON_FIELD(parallel.gtp), 1, at_least(1),
           "GTP group size G (per-weight sharding); divides the world size."),
+      key(GTRON_FIELD(parallel.tp), 1, at_least(1),
+          "Tensor-parallel group size TP (Megatron-style split layers, consecutive ranks); "
+          "gtp × tp divides the world size; divides n_head and the padded vocab. CPU only."),
       key(GTRON_FIELD(parallel.distributed_optimizer), true, any,
           "Shard optimizer state and the update over data-parallel ranks."),
       key(GTRON_FIELD(parallel.overlap_param_gather), true, any,
