@@ -20,6 +20,7 @@ GPT::GPT(const GPTConfig& cfg, DType dtype, Device device, uint64_t seed)
               "tensor parallelism ", cfg.tp_size, ": CPU, dividing n_head and the padded vocab");
   params_.tensor_parallel().rank = cfg.tp_rank;
   params_.tensor_parallel().size = cfg.tp_size;
+  params_.tensor_parallel().sequence_parallel = cfg.sequence_parallel && cfg.tp_size > 1;
   const int64_t C = cfg.n_embd;
   const int64_t Vp = cfg.padded_vocab();
   const TpSlice vocab_rows{TpSplit::kRows, 1};
@@ -120,7 +121,8 @@ Var GPT::embed(const Tensor& tokens) {
   // The embedding is a sharded weight under GTP: it goes through the weight access like the head.
   Var table = weights_->use(*wte_);
   const TpContext& tp = params_.tensor_parallel();
-  Var e = tp.active() ? vocab_parallel_embedding(tokens, table, vocab_begin(), *tp.group)
+  Var e = tp.active() ? vocab_parallel_embedding(tokens, table, vocab_begin(), *tp.group,
+                                                 tp.sequence_parallel)
                       : embedding(tokens, table);
   weights_->used(*wte_, table);
   return e;
@@ -130,7 +132,9 @@ Var GPT::head_logits(const Var& h) {
   Var w = weights_->use(*head_);
   const TpContext& tp = params_.tensor_parallel();
   Var x = ln_f_.forward(h);
-  Var logits = linear(tp.active() ? tp_copy(x, *tp.group) : x, w, Var());
+  if (tp.active())
+    x = tp.sequence_parallel ? tp_gather_tokens(x, *tp.group) : tp_copy(x, *tp.group);
+  Var logits = linear(x, w, Var());
   weights_->used(*head_, w);
   return logits;
 }
@@ -148,7 +152,13 @@ Var GPT::trunk(const Tensor& inputs) {
   const int64_t T = inputs.dim(1);
   GTRON_CHECK(T >= 1 && T <= cfg_.context_length, "sequence length ", T, " outside [1, ",
               cfg_.context_length, "]");
-  Var x = add_positions(embed(inputs), Var::param(*wpe_));
+  const TpContext& tp = params_.tensor_parallel();
+  Var positions = Var::param(*wpe_);
+  if (tp.sequence_parallel) {  // this rank's chunk of the sequence (Note [sequence parallelism])
+    GTRON_CHECK(T % tp.size == 0, "sequence parallelism: T = ", T, " over ", tp.size, " ranks");
+    positions = slice_rows(positions, T / tp.size * tp.rank, T / tp.size * (tp.rank + 1));
+  }
+  Var x = add_positions(embed(inputs), positions);
   for (int l = 0; l < num_blocks(); ++l)
     x = block_runner_ ? block_runner_(l, x) : block_forward(l, x);
   return x;

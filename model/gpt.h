@@ -30,6 +30,7 @@ struct GPTConfig {
   // (Note [tensor-parallel layout] in model/tensor_parallel.h). TP > 1: CPU only.
   int tp_size = 1;
   int tp_rank = 0;
+  bool sequence_parallel = false;  // Note [sequence parallelism]; needs tp_size > 1
 
   int64_t padded_vocab() const { return (vocab_size + 63) / 64 * 64; }  // Vp
 };

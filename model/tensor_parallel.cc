@@ -104,15 +104,19 @@ Var LinearLayer::tp_forward(const Var& x, WeightAccess& w) const {
   GTRON_CHECK(tp->group != nullptr, "tensor-parallel layer ", weight->name,
               " used before GPT::set_tensor_parallel()");
   TensorParallelGroup& g = *tp->group;
+  const bool sp = tp->sequence_parallel;  // Note [sequence parallelism]
   Var wv = w.use(*weight);
   if (tp_mode == TpMode::kRow) {
     Var partial = linear(x, wv, Var());
     w.used(*weight, wv);
-    return tp_reduce(partial, g, bias ? w.use_bias(*bias) : Var());
+    Var b = bias ? w.use_bias(*bias) : Var();
+    return sp ? tp_scatter_tokens(partial, g, b) : tp_reduce(partial, g, b);
   }
-  Var y = linear(tp_copy(x, g), wv, bias ? w.use_bias(*bias) : Var());
+  Var y = linear(sp ? tp_gather_tokens(x, g) : tp_copy(x, g), wv, bias ? w.use_bias(*bias) : Var());
   w.used(*weight, wv);
-  return tp_mode == TpMode::kColumnGathered ? tp_gather_features(y, g) : y;
+  if (tp_mode != TpMode::kColumnGathered) return y;
+  Var whole = tp_gather_features(y, g);
+  return sp ? tp_split_tokens(whole, g) : whole;
 }
 
 }  // namespace gtron

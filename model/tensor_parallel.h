@@ -23,6 +23,18 @@
 // stores 1/(TP·G) of every sharded weight; the TP slice stays split through the GEMM.
 // Parameter names and checkpoints are those of the full model: a checkpoint holds full tensors
 // (tp_full_of), each rank loads its part (tp_local_of).
+//
+// Note [sequence parallelism]
+// With parallel.sequence_parallel the regions between the split GEMMs — the norms, the residual
+// stream, positions and the MTP norms — hold this rank's chunk of the sequence, positions
+// [r·T/TP, (r+1)·T/TP) of every row: a column-parallel layer all-gathers its input's tokens
+// (tp_gather_tokens; backward reduce-scatter) instead of tp_copy, a row-parallel layer
+// reduce-scatters its partial outputs (tp_scatter_tokens; backward all-gather) instead of
+// tp_reduce, the embedding reduce-scatters its lookups, the MTP projection splits its gathered
+// output back into chunks, and the head gathers the final norm's tokens. Activation memory of
+// those regions is 1/TP; the communication volume is the same. The replicated parameters now
+// see 1/TP of the tokens each, so their gradients are partial sums and reduce over the whole
+// world (DP × GTP × TP), not over the data ranks only.
 #pragma once
 
 #include "model/ops/tp_comm.h"
@@ -46,6 +58,7 @@ struct TpSlice {
 struct TpContext {
   int rank = 0;
   int size = 1;
+  bool sequence_parallel = false;  // Note [sequence parallelism]
   TensorParallelGroup* group = nullptr;
   bool active() const { return size > 1; }
 };

@@ -65,6 +65,8 @@ MATRIX = [
     ("TP=2 D=2 graphs=layers", "mtp_d2", 2, 1, ["parallel.tp=2", "graphs.scope=layers"], "tp"),
     ("TP=2xGTP=2 D=2 graphs=layers", "mtp_d2", 4, 2, ["parallel.tp=2", "graphs.scope=layers"],
      "tp"),
+    ("TP=2 D=2 sequence-parallel", "mtp_d2", 2, 1,
+     ["parallel.tp=2", "parallel.sequence_parallel=true"], "tp"),
     ("resume@20 D=2", "mtp_d2", 1, 1, [], "resume"),
     ("long tiny (floor)", "long_tiny", 1, 1, [], "exact"),
 ]

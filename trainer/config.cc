@@ -348,6 +348,17 @@ void check_batch(const Config& c, int64_t ranks, const std::string& ranks_text) 
 // into equal parts (Note [tensor-parallel layout] in parallel/tensor_parallel.h).
 void check_tensor_parallel(const Config& c) {
   const int64_t tp = c.parallel.tp;
+  if (c.parallel.sequence_parallel && tp == 1) {
+    fail(
+        "parallel.sequence_parallel = true: needs parallel.tp > 1 (it splits the sequence over "
+        "the tensor-parallel ranks)",
+        "set parallel.tp to 2 or more, or parallel.sequence_parallel = false");
+  }
+  if (c.parallel.sequence_parallel && c.train.seq_len % tp != 0) {
+    fail(str_cat("parallel.sequence_parallel = true: parallel.tp = ", tp,
+                 " must divide train.seq_len (", c.train.seq_len, ")"),
+         str_cat("use train.seq_len = ", (c.train.seq_len + tp - 1) / tp * tp, ", or another tp"));
+  }
   if (tp == 1) return;
   const ModelConfig& m = c.model;
   const auto need = [&](const char* what, int64_t n) {

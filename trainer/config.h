@@ -107,6 +107,7 @@ struct TrainConfig {
 struct ParallelConfig {
   int64_t gtp = 0;                              // G: GTP group size; divides the world size
   int64_t tp = 0;                               // TP: tensor-parallel group size (most local)
+  bool sequence_parallel = false;               // norm/residual regions hold T/TP of the sequence
   bool distributed_optimizer = false;           // shard optimizer state over DP
   bool overlap_param_gather = false;            // gather DP params lazily in the next forward
   double bucket_mb = 0;                         // DP gradient bucket size, MiB

@@ -92,7 +92,10 @@ void ParallelState::add_whole_parts(const std::vector<Parameter*>& whole,
   std::vector<Parameter*> split, replicated;
   for (Parameter* p : whole) (model_.tp_slice(p) != nullptr ? split : replicated).push_back(p);
   add_part(split, comm, cfg, false, /*tp_split=*/true);
-  add_part(replicated, comm, cfg, false, false);
+  // Sequence parallelism: each TP rank's replicated gradients cover its chunk of the tokens only
+  // (Note [sequence parallelism] in model/tensor_parallel.h), so they sum over the TP ranks too.
+  const bool sp = model_.tensor_parallel().sequence_parallel;
+  add_part(replicated, sp ? grid_->world.get() : comm, cfg, false, false);
 }
 
 Tensor ParallelState::tp_full(const Parameter* p, const Tensor& t) {

@@ -8,7 +8,8 @@
 //   [tensor-parallel layout] in model/tensor_parallel.h) and talks to its peers through the TP
 //   group. The whole parameters reduce over the data group (DP × GTP ranks of one TP rank), in two
 //   parts: those split over TP (column-parallel biases) and those replicated on the TP peers; the
-//   gradient norm sums the split ones' squares over TP as well.
+//   gradient norm sums the split ones' squares over TP as well. With sequence parallelism the
+//   replicated ones reduce over the world (their gradients are partial over TP).
 // The optimizer sees the owned segments of every part, with state offsets laid end to end.
 #pragma once
 

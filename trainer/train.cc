@@ -256,6 +256,7 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
   if (grid_.tp) {  // this rank's slice of every split layer (model/tensor_parallel.h)
     gc.tp_size = grid_.layout.tp_size;
     gc.tp_rank = grid_.layout.tp_rank;
+    gc.sequence_parallel = cfg_.parallel.sequence_parallel;
   }
   model_ = std::make_unique<GPT>(gc, DType::kF32, device_, cfg_.train.seed);
   // FLOPs of the full model, before GTP shards its weights (TP: this rank's part × TP, which

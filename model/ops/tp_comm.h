@@ -7,6 +7,7 @@
 //   tp_reduce "g": sums a row-parallel layer's partial outputs over the group, then adds the
 //             replicated bias; identity backward (every rank's partial got the same gradient).
 //   tp_gather_features: the outputs of a column-parallel layer, concatenated over the group.
+//   tp_gather_tokens / tp_scatter_tokens / tp_split_tokens: their sequence-parallel twins.
 //
 // Every rank of the group records the same ops in the same order (SPMD). CPU tensors (f32, f64).
 #pragma once
@@ -38,5 +39,20 @@ Var tp_reduce(const Var& x, TensorParallelGroup& g, const Var& bias = Var());
 // x: [..., c] -> [..., size·c], rank r's features at columns [r·c, (r+1)·c). Backward
 // accumulates dx += dy[..., r·c : (r+1)·c] (dy is the same on every rank: no communication).
 Var tp_gather_features(const Var& x, TensorParallelGroup& g);
+
+// Sequence parallelism (Megatron): the norm/residual regions hold this rank's chunk of the
+// sequence, positions [r·Tc, (r+1)·Tc) of every row b of a [B, T, C] tensor (T = size·Tc).
+// tp_gather_tokens: [B, Tc, C] chunks -> [B, T, C] (all-gather); backward: the chunk of Σ_TP dy
+//   (a reduce-scatter; here an all-reduce and a copy, bit-identical on every rank).
+Var tp_gather_tokens(const Var& x, TensorParallelGroup& g);
+// tp_scatter_tokens: partial [B, T, C] -> this rank's chunk of Σ_TP x (a reduce-scatter), plus
+//   bias [C] when defined; backward: dx += all-gather of the chunks' dy, dbias += Σ_rows dy.
+Var tp_scatter_tokens(const Var& x, TensorParallelGroup& g, const Var& bias = Var());
+// tp_split_tokens: replicated [B, T, C] -> this rank's chunk (no communication); backward: dx +=
+//   all-gather of the chunks' dy.
+Var tp_split_tokens(const Var& x, TensorParallelGroup& g);
+// Rows [begin, end) of a [n, ...] value (the positions of a chunk). Backward accumulates into
+// those rows of dx.
+Var slice_rows(const Var& x, int64_t begin, int64_t end);
 
 }  // namespace gtron

@@ -33,7 +33,7 @@ int64_t count_unmasked(const int32_t* t, int64_t N) {
 }  // namespace
 
 Var vocab_parallel_embedding(const Tensor& tokens, const Var& table, int64_t v0,
-                             TensorParallelGroup& g) {
+                             TensorParallelGroup& g, bool scatter_tokens) {
   GTRON_CHECK(table.device().is_cpu() && tokens.device().is_cpu() && tokens.dtype() == DType::kI32,
               "vocab_parallel_embedding: CPU table and i32 CPU tokens");
   GTRON_CHECK(table.shape().rank() == 2, "vocab_parallel_embedding: table ", table.shape().str());
@@ -78,7 +78,7 @@ Var vocab_parallel_embedding(const Tensor& tokens, const Var& table, int64_t v0,
       });
     });
   }
-  return tp_reduce(local, g);
+  return scatter_tokens ? tp_scatter_tokens(local, g) : tp_reduce(local, g);
 }
 
 namespace {

@@ -125,6 +125,48 @@ TEST(TpOps, VocabParallelOpsMatchTheFullOnes) {
   check_vocab_parallel(4);
 }
 
+TEST(TpOps, SequenceParallelTokenOpsGatherScatterAndSplit) {
+  // [B, T, C] = [2, 6, 3] over P = 3 ranks: rank r holds positions [2r, 2r + 2) of both rows.
+  const int P = 3;
+  const int64_t B = 2, T = 6, C = 3, Tc = T / P;
+  const Tensor full = iota({B, T, C});
+  const Tensor dy = iota({B, T, C}, DType::kF64);
+  auto chunk_of = [&](const Tensor& t, int r) {  // [B, Tc, C] positions [r·Tc, (r+1)·Tc)
+    std::vector<double> v = t.to_vector(), out;
+    for (int64_t b = 0; b < B; ++b)
+      out.insert(out.end(), v.begin() + (b * T + r * Tc) * C,
+                 v.begin() + (b * T + (r + 1) * Tc) * C);
+    return out;
+  };
+  std::mutex mu;
+  run_ranks(P, [&](int rank, StoreClient& store) {
+    GlooCommunicator comm(store, "sp", rank, P);
+    CommTensorParallel g(&comm);
+    std::vector<double> mine = chunk_of(full, rank);
+    Var x = Var::leaf(Tensor::from_vector(mine, {B, Tc, C}, DType::kF64));
+    Var gathered = tp_gather_tokens(x, g);
+    backward_with(gathered, dy);            // every rank's dy: x gets P × its chunk of dy
+    Var partial = Var::leaf(full.clone());  // every rank contributes `full`: the sum is P·full
+    Var scattered = tp_scatter_tokens(partial, g);
+    Tensor dchunk = Tensor::from_vector(chunk_of(dy, rank), {B, Tc, C}, DType::kF64);
+    backward_with(scattered, dchunk);
+    Var whole = Var::leaf(full.clone());
+    Var split = tp_split_tokens(whole, g);
+    backward_with(split, dchunk);
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(gathered.value().to_vector(), full.to_vector());
+    std::vector<double> want = chunk_of(dy, rank);
+    for (double& v : want) v *= P;
+    EXPECT_EQ(x.grad().to_vector(), want);
+    std::vector<double> sum = chunk_of(full, rank);
+    for (double& v : sum) v *= P;
+    EXPECT_EQ(scattered.value().to_vector(), sum);
+    EXPECT_EQ(partial.grad().to_vector(), dy.to_vector());  // the all-gather of every chunk's dy
+    EXPECT_EQ(split.value().to_vector(), chunk_of(full, rank));
+    EXPECT_EQ(whole.grad().to_vector(), dy.to_vector());
+  });
+}
+
 GPTConfig model_config() {
   GPTConfig c;
   c.vocab_size = 50;  // padded to 64: rank 1 of TP 2 holds the padding rows 50..63
@@ -149,7 +191,8 @@ std::vector<Parameter*> shardable(const GPT& m) {
   return out;
 }
 
-TEST(TpGradients, Tp2Gtp2GradientsGatheredEqualOneProcess) {
+// TP = 2 × GTP = 2, with or without sequence parallelism: every gradient, gathered, vs one process.
+void check_tp2_gtp2_gradients(bool sequence_parallel) {
   // One process on the global batch: both windows, each with seed 1/2 (the mean over 2 windows).
   GPT ref(model_config(), DType::kF32, Device::cpu(), 7);
   std::vector<double> ref_loss;
@@ -169,6 +212,7 @@ TEST(TpGradients, Tp2Gtp2GradientsGatheredEqualOneProcess) {
     GPTConfig c = model_config();
     c.tp_size = 2;
     c.tp_rank = l.tp_rank;
+    c.sequence_parallel = sequence_parallel;
     GPT model(c, DType::kF32, Device::cpu(), 7);
     CommTensorParallel tp(grid.tp.get());
     model.set_tensor_parallel(&tp);
@@ -182,9 +226,10 @@ TEST(TpGradients, Tp2Gtp2GradientsGatheredEqualOneProcess) {
       Tensor g = p->main_grad;
       if (gtp.is_sharded(p)) {
         g = gtp.gather_full(p, g);
-      } else {  // whole parameters: Σ over the data group, as DDP does
+      } else {  // whole parameters: Σ over the data group (and TP under SP), as DDP does
         g = g.clone();
-        grid.data->all_reduce(g).synchronize();
+        const bool partial = sequence_parallel && model.tp_slice(p) == nullptr;
+        (partial ? grid.world : grid.data)->all_reduce(g).synchronize();
       }
       if (const TpSlice* s = model.tp_slice(p)) g = tp.gather_full(g, *s);
       const std::vector<double> want = ref.find(p->name)->main_grad.to_vector();
@@ -200,9 +245,15 @@ TEST(TpGradients, Tp2Gtp2GradientsGatheredEqualOneProcess) {
     model.set_weight_access(nullptr);
   });
   std::printf(
-      "TP=2 x GTP=2: worst gradient difference |diff| / |ref| %.3g (%s); max |diff| / max |ref| "
+      "TP=2 x GTP=2%s: worst gradient difference |diff| / |ref| %.3g (%s); max |diff| / max |ref| "
       "%.3g\n",
-      worst, worst_name.c_str(), worst_max);
+      sequence_parallel ? " with sequence parallelism" : "", worst, worst_name.c_str(), worst_max);
+}
+
+TEST(TpGradients, Tp2Gtp2GradientsGatheredEqualOneProcess) { check_tp2_gtp2_gradients(false); }
+
+TEST(TpGradients, Tp2Gtp2SequenceParallelGradientsGatheredEqualOneProcess) {
+  check_tp2_gtp2_gradients(true);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // End to end through the launcher (the TP issue, acceptance 1 and 4): a tiny GPT with MTP D=2,
-// 30 steps on one global batch. TP=2, TP=4, DP=2 × TP=2, TP=2 × GTP=2 and TP=2 × GTP=2 with
-// graphs layers each give the loss curve of one process within 1e-6 relative at every step
+// 30 steps on one global batch. TP=2, TP=4, DP=2 × TP=2, TP=2 × GTP=2, TP=2 × GTP=2 with graphs
+// layers, and TP=2 and TP=2 × GTP=2 with sequence parallelism each give the loss curve of one
+// process within 1e-6 relative at every step
 // (partial sums over TP reassociate the GEMMs' and the softmax's sums); graphs on vs off at TP=2
 // give bit-identical losses; a TP=2 × GTP=2 checkpoint resumes at 1 process and at DP=4.
 #include <gtest/gtest.h>
@@ -72,7 +73,11 @@ TEST(TpEquivalence, LayoutsMatchOneProcess) {
         Layout{"tp2_gtp2", 4, {"parallel.tp=2", "parallel.gtp=2"}},
         Layout{"tp2_gtp2_layers", 4, {"parallel.tp=2", "parallel.gtp=2", "graphs.scope=layers"}},
         Layout{"tp2_layers", 2, {"parallel.tp=2", "graphs.scope=layers"}},
-        Layout{"tp2_full", 2, {"parallel.tp=2", "graphs.scope=full"}}}) {
+        Layout{"tp2_full", 2, {"parallel.tp=2", "graphs.scope=full"}},
+        Layout{"tp2_sp", 2, {"parallel.tp=2", "parallel.sequence_parallel=true"}},
+        Layout{"tp2_gtp2_sp",
+               4,
+               {"parallel.tp=2", "parallel.gtp=2", "parallel.sequence_parallel=true"}}}) {
     const std::string out = dir + "/" + l.name;
     auto run = train(cfg, out, l);
     ASSERT_EQ(run.exit_code, 0) << l.name << "\n" << run.output;

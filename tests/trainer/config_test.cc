@@ -293,6 +293,15 @@ TEST(ConfigErrors, TensorParallelChecks) {
   expect_text_error(str_cat("{", model, R"(, "parallel": {"tp": 2}, "train": {"device": "cuda"}})"),
                     {"parallel.tp = 2", "CPU (Gloo) only", "train.device"});
   expect_text_error(str_cat("{", model, R"(, "parallel": {"tp": 0}})"), {"parallel.tp = 0"});
+  // Sequence parallelism splits the sequence over TP.
+  EXPECT_FALSE(ok.parallel.sequence_parallel);
+  from_text(str_cat("{", model, R"(, "parallel": {"tp": 4, "sequence_parallel": true},
+                                     "train": {"seq_len": 16}})"));
+  expect_text_error(str_cat("{", model, R"(, "parallel": {"sequence_parallel": true}})"),
+                    {"parallel.sequence_parallel = true", "parallel.tp > 1"});
+  expect_text_error(str_cat("{", model, R"(, "parallel": {"tp": 4, "sequence_parallel": true},
+                                             "train": {"seq_len": 18}})"),
+                    {"parallel.sequence_parallel = true", "train.seq_len (18)", "20"});
   // World = DP x GTP x TP: gtp x tp divides the world; TP peers share micro-batches, so the batch
   // splits over world / tp data ranks.
   const Config c = from_text(
