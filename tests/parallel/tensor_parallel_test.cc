@@ -16,6 +16,7 @@
 #include "model/ops/vocab_parallel.h"
 #include "parallel/gloo_communicator.h"
 #include "parallel/gtp.h"
+#include "tests/parallel/gpt_util.h"
 #include "tests/parallel/ranks.h"
 
 namespace gtron::parallel {
@@ -178,18 +179,8 @@ GPTConfig model_config() {
   return c;
 }
 
-Tensor window(uint64_t seed) {
-  std::vector<int32_t> v(2 * 9);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>((seed * 31 + i * 17) % 50);
-  return Tensor::from_ints(v, {2, 9});
-}
-
-std::vector<Parameter*> shardable(const GPT& m) {
-  std::vector<Parameter*> out;
-  for (Parameter* p : m.parameters())
-    if (p->data.rank() == 2 && p->name != "wpe.weight") out.push_back(p);
-  return out;
-}
+Tensor window(uint64_t seed) { return test_util::small_window(seed); }
+std::vector<Parameter*> shardable(const GPT& m) { return test_util::gtp_shardable(m); }
 
 // TP = 2 × GTP = 2, with or without sequence parallelism: every gradient, gathered, vs one process.
 void check_tp2_gtp2_gradients(bool sequence_parallel) {

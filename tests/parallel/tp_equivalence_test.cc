@@ -18,6 +18,7 @@ using testing::metrics_losses;
 using testing::run_gtron;
 using testing::run_launcher;
 using testing::temp_dir;
+using testing::worst_relative;
 using testing::write_text;
 
 const char kConfig[] = R"({
@@ -31,14 +32,6 @@ const char kConfig[] = R"({
   "checkpoint": {"every": 15},
   "log": {"every": 1}
 })";
-
-double worst_relative(const std::vector<double>& a, const std::vector<double>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(a[i]));
-  }
-  return worst;
-}
 
 struct Layout {
   const char* name;
