@@ -168,8 +168,9 @@ TEST(TpOps, SequenceParallelTokenOpsGatherScatterAndSplit) {
   });
 }
 
-GPTConfig model_config() {
+GPTConfig model_config(bool tied) {
   GPTConfig c;
+  c.tied_embeddings = tied;
   c.vocab_size = 50;  // padded to 64: rank 1 of TP 2 holds the padding rows 50..63
   c.context_length = 8;
   c.n_layer = 2;
@@ -182,10 +183,11 @@ GPTConfig model_config() {
 Tensor window(uint64_t seed) { return test_util::small_window(seed); }
 std::vector<Parameter*> shardable(const GPT& m) { return test_util::gtp_shardable(m); }
 
-// TP = 2 × GTP = 2, with or without sequence parallelism: every gradient, gathered, vs one process.
-void check_tp2_gtp2_gradients(bool sequence_parallel) {
+// TP = 2 × GTP = 2, with or without sequence parallelism, with a tied or untied head: every
+// gradient, gathered, vs one process.
+void check_tp2_gtp2_gradients(bool sequence_parallel, bool tied = true) {
   // One process on the global batch: both windows, each with seed 1/2 (the mean over 2 windows).
-  GPT ref(model_config(), DType::kF32, Device::cpu(), 7);
+  GPT ref(model_config(tied), DType::kF32, Device::cpu(), 7);
   std::vector<double> ref_loss;
   for (uint64_t w : {1, 2}) {
     GPTOutput o = ref.forward(window(w));
@@ -200,7 +202,7 @@ void check_tp2_gtp2_gradients(bool sequence_parallel) {
   run_ranks(4, [&](int rank, StoreClient& store) {
     Grid grid = make_gloo_grid(store, rank, 4, 2, 2);
     const GridLayout& l = grid.layout;
-    GPTConfig c = model_config();
+    GPTConfig c = model_config(tied);
     c.tp_size = 2;
     c.tp_rank = l.tp_rank;
     c.sequence_parallel = sequence_parallel;
@@ -236,15 +238,20 @@ void check_tp2_gtp2_gradients(bool sequence_parallel) {
     model.set_weight_access(nullptr);
   });
   std::printf(
-      "TP=2 x GTP=2%s: worst gradient difference |diff| / |ref| %.3g (%s); max |diff| / max |ref| "
-      "%.3g\n",
-      sequence_parallel ? " with sequence parallelism" : "", worst, worst_name.c_str(), worst_max);
+      "TP=2 x GTP=2%s%s: worst gradient difference |diff| / |ref| %.3g (%s); max |diff| / max "
+      "|ref| %.3g\n",
+      sequence_parallel ? " with sequence parallelism" : "", tied ? "" : ", untied head", worst,
+      worst_name.c_str(), worst_max);
 }
 
 TEST(TpGradients, Tp2Gtp2GradientsGatheredEqualOneProcess) { check_tp2_gtp2_gradients(false); }
 
 TEST(TpGradients, Tp2Gtp2SequenceParallelGradientsGatheredEqualOneProcess) {
   check_tp2_gtp2_gradients(true);
+}
+
+TEST(TpGradients, Tp2Gtp2UntiedHeadGradientsGatheredEqualOneProcess) {
+  check_tp2_gtp2_gradients(false, /*tied=*/false);
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 // End to end through the launcher (the TP issue, acceptance 1 and 4): a tiny GPT with MTP D=2,
-// 30 steps on one global batch. TP=2, TP=4, DP=2 × TP=2, TP=2 × GTP=2, TP=2 × GTP=2 with graphs
-// layers, and TP=2 and TP=2 × GTP=2 with sequence parallelism each give the loss curve of one
-// process within 1e-6 relative at every step
-// (partial sums over TP reassociate the GEMMs' and the softmax's sums); graphs on vs off at TP=2
-// give bit-identical losses; a TP=2 × GTP=2 checkpoint resumes at 1 process and at DP=4.
+// 30 steps on one global batch. TP=2, TP=4, DP=2 × TP=2 (distributed optimizer or all-reduce),
+// TP=2 × GTP=2, TP=2 × GTP=2 with graphs layers, and TP=2 and TP=2 × GTP=2 with sequence
+// parallelism each give the loss curve of one process within 1e-6 relative at every step (partial
+// sums over TP reassociate the GEMMs' and the softmax's sums); graphs on vs off at TP=2 give
+// bit-identical losses; a TP=2 × GTP=2 checkpoint resumes at 1 process and at DP=4 (and a
+// 1-process one at TP=2 × GTP=2) within 1e-6.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -63,6 +64,7 @@ TEST(TpEquivalence, LayoutsMatchOneProcess) {
   for (const Layout& l :
        {Layout{"tp2", 2, {"parallel.tp=2"}}, Layout{"tp4", 4, {"parallel.tp=4"}},
         Layout{"dp2_tp2", 4, {"parallel.tp=2"}},
+        Layout{"dp2_tp2_allreduce", 4, {"parallel.tp=2", "parallel.distributed_optimizer=false"}},
         Layout{"tp2_gtp2", 4, {"parallel.tp=2", "parallel.gtp=2"}},
         Layout{"tp2_gtp2_layers", 4, {"parallel.tp=2", "parallel.gtp=2", "graphs.scope=layers"}},
         Layout{"tp2_layers", 2, {"parallel.tp=2", "graphs.scope=layers"}},
