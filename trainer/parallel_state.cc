@@ -164,6 +164,7 @@ std::vector<std::pair<std::string, double>> ParallelState::take_comm_metrics(int
 }
 
 NormReduction ParallelState::norm_reduction() const {
+  GTRON_CHECK(!tp_, "the device gradient norm does not know the TP parts (TP runs on the CPU)");
   NormReduction r;
   if (grid_ == nullptr) return r;  // one process: the owned segments are everything
   const bool distributed = distributed_;
