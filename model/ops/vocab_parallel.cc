@@ -107,6 +107,25 @@ void local_sums(const T* l, const int32_t* tg, const T* mx, T* sums, int64_t N, 
   }
 }
 
+// d[:, :valid] += (softmax − onehot) · dloss / n_unmasked over this rank's columns, from the
+// reduced row max and log-sum-exp.
+template <typename T>
+void local_grad(const T* l, const int32_t* tg, const T* mx, const T* lse, const T* dloss, T* d,
+                int64_t N, int64_t Vl, int64_t valid, int64_t v0) {
+  const int64_t n = count_unmasked(tg, N);
+  if (n == 0) return;
+  const T gs = dloss[0] / static_cast<T>(n);
+  for (int64_t i = 0; i < N; ++i) {
+    if (tg[i] == kMaskedTarget) continue;
+    const int64_t t = static_cast<int64_t>(tg[i]) - v0;
+    for (int64_t j = 0; j < valid; ++j) {
+      T p = std::exp(l[i * Vl + j] - mx[i] - lse[i]);
+      if (j == t) p -= T(1);
+      d[i * Vl + j] += p * gs;
+    }
+  }
+}
+
 }  // namespace
 
 Var vocab_parallel_cross_entropy(const Var& logits, const Tensor& targets, int64_t V, int64_t v0,
@@ -159,20 +178,7 @@ Var vocab_parallel_cross_entropy(const Var& logits, const Tensor& targets, int64
         const int32_t* tg = targets.data<int32_t>();
         const T *mp = mx.data<T>(), *lp = lse.data<T>(), *dyp = out.grad().data<T>();
         T* d = logits.grad().data<T>();
-        s.run([=] {
-          const int64_t n = count_unmasked(tg, N);
-          if (n == 0) return;
-          const T gs = dyp[0] / static_cast<T>(n);
-          for (int64_t i = 0; i < N; ++i) {
-            if (tg[i] == kMaskedTarget) continue;
-            const int64_t t = static_cast<int64_t>(tg[i]) - v0;
-            for (int64_t j = 0; j < valid; ++j) {
-              T p = std::exp(l[i * Vl + j] - mp[i] - lp[i]);
-              if (j == t) p -= T(1);
-              d[i * Vl + j] += p * gs;
-            }
-          }
-        });
+        s.run([=] { local_grad<T>(l, tg, mp, lp, dyp, d, N, Vl, valid, v0); });
       });
     });
   }
