@@ -7,6 +7,7 @@
 #include "model/ops/embedding.h"
 #include "model/ops/linear.h"
 #include "model/ops/loss.h"
+#include "model/ops/vocab_parallel.h"
 #include "model/stream.h"
 
 namespace gtron {
@@ -14,12 +15,20 @@ namespace gtron {
 GPT::GPT(const GPTConfig& cfg, DType dtype, Device device, uint64_t seed)
     : cfg_(cfg), params_(dtype, device, seed) {
   GTRON_CHECK(cfg.n_embd % cfg.n_head == 0, "n_embd ", cfg.n_embd, " % n_head ", cfg.n_head);
+  GTRON_CHECK(cfg.tp_size == 1 || (device.is_cpu() && cfg.n_head % cfg.tp_size == 0 &&
+                                   cfg.padded_vocab() % cfg.tp_size == 0),
+              "tensor parallelism ", cfg.tp_size, ": CPU, dividing n_head and the padded vocab");
+  params_.tensor_parallel().rank = cfg.tp_rank;
+  params_.tensor_parallel().size = cfg.tp_size;
+  params_.tensor_parallel().sequence_parallel = cfg.sequence_parallel && cfg.tp_size > 1;
   const int64_t C = cfg.n_embd;
   const int64_t Vp = cfg.padded_vocab();
-  wte_ = &params_.add("wte.weight", {Vp, C}, Init::kNormal, cfg.init_std, false);
+  const TpSlice vocab_rows{TpSplit::kRows, 1};
+  wte_ = &params_.add_split("wte.weight", {Vp, C}, Init::kNormal, cfg.init_std, false, vocab_rows);
   // The padded rows are never looked up and get zero gradient from the loss: keep them zero.
-  if (Vp > cfg.vocab_size) {
-    Tensor pad = wte_->data.rows(cfg.vocab_size, Vp);
+  const int64_t Vl = wte_->data.dim(0), v0 = vocab_begin();  // this rank's rows [v0, v0 + Vl)
+  if (Vp > cfg.vocab_size && v0 + Vl > cfg.vocab_size) {
+    Tensor pad = wte_->data.rows(std::max<int64_t>(cfg.vocab_size - v0, 0), Vl);
     pad.zero_();
   }
   wpe_ = &params_.add("wpe.weight", {cfg.context_length, C}, Init::kNormal, cfg.init_std, false);
@@ -31,9 +40,12 @@ GPT::GPT(const GPTConfig& cfg, DType dtype, Device device, uint64_t seed)
   if (cfg.tied_embeddings) {
     head_ = wte_;
   } else {
-    head_ = &params_.add("lm_head.weight", {Vp, C}, Init::kNormal, cfg.init_std);
-    Tensor pad = head_->data.rows(cfg.vocab_size, Vp);
-    pad.zero_();
+    head_ = &params_.add_split("lm_head.weight", {Vp, C}, Init::kNormal, cfg.init_std, true,
+                               vocab_rows);
+    if (Vp > cfg.vocab_size && v0 + Vl > cfg.vocab_size) {
+      Tensor pad = head_->data.rows(std::max<int64_t>(cfg.vocab_size - v0, 0), Vl);
+      pad.zero_();
+    }
   }
   for (int k = 1; k <= cfg.mtp_depth; ++k) {
     mtp_.emplace_back(params_, "mtp." + std::to_string(k), dims);
@@ -92,26 +104,61 @@ Tensor window_targets(const Tensor& window, int shift) {
   return out;
 }
 
+void GPT::set_tensor_parallel(TensorParallelGroup* group) {
+  TpContext& tp = params_.tensor_parallel();
+  GTRON_CHECK(group == nullptr || (group->rank() == tp.rank && group->size() == tp.size),
+              "TP group rank ", group ? group->rank() : -1, " of ", group ? group->size() : -1,
+              " for a model built as rank ", tp.rank, " of ", tp.size);
+  tp.group = group;
+}
+
+int64_t GPT::vocab_begin() const {
+  const TpContext& tp = params_.tensor_parallel();
+  return cfg_.padded_vocab() / tp.size * tp.rank;
+}
+
 Var GPT::embed(const Tensor& tokens) {
   // The embedding is a sharded weight under GTP: it goes through the weight access like the head.
   Var table = weights_->use(*wte_);
-  Var e = embedding(tokens, table);
+  const TpContext& tp = params_.tensor_parallel();
+  Var e = tp.active() ? vocab_parallel_embedding(tokens, table, vocab_begin(), *tp.group,
+                                                 tp.sequence_parallel)
+                      : embedding(tokens, table);
   weights_->used(*wte_, table);
   return e;
 }
 
 Var GPT::head_logits(const Var& h) {
   Var w = weights_->use(*head_);
-  Var logits = linear(ln_f_.forward(h), w, Var());
+  const TpContext& tp = params_.tensor_parallel();
+  Var x = ln_f_.forward(h);
+  if (tp.active())
+    x = tp.sequence_parallel ? tp_gather_tokens(x, *tp.group) : tp_copy(x, *tp.group);
+  Var logits = linear(x, w, Var());
   weights_->used(*head_, w);
   return logits;
+}
+
+Var GPT::loss_of(const Var& logits, const Tensor& targets) {
+  const TpContext& tp = params_.tensor_parallel();
+  if (tp.active()) {
+    return vocab_parallel_cross_entropy(logits, targets, cfg_.vocab_size, vocab_begin(), *tp.group);
+  }
+  // The head's logits feed only this loss: its backward may overwrite them with their gradient.
+  return cross_entropy(logits, targets, cfg_.vocab_size, /*overwrite_logits=*/true);
 }
 
 Var GPT::trunk(const Tensor& inputs) {
   const int64_t T = inputs.dim(1);
   GTRON_CHECK(T >= 1 && T <= cfg_.context_length, "sequence length ", T, " outside [1, ",
               cfg_.context_length, "]");
-  Var x = add_positions(embed(inputs), Var::param(*wpe_));
+  const TpContext& tp = params_.tensor_parallel();
+  Var positions = Var::param(*wpe_);
+  if (tp.sequence_parallel) {  // this rank's chunk of the sequence (Note [sequence parallelism])
+    GTRON_CHECK(T % tp.size == 0, "sequence parallelism: T = ", T, " over ", tp.size, " ranks");
+    positions = slice_rows(positions, T / tp.size * tp.rank, T / tp.size * (tp.rank + 1));
+  }
+  Var x = add_positions(embed(inputs), positions);
   for (int l = 0; l < num_blocks(); ++l)
     x = block_runner_ ? block_runner_(l, x) : block_forward(l, x);
   return x;
@@ -133,7 +180,9 @@ Tensor GPT::logits(const Tensor& inputs) {
   GTRON_CHECK(inputs.rank() == 2 && inputs.dtype() == DType::kI32, "inputs must be i32 [B, T]");
   NoGradGuard no_grad;
   weights_->begin_forward();
-  return head_logits(trunk(inputs)).value();
+  const TpContext& tp = params_.tensor_parallel();
+  Var logits = head_logits(trunk(inputs));
+  return tp.active() ? tp_gather_features(logits, *tp.group).value() : logits.value();
 }
 
 GPTOutput GPT::forward(const Tensor& window) {
@@ -148,9 +197,7 @@ GPTOutput GPT::forward(const Tensor& window) {
   }
   GPTOutput out;
   for (int k = 0; k <= cfg_.mtp_depth; ++k) {
-    // The head's logits feed only this loss: its backward may overwrite them with their gradient.
-    Var ce = cross_entropy(head_logits(hidden[k]), window_targets(window, k), cfg_.vocab_size,
-                           /*overwrite_logits=*/true);
+    Var ce = loss_of(head_logits(hidden[k]), window_targets(window, k));
     if (k == 0) {
       out.main_loss = ce;
       out.loss = ce;

@@ -26,6 +26,11 @@ struct GPTConfig {
   double mtp_loss_weight = 0.3;   // λ
   bool tied_embeddings = true;
   double init_std = 0.02;
+  // This process's place in the tensor-parallel group: the split layers hold its part
+  // (Note [tensor-parallel layout] in model/tensor_parallel.h). TP > 1: CPU only.
+  int tp_size = 1;
+  int tp_rank = 0;
+  bool sequence_parallel = false;  // Note [sequence parallelism]; needs tp_size > 1
 
   int64_t padded_vocab() const { return (vocab_size + 63) / 64 * 64; }  // Vp
 };
@@ -58,6 +63,13 @@ class GPT {
   // (the head once per use), L' = main layers + MTP blocks (the attention term).
   double flops_per_token(int64_t T) const;
 
+  // The TP group the split layers talk through (REQUIRES before a forward at TP > 1: its rank and
+  // size are config().tp_rank and tp_size). Not owned.
+  void set_tensor_parallel(TensorParallelGroup* group);
+  const TpContext& tensor_parallel() const { return params_.tensor_parallel(); }
+  // How p is split over TP (null: whole on every TP rank).
+  const TpSlice* tp_slice(const Parameter* p) const { return params_.slice_of(p); }
+
   // The weight access seam (GTP). Default: DirectWeights. Not owned.
   void set_weight_access(WeightAccess* w) { weights_ = w ? w : &direct_; }
   WeightAccess& weight_access() { return *weights_; }
@@ -84,7 +96,9 @@ class GPT {
   // inputs i32 [B, T] -> last hidden state [B, T, C] (before the final norm).
   Var trunk(const Tensor& inputs);
   Var embed(const Tensor& tokens);  // [B, T] -> [B, T, C] through the (maybe sharded) table
-  Var head_logits(const Var& h);    // [B, T, C] -> final norm -> head -> [B, T, Vp]
+  Var head_logits(const Var& h);    // [B, T, C] -> final norm -> head -> [B, T, Vp] (TP: Vp/TP)
+  Var loss_of(const Var& logits, const Tensor& targets);  // the (vocab-parallel) mean CE
+  int64_t vocab_begin() const;  // first row of this rank's embedding/head part
 
   GPTConfig cfg_;
   ParamRegistry params_;

@@ -42,12 +42,25 @@ Parameter* ParamRegistry::find(const std::string& name) const {
 }
 
 LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, int64_t out,
-                         bool has_bias, double std) {
-  weight = &reg.add(name + ".weight", {out, in}, Init::kNormal, std);
-  if (has_bias) bias = &reg.add(name + ".bias", {out}, Init::kZeros, 0, /*weight_decay=*/false);
+                         bool has_bias, double std, TpMode mode, int groups) {
+  const bool row = mode == TpMode::kRow;
+  const TpSlice w_slice{mode == TpMode::kNone ? TpSplit::kNone
+                        : row                 ? TpSplit::kColumns
+                                              : TpSplit::kRows,
+                        groups};
+  const TpSlice b_slice{row ? TpSplit::kNone : w_slice.split, groups};  // row: bias replicated
+  weight = &reg.add_split(name + ".weight", {out, in}, Init::kNormal, std, true, w_slice);
+  if (has_bias) {
+    bias = &reg.add_split(name + ".bias", {out}, Init::kZeros, 0, /*weight_decay=*/false, b_slice);
+  }
+  if (mode != TpMode::kNone && reg.tensor_parallel().active()) {
+    tp_mode = mode;
+    tp = &reg.tensor_parallel();
+  }
 }
 
 Var LinearLayer::forward(const Var& x, WeightAccess& w) const {
+  if (tp != nullptr) return tp_forward(x, w);
   Var wv = w.use(*weight);
   Var y = linear(x, wv, bias ? w.use_bias(*bias) : Var());
   w.used(*weight, wv);
@@ -70,14 +83,15 @@ RMSNormLayer::RMSNormLayer(ParamRegistry& reg, const std::string& name, int64_t 
 Var RMSNormLayer::forward(const Var& x) const { return rmsnorm(x, Var::param(*weight)); }
 
 TransformerBlock::TransformerBlock(ParamRegistry& reg, const std::string& name, const BlockDims& d)
-    : NH(d.NH) {
+    : NH(d.NH / reg.tensor_parallel().size) {
   const double resid_std = d.std / std::sqrt(2.0 * d.L);
+  using M = TpMode;  // Note [tensor-parallel layout]
   ln1 = LayerNormLayer(reg, name + ".ln1", d.C);
-  qkv = LinearLayer(reg, name + ".attn.qkv", d.C, 3 * d.C, true, d.std);
-  attn_proj = LinearLayer(reg, name + ".attn.proj", d.C, d.C, true, resid_std);
+  qkv = LinearLayer(reg, name + ".attn.qkv", d.C, 3 * d.C, true, d.std, M::kColumn, 3);
+  attn_proj = LinearLayer(reg, name + ".attn.proj", d.C, d.C, true, resid_std, M::kRow);
   ln2 = LayerNormLayer(reg, name + ".ln2", d.C);
-  fc = LinearLayer(reg, name + ".mlp.fc", d.C, 4 * d.C, true, d.std);
-  mlp_proj = LinearLayer(reg, name + ".mlp.proj", 4 * d.C, d.C, true, resid_std);
+  fc = LinearLayer(reg, name + ".mlp.fc", d.C, 4 * d.C, true, d.std, M::kColumn);
+  mlp_proj = LinearLayer(reg, name + ".mlp.proj", 4 * d.C, d.C, true, resid_std, M::kRow);
 }
 
 Var TransformerBlock::mlp(const Var& x, WeightAccess& w) const {
@@ -132,7 +146,7 @@ Var TransformerBlock::forward(const Var& x, WeightAccess& w, const Attention& at
 MTPModule::MTPModule(ParamRegistry& reg, const std::string& name, const BlockDims& d) {
   hnorm = RMSNormLayer(reg, name + ".hnorm", d.C);
   enorm = RMSNormLayer(reg, name + ".enorm", d.C);
-  proj = LinearLayer(reg, name + ".proj", 2 * d.C, d.C, false, d.std);
+  proj = LinearLayer(reg, name + ".proj", 2 * d.C, d.C, false, d.std, TpMode::kColumnGathered);
   block = TransformerBlock(reg, name + ".block", d);
 }
 

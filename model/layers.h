@@ -10,9 +10,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "model/autograd.h"
+#include "model/tensor_parallel.h"
 
 namespace gtron {
 
@@ -67,9 +69,18 @@ class ParamRegistry {
   // Creates and initializes a parameter (normal uses (seed, name); see model/init.h).
   Parameter& add(const std::string& name, const Shape& shape, Init init, double std = 0,
                  bool weight_decay = true);
+  // add() of the full shape, of which this process keeps its TP part (model/tensor_parallel.h;
+  // defined in tensor_parallel.cc). At TP = 1 or kNone: add().
+  Parameter& add_split(const std::string& name, const Shape& full, Init init, double std,
+                       bool weight_decay, TpSlice slice);
   const std::vector<Parameter*>& all() const { return order_; }
   Parameter* find(const std::string& name) const;
   DType dtype() const { return dtype_; }
+  // The TP place of this model; set before the first add_split().
+  TpContext& tensor_parallel() { return tp_; }
+  const TpContext& tensor_parallel() const { return tp_; }
+  // How p is split over TP; null when it is whole.
+  const TpSlice* slice_of(const Parameter* p) const;
 
  private:
   DType dtype_;
@@ -77,15 +88,22 @@ class ParamRegistry {
   uint64_t seed_;
   std::vector<std::unique_ptr<Parameter>> owned_;
   std::vector<Parameter*> order_;
+  TpContext tp_;
+  std::unordered_map<const Parameter*, TpSlice> slices_;
 };
 
 struct LinearLayer {
-  Parameter* weight = nullptr;  // [out, in]
-  Parameter* bias = nullptr;    // [out] or null
+  Parameter* weight = nullptr;     // [out, in] (TP: this rank's part)
+  Parameter* bias = nullptr;       // [out] or null
+  TpMode tp_mode = TpMode::kNone;  // Note [tensor-parallel layout]
+  const TpContext* tp = nullptr;   // the registry's, when the model is split
   LinearLayer() = default;
+  // `groups`: equal output-row groups a column-parallel split cuts one by one (qkv: 3).
   LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, int64_t out, bool bias,
-              double std);
+              double std, TpMode mode = TpMode::kNone, int groups = 1);
   Var forward(const Var& x, WeightAccess& w) const;
+  // forward() at TP > 1 (model/tensor_parallel.cc).
+  Var tp_forward(const Var& x, WeightAccess& w) const;
 };
 
 struct LayerNormLayer {
@@ -117,7 +135,7 @@ struct TransformerBlock {
   LinearLayer attn_proj;  // [C, C], residual-scaled init
   LinearLayer fc;         // [4C, C]
   LinearLayer mlp_proj;   // [C, 4C], residual-scaled init
-  int NH = 0;
+  int NH = 0;             // heads of this rank (NH / TP)
   TransformerBlock() = default;
   TransformerBlock(ParamRegistry& reg, const std::string& name, const BlockDims& d);
   // x: [B, T, C] -> [B, T, C], with causal self-attention over the T positions.

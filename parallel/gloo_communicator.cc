@@ -246,10 +246,10 @@ std::unique_ptr<Communicator> make_gloo_communicator(StoreClient& store, const s
   return std::make_unique<GlooCommunicator>(store, name, rank, size, options);
 }
 
-Grid make_gloo_grid(StoreClient& store, int world_rank, int world_size, int gtp,
+Grid make_gloo_grid(StoreClient& store, int world_rank, int world_size, int gtp, int tp,
                     const GlooOptions& options, const std::string& prefix) {
   return make_grid(
-      store, world_rank, world_size, gtp,
+      store, world_rank, world_size, gtp, tp,
       [&options](StoreClient& s, const std::string& name, int rank, int size) {
         return make_gloo_communicator(s, name, rank, size, options);
       },

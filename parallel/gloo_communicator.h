@@ -99,7 +99,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(StoreClient& store, const s
                                                      const GlooOptions& options = {});
 
 // make_grid with Gloo communicators.
-Grid make_gloo_grid(StoreClient& store, int world_rank, int world_size, int gtp,
+Grid make_gloo_grid(StoreClient& store, int world_rank, int world_size, int gtp, int tp = 1,
                     const GlooOptions& options = {}, const std::string& prefix = "grid");
 
 }  // namespace gtron::parallel

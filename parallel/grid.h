@@ -1,12 +1,19 @@
-// The process-group grid: World = DP x GTP, built identically on every rank.
+// The process-group grid: World = DP x GTP x TP, built identically on every rank.
 //
-// Layout policy (every rank computes it alone, from its rank, the world size and G = gtp):
-// - GTP group g holds the consecutive ranks [g * G, (g + 1) * G); a rank's GTP rank is rank % G.
-//   Consecutive ranks share a node under gtronrun, so the sharded (chattiest) group stays local.
-// - DP group j holds the ranks with rank % G == j, ascending; a rank's DP rank is rank / G.
-// - Communicators are created world first, then GTP, then DP, each from its own store key prefix
-//   ("<prefix>/world", "<prefix>/gtp<g>", "<prefix>/dp<j>"). Each creation waits only for members
-//   of that group, who all come from the same earlier step, so creation never deadlocks.
+// Layout policy (every rank computes it alone, from its rank, the world size, G = gtp and TP):
+// rank = (dp_rank * G + gtp_rank) * TP + tp_rank, TP the most local axis.
+// - TP group t holds the consecutive ranks [t * TP, (t + 1) * TP); a rank's TP rank is rank % TP.
+//   Consecutive ranks share a node under gtronrun, so the chattiest group (an all-reduce per
+//   layer) stays local. TP peers train on the same micro-batches.
+// - GTP group: the ranks of one DP rank and one TP rank, ascending (stride TP). At TP = 1 it holds
+//   the consecutive ranks [g * G, (g + 1) * G).
+// - DP group: the ranks of one GTP rank and one TP rank, ascending (stride G * TP).
+// - Data group (TP > 1 only): the DP x GTP ranks of one TP rank (stride TP): the ranks that see
+//   different data, over which the whole (unsharded) parameters reduce. At TP = 1 it is the world.
+// - Communicators are created world first, then GTP, then DP, then (TP > 1) TP and data, each from
+//   its own store key prefix ("<prefix>/world", "<prefix>/gtp<g>", "<prefix>/dp<j>",
+//   "<prefix>/tp<t>", "<prefix>/data<j>"). Each creation waits only for members of that group, who
+//   all come from the same earlier step, so creation never deadlocks.
 #pragma once
 
 #include <functional>
@@ -22,24 +29,35 @@ namespace gtron::parallel {
 struct GridLayout {
   int world_rank = 0;
   int world_size = 1;
-  int gtp_size = 1;              // G
-  int dp_size = 1;               // world_size / G
-  int gtp_group = 0;             // world_rank / G
-  int gtp_rank = 0;              // world_rank % G
-  int dp_group = 0;              // world_rank % G
-  int dp_rank = 0;               // world_rank / G
-  std::vector<int> gtp_members;  // world ranks of this rank's GTP group, ascending
-  std::vector<int> dp_members;   // world ranks of this rank's DP group, ascending
+  int gtp_size = 1;               // G
+  int dp_size = 1;                // world_size / (G * TP)
+  int gtp_group = 0;              // dp_rank * TP + tp_rank (world_rank / G at TP = 1)
+  int gtp_rank = 0;               // data_rank % G
+  int dp_group = 0;               // gtp_rank * TP + tp_rank (world_rank % G at TP = 1)
+  int dp_rank = 0;                // data_rank / G
+  int tp_size = 1;                // TP
+  int tp_group = 0;               // world_rank / TP
+  int tp_rank = 0;                // world_rank % TP
+  int data_size = 1;              // world_size / TP: ranks that see different data
+  int data_rank = 0;              // world_rank / TP
+  std::vector<int> gtp_members;   // world ranks of this rank's GTP group, ascending
+  std::vector<int> dp_members;    // world ranks of this rank's DP group, ascending
+  std::vector<int> tp_members;    // world ranks of this rank's TP group, ascending
+  std::vector<int> data_members;  // world ranks of this rank's data group, ascending
 };
 
-// Throws UserError unless 1 <= gtp and gtp divides world_size.
-GridLayout grid_layout(int world_rank, int world_size, int gtp);
+// Throws UserError unless 1 <= gtp, 1 <= tp and gtp * tp divides world_size.
+GridLayout grid_layout(int world_rank, int world_size, int gtp, int tp = 1);
 
 struct Grid {
   GridLayout layout;
   std::unique_ptr<Communicator> world;
   std::unique_ptr<Communicator> dp;
   std::unique_ptr<Communicator> gtp;
+  std::unique_ptr<Communicator> tp;    // TP > 1 only
+  std::unique_ptr<Communicator> data;  // TP > 1 only (at TP = 1 the data group is the world)
+  // The group whole parameters reduce over: `data`, or the world at TP = 1.
+  Communicator* data_group() const { return data ? data.get() : world.get(); }
 };
 
 // Creates one communicator of `size` ranks, this process being `rank`, bootstrapped through
@@ -48,8 +66,8 @@ using CommunicatorFactory = std::function<std::unique_ptr<Communicator>(
     StoreClient& store, const std::string& name, int rank, int size)>;
 
 // Builds the grid with `make`. Collective over the world: every rank calls it, with the same
-// `world_size`, `gtp` and `prefix` (unique per store: a second grid needs another prefix).
-Grid make_grid(StoreClient& store, int world_rank, int world_size, int gtp,
+// `world_size`, `gtp`, `tp` and `prefix` (unique per store: a second grid needs another prefix).
+Grid make_grid(StoreClient& store, int world_rank, int world_size, int gtp, int tp,
                const CommunicatorFactory& make, const std::string& prefix = "grid");
 
 }  // namespace gtron::parallel

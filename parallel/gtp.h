@@ -3,6 +3,8 @@
 //
 // Sharding. A sharded weight of dim0 = n is padded with zero rows to n' (a multiple of G) and cut
 // along dim0: rank r keeps rows [r·n'/G, (r+1)·n'/G) as its Parameter::data (main_grad alike).
+// Under tensor parallelism the weight is this rank's TP part (model/tensor_parallel.h): GTP
+// shards it like any other, and "full" below means the full TP part.
 // The padding rows stay zero forever: the wgrad never writes them and AdamW keeps zeros at zero.
 //
 // Forward use of weight i (use()): make sure its gather is done (a prefetch issued for this use,

@@ -236,9 +236,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(StoreClient& store, const s
 }
 
 Grid make_nccl_grid(StoreClient& store, int world_rank, int world_size, int gtp, Device device,
-                    const std::string& prefix) {
+                    const std::string& prefix, int tp) {
   return make_grid(
-      store, world_rank, world_size, gtp,
+      store, world_rank, world_size, gtp, tp,
       [device](StoreClient& s, const std::string& name, int rank, int size) {
         return make_nccl_communicator(s, name, rank, size, device);
       },

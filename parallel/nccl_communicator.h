@@ -94,6 +94,6 @@ std::unique_ptr<memory::SymmetricBackend> make_nccl_symmetric_backend(NcclCommun
 
 // make_grid with NCCL communicators on `device`.
 Grid make_nccl_grid(StoreClient& store, int world_rank, int world_size, int gtp, Device device,
-                    const std::string& prefix = "grid");
+                    const std::string& prefix = "grid", int tp = 1);
 
 }  // namespace gtron::parallel

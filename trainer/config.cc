@@ -344,6 +344,40 @@ void check_batch(const Config& c, int64_t ranks, const std::string& ranks_text) 
                ", or lower train.micro_batch; every rank runs whole micro-batches"));
 }
 
+// parallel.tp splits heads, the MLP width, the MTP projection's outputs and the padded vocabulary
+// into equal parts (Note [tensor-parallel layout] in parallel/tensor_parallel.h).
+void check_tensor_parallel(const Config& c) {
+  const int64_t tp = c.parallel.tp;
+  if (c.parallel.sequence_parallel && tp == 1) {
+    fail(
+        "parallel.sequence_parallel = true: needs parallel.tp > 1 (it splits the sequence over "
+        "the tensor-parallel ranks)",
+        "set parallel.tp to 2 or more, or parallel.sequence_parallel = false");
+  }
+  if (c.parallel.sequence_parallel && c.train.seq_len % tp != 0) {
+    fail(str_cat("parallel.sequence_parallel = true: parallel.tp = ", tp,
+                 " must divide train.seq_len (", c.train.seq_len, ")"),
+         str_cat("use train.seq_len = ", (c.train.seq_len + tp - 1) / tp * tp, ", or another tp"));
+  }
+  if (tp == 1) return;
+  const ModelConfig& m = c.model;
+  const auto need = [&](const char* what, int64_t n) {
+    if (n % tp == 0) return;
+    fail(str_cat("parallel.tp = ", tp, ": must divide ", what, " (", n, ")"),
+         str_cat("use parallel.tp = ", nearby_divisors(n, tp), ", or change the model"));
+  };
+  need("model.n_head", m.n_head);
+  need("4 × model.n_embd, the MLP width", 4 * m.n_embd);
+  need("model.n_embd, the MTP projection's outputs", m.n_embd);
+  need("the padded vocabulary (model.vocab_size rounded up to a multiple of 64)", m.padded_vocab());
+  if (c.train.device == DeviceChoice::kCuda) {
+    fail(str_cat("parallel.tp = ", tp,
+                 ": tensor parallelism runs on the CPU (Gloo) only so far, "
+                 "but train.device = \"cuda\""),
+         "use train.device = \"cpu\", or parallel.tp = 1 on GPUs");
+  }
+}
+
 // Step 5: combinations of keys; those that need the world size only when it is known (> 0).
 void check_combinations(const Config& c, int world_size) {
   const ModelConfig& m = c.model;
@@ -391,6 +425,7 @@ void check_combinations(const Config& c, int world_size) {
          "use train.precision = \"fp32\" or \"auto\" on CPU");
   }
   const ParallelConfig& p = c.parallel;
+  check_tensor_parallel(c);
   if (world_size <= 0) {
     // Every layout has at least parallel.gtp ranks, so this much is known before launch.
     check_batch(c, p.gtp, str_cat("at least parallel.gtp = ", p.gtp));
@@ -401,7 +436,16 @@ void check_combinations(const Config& c, int world_size) {
          str_cat("launch a multiple of ", p.gtp,
                  " processes, or use parallel.gtp = ", nearby_divisors(world_size, p.gtp)));
   }
-  check_batch(c, world_size, str_cat(world_size, ", the world size"));
+  if (world_size % (p.gtp * p.tp) != 0) {
+    fail(str_cat("parallel.tp = ", p.tp, ": parallel.gtp × parallel.tp (", p.gtp * p.tp,
+                 ") must divide the world size (", world_size, ")"),
+         str_cat("launch a multiple of ", p.gtp * p.tp,
+                 " processes, or use parallel.tp = ", nearby_divisors(world_size / p.gtp, p.tp)));
+  }
+  const int64_t data_ranks = world_size / p.tp;
+  check_batch(c, data_ranks,
+              p.tp == 1 ? str_cat(world_size, ", the world size")
+                        : str_cat(data_ranks, " = world size / parallel.tp"));
 }
 
 // Steps 2 to 5 on a parsed JSON tree.
@@ -544,7 +588,7 @@ PrecisionChoice resolve_precision(const TrainConfig& train, DeviceChoice resolve
 }
 
 int64_t grad_accum_steps(const Config& cfg, int world_size) {
-  const int64_t per_step = cfg.train.micro_batch * world_size;
+  const int64_t per_step = cfg.train.micro_batch * (world_size / cfg.parallel.tp);
   GTRON_CHECK(world_size >= 1 && cfg.train.global_batch % per_step == 0,
               "call validate() first: global_batch ", cfg.train.global_batch, ", micro_batch ",
               cfg.train.micro_batch, ", world_size ", world_size);

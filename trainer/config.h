@@ -106,6 +106,8 @@ struct TrainConfig {
 
 struct ParallelConfig {
   int64_t gtp = 0;                              // G: GTP group size; divides the world size
+  int64_t tp = 0;                               // TP: tensor-parallel group size (most local)
+  bool sequence_parallel = false;               // norm/residual regions hold T/TP of the sequence
   bool distributed_optimizer = false;           // shard optimizer state over DP
   bool overlap_param_gather = false;            // gather DP params lazily in the next forward
   double bucket_mb = 0;                         // DP gradient bucket size, MiB
@@ -155,8 +157,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& sets
 Config config_from_json_text(const std::string& text, const std::vector<std::string>& sets = {},
                              const std::string& source = "config text");
 
-// The checks that need the world size (DP × GTP ranks): parallel.gtp divides it, and
-// train.global_batch is a multiple of train.micro_batch × world_size. Also re-runs the checks of
+// The checks that need the world size (DP × GTP × TP ranks): parallel.gtp × parallel.tp divides
+// it, and train.global_batch is a multiple of train.micro_batch × the data ranks (world_size /
+// parallel.tp: TP peers share their micro-batches). Also re-runs the checks of
 // load_config(), so it accepts a hand-built Config. Throws UserError.
 // REQUIRES: world_size >= 1.
 void validate(const Config& cfg, int world_size);
@@ -185,7 +188,7 @@ DeviceChoice resolve_device(const TrainConfig& train, bool cuda_available);
 // bf16 on cpu (the case train.device "auto" fell back to cpu).
 PrecisionChoice resolve_precision(const TrainConfig& train, DeviceChoice resolved_device);
 
-// Micro-batches each rank runs per step: global_batch / (micro_batch · world_size).
+// Micro-batches each rank runs per step: global_batch / (micro_batch · world_size / parallel.tp).
 // REQUIRES: validate(cfg, world_size) passed.
 int64_t grad_accum_steps(const Config& cfg, int world_size);
 

@@ -201,6 +201,12 @@ std::vector<KeySpec> build_schema() {
       // parallel
       key(GTRON_FIELD(parallel.gtp), 1, at_least(1),
           "GTP group size G (per-weight sharding); divides the world size."),
+      key(GTRON_FIELD(parallel.tp), 1, at_least(1),
+          "Tensor-parallel group size TP (Megatron-style split layers, consecutive ranks); "
+          "gtp × tp divides the world size; divides n_head and the padded vocab. CPU only."),
+      key(GTRON_FIELD(parallel.sequence_parallel), false, any,
+          "Sequence parallelism (needs tp > 1; tp divides train.seq_len): norms and the residual "
+          "stream hold T/tp of the sequence; all-gather / reduce-scatter replace the all-reduces."),
       key(GTRON_FIELD(parallel.distributed_optimizer), true, any,
           "Shard optimizer state and the update over data-parallel ranks."),
       key(GTRON_FIELD(parallel.overlap_param_gather), true, any,

@@ -28,6 +28,10 @@ ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid
                                        : model.parameters().front()->data.device()) {
   const bool gtp = grid_ != nullptr && (grid_->layout.gtp_size > 1 || force_gtp);
   distributed_ = cfg.parallel.distributed_optimizer;
+  if (grid_ != nullptr && grid_->tp) {
+    tp_ = std::make_unique<parallel::CommTensorParallel>(grid_->tp.get());
+    model.set_tensor_parallel(tp_.get());
+  }
   std::vector<Parameter*> sharded, whole;
   for (Parameter* p : model.parameters())
     (gtp && is_sharded_kind(p) ? sharded : whole).push_back(p);
@@ -43,16 +47,14 @@ ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid
         parallel::GtpOptions{cfg.parallel.gtp_reuse_repeated_send_buffer, compute_dtype},
         std::move(send_backend));
     model.set_weight_access(gtp_.get());
-    parts_.push_back(
-        {std::make_unique<parallel::DataParallel>(sharded, grid_->dp.get(), ddp_options(cfg)), 0,
-         sharded});
-    parts_.push_back(
-        {std::make_unique<parallel::DataParallel>(whole, grid_->world.get(), ddp_options(cfg)), 0,
-         whole});
+    for (const Parameter* p : sharded) {
+      GTRON_CHECK(!tp_ || model.tp_slice(p) != nullptr, "GTP-sharded ", p->name,
+                  " is whole over TP");
+    }
+    add_part(sharded, grid_->dp.get(), cfg, /*gtp_sharded=*/true, /*tp_split=*/tp_ != nullptr);
+    add_whole_parts(whole, grid_->data_group(), cfg);
   } else {
-    parallel::Communicator* dp = grid_ ? grid_->dp.get() : &self_;
-    parts_.push_back(
-        {std::make_unique<parallel::DataParallel>(whole, dp, ddp_options(cfg)), 0, whole});
+    add_whole_parts(whole, grid_ ? grid_->dp.get() : &self_, cfg);
   }
   comm_timing_ = cfg.log.comm_timing && grid_ != nullptr;
   if (comm_timing_) {
@@ -70,7 +72,41 @@ ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid
   }
 }
 
-ParallelState::~ParallelState() { model_.set_weight_access(nullptr); }
+ParallelState::~ParallelState() {
+  model_.set_weight_access(nullptr);
+  model_.set_tensor_parallel(nullptr);
+}
+
+void ParallelState::add_part(std::vector<Parameter*> params, parallel::Communicator* comm,
+                             const Config& cfg, bool gtp_sharded, bool tp_split) {
+  auto dp = std::make_unique<parallel::DataParallel>(params, comm, ddp_options(cfg));
+  parts_.push_back({std::move(dp), 0, std::move(params), gtp_sharded, tp_split});
+}
+
+void ParallelState::add_whole_parts(const std::vector<Parameter*>& whole,
+                                    parallel::Communicator* comm, const Config& cfg) {
+  if (!tp_) {
+    add_part(whole, comm, cfg, false, false);
+    return;
+  }
+  std::vector<Parameter*> split, replicated;
+  for (Parameter* p : whole) (model_.tp_slice(p) != nullptr ? split : replicated).push_back(p);
+  add_part(split, comm, cfg, false, /*tp_split=*/true);
+  // Sequence parallelism: each TP rank's replicated gradients cover its chunk of the tokens only
+  // (Note [sequence parallelism] in model/tensor_parallel.h), so they sum over the TP ranks too.
+  const bool sp = model_.tensor_parallel().sequence_parallel;
+  add_part(replicated, sp ? grid_->world.get() : comm, cfg, false, false);
+}
+
+Tensor ParallelState::tp_full(const Parameter* p, const Tensor& t) {
+  const TpSlice* slice = tp_ ? model_.tp_slice(p) : nullptr;
+  return slice ? tp_->gather_full(t, *slice) : t;
+}
+
+Tensor ParallelState::tp_local(const Parameter* p, const Tensor& full) const {
+  const TpSlice* slice = tp_ ? model_.tp_slice(p) : nullptr;
+  return slice ? tp_local_of(full, *slice, tp_->rank(), tp_->size()) : full;
+}
 
 void ParallelState::zero_grads() {
   for (Part& part : parts_) part.dp->zero_grads();
@@ -90,12 +126,15 @@ void ParallelState::finish_grads() {
 
 double ParallelState::grad_norm() {
   double total = 0;
-  for (size_t i = 0; i < parts_.size(); ++i) {
-    double s = parts_[i].dp->grad_square_sum();
-    // The sharded part's sum covers this rank's shards: add the other GTP ranks' shards.
-    if (gtp_ && i == 0) {
+  for (Part& part : parts_) {
+    double s = part.dp->grad_square_sum();
+    // A sharded part's sum covers this rank's shards (parts): add the other GTP (TP) ranks' ones.
+    for (auto [sharded, comm] :
+         {std::make_pair(part.gtp_sharded, grid_ ? grid_->gtp.get() : nullptr),
+          std::make_pair(part.tp_split, grid_ ? grid_->tp.get() : nullptr)}) {
+      if (!sharded) continue;
       Tensor t = Tensor::from_vector({s}, {1}, DType::kF64);
-      grid_->gtp->all_reduce(t, parallel::ReduceOp::kSum).synchronize();
+      comm->all_reduce(t, parallel::ReduceOp::kSum).synchronize();
       s = t.item();
     }
     total += s;
@@ -125,6 +164,7 @@ std::vector<std::pair<std::string, double>> ParallelState::take_comm_metrics(int
 }
 
 NormReduction ParallelState::norm_reduction() const {
+  GTRON_CHECK(!tp_, "the device gradient norm does not know the TP parts (TP runs on the CPU)");
   NormReduction r;
   if (grid_ == nullptr) return r;  // one process: the owned segments are everything
   const bool distributed = distributed_;
@@ -160,8 +200,8 @@ std::vector<NamedTensor> ParallelState::full_parameters() {
   ensure_all_ready();
   std::vector<NamedTensor> out;
   for (Parameter* p : model_.parameters()) {
-    out.push_back(
-        {p->name, gtp_ && gtp_->is_sharded(p) ? gtp_->gather_full(p, p->data) : p->data.clone()});
+    Tensor t = gtp_ && gtp_->is_sharded(p) ? gtp_->gather_full(p, p->data) : p->data.clone();
+    out.push_back({p->name, tp_full(p, t)});
   }
   return out;
 }
@@ -169,7 +209,7 @@ std::vector<NamedTensor> ParallelState::full_parameters() {
 Tensor ParallelState::full_of(Part& part, const Parameter* p, const Tensor& flat) {
   const int64_t off = part.dp->flat_offset(p);
   Tensor view = flat.rows(off, off + p->data.numel()).view(p->data.shape());
-  return gtp_ && gtp_->is_sharded(p) ? gtp_->gather_full(p, view) : view.clone();
+  return tp_full(p, gtp_ && gtp_->is_sharded(p) ? gtp_->gather_full(p, view) : view.clone());
 }
 
 std::vector<NamedTensor> ParallelState::full_moments(const Tensor& m, const Tensor& v) {
@@ -199,9 +239,13 @@ void ParallelState::load(const CheckpointTensors& c, const std::string& dir, Ten
     Tensor v_flat = Tensor::zeros({flat}, DType::kF32);
     for (Parameter* p : part.params) {
       const bool sharded = gtp_ && gtp_->is_sharded(p);
-      const Shape full_shape =
-          sharded ? Shape{gtp_->full_rows(p), p->data.dim(1)} : p->data.shape();
-      auto local = [&](const Tensor& full) { return sharded ? gtp_->shard_of(p, full) : full; };
+      const Shape tp_part = sharded ? Shape{gtp_->full_rows(p), p->data.dim(1)} : p->data.shape();
+      const TpSlice* slice = tp_ ? model_.tp_slice(p) : nullptr;
+      const Shape full_shape = slice ? tp_full_shape(tp_part, *slice, tp_->size()) : tp_part;
+      auto local = [&](const Tensor& full) {
+        Tensor t = tp_local(p, full);
+        return sharded ? gtp_->shard_of(p, t) : t;
+      };
       p->data.copy_from(local(checked_tensor(c.params, p->name, full_shape, model_file)));
       if (!moments) continue;
       const int64_t off = part.dp->flat_offset(p);

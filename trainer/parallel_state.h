@@ -4,7 +4,13 @@
 // - DP × GTP: the sharded weights (parallel/gtp.h) train on their shards, data-parallel over the
 //   DP group; the whole parameters (norms, biases, positions) are replicated on every rank and
 //   data-parallel over the world (their gradients are summed over DP × GTP).
-// The optimizer sees the owned segments of both, with state offsets laid end to end.
+// - × TP (parallel.tp > 1): the model holds this rank's TP part of every split layer (Note
+//   [tensor-parallel layout] in model/tensor_parallel.h) and talks to its peers through the TP
+//   group. The whole parameters reduce over the data group (DP × GTP ranks of one TP rank), in two
+//   parts: those split over TP (column-parallel biases) and those replicated on the TP peers; the
+//   gradient norm sums the split ones' squares over TP as well. With sequence parallelism the
+//   replicated ones reduce over the world (their gradients are partial over TP).
+// The optimizer sees the owned segments of every part, with state offsets laid end to end.
 #pragma once
 
 #include <memory>
@@ -17,6 +23,7 @@
 #include "parallel/grid.h"
 #include "parallel/gtp.h"
 #include "parallel/self_communicator.h"
+#include "parallel/tensor_parallel.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/optimizer.h"
@@ -69,14 +76,26 @@ class ParallelState {
     std::unique_ptr<parallel::DataParallel> dp;
     int64_t state_offset = 0;
     std::vector<Parameter*> params;
+    bool gtp_sharded = false;  // its Σ g² is over this rank's GTP shards
+    bool tp_split = false;     // its Σ g² is over this rank's TP parts
   };
   Part* part_of(const Parameter* p);
+  void add_part(std::vector<Parameter*> params, parallel::Communicator* comm, const Config& cfg,
+                bool gtp_sharded, bool tp_split);
+  // The whole parameters: one part, or (TP > 1) the TP-split ones and the replicated ones.
+  void add_whole_parts(const std::vector<Parameter*>& whole, parallel::Communicator* comm,
+                       const Config& cfg);
+  // TP > 1: the full value of p's TP part `t` (collective), and p's TP part of a full tensor;
+  // identities for parameters that are whole on every TP rank, and at TP = 1.
+  Tensor tp_full(const Parameter* p, const Tensor& t);
+  Tensor tp_local(const Parameter* p, const Tensor& full) const;
   // The full (unsharded) value of p's view of a flat state tensor of `part`'s layout.
   Tensor full_of(Part& part, const Parameter* p, const Tensor& flat);
 
   GPT& model_;
   parallel::Grid* grid_;
   parallel::SelfCommunicator self_;
+  std::unique_ptr<parallel::CommTensorParallel> tp_;  // TP > 1
   std::unique_ptr<parallel::GtpWeights> gtp_;
   std::vector<Part> parts_;
   std::vector<parallel::OwnedSegment> owned_;

@@ -46,8 +46,12 @@ class Run {
   // train --init: every parameter from checkpoint `dir` (shapes checked), fresh optimizer.
   void init_weights(const std::string& dir);
   bool is_rank0() const { return env_.rank == 0; }
+  // The ranks that see different micro-batches (world / TP: TP peers share theirs), and this
+  // rank's place among them.
+  int data_ranks() const { return grid_.world ? grid_.layout.data_size : 1; }
+  int data_rank() const { return grid_.world ? grid_.layout.data_rank : 0; }
   void print_header(const ResolvedData& data) const;
-  // Mean over the world of a few per-rank values (every rank gets the result).
+  // Mean over the data ranks of a few per-rank values (every rank gets the result).
   std::vector<double> world_mean(const std::vector<double>& values);
   void save_checkpoint();
   void log_step(int64_t done, double lr, double gnorm, const std::vector<double>& losses);

@@ -66,6 +66,10 @@ struct DevicePlan {
 // processes. Precision "auto" is bf16 on cuda, fp32 on the CPU.
 DevicePlan pick_device(const Config& cfg, const parallel::DistEnv& env) {
   const int gpus = cuda_device_count();
+  if (cfg.parallel.tp > 1) {  // the CPU (Gloo) only so far; validate() refused device "cuda"
+    resolve_precision(cfg.train, DeviceChoice::kCpu);
+    return {Device::cpu(), false};
+  }
   if (env.world_size > 1 && gpus < env.local_world_size) {
     if (cfg.train.device == DeviceChoice::kCuda) {
       throw UserError(str_cat("train.device = \"cuda\" with ", env.local_world_size,
@@ -233,9 +237,11 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
   if (env_.world_size > 1 || grid_of_one > 0) {
     rdv_ = parallel::rendezvous(env_);
     const int gtp = static_cast<int>(cfg_.parallel.gtp);
+    const int tp = static_cast<int>(cfg_.parallel.tp);
     grid_ = device_.is_cuda()
-                ? parallel::make_nccl_grid(*rdv_.client, env_.rank, env_.world_size, gtp, device_)
-                : parallel::make_gloo_grid(*rdv_.client, env_.rank, env_.world_size, gtp);
+                ? parallel::make_nccl_grid(*rdv_.client, env_.rank, env_.world_size, gtp, device_,
+                                           "grid", tp)
+                : parallel::make_gloo_grid(*rdv_.client, env_.rank, env_.world_size, gtp, tp);
   }
   // Rank 0 prepares the synthetic data; the others wait for it at the barrier.
   if (is_rank0()) make_dirs(cfg_.train.out_dir);
@@ -246,9 +252,16 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
   train_shards_ = std::make_unique<ShardSet>(data_.train_glob, cfg_.model.vocab_size);
   sampler_ = std::make_unique<SequenceSampler>(*train_shards_, cfg_.train.seq_len);
 
-  model_ = std::make_unique<GPT>(gpt_config(cfg_), DType::kF32, device_, cfg_.train.seed);
-  // FLOPs of the full model, before GTP shards its weights.
-  flops_per_step_ = model_->flops_per_token(cfg_.train.seq_len) *
+  GPTConfig gc = gpt_config(cfg_);
+  if (grid_.tp) {  // this rank's slice of every split layer (model/tensor_parallel.h)
+    gc.tp_size = grid_.layout.tp_size;
+    gc.tp_rank = grid_.layout.tp_rank;
+    gc.sequence_parallel = cfg_.parallel.sequence_parallel;
+  }
+  model_ = std::make_unique<GPT>(gc, DType::kF32, device_, cfg_.train.seed);
+  // FLOPs of the full model, before GTP shards its weights (TP: this rank's part × TP, which
+  // counts the replicated norms and biases TP times: O(L·C) of N).
+  flops_per_step_ = model_->flops_per_token(cfg_.train.seq_len) * static_cast<double>(gc.tp_size) *
                     static_cast<double>(cfg_.train.global_batch * cfg_.train.seq_len);
   const std::unordered_set<const Parameter*> decayed = decayed_parameters(*model_, cfg_.optimizer);
   par_ = std::make_unique<ParallelState>(*model_, cfg_, grid_.world ? &grid_ : nullptr,
@@ -327,12 +340,12 @@ void Run::print_header(const ResolvedData& data) const {
       static_cast<long>(c.model.vocab_size), static_cast<long>(c.model.padded_vocab()),
       static_cast<long>(c.train.seq_len), static_cast<long>(c.mtp.depth));
   std::printf(
-      "world %d (DP %d x GTP %ld) on %s, %s | batch %ld seqs = %ld ranks x %ld micro x %ld "
-      "accum | %ld tokens/step | MFU peak %s\n",
-      env_.world_size, env_.world_size / static_cast<int>(c.parallel.gtp),
-      static_cast<long>(c.parallel.gtp), device_.str().c_str(),
+      "world %d (DP %d x GTP %ld x TP %ld) on %s, %s | batch %ld seqs = %ld data ranks x %ld "
+      "micro x %ld accum | %ld tokens/step | MFU peak %s\n",
+      env_.world_size, env_.world_size / static_cast<int>(c.parallel.gtp * c.parallel.tp),
+      static_cast<long>(c.parallel.gtp), static_cast<long>(c.parallel.tp), device_.str().c_str(),
       bf16_ ? "bf16 mixed precision" : "fp32", static_cast<long>(c.train.global_batch),
-      static_cast<long>(env_.world_size), static_cast<long>(c.train.micro_batch),
+      static_cast<long>(data_ranks()), static_cast<long>(c.train.micro_batch),
       static_cast<long>(accum_), static_cast<long>(c.train.global_batch * c.train.seq_len),
       describe_peak(device_, bf16_).c_str());
   if (c.graphs.scope != GraphScope::kNone) {
@@ -351,10 +364,11 @@ void Run::print_header(const ResolvedData& data) const {
 
 std::vector<double> Run::world_mean(const std::vector<double>& values) {
   if (!grid_.world) return values;
+  // Over the data group: TP peers hold the same values (their shared micro-batches' losses).
   Tensor t = Tensor::from_vector(values, {static_cast<int64_t>(values.size())}, DType::kF64);
-  grid_.world->all_reduce(t, parallel::ReduceOp::kSum).synchronize();
+  grid_.data_group()->all_reduce(t, parallel::ReduceOp::kSum).synchronize();
   std::vector<double> out = t.to_vector();
-  for (double& v : out) v /= env_.world_size;
+  for (double& v : out) v /= data_ranks();
   return out;
 }
 
@@ -416,15 +430,15 @@ int Run::train() {
   const int64_t T = cfg_.train.seq_len, mb = cfg_.train.micro_batch;
   const size_t D = static_cast<size_t>(cfg_.mtp.depth);
   Tensor window = Tensor::empty({mb, T + 1}, DType::kI32);
-  // Every rank's loss is a mean over equal token counts: seeding backward with 1/(accum·world)
-  // makes the summed gradients the mean over the global batch.
-  const double seed = 1.0 / static_cast<double>(accum_ * env_.world_size);
+  // Every rank's loss is a mean over equal token counts: seeding backward with 1/(accum·data
+  // ranks) makes the summed gradients the mean over the global batch (TP peers share a batch).
+  const double seed = 1.0 / static_cast<double>(accum_ * data_ranks());
   for (int64_t step = start_; step < cfg_.train.steps; ++step) {
     par_->zero_grads();
     std::vector<double> local(2 + D, 0.0);  // total, main, mtp_1..D
     for (int64_t m = 0; m < accum_; ++m) {
       par_->set_last_microbatch(m == accum_ - 1);
-      const int64_t first_seq = (env_.rank * accum_ + m) * mb;
+      const int64_t first_seq = (data_rank() * accum_ + m) * mb;
       sampler_->sample(cfg_.train.seed, step, first_seq, mb, window.data<int32_t>());
       GPTOutput out = graphs_->forward(window);
       backward(out.loss, seed);

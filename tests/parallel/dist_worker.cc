@@ -30,7 +30,7 @@ int run(const std::string& dir, int gtp) {
   Rendezvous rv = rendezvous(env, timeout, timeout);
   GlooOptions options;
   options.timeout = timeout;
-  Grid grid = make_gloo_grid(*rv.client, env.rank, env.world_size, gtp, options);
+  Grid grid = make_gloo_grid(*rv.client, env.rank, env.world_size, gtp, 1, options);
   Tensor x = Tensor::from_vector({env.rank + 1.0}, {1}, DType::kF64);
   grid.world->all_reduce(x).synchronize();
   const std::string gtp_members = gather_ranks(*grid.gtp, env.rank);

@@ -254,9 +254,54 @@ TEST(GridTest, LayoutIsTheSameArithmeticOnEveryRank) {
   EXPECT_THROW(grid_layout(0, 4, 0), UserError);
 }
 
+TEST(GridTest, TensorParallelIsTheMostLocalAxis) {
+  // World 8 = DP 2 x GTP 2 x TP 2: rank = (dp * 2 + gtp) * 2 + tp.
+  GridLayout l = grid_layout(5, 8, 2, 2);  // dp 1, gtp 0, tp 1
+  EXPECT_EQ(l.tp_size, 2);
+  EXPECT_EQ(l.tp_rank, 1);
+  EXPECT_EQ(l.tp_group, 2);
+  EXPECT_EQ(l.gtp_rank, 0);
+  EXPECT_EQ(l.dp_rank, 1);
+  EXPECT_EQ(l.dp_size, 2);
+  EXPECT_EQ(l.data_size, 4);
+  EXPECT_EQ(l.data_rank, 2);
+  EXPECT_EQ(l.tp_members, (std::vector<int>{4, 5}));
+  EXPECT_EQ(l.gtp_members, (std::vector<int>{5, 7}));
+  EXPECT_EQ(l.dp_members, (std::vector<int>{1, 5}));
+  EXPECT_EQ(l.data_members, (std::vector<int>{1, 3, 5, 7}));
+  // TP = 1 keeps the DP x GTP layout of before.
+  GridLayout one = grid_layout(5, 8, 2, 1);
+  EXPECT_EQ(one.gtp_members, (std::vector<int>{4, 5}));
+  EXPECT_EQ(one.dp_members, (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(one.data_members, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  try {
+    grid_layout(0, 4, 2, 4);
+    ADD_FAILURE() << "gtp 2 x tp 4 accepted for a world of 4";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel tp = 4"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GridTest, World4Tp2GroupsCommunicateAmongTheirMembers) {
+  run_ranks(4, [](int rank, StoreClient& store) {
+    Grid grid = make_gloo_grid(store, rank, 4, 1, 2, test_options());
+    ASSERT_NE(grid.tp, nullptr);
+    ASSERT_NE(grid.data, nullptr);
+    EXPECT_EQ(grid.data_group(), grid.data.get());
+    Tensor t = Tensor::from_vector({1.0 * rank}, {1}, DType::kF64);
+    Tensor d = Tensor::from_vector({1.0 * rank}, {1}, DType::kF64);
+    Work wt = grid.tp->all_reduce(t);
+    Work wd = grid.data->all_reduce(d);
+    wt.synchronize();
+    wd.synchronize();
+    EXPECT_EQ(values(t)[0], rank / 2 * 4 + 1);  // {0, 1} or {2, 3}
+    EXPECT_EQ(values(d)[0], rank % 2 * 2 + 2);  // {0, 2} or {1, 3}
+  });
+}
+
 TEST(GridTest, World4Gtp2GroupsCommunicateAmongTheirMembers) {
   run_ranks(4, [](int rank, StoreClient& store) {
-    Grid grid = make_gloo_grid(store, rank, 4, 2, test_options());
+    Grid grid = make_gloo_grid(store, rank, 4, 2, 1, test_options());
     const GridLayout& l = grid.layout;
     const std::vector<int> gtp_members = {rank / 2 * 2, rank / 2 * 2 + 1};
     const std::vector<int> dp_members = {rank % 2, rank % 2 + 2};
@@ -297,7 +342,7 @@ TEST(GridTest, World4Gtp2GroupsCommunicateAmongTheirMembers) {
 TEST(GridTest, DegenerateGroupsOfOneRankWork) {
   // gtp == 1: every GTP group is a single rank; the DP group is the world.
   run_ranks(2, [](int rank, StoreClient& store) {
-    Grid grid = make_gloo_grid(store, rank, 2, 1, test_options());
+    Grid grid = make_gloo_grid(store, rank, 2, 1, 1, test_options());
     EXPECT_EQ(grid.gtp->size(), 1);
     EXPECT_EQ(grid.dp->size(), 2);
     Tensor in = Tensor::from_vector({1.0 + rank, 2.0 + rank}, {2}, DType::kF32);

@@ -16,6 +16,7 @@ using testing::metrics_losses;
 using testing::run_gtron;
 using testing::run_launcher;
 using testing::temp_dir;
+using testing::worst_relative;
 using testing::write_text;
 
 const char kConfig[] = R"({
@@ -28,14 +29,6 @@ const char kConfig[] = R"({
   "parallel": {"distributed_optimizer": true, "overlap_param_gather": true, "bucket_mb": 0.02},
   "log": {"every": 1}
 })";
-
-double worst_relative(const std::vector<double>& a, const std::vector<double>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(a[i]));
-  }
-  return worst;
-}
 
 TEST(GtpEquivalence, LayoutsMatchOneProcess) {
   const std::string dir = temp_dir("gtp_equivalence");

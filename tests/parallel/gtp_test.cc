@@ -12,6 +12,7 @@
 
 #include "model/gpt.h"
 #include "parallel/gloo_communicator.h"
+#include "tests/parallel/gpt_util.h"
 #include "tests/parallel/ranks.h"
 
 namespace gtron::parallel {
@@ -31,18 +32,8 @@ GPTConfig config(int D, bool tied) {
   return c;
 }
 
-Tensor window(uint64_t seed) {
-  std::vector<int32_t> v(2 * 9);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>((seed * 31 + i * 17) % 50);
-  return Tensor::from_ints(v, {2, 9});
-}
-
-std::vector<Parameter*> shardable(const GPT& m) {
-  std::vector<Parameter*> out;
-  for (Parameter* p : m.parameters())
-    if (p->data.rank() == 2 && p->name != "wpe.weight") out.push_back(p);
-  return out;
-}
+Tensor window(uint64_t seed) { return test_util::small_window(seed); }
+std::vector<Parameter*> shardable(const GPT& m) { return test_util::gtp_shardable(m); }
 
 // One forward + backward on `w` with loss seed `seed`; returns the loss.
 double step(GPT& model, GtpWeights& gtp, const Tensor& w, double seed) {

@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -90,6 +92,14 @@ std::vector<std::string> metrics_losses(const std::string& path) {
 
 std::string sample_text_of(const std::string& output) {
   return output.substr(0, output.find("{\"tokens\": "));
+}
+
+double worst_relative(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(a[i]));
+  }
+  return worst;
 }
 
 }  // namespace gtron::testing

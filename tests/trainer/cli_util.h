@@ -23,6 +23,8 @@ CmdResult run_launcher(const std::vector<std::string>& launcher_args,
 int free_port();
 // Loss values from metrics.jsonl as doubles.
 std::vector<double> metrics_loss_values(const std::string& path);
+// max_i |a[i] − b[i]| / |a[i]| over the common prefix of two loss curves.
+double worst_relative(const std::vector<double>& a, const std::vector<double>& b);
 // A fresh directory under TEST_TMPDIR.
 std::string temp_dir(const std::string& name);
 void write_text(const std::string& path, const std::string& text);

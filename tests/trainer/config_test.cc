@@ -279,6 +279,43 @@ TEST(ConfigErrors, WorldSizeChecks) {
   expect_user_error([&] { validate(hand, 1); }, {"optimizer.beta1 = 1.0", "[0, 1)"});
 }
 
+TEST(ConfigErrors, TensorParallelChecks) {
+  // parallel.tp splits heads, the MLP width, the MTP projection and the padded vocabulary.
+  const char* model = R"("model": {"vocab_size": 64, "n_head": 4, "n_embd": 32})";
+  const Config ok = from_text(str_cat("{", model, R"(, "parallel": {"tp": 4}})"));
+  EXPECT_EQ(ok.parallel.tp, 4);
+  EXPECT_EQ(default_config().parallel.tp, 1);
+  expect_text_error(str_cat("{", model, R"(, "parallel": {"tp": 8}})"),
+                    {"parallel.tp = 8", "model.n_head (4)", "parallel.tp = 4"});
+  expect_text_error(
+      R"({"model": {"vocab_size": 64, "n_head": 6, "n_embd": 48}, "parallel": {"tp": 3}})",
+      {"parallel.tp = 3", "padded vocabulary", "(64)"});
+  expect_text_error(str_cat("{", model, R"(, "parallel": {"tp": 2}, "train": {"device": "cuda"}})"),
+                    {"parallel.tp = 2", "CPU (Gloo) only", "train.device"});
+  expect_text_error(str_cat("{", model, R"(, "parallel": {"tp": 0}})"), {"parallel.tp = 0"});
+  // Sequence parallelism splits the sequence over TP.
+  EXPECT_FALSE(ok.parallel.sequence_parallel);
+  from_text(str_cat("{", model, R"(, "parallel": {"tp": 4, "sequence_parallel": true},
+                                     "train": {"seq_len": 16}})"));
+  expect_text_error(str_cat("{", model, R"(, "parallel": {"sequence_parallel": true}})"),
+                    {"parallel.sequence_parallel = true", "parallel.tp > 1"});
+  expect_text_error(str_cat("{", model, R"(, "parallel": {"tp": 4, "sequence_parallel": true},
+                                             "train": {"seq_len": 18}})"),
+                    {"parallel.sequence_parallel = true", "train.seq_len (18)", "20"});
+  // World = DP x GTP x TP: gtp x tp divides the world; TP peers share micro-batches, so the batch
+  // splits over world / tp data ranks.
+  const Config c = from_text(
+      str_cat("{", model, R"(, "parallel": {"tp": 2, "gtp": 2}, "train": {"global_batch": 8,
+                                                                        "micro_batch": 2}})"));
+  validate(c, 4);
+  validate(c, 8);
+  EXPECT_EQ(grad_accum_steps(c, 4), 2);
+  EXPECT_EQ(grad_accum_steps(c, 8), 1);
+  expect_user_error([&] { validate(c, 6); }, {"parallel.tp = 2", "(4)", "world size (6)"});
+  expect_user_error([&] { validate(c, 16); },
+                    {"train.global_batch = 8", "8 = world size / parallel.tp"});
+}
+
 TEST(ConfigErrors, FilesAndOverrides) {
   expect_user_error([] { load_config("no_such_config.json"); },
                     {"\"no_such_config.json\"", "No such file or directory"});

@@ -1,0 +1,122 @@
+#include "model/tensor_parallel.h"
+
+#include <cstring>
+
+#include "model/layers.h"
+#include "model/ops/linear.h"
+
+namespace gtron {
+
+namespace {
+
+// Rows of dim 0 and the bytes of one row of a rank-1 or rank-2 tensor.
+int64_t rows_of(const Shape& s) { return s.rank() == 0 ? 1 : s[0]; }
+int64_t cols_of(const Shape& s) { return s.rank() == 2 ? s[1] : 1; }
+
+// Copies between a full tensor and a part: part rows/columns are a strided block of full's. The
+// direction is `to_part`. Host memory only (checkpoints, construction).
+void copy_part(char* full, const Shape& full_shape, char* part, const TpSlice& slice, int rank,
+               int size, size_t elem, bool to_part) {
+  const int64_t n = rows_of(full_shape), m = cols_of(full_shape);
+  auto move = [&](char* f, char* p, size_t bytes) {
+    if (to_part) {
+      std::memcpy(p, f, bytes);
+    } else {
+      std::memcpy(f, p, bytes);
+    }
+  };
+  if (slice.split == TpSplit::kColumns) {
+    const int64_t loc = m / size;
+    for (int64_t i = 0; i < n; ++i)
+      move(full + (i * m + rank * loc) * elem, part + i * loc * elem, loc * elem);
+    return;
+  }
+  const int64_t per = n / slice.groups, loc = per / size;
+  for (int g = 0; g < slice.groups; ++g)
+    move(full + (g * per + rank * loc) * m * elem, part + g * loc * m * elem, loc * m * elem);
+}
+
+void check_split(const Shape& full, const TpSlice& slice, int size) {
+  GTRON_CHECK(full.rank() == 1 || full.rank() == 2, "TP slicing of a rank-", full.rank(),
+              " tensor");
+  if (slice.split == TpSplit::kColumns) {
+    GTRON_CHECK(full.rank() == 2 && full[1] % size == 0, "TP: ", size, " does not split the ",
+                "columns of ", full.str());
+  } else {
+    GTRON_CHECK(full[0] % (slice.groups * size) == 0, "TP: ", slice.groups, " groups x ", size,
+                " do not split the rows of ", full.str());
+  }
+}
+
+}  // namespace
+
+Shape tp_full_shape(const Shape& local, const TpSlice& slice, int size) {
+  std::vector<int64_t> d = local.vec();
+  if (slice.split == TpSplit::kColumns) d[1] *= size;
+  if (slice.split == TpSplit::kRows) d[0] *= size;
+  return Shape(d);
+}
+
+Tensor tp_local_of(const Tensor& full, const TpSlice& slice, int rank, int size) {
+  GTRON_CHECK(full.device().is_cpu(), "tp_local_of: CPU tensors");
+  if (slice.split == TpSplit::kNone || size == 1) return full.clone();
+  check_split(full.shape(), slice, size);
+  std::vector<int64_t> d = full.shape().vec();
+  d[slice.split == TpSplit::kColumns ? 1 : 0] /= size;
+  Tensor part = Tensor::empty(Shape(d), full.dtype());
+  copy_part(static_cast<char*>(full.raw()), full.shape(), static_cast<char*>(part.raw()), slice,
+            rank, size, dtype_size(full.dtype()), /*to_part=*/true);
+  return part;
+}
+
+Tensor tp_full_of(const Tensor& parts, const Shape& local, const TpSlice& slice, int size) {
+  GTRON_CHECK(parts.device().is_cpu() && parts.numel() == local.numel() * size,
+              "tp_full_of: ", size, " CPU parts of ", local.str());
+  if (slice.split == TpSplit::kNone || size == 1) return parts.view(local).clone();
+  const Shape full_shape = tp_full_shape(local, slice, size);
+  Tensor full = Tensor::empty(full_shape, parts.dtype());
+  const size_t elem = dtype_size(parts.dtype());
+  for (int r = 0; r < size; ++r) {
+    char* part = static_cast<char*>(parts.raw()) + r * local.numel() * elem;
+    copy_part(static_cast<char*>(full.raw()), full_shape, part, slice, r, size, elem,
+              /*to_part=*/false);
+  }
+  return full;
+}
+
+Parameter& ParamRegistry::add_split(const std::string& name, const Shape& full, Init init,
+                                    double std, bool weight_decay, TpSlice slice) {
+  Parameter& p = add(name, full, init, std, weight_decay);  // a function of (seed, name)
+  if (!tp_.active() || slice.split == TpSplit::kNone) return p;
+  GTRON_CHECK(p.data.device().is_cpu(), "tensor parallelism: CPU parameters only (", name, ")");
+  p.data = tp_local_of(p.data, slice, tp_.rank, tp_.size);
+  p.main_grad = Tensor::zeros(p.data.shape(), p.data.dtype());
+  slices_[&p] = slice;
+  return p;
+}
+
+const TpSlice* ParamRegistry::slice_of(const Parameter* p) const {
+  auto it = slices_.find(p);
+  return it == slices_.end() ? nullptr : &it->second;
+}
+
+Var LinearLayer::tp_forward(const Var& x, WeightAccess& w) const {
+  GTRON_CHECK(tp->group != nullptr, "tensor-parallel layer ", weight->name,
+              " used before GPT::set_tensor_parallel()");
+  TensorParallelGroup& g = *tp->group;
+  const bool sp = tp->sequence_parallel;  // Note [sequence parallelism]
+  Var wv = w.use(*weight);
+  if (tp_mode == TpMode::kRow) {
+    Var partial = linear(x, wv, Var());
+    w.used(*weight, wv);
+    Var b = bias ? w.use_bias(*bias) : Var();
+    return sp ? tp_scatter_tokens(partial, g, b) : tp_reduce(partial, g, b);
+  }
+  Var y = linear(sp ? tp_gather_tokens(x, g) : tp_copy(x, g), wv, bias ? w.use_bias(*bias) : Var());
+  w.used(*weight, wv);
+  if (tp_mode != TpMode::kColumnGathered) return y;
+  Var whole = tp_gather_features(y, g);
+  return sp ? tp_split_tokens(whole, g) : whole;
+}
+
+}  // namespace gtron

@@ -1,0 +1,74 @@
+// Tensor parallelism (TP) in the model: how each layer is split over the TP group, and the
+// slicing between a full tensor and a rank's part of it.
+//
+// Note [tensor-parallel layout]
+// Megatron-LM's split, with TP ranks r = 0..TP−1 (consecutive world ranks, parallel/grid.h):
+// - Column-parallel (output features split): attn.qkv and mlp.fc, and the MTP projection. Rank r
+//   holds rows [r·n/TP, (r+1)·n/TP) of each of the weight's `groups` equal row groups (qkv has
+//   three, q | k | v, so each rank holds whole heads: NH/TP of them), and the same elements of the
+//   bias. The input passes through tp_copy (its gradient is summed over TP). The MTP projection's
+//   output is gathered (tp_gather_features): the residual stream is whole on every rank.
+// - Row-parallel (input features split): attn.proj and mlp.proj. Rank r holds columns
+//   [r·m/TP, (r+1)·m/TP) of the weight — the features its column-parallel producer computed. The
+//   partial outputs are summed over TP (tp_reduce), then the replicated bias is added.
+// - Vocabulary-parallel: the embedding and output head (tied or not) hold rows [r·Vp/TP,
+//   (r+1)·Vp/TP) of the padded table. A lookup outside a rank's rows gives zero and the lookups are
+//   summed over TP; the head's logits stay split, and the cross-entropy reduces the row max and
+//   the sum of exponentials over TP instead of gathering them (model/ops/vocab_parallel.h).
+// - Replicated on every TP rank: norms, positions, row-parallel biases. Their inputs and output
+//   gradients are whole and bit-identical on every TP rank (tp_copy / tp_reduce make them so), so
+//   their gradients already are too: they are reduced over the data ranks (DP × GTP) only, like
+//   every gradient — a TP peer trains on the same micro-batches.
+// GTP composes as in Megatron: it shards dim 0 of the TP-local weight (parallel/gtp.h), so a rank
+// stores 1/(TP·G) of every sharded weight; the TP slice stays split through the GEMM.
+// Parameter names and checkpoints are those of the full model: a checkpoint holds full tensors
+// (tp_full_of), each rank loads its part (tp_local_of).
+//
+// Note [sequence parallelism]
+// With parallel.sequence_parallel the regions between the split GEMMs — the norms, the residual
+// stream, positions and the MTP norms — hold this rank's chunk of the sequence, positions
+// [r·T/TP, (r+1)·T/TP) of every row: a column-parallel layer all-gathers its input's tokens
+// (tp_gather_tokens; backward reduce-scatter) instead of tp_copy, a row-parallel layer
+// reduce-scatters its partial outputs (tp_scatter_tokens; backward all-gather) instead of
+// tp_reduce, the embedding reduce-scatters its lookups, the MTP projection splits its gathered
+// output back into chunks, and the head gathers the final norm's tokens. Activation memory of
+// those regions is 1/TP; the communication volume is the same. The replicated parameters now
+// see 1/TP of the tokens each, so their gradients are partial sums and reduce over the whole
+// world (DP × GTP × TP), not over the data ranks only.
+#pragma once
+
+#include "model/ops/tp_comm.h"
+#include "model/tensor.h"
+
+namespace gtron {
+
+// How a layer is split (Note [tensor-parallel layout]).
+enum class TpMode { kNone, kColumn, kColumnGathered, kRow };
+
+// How a parameter is split: along dim 0 in `groups` equal row groups, each cut over TP (kRows);
+// along dim 1 (kColumns); or not at all.
+enum class TpSplit { kNone, kRows, kColumns };
+struct TpSlice {
+  TpSplit split = TpSplit::kNone;
+  int groups = 1;
+};
+
+// This process's place in the TP group; `group` is set once the group exists (the model's shapes
+// need only rank and size).
+struct TpContext {
+  int rank = 0;
+  int size = 1;
+  bool sequence_parallel = false;  // Note [sequence parallelism]
+  TensorParallelGroup* group = nullptr;
+  bool active() const { return size > 1; }
+};
+
+// The full shape of a part of shape `local`.
+Shape tp_full_shape(const Shape& local, const TpSlice& slice, int size);
+// A copy of rank `rank`'s part of the CPU tensor `full`.
+Tensor tp_local_of(const Tensor& full, const TpSlice& slice, int rank, int size);
+// The full CPU tensor from `parts`: every rank's part of shape `local`, flattened and laid end to
+// end in rank order (an all-gather's output).
+Tensor tp_full_of(const Tensor& parts, const Shape& local, const TpSlice& slice, int size);
+
+}  // namespace gtron
