@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "graphs/graph_runner.h"
 #include "model/decode_cuda.h"
 #include "model/decode_ops.h"
 #include "model/ops/add.h"
@@ -13,11 +12,12 @@
 
 namespace gtron {
 
-Decoder::Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capacity, bool graphs)
+Decoder::Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capacity,
+                 StepGraphs* graphs)
     : model_(model),
       batch_(batch),
       capacity_(capacity > 0 ? capacity : model.config().context_length),
-      graphs_(graphs && model.token_embedding().data.device().is_cuda()) {
+      graphs_(model.token_embedding().data.device().is_cuda() ? graphs : nullptr) {
   const GPTConfig& c = model.config();
   GTRON_CHECK(batch >= 1 && capacity_ <= c.context_length, "Decoder for ", batch, " rows of ",
               capacity_, " positions (context ", c.context_length, ")");
@@ -32,7 +32,6 @@ Decoder::Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capa
       stores_.push_back(Tensor::zeros({batch, capacity_, c.n_embd}, wte.dtype(), wte.device()));
     }
   }
-  if (graphs_) pool_ = std::make_unique<graphs::GraphPool>(wte.device());
 }
 
 Decoder::~Decoder() = default;

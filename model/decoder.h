@@ -24,12 +24,16 @@
 // (depth) token ids and one stream sync. The head runs at every slot of the main model's window
 // (the verify pass wants them all; padding slots are computed and ignored) and at the last real
 // slot of each row for a depth (what drafting wants); other `want` patterns, wider windows
-// (prefills) and every call without graphs run eagerly. Memory a capture allocates comes from the
-// decoder's private pool (graphs::GraphPool), so addresses stay valid for every replay; the
-// graphs run one at a time on one stream, so they may share it. The caches and stores live
-// outside the pool, and eager and replayed steps mix freely over them. A replay runs the eager
-// path's kernels; only its GEMMs see more rows (padding slots, every slot at the head), which
-// cuBLAS may round differently.
+// (prefills) and every call without graphs run eagerly. The capture itself is a StepGraphs
+// (model/step_graphs.h) that whoever drives decoding passes in (trainer/sample.cc through
+// GenerateOptions::graphs, the GPU tests); graphs/decode_graphs.h implements it on graphs::Graph,
+// so model/ does not depend on graphs/. Memory a capture allocates comes from that object's
+// private pool (a graphs::GraphPool), so addresses stay valid for every replay; the graphs run
+// one at a time on one stream, so they may share it. What a step captures and how it is fed
+// (the window buffers, the last-slot gather, the argmax) stay in model/ (model/decoder_graphs.cc,
+// model/decode_cuda.h). The caches and stores live outside the pool, and eager and replayed steps
+// mix freely over them. A replay runs the eager path's kernels; only its GEMMs see more rows
+// (padding slots, every slot at the head), which cuBLAS may round differently.
 #pragma once
 
 #include <cstdint>
@@ -38,16 +42,12 @@
 #include <utility>
 #include <vector>
 
-#include "graphs/graph.h"
 #include "model/cuda/runtime.h"
 #include "model/gpt.h"
 #include "model/kv_cache.h"
+#include "model/step_graphs.h"
 
 namespace gtron {
-
-namespace graphs {
-class GraphPool;
-}
 
 // One window's input: row b feeds tokens[b] (its real slots; empty: the row sits this pass out)
 // at positions start[b], start[b]+1, ...; `want[b]` lists the slots whose logits are needed.
@@ -63,13 +63,13 @@ class Decoder {
 
   // Caches for `batch` rows of `capacity` positions (0: model.config().context_length, the most
   // allowed), in the model's dtype and on its device, allocated here once. keep_hidden: keep the
-  // MTP hidden stores (speculative decoding needs them). graphs (CUDA only): replay captured
-  // CUDA graphs for the greedy calls (Note [decode graphs]) and run the blocks through the
-  // decoder's fused composition (Note [decode fast block] in model/decode_ops.h), eager calls
-  // too; false runs the training ops eagerly. The model must outlive the decoder; its parameters
-  // are read directly (no weight access).
+  // MTP hidden stores (speculative decoding needs them). graphs (CUDA only; ignored on CPU):
+  // capture and replay the greedy calls through it (Note [decode graphs]) and run the blocks
+  // through the decoder's fused composition (Note [decode fast block] in model/decode_ops.h),
+  // eager calls too; null runs the training ops eagerly. The model and `graphs` must outlive the
+  // decoder; the model's parameters are read directly (no weight access).
   Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capacity = 0,
-          bool graphs = true);
+          StepGraphs* graphs = nullptr);
   ~Decoder();
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
@@ -95,7 +95,7 @@ class Decoder {
   // One captured (module, width) step. The graph reads `window` and writes `ids`; the pinned
   // buffers stage the copies around each replay (rewritten only after the step's sync).
   struct GraphStep {
-    graphs::Graph graph;
+    std::unique_ptr<StepGraph> graph;
     Tensor window;  // i32 [2·B·W + 2·B] on the device: tokens, positions, start, count
     Tensor ids;     // i32 [N]: the argmax of each slot (main: N = B·W) or of each row's last slot
     cuda::PinnedBuffer host_window;
@@ -118,13 +118,12 @@ class Decoder {
 
   const GPT& model_;
   int64_t batch_;
-  int64_t capacity_;  // positions per row in every cache and store
-  bool graphs_;
+  int64_t capacity_;                  // positions per row in every cache and store
+  StepGraphs* graphs_;                // null (or a CPU model): every call eager, the training ops
   std::vector<KVCache> main_caches_;  // [L]
   std::vector<KVCache> mtp_caches_;   // [D]
   std::vector<Tensor> stores_;        // [D] of [B, capacity, C] (empty without keep_hidden)
   DirectWeights direct_;
-  std::unique_ptr<graphs::GraphPool> pool_;  // declared before steps_: outlives their tensors
   std::map<std::pair<int, int64_t>, std::unique_ptr<GraphStep>> steps_;
 };
 

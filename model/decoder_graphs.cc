@@ -1,7 +1,7 @@
-// The Decoder's captured greedy steps (Note [decode graphs] in model/decoder.h).
+// The Decoder's captured greedy steps (Note [decode graphs] in model/decoder.h): what a step
+// captures and how it is fed; the capture itself is the decoder's StepGraphs.
 #include <cstring>
 
-#include "graphs/graph_runner.h"
 #include "model/decode_cuda.h"
 #include "model/decoder.h"
 #include "model/stream.h"
@@ -54,9 +54,7 @@ Decoder::GraphStep& Decoder::step_for(int k, const DecodeWindow& win) {
   extents.device_start_count = g->window.rows(2 * B * W, 2 * B * W + 2 * B);
   const Tensor tokens = g->window.rows(0, B * W).view({B, W});
   const Tensor positions = g->window.rows(B * W, 2 * B * W).view({B, W});
-  PrivatePoolGuard pool(dev, pool_->id());
-  graphs::Graph::begin_capture(s);
-  try {
+  g->graph = graphs_->capture(s, [&] {
     Tensor rows;
     if (k == 0) {
       rows = run_main(tokens, positions, extents).value().view({B * W, C});
@@ -71,11 +69,7 @@ Decoder::GraphStep& Decoder::step_for(int k, const DecodeWindow& win) {
     g->ids = Tensor::empty({N}, DType::kI32, dev, &s);
     cuda::argmax_rows(logits.value().raw(), g->ids.data<int32_t>(), N, model_.config().vocab_size,
                       logits.shape()[1], logits.dtype(), s.native());
-  } catch (...) {
-    graphs::Graph::abort_capture(s);
-    throw;
-  }
-  g->graph = graphs::Graph::end_capture(s);
+  });
   slot = std::move(g);
   return *slot;
 }
@@ -104,7 +98,7 @@ bool Decoder::replay_argmax(int k, const WindowInput& in, std::vector<int32_t>* 
   }
   Stream& s = current_stream(g.window.device());
   cuda::memcpy_async(g.window.raw(), host, g.host_window.bytes(), s.native());
-  g.graph.replay(s);
+  g.graph->replay(s);
   cuda::memcpy_async(g.host_ids.data(), g.ids.raw(), g.host_ids.bytes(), s.native());
   s.synchronize();
   const auto* got = static_cast<const int32_t*>(g.host_ids.data());

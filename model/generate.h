@@ -25,6 +25,7 @@
 
 #include "model/gpt.h"
 #include "model/sampling.h"
+#include "model/step_graphs.h"
 
 namespace gtron {
 
@@ -33,10 +34,12 @@ struct GenerateOptions {
   SamplingOptions sampling;
   uint64_t seed = 1;         // row b draws from row_rng(seed, b)
   bool speculative = false;  // draft with the MTP depths (REQUIRES mtp_depth >= 1)
-  // CUDA, greedy: replay each decoding step as a captured CUDA graph (Note [decode graphs] in
-  // model/decoder.h); false runs every step eagerly (the reference the graphs are tested
-  // against). Ignored on CPU and when sampling.
-  bool graphs = true;
+  // CUDA, greedy: capture each decoding step once through this and replay it (Note [decode
+  // graphs] in model/decoder.h; graphs::DecodeGraphs in graphs/decode_graphs.h is the one to
+  // pass); null runs every step eagerly with the training ops (the reference the graphs are
+  // tested against). Not owned; it outlives the call. Ignored on CPU; when sampling no step is
+  // captured, but the blocks still run the decoder's fused composition.
+  StepGraphs* graphs = nullptr;
   // The rule that verifies a sampled draft (tests pass a biased one to show what it prevents).
   DraftVerifier verify = verify_draft;
 };

@@ -5,6 +5,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "graphs/decode_graphs.h"
 #include "model/generate.h"
 
 namespace gtron {
@@ -148,9 +149,11 @@ void run_sample(GPT& model, const SampleArgs& a, std::ostream& out, std::ostream
   o.sampling.top_p = a.top_p;
   o.seed = a.seed;
   o.speculative = a.speculative;
-  o.graphs = !a.no_graphs;
   const std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(a.batch), prompt);
-  auto run = [&](const GenerateOptions& opts) {
+  auto run = [&](GenerateOptions opts) {
+    // Each generation captures its own steps into its own pool (Note [decode graphs]).
+    graphs::DecodeGraphs step_graphs(model.token_embedding().data.device());
+    opts.graphs = a.no_graphs ? nullptr : &step_graphs;
     return a.recompute ? generate_recompute(model, prompts, opts) : generate(model, prompts, opts);
   };
   if (a.warmup) {  // untimed, discarded: the device's one-time start-up costs

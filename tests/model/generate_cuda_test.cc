@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "graphs/decode_graphs.h"
 #include "model/decode_cuda.h"
 #include "model/decode_ops.h"
 #include "model/decoder.h"
@@ -168,8 +169,9 @@ TEST(GenerateCuda, DeviceArgmaxTakesTheFirstMaximum) {
 TEST(GenerateCuda, GraphStepsEqualEagerSteps) {
   GTRON_REQUIRE_GPU();
   GPT model(model_config(), DType::kF32, Device::cuda(0), 5);
-  Decoder graphed(model, 3, true, 0, true);
-  Decoder eager(model, 3, true, 0, false);
+  graphs::DecodeGraphs step_graphs(Device::cuda(0));  // outlives the decoder it serves
+  Decoder graphed(model, 3, true, 0, &step_graphs);
+  Decoder eager(model, 3, true, 0, nullptr);
   struct Step {
     int module;  // 0: main, k: depth k
     WindowInput in;
@@ -212,7 +214,8 @@ TEST(GenerateCuda, GreedyTokensOnTheGpuEqualTheCpus) {
     o.speculative = speculative;
     const Generation want = generate(cpu_model, prompts, o);
     for (bool graphs : {true, false}) {
-      o.graphs = graphs;
+      graphs::DecodeGraphs step_graphs(Device::cuda(0));
+      o.graphs = graphs ? &step_graphs : nullptr;
       const Generation got = generate(gpu_model, prompts, o);
       EXPECT_EQ(got.tokens, want.tokens) << "speculative " << speculative << " graphs " << graphs;
       EXPECT_EQ(got.stats.accepted, want.stats.accepted);
