@@ -141,6 +141,7 @@ inline int64_t dense_column_scratch_floats(int64_t N, int64_t C) {
 template <int K>
 __global__ void column_tree_finish_kernel(const float* __restrict__ partial, int64_t chunks,
                                           int64_t C, float* out0, float* out1) {
+  static_assert(K == 1 || K == 2, "column_tree_finish: one or two outputs");
   __shared__ float lanes[kTreeLanes][kColTile];
   float* out = blockIdx.y == 0 ? out0 : out1;
   if (out == nullptr) return;  // the whole block leaves: no barrier is skipped by a part of it
