@@ -149,7 +149,7 @@ __global__ void column_tree_finish_kernel(const float* __restrict__ partial, int
   const float* p = partial + static_cast<int64_t>(blockIdx.y) * chunks * C;
   float s = 0.0f;
   if (c < C) {
-#pragma unroll 4
+#pragma unroll 16  // up to 256 chunks: every load of a thread in flight at once
     for (int64_t j = threadIdx.y; j < chunks; j += kTreeLanes) s += p[j * C + c];
   }
   lanes[threadIdx.y][threadIdx.x] = s;
