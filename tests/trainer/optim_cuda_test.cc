@@ -7,11 +7,15 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "model/device.h"
+#include "model/gpt.h"
 #include "model/mixed_precision.h"
 #include "model/stream.h"
+#include "parallel/ddp.h"
+#include "parallel/self_communicator.h"
 #include "trainer/optimizer.h"
 #include "trainer/optimizer_cuda.h"
 
@@ -170,6 +174,79 @@ TEST(AdamWCuda, Bf16WeightsTrustsOptimizerWrittenShadows) {
   shadows.refresh();  // e.g. weights loaded from a checkpoint
   shadows.use(p);
   EXPECT_EQ(shadows.casts(), 4) << "refresh() marks the optimizer-written shadows stale too";
+}
+
+// A few bf16 training steps of a tiny MTP GPT (the training loop's pieces, as bench_gpu runs them):
+// the per-step losses and the final masters, with the shadows written by AdamW or re-cast.
+struct Trained {
+  std::vector<double> losses;
+  std::vector<float> masters;
+  int64_t casts = 0;
+};
+
+Trained train_tiny(bool fused) {
+  const Device dev = Device::cuda(0);
+  Stream& stream = current_stream(dev);
+  GPTConfig c;
+  c.vocab_size = 64;
+  c.context_length = 16;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 64;
+  c.mtp_depth = 1;
+  GPT model(c, DType::kF32, dev, 7);
+  parallel::SelfCommunicator comm(dev);
+  parallel::DataParallel dp(model.parameters(), &comm, parallel::DdpOptions{});
+  std::unordered_set<const Parameter*> decayed;
+  for (const Parameter* p : model.parameters())
+    if (p->weight_decay) decayed.insert(p);
+  AdamW opt(dp.owned_numel(), decayed, AdamWHyper{}, dev);
+  Bf16Weights shadows;
+  model.set_weight_access(&shadows);
+  if (fused) opt.set_bf16_shadows([&](Parameter& p) { return shadows.shadow_for_optimizer(p); });
+  const int64_t B = 2, T = 16;
+  Tensor seed = Tensor::from_vector({1.0}, Shape{}, DType::kF32).to(dev, &stream);
+  Trained out;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<int32_t> tok(static_cast<size_t>(B * (T + 1)));
+    for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>((i * 7 + step * 13) % 64);
+    dp.zero_grads();
+    dp.set_last_microbatch(true);
+    GPTOutput o = model.forward(Tensor::from_ints(tok, {B, T + 1}).to(dev, &stream));
+    backward_with(o.loss, seed);
+    dp.finish_grads();
+    opt.clip_on_device(dp.owned(), 1.0, nullptr);
+    opt.step_on_device(dp.owned(), 1e-2);
+    dp.after_update();
+    if (fused) {
+      shadows.refresh_after_step();
+    } else {
+      shadows.refresh();
+    }
+    out.losses.push_back(o.loss.value().item());
+  }
+  for (Parameter* p : model.parameters()) {
+    const std::vector<float> w = host_floats(p->data);
+    out.masters.insert(out.masters.end(), w.begin(), w.end());
+  }
+  out.casts = shadows.casts();
+  model.set_weight_access(nullptr);
+  return out;
+}
+
+TEST(AdamWCuda, FusedShadowsTrainBitForBitLikeRecasts) {
+  REQUIRE_GPU();
+  const Trained recast = train_tiny(false);
+  const Trained fused = train_tiny(true);
+  EXPECT_EQ(fused.losses, recast.losses);
+  ASSERT_EQ(fused.masters.size(), recast.masters.size());
+  EXPECT_EQ(std::memcmp(fused.masters.data(), recast.masters.data(),
+                        fused.masters.size() * sizeof(float)),
+            0)
+      << "the masters differ after 4 steps";
+  // Re-casting casts every shadow once per step; fused, only at the first use.
+  EXPECT_GT(recast.casts, fused.casts);
+  EXPECT_EQ(recast.casts, 4 * fused.casts);
 }
 
 }  // namespace
