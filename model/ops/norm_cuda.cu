@@ -15,14 +15,16 @@
 // for N = 16384, 64 rows a block and 256 blocks, one wave at two blocks per SM); warp w takes rows
 // w, w + 8, ... of them. A lane keeps its columns of the row in registers (kPacks packs of kV:
 // columns (lane + 32·j)·kV + e, as the dx-only kernel walks them), so dx is formed from one read
-// of x and dy, with the very arithmetic of norm_backward_dx_kernel (same bits), while the lane
+// of x and dy, with the expressions of norm_backward_dx_kernel in the same order, while the lane
 // accumulates dy·x̂ and dy of its columns over the warp's rows in fixed order. At the end the 8
 // warps' sums meet in a fixed tree (warps 4..7 into 0..3, then 2..3 into 0..1, then 1 into 0)
 // through shared memory, and warp 0 writes the block's partial[k][b][c]. column_tree_finish
 // (Note [one-pass column sums]) adds the ≤ 256 partials of each column in its fixed tree. Covered:
 // rows of at most 4 packs a lane (bf16 C <= 1024, f32 C <= 512, 16-byte aligned) or, unaligned or
 // C not a multiple of the pack, at most 8 elements a lane (C <= 256); other shapes take the dx
-// kernel plus the two-pass column sums.
+// kernel plus the two-pass column sums. Registers bound the coverage: with bf16 rows LayerNorm
+// at 3 packs a lane (C = 768) fits 128 registers without spills (two blocks per SM), at 4 packs
+// it takes ~180 (one block per SM), and 6 packs would take ~240.
 #include <algorithm>
 #include <climits>
 #include <type_traits>
