@@ -38,6 +38,17 @@ void Bf16Weights::refresh() {
   for (auto& kv : shadows_) kv.second.stale = true;
 }
 
+void* Bf16Weights::shadow_for_optimizer(Parameter& p) {
+  auto it = shadows_.find(&p);
+  if (it == shadows_.end() || !it->second.value.defined()) return nullptr;
+  it->second.optimizer_writes = true;
+  return it->second.value.raw();
+}
+
+void Bf16Weights::refresh_after_step() {
+  for (auto& kv : shadows_) kv.second.stale = !kv.second.optimizer_writes;
+}
+
 int64_t Bf16Weights::shadow_bytes() const {
   int64_t n = 0;
   for (const auto& kv : shadows_) n += static_cast<int64_t>(kv.second.value.nbytes());

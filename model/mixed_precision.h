@@ -16,6 +16,12 @@
 // - Under graphs, a captured region reads the shadows at fixed addresses: before capture and
 //   before each replay the runner calls prepare(p) for what the region reads, so stale shadows
 //   are re-cast eagerly and the graphs hold no casts.
+// - Shadows the optimizer refreshes itself: AdamW may store bf16(w_new) into a shadow in its
+//   update pass (Note [fused shadow refresh] in trainer/optimizer_cuda.h), for each parameter it
+//   updates whole; shadow_for_optimizer() hands it the shadow and marks it optimizer-written.
+//   After a step, refresh_after_step() marks only the other shadows stale (the written ones are
+//   fresh: the same bits the cast would give); refresh() still marks every shadow stale, for a
+//   change of the masters the optimizer did not make (loading weights).
 // - Activations follow: the embedding output takes the table's dtype (bf16), so every activation
 //   after it is bf16; norms and positions read their fp32 masters directly; the loss is fp32.
 //
@@ -43,8 +49,17 @@ class Bf16Weights : public WeightAccess {
   // Re-casts p's shadow now if it is stale (a graph replays over it; see WeightAccess::prepare).
   // REQUIRES: p is ready (its DDP gather done). No-op for a parameter never used.
   void prepare(Parameter& p) override;
-  // Marks every shadow stale: call after every optimizer step and after loading weights.
+  // Marks every shadow stale: call after loading weights, or after an optimizer step that does not
+  // write shadows.
   void refresh();
+  // p's shadow (raw bf16 [p.data.numel()]) for the optimizer to write bf16(p.data) into at every
+  // step, or null when p has no shadow (never used). From then on refresh_after_step() counts it
+  // fresh. REQUIRES: every later optimizer step rewrites all of p and its shadow, on the stream
+  // that later uses read on.
+  void* shadow_for_optimizer(Parameter& p);
+  // Call after every optimizer step instead of refresh(): the optimizer-written shadows are fresh,
+  // every other one stale.
+  void refresh_after_step();
 
   int64_t shadow_bytes() const;             // bytes held by the shadows
   int64_t casts() const { return casts_; }  // cast kernels launched so far (tests)
@@ -53,6 +68,7 @@ class Bf16Weights : public WeightAccess {
   struct Shadow {
     Tensor value;  // bf16, p.data's shape
     bool stale = true;
+    bool optimizer_writes = false;  // shadow_for_optimizer() handed it out
   };
   // p's shadow, allocated at first call and re-cast if stale, on the current stream.
   Tensor& current_shadow(Parameter& p);

@@ -49,6 +49,12 @@ void AdamW::step(const std::vector<parallel::OwnedSegment>& segments, double lr,
   }
 }
 
+void AdamW::set_bf16_shadows(ShadowFor shadow_for) {
+  GTRON_CHECK(device_.is_cuda() && num_chunks_ < 0,
+              "AdamW::set_bf16_shadows: a CUDA optimizer before its first step");
+  shadow_for_ = std::move(shadow_for);
+}
+
 void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
   if (num_chunks_ >= 0) {
     GTRON_CHECK(
@@ -64,9 +70,13 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
     const parallel::OwnedSegment& s = segments[i];
     if (i == reduction_.first_segments) first_chunks_ = static_cast<int64_t>(host.size());
     const int32_t decay = decayed_.count(s.param) ? 1 : 0;
+    // Only a segment that is the whole tensor may refresh its shadow (Note [fused shadow refresh]).
+    const bool whole = s.n == s.param->data.numel() && s.w == s.param->data.data<float>();
+    auto* shadow = static_cast<uint16_t*>(whole && shadow_for_ ? shadow_for_(*s.param) : nullptr);
     for (int64_t b = 0; b < s.n; b += cuda::kOptimChunk) {
       cuda::OptimChunk c;
       c.w = s.w + b;
+      c.w_bf16 = shadow ? shadow + b : nullptr;
       c.g = s.g + b;
       c.m = m + s.state_offset + b;
       c.v = v + s.state_offset + b;

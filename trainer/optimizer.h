@@ -16,9 +16,12 @@
 // covers this rank's owned segments, unless set_norm_reduction() says how ranks combine: then the
 // partial Σ g² of the first segments (GTP's sharded part) and of the rest are each all-reduced
 // over their group on the device before the square root. The CPU path (step()) is unchanged.
+// With set_bf16_shadows(), the update also writes the bf16 shadows of the parameters it updates
+// whole (Note [fused shadow refresh] in trainer/optimizer_cuda.h).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <unordered_set>
 #include <vector>
 
@@ -65,6 +68,13 @@ class AdamW {
   void clip_on_device(const std::vector<parallel::OwnedSegment>& segments, double clip,
                       float* norm_out);
   void set_norm_reduction(const NormReduction& r) { reduction_ = r; }
+  // The bf16 shadow of a parameter for step_on_device() to write bf16(w) into, or null (no
+  // shadow: Bf16Weights::shadow_for_optimizer). Asked once per parameter whose owned segment is
+  // the whole tensor, when the chunk table is built (at the first clip_on_device/step_on_device);
+  // a segment covering part of a tensor (the distributed optimizer's slice) never fuses.
+  // REQUIRES: a CUDA optimizer whose table is not built yet.
+  using ShadowFor = std::function<void*(Parameter&)>;
+  void set_bf16_shadows(ShadowFor shadow_for);
   // Queues one AdamW update of every segment with the clip factor of the last clip_on_device()
   // (1 if none ran yet).
   void step_on_device(const std::vector<parallel::OwnedSegment>& segments, double lr);
@@ -92,8 +102,9 @@ class AdamW {
   int64_t first_chunks_ = 0;  // chunks of the first reduction_.first_segments segments
   Tensor sums_;               // f64 [2]: the two groups' Σ g² (with a reduction)
   NormReduction reduction_;
-  Tensor scale_;  // f32 [1]: clip factor
-  Tensor norm_;   // f32 [1]: last norm when the caller passes none
+  ShadowFor shadow_for_;  // null: no fused shadows
+  Tensor scale_;          // f32 [1]: clip factor
+  Tensor norm_;           // f32 [1]: last norm when the caller passes none
 };
 
 // The clipping factor for a global gradient norm: min(1, clip / norm); 1 when clip <= 0.

@@ -1,5 +1,6 @@
 // Kernels behind trainer/optimizer_cuda.h: chunked Σ g², its fixed-order finalize with the clip
-// factor, the chunked AdamW update, and the on-device loss sums.
+// factor, the chunked AdamW update (with its bf16 shadow stores), and the on-device loss sums.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -61,19 +62,62 @@ __global__ void split_sum_kernel(const double* partials, int64_t split, int64_t 
   out[threadIdx.x] = s;
 }
 
+// One element of the update (Note [fused shadow refresh]): the vector and scalar loops share it.
+__device__ __forceinline__ float adamw_element(float w, float g, float& m, float& v,
+                                               const AdamWConstants& k, float gs, float wd) {
+  const float gi = g * gs;
+  m = k.b1 * m + (1.f - k.b1) * gi;
+  v = k.b2 * v + (1.f - k.b2) * gi * gi;
+  const float update = (m * k.c1) / (sqrtf(v * k.c2) + k.eps) + wd * w;
+  return w - k.lr * update;
+}
+
+struct alignas(8) Bf16x4 {
+  __nv_bfloat162 lo, hi;
+};
+
+__device__ __forceinline__ bool vector_chunk(const OptimChunk& c) {
+  const auto bits = reinterpret_cast<uintptr_t>(c.w) | reinterpret_cast<uintptr_t>(c.g) |
+                    reinterpret_cast<uintptr_t>(c.m) | reinterpret_cast<uintptr_t>(c.v);
+  return bits % 16 == 0 && reinterpret_cast<uintptr_t>(c.w_bf16) % 8 == 0;
+}
+
 __global__ void adamw_kernel(const OptimChunk* chunks, AdamWConstants k, const float* scale) {
   const OptimChunk c = chunks[blockIdx.x];
   const float gs = scale[0];
   const float wd = c.decay ? k.wd : 0.f;
-  for (int i = threadIdx.x; i < c.n; i += kThreads) {
-    const float gi = c.g[i] * gs;
-    const float m = k.b1 * c.m[i] + (1.f - k.b1) * gi;
-    const float v = k.b2 * c.v[i] + (1.f - k.b2) * gi * gi;
+  auto* w16 = reinterpret_cast<__nv_bfloat16*>(c.w_bf16);
+  int done = 0;
+  if (vector_chunk(c)) {  // uniform over the block
+    const int n4 = c.n / 4;
+    auto* w4 = reinterpret_cast<float4*>(c.w);
+    const auto* g4 = reinterpret_cast<const float4*>(c.g);
+    auto* m4 = reinterpret_cast<float4*>(c.m);
+    auto* v4 = reinterpret_cast<float4*>(c.v);
+    for (int i = threadIdx.x; i < n4; i += kThreads) {
+      float4 w = w4[i], m = m4[i], v = v4[i];
+      const float4 g = g4[i];
+      w.x = adamw_element(w.x, g.x, m.x, v.x, k, gs, wd);
+      w.y = adamw_element(w.y, g.y, m.y, v.y, k, gs, wd);
+      w.z = adamw_element(w.z, g.z, m.z, v.z, k, gs, wd);
+      w.w = adamw_element(w.w, g.w, m.w, v.w, k, gs, wd);
+      m4[i] = m;
+      v4[i] = v;
+      w4[i] = w;
+      if (w16 != nullptr) {
+        reinterpret_cast<Bf16x4*>(w16)[i] =
+            Bf16x4{__floats2bfloat162_rn(w.x, w.y), __floats2bfloat162_rn(w.z, w.w)};
+      }
+    }
+    done = n4 * 4;
+  }
+  for (int i = done + threadIdx.x; i < c.n; i += kThreads) {
+    float m = c.m[i], v = c.v[i];
+    const float w = adamw_element(c.w[i], c.g[i], m, v, k, gs, wd);
     c.m[i] = m;
     c.v[i] = v;
-    const float w = c.w[i];
-    const float update = (m * k.c1) / (sqrtf(v * k.c2) + k.eps) + wd * w;
-    c.w[i] = w - k.lr * update;
+    c.w[i] = w;
+    if (w16 != nullptr) w16[i] = __float2bfloat16_rn(w);
   }
 }
 

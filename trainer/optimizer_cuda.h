@@ -7,6 +7,15 @@
 // summed in a fixed order (per-thread strided sums, then a fixed tree) in double, and the chunk
 // partials are combined by one block in a fixed order. The clip factor is computed on the device
 // and AdamW reads it from device memory: no host round trip between the two.
+//
+// Note [fused shadow refresh]
+// A chunk may carry w_bf16, the bf16 shadow (model/mixed_precision.h) of the elements it updates:
+// AdamW then stores bf16(w_new) there in the same pass (round to nearest even, the rounding of
+// cast_f32_to_bf16, so the shadow holds the bits a re-cast would give) and no cast kernel runs for
+// that parameter at its next use. The host sets it only where the chunks of one parameter cover
+// the whole tensor its shadow mirrors (see AdamW::set_bf16_shadows). The update moves 16 bytes per
+// operand (float4 w, g, m, v; 8 bytes of shadow) when a chunk's pointers allow, else one element a
+// thread; both run the same per-element formula, so the bits do not depend on the path.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +26,13 @@ constexpr int64_t kOptimChunk = 16384;
 
 // Elements [0, n) of one owned segment, all device pointers.
 struct OptimChunk {
-  float* w = nullptr;        // parameter values (fp32 master)
-  const float* g = nullptr;  // reduced gradient
-  float* m = nullptr;        // AdamW first moment
-  float* v = nullptr;        // AdamW second moment
-  int32_t n = 0;             // 1 <= n <= kOptimChunk
-  int32_t decay = 0;         // 1: weight decay applies to this segment
+  float* w = nullptr;          // parameter values (fp32 master)
+  const float* g = nullptr;    // reduced gradient
+  float* m = nullptr;          // AdamW first moment
+  float* v = nullptr;          // AdamW second moment
+  uint16_t* w_bf16 = nullptr;  // bf16 shadow of w[0, n), or null (Note [fused shadow refresh])
+  int32_t n = 0;               // 1 <= n <= kOptimChunk
+  int32_t decay = 0;           // 1: weight decay applies to this segment
 };
 
 // partials[i] = Σ g² over chunk i (double). REQUIRES: `chunks` (device) holds num_chunks entries.
@@ -47,7 +57,7 @@ struct AdamWConstants {
 };
 // For every element, with gi = g · scale[0] (read on the device):
 //   m = β1·m + (1−β1)·gi;  v = β2·v + (1−β2)·gi²;  w −= lr·((m·c1)/(sqrt(v·c2) + ε) + wd·w)
-// — the formula of adamw_update() on the CPU.
+// — the formula of adamw_update() on the CPU — and w_bf16 = bf16(w) where a chunk has a shadow.
 void adamw_chunks(const OptimChunk* chunks, int64_t num_chunks, const AdamWConstants& k,
                   const float* scale, void* stream);
 

@@ -274,6 +274,9 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
   if (bf16_ && par_->gtp() == nullptr) {  // under GTP the gathers are bf16 already
     bf16_weights_ = std::make_unique<Bf16Weights>();
     model_->set_weight_access(bf16_weights_.get());
+    // AdamW refreshes the shadows of what it updates whole (Note [fused shadow refresh]).
+    Bf16Weights* shadows = bf16_weights_.get();
+    opt_->set_bf16_shadows([shadows](Parameter& p) { return shadows->shadow_for_optimizer(p); });
   }
   sched_ =
       Schedule{cfg_.schedule.kind, cfg_.optimizer.lr,          cfg_.schedule.warmup_steps,

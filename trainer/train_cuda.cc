@@ -18,8 +18,9 @@ namespace gtron::internal {
 //   (then the wait is flow control, not a drain of the queue).
 // - backward is seeded from a device scalar (no host->device copy per micro-batch).
 // - the losses are summed into the step's device row, the gradient norm and the clip factor are
-//   computed on the device (the norm into the same row) and AdamW reads the factor there; the
-//   bf16 shadows are re-cast from the updated masters at their next use.
+//   computed on the device (the norm into the same row) and AdamW reads the factor there; AdamW
+//   also writes the bf16 shadows of the parameters it updates whole, and the other shadows are
+//   re-cast from the updated masters at their next use (Note [fused shadow refresh]).
 // - the rows come back to the host (one sync) only at a flush: on log steps, and before an
 //   evaluation or a checkpoint. The non-finite check runs at each flush over every step since the
 //   previous one, so a NaN is detected at the next flush (at most log.every steps late, always
@@ -78,7 +79,7 @@ int Run::train_cuda() {
     const double lr = sched_.at(step);
     opt_->step_on_device(par_->owned(), lr);
     par_->after_update();
-    if (bf16_weights_) bf16_weights_->refresh();
+    if (bf16_weights_) bf16_weights_->refresh_after_step();
     row_lr_.push_back(lr);
     ++window_steps_;
     const int64_t done = step + 1;

@@ -271,14 +271,7 @@ bool try_gemm(const GemmArgs& g, void* stream) {
            static_cast<int32_t>(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
   desc.set(CUBLASLT_MATMUL_DESC_TRANSB,
            static_cast<int32_t>(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
-  if (g.epilogue == Epilogue::kRowSumA) {
-    GTRON_CHECK(g.c_type == DType::kF32 && g.ab == DType::kBF16 && g.bias != nullptr &&
-                    g.batch == 1,
-                "gemm: the row-sum epilogue takes bf16 A/B, an f32 C, a bias output and no batch");
-    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BGRADB));
-    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
-    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CUDA_R_32F));
-  } else if (g.epilogue != Epilogue::kNone) {
+  if (g.epilogue != Epilogue::kNone) {
     GTRON_CHECK(g.c_type == DType::kBF16 && g.aux != nullptr && g.aux_ld >= g.n && g.batch == 1,
                 "gemm: GELU epilogues take a bf16 C, an aux buffer of leading dimension >= n and "
                 "no batch");

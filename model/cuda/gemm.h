@@ -35,10 +35,7 @@ namespace gtron::cuda {
 //   kGeluAux: aux = acc (+ bias), C = gelu_tanh(aux)      (the MLP's up projection)
 //   kDGelu:   C = acc ⊙ gelu_tanh'(aux)                   (its backward, through the down
 //   projection)
-//   kRowSumA: also bias[m] = Σ_k op(A)[m, k], written (not accumulated) in C's type, for f32 C
-//             (the weight-gradient GEMM dw += dyᵀ·x gives the bias gradient Σ_rows dy with it;
-//             cuBLASLt's BGRADB, since cuBLAS sees our A as its B). No aux.
-enum class Epilogue { kNone, kGeluAux, kDGelu, kRowSumA };
+enum class Epilogue { kNone, kGeluAux, kDGelu };
 
 struct GemmArgs {
   const void* a = nullptr;  // op(A): [M, K]
@@ -51,7 +48,7 @@ struct GemmArgs {
   DType c_type = DType::kF32;  // f32, or bf16 when ab is bf16
   float alpha = 1.0f;
   float beta = 0.0f;
-  const void* bias = nullptr;     // [N] in bias_type, or null (kRowSumA: [M] f32, written)
+  const void* bias = nullptr;     // [N] in bias_type, or null
   DType bias_type = DType::kF32;  // c_type, or f32 with a bf16 C
   Epilogue epilogue = Epilogue::kNone;
   void* aux = nullptr;

@@ -5,8 +5,29 @@
 // C is a multiple of the pack and every pointer is aligned); the row is read three times (sum,
 // centred sum of squares, output), the re-reads hitting L1/L2. Statistics are fp32, the variance
 // two-pass as on the CPU, and the warp sums are xor butterflies (deterministic).
-// Parameter gradients: fixed-order column sums (model/cuda/column_sum.cuh), never atomics.
+// Parameter gradients: fixed-order sums, never atomics — in the same pass as dx where the row fits
+// a warp's registers (Note [one-pass norm backward]), else two-pass column sums
+// (model/cuda/column_sum.cuh).
+//
+// Note [one-pass norm backward]
+// The backward reads x and dy once for dx, dgamma and dbeta together. Block b owns the rows
+// [b·R, (b+1)·R), R = norm_chunk_rows(N) (a multiple of 8, at least 16, so at most 256 blocks:
+// for N = 16384, 64 rows a block and 256 blocks, one wave at two blocks per SM); warp w takes rows
+// w, w + 8, ... of them. A lane keeps its columns of the row in registers (kPacks packs of kV:
+// columns (lane + 32·j)·kV + e, as the dx-only kernel walks them), so dx is formed from one read
+// of x and dy, with the expressions of norm_backward_dx_kernel in the same order, while the lane
+// accumulates dy·x̂ and dy of its columns over the warp's rows in fixed order. At the end the 8
+// warps' sums meet in a fixed tree (warps 4..7 into 0..3, then 2..3 into 0..1, then 1 into 0)
+// through shared memory, and warp 0 writes the block's partial[k][b][c]. column_tree_finish
+// (Note [one-pass column sums]) adds the ≤ 256 partials of each column in its fixed tree. Covered:
+// rows of at most 4 packs a lane (bf16 C <= 1024, f32 C <= 512, 16-byte aligned) or, unaligned or
+// C not a multiple of the pack, at most 8 elements a lane (C <= 256); other shapes take the dx
+// kernel plus the two-pass column sums. Registers bound the coverage: with bf16 rows LayerNorm
+// at 3 packs a lane (C = 768) fits 128 registers without spills (two blocks per SM), at 4 packs
+// it takes ~180 (one block per SM), and 6 packs would take ~240.
+#include <algorithm>
 #include <climits>
+#include <type_traits>
 
 #include "model/cuda/column_sum.cuh"
 #include "model/cuda/kernel_util.cuh"
@@ -110,6 +131,117 @@ __global__ void norm_backward_dx_kernel(const T* __restrict__ x, const P* __rest
   }
 }
 
+constexpr int kFusedMaxPacks = 4;      // packs a lane holds (16-byte path)
+constexpr int kFusedScalarElems = 8;   // elements a lane holds (one-element path)
+constexpr int64_t kFusedMinRows = 16;  // rows per block at least
+constexpr int64_t kFusedMaxBlocks = 256;
+
+int64_t norm_chunk_rows(int64_t N) {
+  const int64_t rows = std::max(kFusedMinRows, ceil_div<int64_t>(N, kFusedMaxBlocks));
+  return ceil_div<int64_t>(rows, kRowsPerBlock) * kRowsPerBlock;
+}
+
+int64_t norm_chunks(int64_t N) { return ceil_div<int64_t>(N, norm_chunk_rows(N)); }
+
+// dx (+)= the dx kernel's formula, and partial[k][blockIdx.x][c] = the block's Σ dy·x̂ (k = 0) and
+// Σ dy (k = 1, LN) over its rows (Note [one-pass norm backward]). dx may be null.
+template <typename T, typename P, int kV, int kPacks, bool kLN>
+__global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kV <= 24 ? 2 : 1)
+    norm_backward_fused_kernel(const T* __restrict__ x, const P* __restrict__ gamma,
+                               const float* __restrict__ mean, const float* __restrict__ rstd,
+                               const T* __restrict__ dy, T* __restrict__ dx, int64_t N, int C,
+                               int64_t rows_per_block, float* __restrict__ partial) {
+  constexpr int K = kLN ? 2 : 1;
+  constexpr int kE = kPacks * kV;  // columns a lane owns
+  __shared__ float slots[kRowsPerBlock / 2][K][kE][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
+  float acc[K][kE];
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int e = 0; e < kE; ++e) acc[k][e] = 0.0f;
+  for (int64_t row = r0 + warp; row < r1; row += kRowsPerBlock) {  // warp-uniform
+    const float m = kLN ? mean[row] : 0.0f;
+    const float r = rstd[row];
+    Pack<T, kV> xs[kPacks], ds[kPacks];
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const int c = (lane + 32 * j) * kV;
+      if (c < C) {
+        xs[j] = *reinterpret_cast<const Pack<T, kV>*>(x + row * C + c);
+        ds[j] = *reinterpret_cast<const Pack<T, kV>*>(dy + row * C + c);
+      }
+    }
+    float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const int c = (lane + 32 * j) * kV;
+      if (c >= C) continue;
+      float g[kV];
+      load_floats<kV>(gamma + c, g);
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        const float d = to_float(ds[j].v[e]);
+        const float xhat = (to_float(xs[j].v[e]) - m) * r;
+        const float gg = d * g[e];
+        sum_g += gg;
+        sum_gx += gg * xhat;
+        acc[0][j * kV + e] += d * xhat;
+        if constexpr (kLN) acc[K - 1][j * kV + e] += d;
+      }
+    }
+    if (dx == nullptr) continue;
+    const float mean_g = kLN ? warp_sum(sum_g) / static_cast<float>(C) : 0.0f;
+    const float mean_gx = warp_sum(sum_gx) / static_cast<float>(C);
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const int c = (lane + 32 * j) * kV;
+      if (c >= C) continue;
+      float g[kV], out[kV];
+      load_floats<kV>(gamma + c, g);
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        const float xhat = (to_float(xs[j].v[e]) - m) * r;
+        out[e] = r * (to_float(ds[j].v[e]) * g[e] - mean_g - xhat * mean_gx);
+      }
+      add_floats<kV>(dx + row * C + c, out);
+    }
+  }
+  // The fixed tree over the warps: 4..7 into 0..3, 2..3 into 0..1, 1 into 0.
+#pragma unroll
+  for (int h = kRowsPerBlock / 2; h > 0; h /= 2) {
+    if (warp >= h && warp < 2 * h) {
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+#pragma unroll
+        for (int e = 0; e < kE; ++e) slots[warp - h][k][e][lane] = acc[k][e];
+    }
+    __syncthreads();
+    if (warp < h) {
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+#pragma unroll
+        for (int e = 0; e < kE; ++e) acc[k][e] += slots[warp][k][e][lane];
+    }
+    __syncthreads();
+  }
+  if (warp != 0) return;
+#pragma unroll
+  for (int j = 0; j < kPacks; ++j) {
+    const int c = (lane + 32 * j) * kV;
+    if (c >= C) continue;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      float out[kV];
+#pragma unroll
+      for (int e = 0; e < kV; ++e) out[e] = acc[k][j * kV + e];
+      store_floats<kV>(partial + (k * static_cast<int64_t>(gridDim.x) + blockIdx.x) * C + c, out);
+    }
+  }
+}
+
 // Column-sum terms: dgamma += dy·x̂ and (LN) dbeta += dy.
 template <typename T, bool kLN>
 struct NormParamTerm {
@@ -149,6 +281,53 @@ void launch_forward(const void* x, const void* gamma, const void* beta, void* y,
   CUDA_CHECK_LAUNCH();
 }
 
+// The one-pass backward (Note [one-pass norm backward]) with kPacks packs of kV a lane, then the
+// finish of the partials into dgamma and dbeta.
+template <typename T, typename P, int kV, int kPacks, bool kLN>
+void launch_fused(const T* x, const P* gamma, const float* mean, const float* rstd, const T* dy,
+                  T* dx, float* dgamma, float* dbeta, float* scratch, int64_t N, int64_t C,
+                  cudaStream_t st) {
+  const int64_t chunks = norm_chunks(N);
+  norm_backward_fused_kernel<T, P, kV, kPacks, kLN>
+      <<<static_cast<unsigned>(chunks), kRowsPerBlock * 32, 0, st>>>(
+          x, gamma, mean, rstd, dy, dx, N, static_cast<int>(C), norm_chunk_rows(N), scratch);
+  CUDA_CHECK_LAUNCH();
+  column_tree_finish<kLN ? 2 : 1>(scratch, chunks, C, dgamma, dbeta, st);
+}
+
+// Runs the one-pass backward if the shape is covered (see the note); false: not launched.
+template <typename T, typename P, bool kLN>
+bool try_fused_backward(const T* x, const P* gamma, const float* mean, const float* rstd,
+                        const T* dy, T* dx, float* dgamma, float* dbeta, float* scratch, int64_t N,
+                        int64_t C, cudaStream_t st) {
+  constexpr int kV = kPack<T>;
+  const bool packed = C % kV == 0 && is_aligned(x, 16) && is_aligned(dy, 16) &&
+                      is_aligned(dx, 16) && is_aligned(gamma, sizeof(P) * kV);
+  auto run = [&](auto v, auto packs) {
+    launch_fused<T, P, decltype(v)::value, decltype(packs)::value, kLN>(
+        x, gamma, mean, rstd, dy, dx, dgamma, dbeta, scratch, N, C, st);
+    return true;
+  };
+  using Vec = std::integral_constant<int, kV>;
+  using One = std::integral_constant<int, 1>;
+  if (packed) {
+    switch (ceil_div<int64_t>(C / kV, 32)) {
+      case 1:
+        return run(Vec{}, std::integral_constant<int, 1>{});
+      case 2:
+        return run(Vec{}, std::integral_constant<int, 2>{});
+      case 3:
+        return run(Vec{}, std::integral_constant<int, 3>{});
+      case 4:
+        return run(Vec{}, std::integral_constant<int, kFusedMaxPacks>{});
+      default:
+        return false;
+    }
+  }
+  if (C > 32 * kFusedScalarElems) return false;
+  return run(One{}, std::integral_constant<int, kFusedScalarElems>{});
+}
+
 template <typename T, typename P, bool kLN>
 void launch_backward(const void* x, const void* gamma, const float* mean, const float* rstd,
                      const void* dy, void* dx, float* dgamma, float* dbeta, float* scratch,
@@ -157,9 +336,14 @@ void launch_backward(const void* x, const void* gamma, const float* mean, const 
   const auto* xp = static_cast<const T*>(x);
   const auto* gp = static_cast<const P*>(gamma);
   const auto* dyp = static_cast<const T*>(dy);
+  auto* dxp = static_cast<T*>(dx);
   auto st = static_cast<cudaStream_t>(stream);
+  if ((dgamma != nullptr || dbeta != nullptr) &&
+      try_fused_backward<T, P, kLN>(xp, gp, mean, rstd, dyp, dxp, dgamma, dbeta, scratch, N, C,
+                                    st)) {
+    return;
+  }
   if (dx != nullptr) {
-    auto* dxp = static_cast<T*>(dx);
     const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(N, kRowsPerBlock));
     const int c = static_cast<int>(C);
     if (C % kV == 0 && is_aligned(x, 16) && is_aligned(dy, 16) && is_aligned(dx, 16) &&
@@ -193,12 +377,13 @@ void layernorm_forward(const void* x, const void* gamma, const void* beta, DType
   });
 }
 
+// Either path's partials: the one-pass kernel's [K][norm_chunks(N)][C] or the column sums'.
 int64_t layernorm_backward_scratch_floats(int64_t N, int64_t C) {
-  return column_scratch_floats(N, C, 2);
+  return std::max(column_scratch_floats(N, C, 2), 2 * norm_chunks(N) * C);
 }
 
 int64_t rmsnorm_backward_scratch_floats(int64_t N, int64_t C) {
-  return column_scratch_floats(N, C, 1);
+  return std::max(column_scratch_floats(N, C, 1), norm_chunks(N) * C);
 }
 
 void layernorm_backward(const void* x, const void* gamma, DType param, const float* mean,

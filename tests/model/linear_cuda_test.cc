@@ -1,10 +1,16 @@
 // linear and add on CUDA against the CPU kernels (GPU test; skipped without a GPU).
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "model/ops/add.h"
+#include "model/ops/device_util.h"
 #include "model/ops/linear.h"
+#include "model/stream.h"
 #include "tests/model/cuda_op_check.h"
 #include "tests/model/gradcheck.h"
+#include "tests/model/op_check.h"
 
 namespace gtron {
 namespace {
@@ -69,6 +75,50 @@ TEST(LinearCuda, RepeatedWeightUseAccumulates) {
   c.params = {testing::randn_tensor({41, 41}, 7, 0.2)};
   testing::expect_cuda_matches_cpu(c, DType::kF32, testing::kF32Tol);
   testing::expect_cuda_matches_cpu(c, DType::kBF16, testing::kBF16Tol);
+}
+
+// Note [one-pass column sums]: several row chunks with a ragged last one, column tiles with a tail
+// (Cout = 1000 bf16: 125 packs), and the one-element path (Cout = 53).
+TEST(LinearCuda, BiasGradientOnePassMatchesCpu) {
+  GTRON_REQUIRE_GPU();
+  for (int64_t Cout : {768, 1000, 53}) {
+    SCOPED_TRACE("Cout = " + std::to_string(Cout));
+    OpCase c = linear_case(4101, 24, Cout, ParamDtype::kF32);
+    testing::expect_cuda_matches_cpu(c, DType::kBF16, testing::kBF16Tol);
+    c.param_dtypes = {ParamDtype::kAct, ParamDtype::kAct};
+    testing::expect_cuda_matches_cpu(c, DType::kF32, testing::kF32Tol);
+  }
+}
+
+// The launcher alone at GPT-2 124M's shapes (B·T = 16384 rows; qkv and fc widths): db accumulates
+// Σ_rows dy onto its previous value, within fp32 summation error of an f64 sum, and repeats bit
+// for bit.
+TEST(LinearCuda, BiasGradientAtGpt2Shapes) {
+  GTRON_REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  Stream& s = current_stream(dev);
+  constexpr int64_t N = 16384;
+  for (int64_t C : {2304, 3072, 768}) {
+    SCOPED_TRACE("C = " + std::to_string(C));
+    const Tensor dy_host = testing::randn_tensor({N, C}, 20, 1.0, DType::kF32).to(DType::kBF16);
+    const Tensor dy = dy_host.to(dev, &s);
+    const std::vector<double> init = testing::randn(static_cast<size_t>(C), 21);
+    const std::vector<double> dyv = dy_host.to_vector();
+    std::vector<double> want = init;
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t c = 0; c < C; ++c) want[c] += dyv[r * C + c];
+    std::vector<std::vector<double>> got;
+    for (int run = 0; run < 2; ++run) {
+      Tensor db = Tensor::from_vector(init, {C}, DType::kF32).to(dev, &s);
+      Tensor scratch = scratch_floats(cuda::linear_backward_scratch_floats(N, C), s);
+      cuda::linear_backward(nullptr, nullptr, dy.raw(), nullptr, nullptr, DType::kF32,
+                            db.data<float>(), scratch.data<float>(), N, /*Cin=*/1, C, DType::kBF16,
+                            s.native());
+      got.push_back(db.to_vector());
+    }
+    EXPECT_LT(testing::rel_diff(got[0], want), 1e-5);
+    EXPECT_EQ(got[0], got[1]) << "a rerun changed the bits";
+  }
 }
 
 TEST(AddCuda, MatchesCpuBitForBitInF32) {

@@ -83,7 +83,10 @@ int main(int argc, char** argv) {
   }
   AdamW opt(dp.owned_numel(), decayed, AdamWHyper{}, dev);
   Bf16Weights shadows;
-  if (bf16) model.set_weight_access(&shadows);
+  if (bf16) {
+    model.set_weight_access(&shadows);
+    opt.set_bf16_shadows([&shadows](Parameter& p) { return shadows.shadow_for_optimizer(p); });
+  }
   graphs::ModelGraphs graphed(model, scope, dev);  // 2 eager warmups, then capture and replay
 
   // Random tokens, written once into pinned memory and copied to the device every step.
@@ -109,7 +112,7 @@ int main(int argc, char** argv) {
     opt.clip_on_device(dp.owned(), 1.0, nullptr);
     opt.step_on_device(dp.owned(), 6e-4);
     dp.after_update();
-    shadows.refresh();
+    shadows.refresh_after_step();
     last_loss = out.loss.value();
   };
 

@@ -1,0 +1,253 @@
+// AdamW on the device (trainer/optimizer_cuda.h) against the CPU formula, its float4 and scalar
+// paths against each other, and the bf16 shadows it writes (Note [fused shadow refresh]) against
+// the bits a cast of the updated masters gives; then the Bf16Weights side of the fusion. GPU test:
+// skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "model/device.h"
+#include "model/gpt.h"
+#include "model/mixed_precision.h"
+#include "model/stream.h"
+#include "parallel/ddp.h"
+#include "parallel/self_communicator.h"
+#include "trainer/optimizer.h"
+#include "trainer/optimizer_cuda.h"
+
+namespace gtron {
+namespace {
+
+#define REQUIRE_GPU()                                   \
+  if (cuda_device_count() == 0) {                       \
+    GTEST_SKIP() << "no CUDA device: GPU test skipped"; \
+  }
+
+// Two full chunks and a ragged one (whose length is not a multiple of 4: a scalar tail).
+constexpr int64_t kN = 2 * cuda::kOptimChunk + 37;
+
+std::vector<double> draw(int64_t n, uint64_t seed, double scale) {
+  std::vector<double> v(static_cast<size_t>(n));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (double& x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = scale * (static_cast<double>(s >> 11) / 9007199254740992.0 - 0.5);
+  }
+  return v;
+}
+
+std::vector<float> host_floats(const Tensor& t) {
+  current_stream(t.device()).synchronize();
+  Tensor h = t.to(Device::cpu());
+  const float* p = h.data<float>();
+  return std::vector<float>(p, p + h.numel());
+}
+
+std::vector<uint16_t> host_bits(const Tensor& bf16) {
+  current_stream(bf16.device()).synchronize();
+  Tensor h = bf16.to(Device::cpu());
+  const auto* p = static_cast<const uint16_t*>(h.raw());
+  return std::vector<uint16_t>(p, p + h.numel());
+}
+
+// Every shadow element must be bf16(master) exactly: the bits the cast kernel would write.
+void expect_shadow_is_cast(const std::vector<uint16_t>& shadow, const std::vector<float>& w,
+                           const std::string& what) {
+  ASSERT_EQ(shadow.size(), w.size()) << what;
+  int64_t bad = 0;
+  for (size_t i = 0; i < w.size(); ++i) bad += shadow[i] != float_to_bf16(w[i]).bits;
+  EXPECT_EQ(bad, 0) << what << ": shadow elements that differ from bf16(master)";
+}
+
+parallel::OwnedSegment segment(Parameter& p, int64_t n, int64_t state_offset) {
+  parallel::OwnedSegment s;
+  s.param = &p;
+  s.w = p.data.data<float>();
+  s.g = p.main_grad.data<float>();
+  s.n = n;
+  s.state_offset = state_offset;
+  return s;
+}
+
+TEST(AdamWCuda, MatchesCpuBothPathsAgreeAndShadowsAreCasts) {
+  REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  Stream& stream = current_stream(dev);
+  const std::vector<double> w0 = draw(kN, 1, 2.0);
+  // a: whole, every pointer 16-byte aligned (float4 path). b: the same values, whole, but its
+  // moments start one float off alignment (scalar path). c: only its first half is owned (a
+  // distributed-optimizer slice): it must never get a fused shadow.
+  Parameter a("a", Tensor::from_vector(w0, {kN}, DType::kF32).to(dev));
+  Parameter b("b", Tensor::from_vector(w0, {kN}, DType::kF32).to(dev));
+  Parameter c("c", Tensor::from_vector(draw(64, 2, 1.0), {64}, DType::kF32).to(dev));
+  const std::vector<parallel::OwnedSegment> segs = {segment(a, kN, 0), segment(b, kN, kN + 1),
+                                                    segment(c, 32, 2 * kN + 1)};
+  AdamWHyper h;
+  AdamW opt(2 * kN + 1 + 32, {&a, &b}, h, dev);
+  Tensor shadow_a = Tensor::zeros({kN}, DType::kBF16, dev, &stream);
+  Tensor shadow_b = Tensor::zeros({kN}, DType::kBF16, dev, &stream);
+  Tensor shadow_c = Tensor::zeros({64}, DType::kBF16, dev, &stream);
+  std::vector<std::string> asked;
+  opt.set_bf16_shadows([&](Parameter& p) -> void* {
+    asked.push_back(p.name);
+    return p.name == "a" ? shadow_a.raw() : p.name == "b" ? shadow_b.raw() : shadow_c.raw();
+  });
+
+  std::vector<float> ref(w0.begin(), w0.end()), m(static_cast<size_t>(kN)), v(m.size());
+  constexpr double kClip = 1.0, kLr = 3e-3;
+  for (int step = 1; step <= 3; ++step) {
+    const std::vector<double> g = draw(kN, 10 + step, 0.1);
+    a.main_grad.copy_from(Tensor::from_vector(g, {kN}, DType::kF32));
+    b.main_grad.copy_from(Tensor::from_vector(g, {kN}, DType::kF32));
+    const std::vector<double> gc = draw(64, 20 + step, 0.1);
+    c.main_grad.copy_from(Tensor::from_vector(gc, {64}, DType::kF32));
+    opt.clip_on_device(segs, kClip, nullptr);
+    opt.step_on_device(segs, kLr);
+    // The CPU reference of a's update, with the clip factor of the same norm (a, b, c's half).
+    auto square = [](double x) {
+      const double f = static_cast<float>(x);  // the f32 gradient the device holds
+      return f * f;
+    };
+    double sq = 0;
+    for (double x : g) sq += 2 * square(x);
+    for (int i = 0; i < 32; ++i) sq += square(gc[i]);
+    const std::vector<float> gf(g.begin(), g.end());
+    adamw_update(ref.data(), gf.data(), m.data(), v.data(), kN, kLr, h.weight_decay, h, step,
+                 clip_scale(std::sqrt(sq), kClip));
+
+    const std::vector<float> wa = host_floats(a.data), wb = host_floats(b.data);
+    EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)), 0)
+        << "float4 and scalar paths differ at step " << step;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < wa.size(); ++i) {
+      num += (static_cast<double>(wa[i]) - ref[i]) * (static_cast<double>(wa[i]) - ref[i]);
+      den += static_cast<double>(ref[i]) * ref[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-6) << "device AdamW vs CPU at step " << step;
+    expect_shadow_is_cast(host_bits(shadow_a), wa, "a (float4 path)");
+    expect_shadow_is_cast(host_bits(shadow_b), wb, "b (scalar path)");
+  }
+  const std::vector<float> mom = host_floats(opt.m());
+  EXPECT_EQ(std::memcmp(mom.data(), mom.data() + kN + 1, kN * sizeof(float)), 0)
+      << "first moments of the two paths differ";
+  EXPECT_EQ(asked, (std::vector<std::string>{"a", "b"})) << "only whole segments may fuse";
+  for (uint16_t bits : host_bits(shadow_c)) ASSERT_EQ(bits, 0) << "c's shadow was written";
+}
+
+// Bf16Weights: a shadow handed to the optimizer is fresh after refresh_after_step() (no cast at
+// its next use, and it holds bf16 of the updated master); one that was not handed out is re-cast;
+// refresh() still re-casts everything.
+TEST(AdamWCuda, Bf16WeightsTrustsOptimizerWrittenShadows) {
+  REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  NoGradGuard no_grad;  // uses without a backward
+  Parameter p("p", Tensor::from_vector(draw(24 * 40, 3, 1.0), {24, 40}, DType::kF32).to(dev));
+  Parameter q("q", Tensor::from_vector(draw(16 * 8, 4, 1.0), {16, 8}, DType::kF32).to(dev));
+  Parameter unused("unused", Tensor::from_vector(draw(8, 5, 1.0), {8}, DType::kF32).to(dev));
+  Bf16Weights shadows;
+  shadows.use(p);
+  shadows.use(q);
+  EXPECT_EQ(shadows.casts(), 2);
+  EXPECT_EQ(shadows.shadow_for_optimizer(unused), nullptr) << "a parameter without a shadow";
+
+  // The optimizer updates p whole (fused) and q in part (not fused).
+  const std::vector<parallel::OwnedSegment> segs = {segment(p, p.data.numel(), 0),
+                                                    segment(q, 64, p.data.numel())};
+  AdamW opt(p.data.numel() + 64, {&p, &q}, AdamWHyper{}, dev);
+  opt.set_bf16_shadows([&](Parameter& x) { return shadows.shadow_for_optimizer(x); });
+  p.main_grad.copy_from(Tensor::from_vector(draw(24 * 40, 6, 0.1), {24, 40}, DType::kF32));
+  q.main_grad.copy_from(Tensor::from_vector(draw(16 * 8, 7, 0.1), {16, 8}, DType::kF32));
+  opt.clip_on_device(segs, 0.0, nullptr);
+  opt.step_on_device(segs, 1e-2);
+  shadows.refresh_after_step();
+
+  Var vp = shadows.use(p);
+  EXPECT_EQ(shadows.casts(), 2) << "p's shadow was written by AdamW: no cast";
+  expect_shadow_is_cast(host_bits(vp.value()), host_floats(p.data), "p after the fused step");
+  Var vq = shadows.use(q);
+  EXPECT_EQ(shadows.casts(), 3) << "q's shadow is stale: one cast";
+  expect_shadow_is_cast(host_bits(vq.value()), host_floats(q.data), "q after its re-cast");
+  shadows.refresh();  // e.g. weights loaded from a checkpoint
+  shadows.use(p);
+  EXPECT_EQ(shadows.casts(), 4) << "refresh() marks the optimizer-written shadows stale too";
+}
+
+// A few bf16 training steps of a tiny MTP GPT (the training loop's pieces, as bench_gpu runs them):
+// the per-step losses and the final masters, with the shadows written by AdamW or re-cast.
+struct Trained {
+  std::vector<double> losses;
+  std::vector<float> masters;
+  int64_t casts = 0;
+};
+
+Trained train_tiny(bool fused) {
+  const Device dev = Device::cuda(0);
+  Stream& stream = current_stream(dev);
+  GPTConfig c;
+  c.vocab_size = 64;
+  c.context_length = 16;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 64;
+  c.mtp_depth = 1;
+  GPT model(c, DType::kF32, dev, 7);
+  parallel::SelfCommunicator comm(dev);
+  parallel::DataParallel dp(model.parameters(), &comm, parallel::DdpOptions{});
+  std::unordered_set<const Parameter*> decayed;
+  for (const Parameter* p : model.parameters())
+    if (p->weight_decay) decayed.insert(p);
+  AdamW opt(dp.owned_numel(), decayed, AdamWHyper{}, dev);
+  Bf16Weights shadows;
+  model.set_weight_access(&shadows);
+  if (fused) opt.set_bf16_shadows([&](Parameter& p) { return shadows.shadow_for_optimizer(p); });
+  const int64_t B = 2, T = 16;
+  Tensor seed = Tensor::from_vector({1.0}, Shape{}, DType::kF32).to(dev, &stream);
+  Trained out;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<int32_t> tok(static_cast<size_t>(B * (T + 1)));
+    for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>((i * 7 + step * 13) % 64);
+    dp.zero_grads();
+    dp.set_last_microbatch(true);
+    GPTOutput o = model.forward(Tensor::from_ints(tok, {B, T + 1}).to(dev, &stream));
+    backward_with(o.loss, seed);
+    dp.finish_grads();
+    opt.clip_on_device(dp.owned(), 1.0, nullptr);
+    opt.step_on_device(dp.owned(), 1e-2);
+    dp.after_update();
+    if (fused) {
+      shadows.refresh_after_step();
+    } else {
+      shadows.refresh();
+    }
+    out.losses.push_back(o.loss.value().item());
+  }
+  for (Parameter* p : model.parameters()) {
+    const std::vector<float> w = host_floats(p->data);
+    out.masters.insert(out.masters.end(), w.begin(), w.end());
+  }
+  out.casts = shadows.casts();
+  model.set_weight_access(nullptr);
+  return out;
+}
+
+TEST(AdamWCuda, FusedShadowsTrainBitForBitLikeRecasts) {
+  REQUIRE_GPU();
+  const Trained recast = train_tiny(false);
+  const Trained fused = train_tiny(true);
+  EXPECT_EQ(fused.losses, recast.losses);
+  ASSERT_EQ(fused.masters.size(), recast.masters.size());
+  EXPECT_EQ(std::memcmp(fused.masters.data(), recast.masters.data(),
+                        fused.masters.size() * sizeof(float)),
+            0)
+      << "the masters differ after 4 steps";
+  // Re-casting casts every shadow once per step; fused, only at the first use.
+  EXPECT_GT(recast.casts, fused.casts);
+  EXPECT_EQ(recast.casts, 4 * fused.casts);
+}
+
+}  // namespace
+}  // namespace gtron
