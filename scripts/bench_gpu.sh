@@ -12,7 +12,8 @@
 # alternately, two rounds, for D = 0 and D = 1, then PyTorch eager once per D, and prints every
 # JSON line plus {"ratio_vs_torch_compile": gtron / torch.compile tokens/s, "D", "round"} lines.
 # Remaining flags pass through to both (same spelling: --B, --T, --L, --C, --NH, --V, --steps);
-# GTRON_COMPARE_ROUNDS (2) and GTRON_COMPARE_D ("0 1") narrow it, e.g. for GPT-2 350M:
+# GTRON_COMPARE_ROUNDS (2) and GTRON_COMPARE_D ("0 1") narrow it, GTRON_COMPARE_EAGER=0 leaves out
+# the eager runs, e.g. for GPT-2 350M:
 #   GTRON_COMPARE_ROUNDS=1 GTRON_COMPARE_D=0 scripts/bench_gpu.sh --compare --L 24 --C 1024 --NH 16
 #
 # The binary: scripts/bench_gpu_bin.sh (prebuilt next to this script or in .gpubin/, else Bazel).
@@ -33,9 +34,11 @@ if [[ "${1:-}" == "--compare" ]]; then
       python3 -c 'import json,sys; g,t=json.loads(sys.argv[1]),json.loads(sys.argv[2]); print(json.dumps({"ratio_vs_torch_compile": round(g["tokens_per_s"]/t["tokens_per_s"],4), "D": int(sys.argv[3]), "round": int(sys.argv[4]), "gtron_peak_gib": g["peak_mem_gib"], "torch_compile_peak_gib": t["peak_mem_gib"]}))' "$g_line" "$t_line" "$d" "$round"
     done
   done
-  for d in ${GTRON_COMPARE_D:-0 1}; do
-    python3 "$torch_py" --mode eager --D "$d" "${common[@]}" "$@" 2>/dev/null | tail -1
-  done
+  if [[ "${GTRON_COMPARE_EAGER:-1}" != "0" ]]; then
+    for d in ${GTRON_COMPARE_D:-0 1}; do
+      python3 "$torch_py" --mode eager --D "$d" "${common[@]}" "$@" 2>/dev/null | tail -1
+    done
+  fi
   exit 0
 fi
 for d in 0 1; do
