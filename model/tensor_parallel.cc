@@ -89,7 +89,8 @@ Parameter& ParamRegistry::add_split(const std::string& name, const Shape& full, 
   Parameter& p = add(name, full, init, std, weight_decay);  // a function of (seed, name)
   if (tp_.size == 1 || slice.split == TpSplit::kNone) return p;
   const Device dev = p.data.device();  // cut on the host (construction only)
-  p.data = tp_local_of(dev.is_cuda() ? p.data.to(Device::cpu()) : p.data, slice, tp_.rank, tp_.size);
+  p.data =
+      tp_local_of(dev.is_cuda() ? p.data.to(Device::cpu()) : p.data, slice, tp_.rank, tp_.size);
   if (dev.is_cuda()) p.data = p.data.to(dev);
   p.main_grad = Tensor::zeros(p.data.shape(), p.data.dtype(), dev);
   slices_[&p] = slice;

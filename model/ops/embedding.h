@@ -44,8 +44,8 @@ void embedding_forward(const int32_t* tokens, const void* table, void* y, int64_
 // zero for id Vl. embedding_backward skips id V = Vl, so the same ids drive the gradient.
 void embedding_local_ids(const int32_t* tokens, int32_t* local, int64_t N, int64_t v0, int64_t Vl,
                          int64_t Vfull, void* stream);
-void embedding_forward_or_zero(const int32_t* ids, const void* table, void* y, int64_t N,
-                               int64_t V, int64_t C, DType act, void* stream);
+void embedding_forward_or_zero(const int32_t* ids, const void* table, void* y, int64_t N, int64_t V,
+                               int64_t C, DType act, void* stream);
 // Bytes of scratch embedding_backward needs.
 int64_t embedding_backward_scratch_bytes(int64_t N, int64_t V);
 // dtable[tokens[i], :] += dy[i, :] for i = 0..N-1 (tokens in [0, V]; id V adds nothing). dy in

@@ -176,10 +176,12 @@ void launch_embedding_forward(const int32_t* tokens, const void* table, void* y,
     auto st = static_cast<cudaStream_t>(stream);
     if (C % kV == 0 && is_aligned(table, 16) && is_aligned(y, 16)) {
       const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(N * (C / kV), kThreads));
-      embedding_forward_kernel<T, kV, kZeroOutside><<<blocks, kThreads, 0, st>>>(tokens, tp, yp, N, V, C);
+      embedding_forward_kernel<T, kV, kZeroOutside>
+          <<<blocks, kThreads, 0, st>>>(tokens, tp, yp, N, V, C);
     } else {
       const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(N * C, kThreads));
-      embedding_forward_kernel<T, 1, kZeroOutside><<<blocks, kThreads, 0, st>>>(tokens, tp, yp, N, V, C);
+      embedding_forward_kernel<T, 1, kZeroOutside>
+          <<<blocks, kThreads, 0, st>>>(tokens, tp, yp, N, V, C);
     }
     CUDA_CHECK_LAUNCH();
   });
@@ -192,8 +194,8 @@ void embedding_forward(const int32_t* tokens, const void* table, void* y, int64_
   launch_embedding_forward<false>(tokens, table, y, N, V, C, act, stream);
 }
 
-void embedding_forward_or_zero(const int32_t* ids, const void* table, void* y, int64_t N,
-                               int64_t V, int64_t C, DType act, void* stream) {
+void embedding_forward_or_zero(const int32_t* ids, const void* table, void* y, int64_t N, int64_t V,
+                               int64_t C, DType act, void* stream) {
   launch_embedding_forward<true>(ids, table, y, N, V, C, act, stream);
 }
 

@@ -75,8 +75,7 @@ Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b) {
   Tensor y = Tensor::empty(Shape(with_last(g.shape(), d.Cout)), DType::kBF16, g.device(), &s);
   cuda::linear_forward(g.value().raw(), w.value().raw(), b.defined() ? b.value().raw() : nullptr,
                        DType::kBF16, y.raw(), d.N, d.Cin, d.Cout, DType::kBF16, s.native());
-  const bool need =
-      g.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad());
+  const bool need = g.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad());
   Var out = Var::output(y, need);
   if (need) {
     // g is not kept for the backward (its [N, 4C] buffer is free once y is formed): the backward

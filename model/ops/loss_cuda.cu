@@ -227,8 +227,7 @@ __global__ void backward_inplace_kernel(T* logits, const int32_t* __restrict__ t
     store_floats<kV>(row + j, v);
   }
   for (int64_t j = vec_end + threadIdx.x; j < Vp; j += blockDim.x) {
-    const float p =
-        masked || j >= V ? 0.0f : logit_grad(to_float(row[j]), ml, j == tgt, g);
+    const float p = masked || j >= V ? 0.0f : logit_grad(to_float(row[j]), ml, j == tgt, g);
     row[j] = from_float<T>(p);
   }
 }
@@ -411,10 +410,10 @@ void cross_entropy_row_sums(const void* logits, const int32_t* targets, float* r
     const auto grid = static_cast<unsigned>(N);
     if (rows_packed<T>(Vp, logits, logits)) {
       rows_kernel<T, kV, false><<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rsum, nullptr,
-                                                             nullptr, nullptr, V, Vp, true);
+                                                              nullptr, nullptr, V, Vp, true);
     } else {
       rows_kernel<T, 1, false><<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rsum, nullptr,
-                                                            nullptr, nullptr, V, Vp, true);
+                                                             nullptr, nullptr, V, Vp, true);
     }
     CUDA_CHECK_LAUNCH();
   });
@@ -442,8 +441,8 @@ void vocab_parallel_finalize(const int32_t* targets, const float* gmax, const fl
     CUDA_CHECK_LAUNCH();
   }
   // The target logits are given (sums + N): the logits themselves are not read.
-  finalize_kernel<float><<<1, kOneBlock, 0, st>>>(nullptr, targets, gmax, rlse, count, loss,
-                                                  sums + N, N, 0);
+  finalize_kernel<float>
+      <<<1, kOneBlock, 0, st>>>(nullptr, targets, gmax, rlse, count, loss, sums + N, N, 0);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -173,7 +173,6 @@ void local_grad(const T* l, const int32_t* tg, const T* mx, const T* lse, const 
   }
 }
 
-
 // The CUDA cross-entropy: the single-GPU kernels (model/ops/loss_cuda.cu) over this rank's
 // columns, with the row max and the [Σ exp | target logit] pairs reduced over the group in
 // between. Statistics, count and loss are f32/i32 device values; no host sync.
@@ -187,12 +186,12 @@ Var vocab_parallel_ce_cuda(const Var& logits, const Tensor& targets, VocabSplit 
   Stream& s = current_stream(dev);
   const int64_t N = d.N;
   if (targets.device().is_cpu()) check_targets(targets.data<int32_t>(), N, d.V);
-  const Tensor tg = ids_on_device(targets, s);                       // [N] i32
-  Tensor count = Tensor::empty(Shape{1}, DType::kI32, dev, &s);      // unmasked rows
-  Tensor lmax = Tensor::empty(Shape{N}, DType::kF32, dev, &s);       // [N] this rank's row max
-  Tensor gmax = Tensor::empty(Shape{N}, DType::kF32, dev, &s);       // [N] the group's
-  Tensor sums = Tensor::empty(Shape{2 * N}, DType::kF32, dev, &s);   // [Σexp | target logit]
-  Tensor rlse = Tensor::empty(Shape{N}, DType::kF32, dev, &s);       // [N] log Σ exp(l − gmax)
+  const Tensor tg = ids_on_device(targets, s);                      // [N] i32
+  Tensor count = Tensor::empty(Shape{1}, DType::kI32, dev, &s);     // unmasked rows
+  Tensor lmax = Tensor::empty(Shape{N}, DType::kF32, dev, &s);      // [N] this rank's row max
+  Tensor gmax = Tensor::empty(Shape{N}, DType::kF32, dev, &s);      // [N] the group's
+  Tensor sums = Tensor::empty(Shape{2 * N}, DType::kF32, dev, &s);  // [Σexp | target logit]
+  Tensor rlse = Tensor::empty(Shape{N}, DType::kF32, dev, &s);      // [N] log Σ exp(l − gmax)
   Tensor loss = Tensor::empty(Shape{}, DType::kF32, dev, &s);
   const int32_t* tp = tg.data<int32_t>();
   cuda::cross_entropy_count(tp, count.data<int32_t>(), N, d.V, s.native());
@@ -214,10 +213,9 @@ Var vocab_parallel_ce_cuda(const Var& logits, const Tensor& targets, VocabSplit 
     const int32_t* tp = tg.data<int32_t>();
     if (overwrite && !logits.has_grad()) {  // as the single-GPU loss: the gradient in place
       Tensor buffer = logits.value();
-      cuda::cross_entropy_backward_inplace(buffer.raw(), tp, gmax.data<float>(),
-                                           rlse.data<float>(), count.data<int32_t>(),
-                                           out.grad().data<float>(), d.N, d.valid, d.Vl,
-                                           logits.dtype(), s.native(), d.v0);
+      cuda::cross_entropy_backward_inplace(buffer.raw(), tp, gmax.data<float>(), rlse.data<float>(),
+                                           count.data<int32_t>(), out.grad().data<float>(), d.N,
+                                           d.valid, d.Vl, logits.dtype(), s.native(), d.v0);
       logits.set_grad(buffer);
       return;
     }

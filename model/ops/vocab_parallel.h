@@ -13,12 +13,12 @@
 
 namespace gtron {
 
-// tokens: i32 (CPU, or on a CUDA table's device), each in [0, Vp); table: [Vl, C], rows [v0, v0 + Vl) of the full table.
-// Returns tokens' shape + [C]: Σ_TP of (table[token − v0] for this rank's tokens, 0 otherwise),
-// i.e. the full lookup on every rank. Backward accumulates dtable[token − v0] += dy for this
-// rank's tokens, rows in order (bit-deterministic). `scatter_tokens` (sequence parallelism, i32
-// tokens [B, T]): the sum is reduce-scattered instead, so this rank gets its chunk of the sequence
-// (tp_scatter_tokens in model/ops/tp_comm.h).
+// tokens: i32 (CPU, or on a CUDA table's device), each in [0, Vp); table: [Vl, C], rows [v0, v0 +
+// Vl) of the full table. Returns tokens' shape + [C]: Σ_TP of (table[token − v0] for this rank's
+// tokens, 0 otherwise), i.e. the full lookup on every rank. Backward accumulates dtable[token − v0]
+// += dy for this rank's tokens, rows in order (bit-deterministic). `scatter_tokens` (sequence
+// parallelism, i32 tokens [B, T]): the sum is reduce-scattered instead, so this rank gets its chunk
+// of the sequence (tp_scatter_tokens in model/ops/tp_comm.h).
 Var vocab_parallel_embedding(const Tensor& tokens, const Var& table, int64_t v0,
                              TensorParallelGroup& g, bool scatter_tokens = false);
 

@@ -18,9 +18,9 @@ namespace gtron {
 namespace {
 
 TrainSummary train(const std::string& name, bool tp_code, const std::string& scope) {
-  const Config cfg = testing::tiny_train_config(
-      testing::fresh_dir("tp_" + name + "_" + scope), "cuda", "bf16", 20, 5,
-      {"mtp.depth=2", "graphs.scope=" + scope});
+  const Config cfg =
+      testing::tiny_train_config(testing::fresh_dir("tp_" + name + "_" + scope), "cuda", "bf16", 20,
+                                 5, {"mtp.depth=2", "graphs.scope=" + scope});
   if (tp_code) {
     static int port = 33000 + static_cast<int>(getpid() % 2000);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
