@@ -13,6 +13,11 @@ namespace gtron {
 // Backward accumulates: dtable[tokens[b, t]] += dy[b, t] (scatter-add; repeated ids sum).
 Var embedding(const Tensor& tokens, const Var& table);
 
+// The CUDA lookup behind embedding(), from ids already on the table's device: ids i32 [N], each in
+// [0, V) — or, with `zero_outside` (the vocab-parallel lookup), also V: a zero row and no gradient;
+// y: the output buffer [.., C] of N rows, returned as the op's value.
+Var embedding_of_ids(const Tensor& ids, const Var& table, const Tensor& y, bool zero_outside);
+
 // x: [B, T, C], wpe: [Tmax, C] with T <= Tmax. Returns [B, T, C].
 // Backward accumulates: dx += dy; dwpe[t] += Σ_b dy[b, t].
 Var add_positions(const Var& x, const Var& wpe);

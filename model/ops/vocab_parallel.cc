@@ -39,15 +39,11 @@ int64_t count_unmasked(const int32_t* t, int64_t N) {
   return n;
 }
 
-}  // namespace
-
-namespace {
-
 // The CUDA lookup: the single-GPU kernels on ids made local (tokens of other ranks get the id
 // Vl: a zero row, and no gradient).
 Var local_lookup_cuda(const Tensor& tokens, const Var& table, int64_t v0, int64_t Vfull,
                       const Shape& out_shape) {
-  const int64_t Vl = table.shape()[0], C = table.shape()[1], N = tokens.numel();
+  const int64_t Vl = table.shape()[0], N = tokens.numel();
   Stream& s = current_stream(table.device());
   if (tokens.device().is_cpu()) check_tokens(tokens.data<int32_t>(), N, Vfull);
   const Tensor ids = ids_on_device(tokens, s);
@@ -55,20 +51,7 @@ Var local_lookup_cuda(const Tensor& tokens, const Var& table, int64_t v0, int64_
   cuda::embedding_local_ids(ids.data<int32_t>(), local.data<int32_t>(), N, v0, Vl, Vfull,
                             s.native());
   Tensor y = Tensor::empty(out_shape, table.dtype(), table.device(), &s);
-  cuda::embedding_forward_or_zero(local.data<int32_t>(), table.value().raw(), y.raw(), N, Vl, C,
-                                  table.dtype(), s.native());
-  Var out = Var::output(y, table.requires_grad());
-  if (out.requires_grad()) {
-    record_backward([local, table, out, N, Vl, C] {
-      if (!out.has_grad()) return;
-      Stream& s = current_stream(out.device());
-      Tensor scratch = scratch_bytes(cuda::embedding_backward_scratch_bytes(N, Vl), s);
-      Tensor& dtable = table.grad();
-      cuda::embedding_backward(local.data<int32_t>(), out.grad().raw(), dtable.raw(),
-                               dtable.dtype(), scratch.raw(), N, Vl, C, out.dtype(), s.native());
-    });
-  }
-  return out;
+  return embedding_of_ids(local, table, y, /*zero_outside=*/true);
 }
 
 }  // namespace

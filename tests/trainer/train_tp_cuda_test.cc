@@ -5,9 +5,7 @@
 // A tiny bf16 run with MTP D = 2 gives the plain single-GPU path's losses bit for bit, eager and
 // under CUDA graphs (graphs.scope layers and full: the collectives are captured). Tagged "gpu".
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -21,20 +19,7 @@ TrainSummary train(const std::string& name, bool tp_code, const std::string& sco
   const Config cfg =
       testing::tiny_train_config(testing::fresh_dir("tp_" + name + "_" + scope), "cuda", "bf16", 20,
                                  5, {"mtp.depth=2", "graphs.scope=" + scope});
-  if (tp_code) {
-    static int port = 33000 + static_cast<int>(getpid() % 2000);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", std::to_string(++port).c_str(), 1);
-    setenv("RANK", "0", 1);
-    setenv("WORLD_SIZE", "1", 1);
-    setenv("LOCAL_RANK", "0", 1);
-    setenv("LOCAL_WORLD_SIZE", "1", 1);
-    setenv("GROUP_RANK", "0", 1);
-    setenv("GTRON_TEST_GRID_OF_ONE", "tp", 1);
-  }
-  TrainSummary s = testing::train_ok(cfg);
-  unsetenv("GTRON_TEST_GRID_OF_ONE");
-  return s;
+  return tp_code ? testing::train_on_grid_of_one(cfg, "tp") : testing::train_ok(cfg);
 }
 
 TEST(TrainTpCuda, TpCodeAtOneRankTrainsLikeThePlainPathBitForBit) {
