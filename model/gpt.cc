@@ -15,11 +15,11 @@ namespace gtron {
 GPT::GPT(const GPTConfig& cfg, DType dtype, Device device, uint64_t seed)
     : cfg_(cfg), params_(dtype, device, seed) {
   GTRON_CHECK(cfg.n_embd % cfg.n_head == 0, "n_embd ", cfg.n_embd, " % n_head ", cfg.n_head);
-  GTRON_CHECK(cfg.tp_size == 1 || (device.is_cpu() && cfg.n_head % cfg.tp_size == 0 &&
-                                   cfg.padded_vocab() % cfg.tp_size == 0),
-              "tensor parallelism ", cfg.tp_size, ": CPU, dividing n_head and the padded vocab");
+  GTRON_CHECK(cfg.n_head % cfg.tp_size == 0 && cfg.padded_vocab() % cfg.tp_size == 0,
+              "tensor parallelism ", cfg.tp_size, ": must divide n_head and the padded vocab");
   params_.tensor_parallel().rank = cfg.tp_rank;
   params_.tensor_parallel().size = cfg.tp_size;
+  params_.tensor_parallel().through_group = cfg.tp_through_group;
   params_.tensor_parallel().sequence_parallel = cfg.sequence_parallel && cfg.tp_size > 1;
   const int64_t C = cfg.n_embd;
   const int64_t Vp = cfg.padded_vocab();
@@ -141,10 +141,11 @@ Var GPT::head_logits(const Var& h) {
 
 Var GPT::loss_of(const Var& logits, const Tensor& targets) {
   const TpContext& tp = params_.tensor_parallel();
-  if (tp.active()) {
-    return vocab_parallel_cross_entropy(logits, targets, cfg_.vocab_size, vocab_begin(), *tp.group);
-  }
   // The head's logits feed only this loss: its backward may overwrite them with their gradient.
+  if (tp.active()) {
+    return vocab_parallel_cross_entropy(logits, targets, cfg_.vocab_size, vocab_begin(), *tp.group,
+                                        /*overwrite_logits=*/true);
+  }
   return cross_entropy(logits, targets, cfg_.vocab_size, /*overwrite_logits=*/true);
 }
 

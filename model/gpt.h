@@ -27,9 +27,10 @@ struct GPTConfig {
   bool tied_embeddings = true;
   double init_std = 0.02;
   // This process's place in the tensor-parallel group: the split layers hold its part
-  // (Note [tensor-parallel layout] in model/tensor_parallel.h). TP > 1: CPU only.
+  // (Note [tensor-parallel layout] in model/tensor_parallel.h).
   int tp_size = 1;
   int tp_rank = 0;
+  bool tp_through_group = false;   // tests: the TP layers at tp_size 1 too (TpContext)
   bool sequence_parallel = false;  // Note [sequence parallelism]; needs tp_size > 1
 
   int64_t padded_vocab() const { return (vocab_size + 63) / 64 * 64; }  // Vp

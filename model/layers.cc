@@ -97,29 +97,38 @@ TransformerBlock::TransformerBlock(ParamRegistry& reg, const std::string& name, 
 Var TransformerBlock::mlp(const Var& x, WeightAccess& w) const {
   if (!fused_mlp_supported(x)) return mlp_proj.forward(gelu(fc.forward(x, w)), w);
   // CUDA bf16: GELU rides in the two GEMMs' epilogues (model/ops/fused_mlp.h). The weight
-  // accesses come in the same order as the composed path's (use/used fc, then proj).
+  // accesses come in the same order as the composed path's (use/used fc, then proj). Split over
+  // TP: fc's input and proj's output pass the TP seams, as in LinearLayer::tp_forward.
+  const Var xin = fc.tp_input(x);
   Var wf = w.use(*fc.weight);
   Var bf = w.use_bias(*fc.bias);
   if (bf.dtype() != DType::kBF16) {  // an access that keeps f32 biases: the composed ops
-    Var up = linear(x, wf, bf);
+    Var up = linear(xin, wf, bf);
     w.used(*fc.weight, wf);
     return mlp_proj.forward(gelu(up), w);
   }
-  GeluUp up = linear_gelu_up(x, wf, bf);
+  GeluUp up = linear_gelu_up(xin, wf, bf);
   w.used(*fc.weight, wf);
   Var wp = w.use(*mlp_proj.weight);
-  Var y = linear_after_gelu(up, wp, w.use_bias(*mlp_proj.bias));
+  Var bp = w.use_bias(*mlp_proj.bias);
+  Var y = linear_after_gelu(up, wp, mlp_proj.bias_in_gemm() ? bp : Var());
   w.used(*mlp_proj.weight, wp);
-  return y;
+  return mlp_proj.tp_output(y, bp);
 }
 
 Var TransformerBlock::qkv_of(const Var& x, WeightAccess& w) const {
-  if (!x.device().is_cuda()) return qkv.forward(ln1.forward(x), w);
-  // CUDA: ln1's output is recomputed in the backward instead of kept (model/ops/norm_linear.h).
+  // Sequence parallelism gathers ln1's output between the two: the composed ops.
+  const bool sp = qkv.tp != nullptr && qkv.tp->sequence_parallel;
+  if (!x.device().is_cuda() || sp) return qkv.forward(ln1.forward(x), w);
+  // CUDA: ln1's output is recomputed in the backward instead of kept (model/ops/norm_linear.h);
+  // split over TP, its backward sums the gradient of ln1's output over the group (tp_copy's).
+  GTRON_CHECK(qkv.tp == nullptr || qkv.tp->group != nullptr, "tensor-parallel layer ",
+              qkv.weight->name, " used before GPT::set_tensor_parallel()");
   Var gamma = Var::param(*ln1.weight);
   Var beta = Var::param(*ln1.bias);
   Var wv = w.use(*qkv.weight);
-  Var y = layernorm_linear(x, gamma, beta, wv, w.use_bias(*qkv.bias));
+  Var y = layernorm_linear(x, gamma, beta, wv, w.use_bias(*qkv.bias), kLayerNormEps,
+                           qkv.tp != nullptr ? qkv.tp->group : nullptr);
   w.used(*qkv.weight, wv);
   return y;
 }

@@ -102,8 +102,16 @@ struct LinearLayer {
   LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, int64_t out, bool bias,
               double std, TpMode mode = TpMode::kNone, int groups = 1);
   Var forward(const Var& x, WeightAccess& w) const;
-  // forward() at TP > 1 (model/tensor_parallel.cc).
+  // forward() when the model is split (model/tensor_parallel.cc).
   Var tp_forward(const Var& x, WeightAccess& w) const;
+  // The TP seams, for the fused CUDA paths that call the GEMMs themselves: a column-parallel
+  // layer's input (tp_copy, or the sequence-parallel gather); a row-parallel layer's output from
+  // its partial sums (the reduction, or the reduce-scatter, then the bias `b` unless the GEMM
+  // added it); whether the GEMM adds the bias (Note [tensor parallelism at one rank]). Identity,
+  // and true, when not split.
+  Var tp_input(const Var& x) const;
+  Var tp_output(const Var& partial, const Var& b) const;
+  bool bias_in_gemm() const;
 };
 
 struct LayerNormLayer {

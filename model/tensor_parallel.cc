@@ -87,10 +87,12 @@ Tensor tp_full_of(const Tensor& parts, const Shape& local, const TpSlice& slice,
 Parameter& ParamRegistry::add_split(const std::string& name, const Shape& full, Init init,
                                     double std, bool weight_decay, TpSlice slice) {
   Parameter& p = add(name, full, init, std, weight_decay);  // a function of (seed, name)
-  if (!tp_.active() || slice.split == TpSplit::kNone) return p;
-  GTRON_CHECK(p.data.device().is_cpu(), "tensor parallelism: CPU parameters only (", name, ")");
-  p.data = tp_local_of(p.data, slice, tp_.rank, tp_.size);
-  p.main_grad = Tensor::zeros(p.data.shape(), p.data.dtype());
+  if (tp_.size == 1 || slice.split == TpSplit::kNone) return p;
+  const Device dev = p.data.device();  // cut on the host (construction only)
+  p.data =
+      tp_local_of(dev.is_cuda() ? p.data.to(Device::cpu()) : p.data, slice, tp_.rank, tp_.size);
+  if (dev.is_cuda()) p.data = p.data.to(dev);
+  p.main_grad = Tensor::zeros(p.data.shape(), p.data.dtype(), dev);
   slices_[&p] = slice;
   return p;
 }
@@ -100,23 +102,41 @@ const TpSlice* ParamRegistry::slice_of(const Parameter* p) const {
   return it == slices_.end() ? nullptr : &it->second;
 }
 
-Var LinearLayer::tp_forward(const Var& x, WeightAccess& w) const {
+Var LinearLayer::tp_input(const Var& x) const {
+  if (tp == nullptr) return x;
   GTRON_CHECK(tp->group != nullptr, "tensor-parallel layer ", weight->name,
               " used before GPT::set_tensor_parallel()");
-  TensorParallelGroup& g = *tp->group;
-  const bool sp = tp->sequence_parallel;  // Note [sequence parallelism]
+  // Note [sequence parallelism]
+  return tp->sequence_parallel ? tp_gather_tokens(x, *tp->group) : tp_copy(x, *tp->group);
+}
+
+Var LinearLayer::tp_output(const Var& partial, const Var& b) const {
+  if (tp == nullptr) return partial;
+  GTRON_CHECK(tp->group != nullptr, "tensor-parallel layer ", weight->name,
+              " used before GPT::set_tensor_parallel()");
+  const Var after = bias_in_gemm() ? Var() : b;
+  return tp->sequence_parallel ? tp_scatter_tokens(partial, *tp->group, after)
+                               : tp_reduce(partial, *tp->group, after);
+}
+
+bool LinearLayer::bias_in_gemm() const {
+  return tp == nullptr || tp_mode != TpMode::kRow || tp->size == 1;
+}
+
+Var LinearLayer::tp_forward(const Var& x, WeightAccess& w) const {
   Var wv = w.use(*weight);
   if (tp_mode == TpMode::kRow) {
-    Var partial = linear(x, wv, Var());
-    w.used(*weight, wv);
     Var b = bias ? w.use_bias(*bias) : Var();
-    return sp ? tp_scatter_tokens(partial, g, b) : tp_reduce(partial, g, b);
+    Var partial = linear(x, wv, bias_in_gemm() ? b : Var());
+    w.used(*weight, wv);
+    return tp_output(partial, b);
   }
-  Var y = linear(sp ? tp_gather_tokens(x, g) : tp_copy(x, g), wv, bias ? w.use_bias(*bias) : Var());
+  Var y = linear(tp_input(x), wv, bias ? w.use_bias(*bias) : Var());
   w.used(*weight, wv);
   if (tp_mode != TpMode::kColumnGathered) return y;
+  TensorParallelGroup& g = *tp->group;
   Var whole = tp_gather_features(y, g);
-  return sp ? tp_split_tokens(whole, g) : whole;
+  return tp->sequence_parallel ? tp_split_tokens(whole, g) : whole;
 }
 
 }  // namespace gtron

@@ -24,6 +24,18 @@
 // Parameter names and checkpoints are those of the full model: a checkpoint holds full tensors
 // (tp_full_of), each rank loads its part (tp_local_of).
 //
+// Note [tensor parallelism at one rank]
+// With TpContext::through_group at size 1 every split layer, the vocab-parallel embedding and
+// cross-entropy and every TP op run as at TP > 1, over a one-rank group (NCCL on a GPU), with
+// whole weights. Each then computes what the plain path does with the same kernels, so the loss
+// is bit-identical: the vocab-parallel CE runs the single-GPU CE kernels with the group's max and
+// sum in between (a one-rank reduction moves no value), the lookups go through the same gather
+// and sorted scatter-add. Two rules keep the CUDA fusions exact at every TP size: a row-parallel
+// bias is added where the sum over TP is complete — in the GEMM's epilogue when the group has one
+// rank, after the reduction otherwise; and the CUDA LayerNorm fused into the qkv GEMM
+// (layernorm_linear) sums its normalized rows' gradient over TP inside its backward, where tp_copy
+// would sit between the two ops.
+//
 // Note [sequence parallelism]
 // With parallel.sequence_parallel the regions between the split GEMMs — the norms, the residual
 // stream, positions and the MTP norms — hold this rank's chunk of the sequence, positions
@@ -59,8 +71,11 @@ struct TpContext {
   int rank = 0;
   int size = 1;
   bool sequence_parallel = false;  // Note [sequence parallelism]
+  // The split layers and the TP ops run at size 1 too, over a one-rank group (a test switch: the
+  // TP code path on one GPU, Note [tensor parallelism at one rank]).
+  bool through_group = false;
   TensorParallelGroup* group = nullptr;
-  bool active() const { return size > 1; }
+  bool active() const { return size > 1 || through_group; }
 };
 
 // The full shape of a part of shape `local`.

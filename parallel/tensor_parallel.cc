@@ -15,9 +15,11 @@ void CommTensorParallel::all_gather(const Tensor& in, Tensor& out) {
 }
 
 Tensor CommTensorParallel::gather_full(const Tensor& local, const TpSlice& slice) {
+  // Gathered on local's device (NCCL reads device memory), cut into place on the host.
   Tensor flat = local.clone().view(Shape{local.numel()});
   Tensor parts = Tensor::empty(Shape{local.numel() * size()}, local.dtype(), local.device());
   comm_->all_gather(flat, parts).synchronize();
+  if (parts.device().is_cuda()) parts = parts.to(Device::cpu());
   return tp_full_of(parts, local.shape(), slice, size());
 }
 

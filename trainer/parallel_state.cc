@@ -91,7 +91,7 @@ void ParallelState::add_whole_parts(const std::vector<Parameter*>& whole,
   }
   std::vector<Parameter*> split, replicated;
   for (Parameter* p : whole) (model_.tp_slice(p) != nullptr ? split : replicated).push_back(p);
-  add_part(split, comm, cfg, false, /*tp_split=*/true);
+  if (!split.empty()) add_part(split, comm, cfg, false, /*tp_split=*/true);  // none at TP = 1
   // Sequence parallelism: each TP rank's replicated gradients cover its chunk of the tokens only
   // (Note [sequence parallelism] in model/tensor_parallel.h), so they sum over the TP ranks too.
   const bool sp = model_.tensor_parallel().sequence_parallel;

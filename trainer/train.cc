@@ -66,10 +66,6 @@ struct DevicePlan {
 // processes. Precision "auto" is bf16 on cuda, fp32 on the CPU.
 DevicePlan pick_device(const Config& cfg, const parallel::DistEnv& env) {
   const int gpus = cuda_device_count();
-  if (cfg.parallel.tp > 1) {  // the CPU (Gloo) only so far; validate() refused device "cuda"
-    resolve_precision(cfg.train, DeviceChoice::kCpu);
-    return {Device::cpu(), false};
-  }
   if (env.world_size > 1 && gpus < env.local_world_size) {
     if (cfg.train.device == DeviceChoice::kCuda) {
       throw UserError(str_cat("train.device = \"cuda\" with ", env.local_world_size,
@@ -159,16 +155,24 @@ graphs::GraphOptions graph_options(const GraphsConfig& g) {
 }
 
 // GTRON_TEST_GRID_OF_ONE (tests only): "1" builds the process grid (NCCL on a GPU, Gloo on the
-// CPU) for a world of one, "gtp" also shards through GTP at G = 1 — the multi-process code path,
-// run where only one GPU exists. Needs MASTER_ADDR/MASTER_PORT (gtronrun sets them). Loud.
+// CPU) for a world of one, "gtp" also shards through GTP at G = 1, "tp" runs the tensor-parallel
+// layers over a one-rank TP group (Note [tensor parallelism at one rank] in
+// model/tensor_parallel.h) — the multi-process code paths, run where only one GPU exists. Needs
+// MASTER_ADDR/MASTER_PORT (gtronrun sets them). Loud.
+enum GridOfOne { kNoGridOfOne = 0, kGridOfOne = 1, kGridOfOneGtp = 2, kGridOfOneTp = 3 };
+
 int test_grid_of_one() {
   const char* v = std::getenv("GTRON_TEST_GRID_OF_ONE");
-  if (v == nullptr || *v == 0) return 0;
-  const int mode = std::string(v) == "gtp" ? 2 : 1;
+  if (v == nullptr || *v == 0) return kNoGridOfOne;
+  const std::string s(v);
+  const int mode = s == "gtp" ? kGridOfOneGtp : s == "tp" ? kGridOfOneTp : kGridOfOne;
   std::fprintf(stderr,
                "gtron: WARNING: GTRON_TEST_GRID_OF_ONE=%s: a one-rank process grid%s (a "
                "test switch)\n",
-               v, mode == 2 ? " with GTP at G = 1" : "");
+               v,
+               mode == kGridOfOneGtp  ? " with GTP at G = 1"
+               : mode == kGridOfOneTp ? " with the TP layers at TP = 1"
+                                      : "");
   return mode;
 }
 
@@ -242,6 +246,11 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
                 ? parallel::make_nccl_grid(*rdv_.client, env_.rank, env_.world_size, gtp, device_,
                                            "grid", tp)
                 : parallel::make_gloo_grid(*rdv_.client, env_.rank, env_.world_size, gtp, tp);
+    if (grid_of_one == kGridOfOneTp && !grid_.tp) {  // a TP group of one rank
+      grid_.tp = device_.is_cuda()
+                     ? parallel::make_nccl_communicator(*rdv_.client, "grid/tp1", 0, 1, device_)
+                     : parallel::make_gloo_communicator(*rdv_.client, "grid/tp1", 0, 1, {});
+    }
   }
   // Rank 0 prepares the synthetic data; the others wait for it at the barrier.
   if (is_rank0()) make_dirs(cfg_.train.out_dir);
@@ -257,6 +266,7 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
     gc.tp_size = grid_.layout.tp_size;
     gc.tp_rank = grid_.layout.tp_rank;
     gc.sequence_parallel = cfg_.parallel.sequence_parallel;
+    gc.tp_through_group = grid_of_one == kGridOfOneTp;
   }
   model_ = std::make_unique<GPT>(gc, DType::kF32, device_, cfg_.train.seed);
   // FLOPs of the full model, before GTP shards its weights (TP: this rank's part × TP, which
@@ -266,7 +276,7 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
   const std::unordered_set<const Parameter*> decayed = decayed_parameters(*model_, cfg_.optimizer);
   par_ = std::make_unique<ParallelState>(*model_, cfg_, grid_.world ? &grid_ : nullptr,
                                          bf16_ ? DType::kBF16 : DType::kF32,
-                                         /*force_gtp=*/grid_of_one == 2);
+                                         /*force_gtp=*/grid_of_one == kGridOfOneGtp);
   AdamWHyper hyper{cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
                    cfg_.optimizer.weight_decay};
   opt_ = std::make_unique<AdamW>(par_->owned_numel(), decayed, hyper, device_);

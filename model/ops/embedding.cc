@@ -19,6 +19,30 @@ void check_tokens_on_host(const Tensor& tokens, int64_t V) {
 
 }  // namespace
 
+Var embedding_of_ids(const Tensor& ids, const Var& table, const Tensor& y, bool zero_outside) {
+  const int64_t V = table.shape()[0], C = table.shape()[1], N = ids.numel();
+  Stream& s = current_stream(table.device());
+  if (zero_outside) {
+    cuda::embedding_forward_or_zero(ids.data<int32_t>(), table.value().raw(), y.raw(), N, V, C,
+                                    table.dtype(), s.native());
+  } else {
+    cuda::embedding_forward(ids.data<int32_t>(), table.value().raw(), y.raw(), N, V, C,
+                            table.dtype(), s.native());
+  }
+  Var out = Var::output(y, table.requires_grad());
+  if (out.requires_grad()) {
+    record_backward([ids, table, out, N, V, C] {  // ids kept for the backward
+      if (!out.has_grad()) return;
+      Stream& s = current_stream(out.device());
+      Tensor scratch = scratch_bytes(cuda::embedding_backward_scratch_bytes(N, V), s);
+      Tensor& dtable = table.grad();
+      cuda::embedding_backward(ids.data<int32_t>(), out.grad().raw(), dtable.raw(), dtable.dtype(),
+                               scratch.raw(), N, V, C, out.dtype(), s.native());
+    });
+  }
+  return out;
+}
+
 Var embedding(const Tensor& tokens, const Var& table) {
   Device dev = table.device();
   GTRON_CHECK(tokens.dtype() == DType::kI32 && (tokens.device().is_cpu() || tokens.device() == dev),
@@ -38,21 +62,7 @@ Var embedding(const Tensor& tokens, const Var& table) {
   Tensor y = Tensor::empty(Shape(ydims), table.dtype(), dev, &s);
   if (dev.is_cuda()) {
     if (tokens.device().is_cpu()) check_tokens_on_host(tokens, V);
-    Tensor ids = ids_on_device(tokens, s);  // [N] i32, kept for the backward
-    cuda::embedding_forward(ids.data<int32_t>(), table.value().raw(), y.raw(), N, V, C,
-                            table.dtype(), s.native());
-    Var out = Var::output(y, table.requires_grad());
-    if (out.requires_grad()) {
-      record_backward([ids, table, out, N, V, C] {
-        if (!out.has_grad()) return;
-        Stream& s = current_stream(out.device());
-        Tensor scratch = scratch_bytes(cuda::embedding_backward_scratch_bytes(N, V), s);
-        Tensor& dtable = table.grad();
-        cuda::embedding_backward(ids.data<int32_t>(), out.grad().raw(), dtable.raw(),
-                                 dtable.dtype(), scratch.raw(), N, V, C, out.dtype(), s.native());
-      });
-    }
-    return out;
+    return embedding_of_ids(ids_on_device(tokens, s), table, y, /*zero_outside=*/false);
   }
 
   dispatch_float(table.dtype(), [&](auto tag) {

@@ -13,6 +13,11 @@ namespace gtron {
 // Backward accumulates: dtable[tokens[b, t]] += dy[b, t] (scatter-add; repeated ids sum).
 Var embedding(const Tensor& tokens, const Var& table);
 
+// The CUDA lookup behind embedding(), from ids already on the table's device: ids i32 [N], each in
+// [0, V) — or, with `zero_outside` (the vocab-parallel lookup), also V: a zero row and no gradient;
+// y: the output buffer [.., C] of N rows, returned as the op's value.
+Var embedding_of_ids(const Tensor& ids, const Var& table, const Tensor& y, bool zero_outside);
+
 // x: [B, T, C], wpe: [Tmax, C] with T <= Tmax. Returns [B, T, C].
 // Backward accumulates: dx += dy; dwpe[t] += Σ_b dy[b, t].
 Var add_positions(const Var& x, const Var& wpe);
@@ -39,9 +44,17 @@ namespace cuda {
 // validates host-side ids before copying them). table [V, C] and y [N, C] in `act`.
 void embedding_forward(const int32_t* tokens, const void* table, void* y, int64_t N, int64_t V,
                        int64_t C, DType act, void* stream);
+// The vocab-parallel lookup (model/ops/vocab_parallel.h): local[i] = tokens[i] − v0 when in
+// [0, Vl), else Vl (traps on a token outside [0, Vfull)); then y rows from a table of Vl rows,
+// zero for id Vl. embedding_backward skips id V = Vl, so the same ids drive the gradient.
+void embedding_local_ids(const int32_t* tokens, int32_t* local, int64_t N, int64_t v0, int64_t Vl,
+                         int64_t Vfull, void* stream);
+void embedding_forward_or_zero(const int32_t* ids, const void* table, void* y, int64_t N, int64_t V,
+                               int64_t C, DType act, void* stream);
 // Bytes of scratch embedding_backward needs.
 int64_t embedding_backward_scratch_bytes(int64_t N, int64_t V);
-// dtable[tokens[i], :] += dy[i, :] for i = 0..N-1. dy in `act`; dtable in `grad_dtype`: f32 (a
+// dtable[tokens[i], :] += dy[i, :] for i = 0..N-1 (tokens in [0, V]; id V adds nothing). dy in
+// `act`; dtable in `grad_dtype`: f32 (a
 // main_grad) or act. Deterministic: a stable radix sort groups the rows by token (keeping row
 // order), then one block per distinct token adds its rows in ascending order, so with f32 the
 // result is bit-identical to the CPU kernel. `scratch` holds embedding_backward_scratch_bytes.

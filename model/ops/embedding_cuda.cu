@@ -21,8 +21,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// y[i, c0 : c0 + kV] = table[tokens[i], c0 : c0 + kV] (a bit copy).
-template <typename T, int kV>
+// y[i, c0 : c0 + kV] = table[tokens[i], c0 : c0 + kV] (a bit copy). kZeroOutside (the
+// vocab-parallel lookup): a token outside [0, V) gives a zero row instead of a trap.
+template <typename T, int kV, bool kZeroOutside>
 __global__ void embedding_forward_kernel(const int32_t* __restrict__ tokens,
                                          const T* __restrict__ table, T* __restrict__ y, int64_t N,
                                          int64_t V, int64_t C) {
@@ -32,6 +33,11 @@ __global__ void embedding_forward_kernel(const int32_t* __restrict__ tokens,
   const int64_t i = p / packs_per_row;
   const int64_t c = (p % packs_per_row) * kV;
   const int32_t tok = tokens[i];
+  if (kZeroOutside && (tok < 0 || tok >= V)) {
+    const float zero[kV] = {};
+    store_floats<kV>(y + i * C + c, zero);
+    return;
+  }
   if (tok < 0 || tok >= V) {
     printf("embedding: token %d at row %lld outside [0, %lld)\n", tok, static_cast<long long>(i),
            static_cast<long long>(V));
@@ -39,6 +45,22 @@ __global__ void embedding_forward_kernel(const int32_t* __restrict__ tokens,
   }
   *reinterpret_cast<Pack<T, kV>*>(y + i * C + c) =
       *reinterpret_cast<const Pack<T, kV>*>(table + static_cast<int64_t>(tok) * C + c);
+}
+
+// local[i] = tokens[i] − v0 when in [0, Vl), else Vl (no row of this rank); traps on a token
+// outside [0, Vfull).
+__global__ void local_ids_kernel(const int32_t* __restrict__ tokens, int32_t* __restrict__ local,
+                                 int64_t N, int64_t v0, int64_t Vl, int64_t Vfull) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N) return;
+  const int32_t tok = tokens[i];
+  if (tok < 0 || tok >= Vfull) {
+    printf("vocab_parallel_embedding: token %d at row %lld outside [0, %lld)\n", tok,
+           static_cast<long long>(i), static_cast<long long>(Vfull));
+    __trap();
+  }
+  const int64_t r = tok - v0;
+  local[i] = static_cast<int32_t>(r >= 0 && r < Vl ? r : Vl);
 }
 
 __global__ void iota_kernel(int32_t* v, int64_t n) {
@@ -103,10 +125,11 @@ __global__ void add_positions_backward_kernel(const T* __restrict__ dy, T* __res
   if (dwpe != nullptr) store_floats<kV>(dwpe + e, acc);
 }
 
-// Bits that hold every token in [0, V).
+// Bits that hold every id in [0, V]: tokens, and V, the vocab-parallel id of a token outside the
+// table (sorted last, skipped by the accumulate kernel).
 int key_bits(int64_t V) {
   int bits = 1;
-  while (bits < 32 && (int64_t{1} << bits) < V) ++bits;
+  while (bits < 32 && (int64_t{1} << bits) <= V) ++bits;
   return bits;
 }
 
@@ -139,8 +162,11 @@ struct SortScratch {
 
 }  // namespace
 
-void embedding_forward(const int32_t* tokens, const void* table, void* y, int64_t N, int64_t V,
-                       int64_t C, DType act, void* stream) {
+namespace {
+
+template <bool kZeroOutside>
+void launch_embedding_forward(const int32_t* tokens, const void* table, void* y, int64_t N,
+                              int64_t V, int64_t C, DType act, void* stream) {
   if (N == 0 || C == 0) return;
   dispatch_act("embedding", act, [&](auto tag) {
     using T = decltype(tag);
@@ -150,13 +176,35 @@ void embedding_forward(const int32_t* tokens, const void* table, void* y, int64_
     auto st = static_cast<cudaStream_t>(stream);
     if (C % kV == 0 && is_aligned(table, 16) && is_aligned(y, 16)) {
       const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(N * (C / kV), kThreads));
-      embedding_forward_kernel<T, kV><<<blocks, kThreads, 0, st>>>(tokens, tp, yp, N, V, C);
+      embedding_forward_kernel<T, kV, kZeroOutside>
+          <<<blocks, kThreads, 0, st>>>(tokens, tp, yp, N, V, C);
     } else {
       const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(N * C, kThreads));
-      embedding_forward_kernel<T, 1><<<blocks, kThreads, 0, st>>>(tokens, tp, yp, N, V, C);
+      embedding_forward_kernel<T, 1, kZeroOutside>
+          <<<blocks, kThreads, 0, st>>>(tokens, tp, yp, N, V, C);
     }
     CUDA_CHECK_LAUNCH();
   });
+}
+
+}  // namespace
+
+void embedding_forward(const int32_t* tokens, const void* table, void* y, int64_t N, int64_t V,
+                       int64_t C, DType act, void* stream) {
+  launch_embedding_forward<false>(tokens, table, y, N, V, C, act, stream);
+}
+
+void embedding_forward_or_zero(const int32_t* ids, const void* table, void* y, int64_t N, int64_t V,
+                               int64_t C, DType act, void* stream) {
+  launch_embedding_forward<true>(ids, table, y, N, V, C, act, stream);
+}
+
+void embedding_local_ids(const int32_t* tokens, int32_t* local, int64_t N, int64_t v0, int64_t Vl,
+                         int64_t Vfull, void* stream) {
+  if (N == 0) return;
+  local_ids_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(N, kThreads)), kThreads, 0,
+                     static_cast<cudaStream_t>(stream)>>>(tokens, local, N, v0, Vl, Vfull);
+  CUDA_CHECK_LAUNCH();
 }
 
 int64_t embedding_backward_scratch_bytes(int64_t N, int64_t V) {

@@ -23,9 +23,9 @@ Dims check_operands(const char* op, const Var& x, const Var& w, const Var& b) {
   const int64_t Cin = x.shape()[x.shape().rank() - 1];
   const int64_t Cout = w.shape()[0];
   check_shape(op, w.shape(), Shape{Cout, Cin});
-  check_shape(op, b.shape(), Shape{Cout});
+  if (b.defined()) check_shape(op, b.shape(), Shape{Cout});
   check_same_device_dtype(op, x.value(), w.value());
-  check_same_device_dtype(op, x.value(), b.value());
+  if (b.defined()) check_same_device_dtype(op, x.value(), b.value());
   return {x.value().numel() / Cin, Cin, Cout};
 }
 
@@ -73,9 +73,9 @@ Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b) {
   const Dims d = check_operands("linear_after_gelu", g, w, b);
   Stream& s = current_stream(g.device());
   Tensor y = Tensor::empty(Shape(with_last(g.shape(), d.Cout)), DType::kBF16, g.device(), &s);
-  cuda::linear_forward(g.value().raw(), w.value().raw(), b.value().raw(), DType::kBF16, y.raw(),
-                       d.N, d.Cin, d.Cout, DType::kBF16, s.native());
-  const bool need = g.requires_grad() || w.requires_grad() || b.requires_grad();
+  cuda::linear_forward(g.value().raw(), w.value().raw(), b.defined() ? b.value().raw() : nullptr,
+                       DType::kBF16, y.raw(), d.N, d.Cin, d.Cout, DType::kBF16, s.native());
+  const bool need = g.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad());
   Var out = Var::output(y, need);
   if (need) {
     // g is not kept for the backward (its [N, 4C] buffer is free once y is formed): the backward
@@ -87,7 +87,7 @@ Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b) {
       Stream& s = current_stream(out.device());
       Tensor g = Tensor::empty(g_shape, DType::kBF16, out.device(), &s);
       cuda::gelu_forward(pre.value().raw(), g.raw(), d.N * d.Cin, DType::kBF16, s.native());
-      const bool want_db = b.requires_grad();
+      const bool want_db = b.defined() && b.requires_grad();
       Tensor scratch;
       if (want_db) scratch = scratch_floats(cuda::linear_backward_scratch_floats(d.N, d.Cout), s);
       Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;

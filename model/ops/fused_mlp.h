@@ -26,7 +26,8 @@ bool fused_mlp_supported(const Var& x);
 // accumulates dx, dw, db exactly like linear's.
 GeluUp linear_gelu_up(const Var& x, const Var& w, const Var& b);
 
-// y = linear(up.g, w, b). Backward accumulates dw += dyᵀ·g, db += Σ dy, and delivers
+// y = linear(up.g, w, b) (b may be undefined: a row-parallel layer adds it after the sum over
+// TP). Backward accumulates dw += dyᵀ·g, db += Σ dy, and delivers
 // d pre = (dy·w) ⊙ gelu'(pre) into up.pre's gradient (written when the slot is empty, else added).
 // REQUIRES: up.g has no other consumer.
 Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b);

@@ -64,12 +64,35 @@ void cross_entropy_forward(const void* logits, const int32_t* targets, float* rm
 void cross_entropy_backward(const void* logits, const int32_t* targets, const float* rmax,
                             const float* rlse, const int32_t* count, const float* dloss,
                             void* dlogits, int64_t N, int64_t V, int64_t Vp, DType act,
-                            void* stream);
+                            void* stream, int64_t v0 = 0);
 // The same gradient written over `logits` itself: logits[:, :V] = (softmax − onehot) · dloss[0] /
 // count[0] from the saved statistics, zeros over the tail [V, Vp) and over masked rows.
+// Both backwards: `v0` (vocab-parallel) is the full column of the logits' column 0, so the onehot
+// sits at column target − v0 (none when outside [0, V)); V then counts this rank's columns below
+// the real vocabulary.
 void cross_entropy_backward_inplace(void* logits, const int32_t* targets, const float* rmax,
                                     const float* rlse, const int32_t* count, const float* dloss,
-                                    int64_t N, int64_t V, int64_t Vp, DType act, void* stream);
+                                    int64_t N, int64_t V, int64_t Vp, DType act, void* stream,
+                                    int64_t v0 = 0);
+// The vocab-parallel CE's pieces (model/ops/vocab_parallel.cc), the single-GPU kernels reused:
+// count[0] = unmasked targets (each in [0, V) or masked, else a trap);
+void cross_entropy_count(const int32_t* targets, int32_t* count, int64_t N, int64_t V,
+                         void* stream);
+// rmax, rsum [N] = the row max and Σ exp(logit − rmax) over the first V of Vp columns (the rows
+// kernel, keeping the sum instead of its log; unspecified on masked rows);
+void cross_entropy_row_sums(const void* logits, const int32_t* targets, float* rmax, float* rsum,
+                            int64_t N, int64_t V, int64_t Vp, DType act, void* stream);
+// given the group max gmax [N] of this rank's lmax [N]: sums[i] (this rank's Σ exp, [2N] buffer)
+// becomes Σ exp(logit − gmax), sums[N + i] the target logit where this rank's `valid` columns of
+// its Vl hold target − v0, else 0 (masked rows: both 0), ready for the group sum;
+void vocab_parallel_rescale(const void* logits, const int32_t* targets, const float* lmax,
+                            const float* gmax, float* sums, int64_t N, int64_t Vl, int64_t valid,
+                            int64_t v0, DType act, void* stream);
+// after the group sum: rlse [N] = log sums[:N], loss[0] = the mean over unmasked rows of
+// rlse − (target logit − gmax), the single-GPU finalize.
+void vocab_parallel_finalize(const int32_t* targets, const float* gmax, const float* sums,
+                             float* rlse, const int32_t* count, float* loss, int64_t N,
+                             void* stream);
 // y = s·x and dx += s·dy over n elements (f32 or bf16), s rounded to float.
 void scale_forward(const void* x, void* y, int64_t n, double s, DType dtype, void* stream);
 void scale_backward(const void* dy, void* dx, int64_t n, double s, DType dtype, void* stream);

@@ -9,6 +9,9 @@
 // 3. finalize (one block): loss = Σ_rows (rlse − (logit[target] − rmax)) / count, in a fixed order.
 // The backward kernels recompute p = exp(logit − rmax − rlse) from the statistics (logit_grad).
 // Masked rows (kMaskedTarget) are skipped everywhere; the padded tail [V, Vp) is never touched.
+// The vocab-parallel CE (model/ops/vocab_parallel.cc) runs the same rows kernel over a rank's
+// columns (writing the sum, not its log), reduces over TP, then the same finalize: at TP = 1 every
+// value is the single-GPU path's, bit for bit.
 #include <cmath>
 #include <cstdio>
 
@@ -95,7 +98,8 @@ template <typename T, int kV, bool kGrad>
 __global__ void rows_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
                             float* __restrict__ rmax, float* __restrict__ rlse,
                             const int32_t* __restrict__ count, T* __restrict__ dlogits,
-                            const float* __restrict__ dloss, int64_t V, int64_t Vp) {
+                            const float* __restrict__ dloss, int64_t V, int64_t Vp,
+                            bool write_sum) {
   __shared__ float warp_m[32], warp_s[32];
   const int64_t i = blockIdx.x;
   const int32_t tgt = targets[i];
@@ -125,7 +129,7 @@ __global__ void rows_kernel(const T* __restrict__ logits, const int32_t* __restr
   const float lse = logf(s);
   if (threadIdx.x == 0) {
     rmax[i] = m;
-    rlse[i] = lse;
+    rlse[i] = write_sum ? s : lse;  // write_sum: the vocab-parallel CE reduces s over TP first
   }
   if constexpr (kGrad) {
     const float g = dloss[0] / static_cast<float>(count[0]);
@@ -148,14 +152,15 @@ template <typename T>
 __global__ void finalize_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
                                 const float* __restrict__ rmax, const float* __restrict__ rlse,
                                 const int32_t* __restrict__ count, float* __restrict__ loss,
-                                int64_t N, int64_t Vp) {
+                                const float* __restrict__ tlogit, int64_t N, int64_t Vp) {
   __shared__ float smem[32];
   float part = 0.0f;
   for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
     const int32_t t = targets[i];
     if (t == kMaskedTarget) continue;
-    // −log softmax[target] = log Σ exp(l − m) − (l[target] − m)
-    part += rlse[i] - (to_float(logits[i * Vp + t]) - rmax[i]);
+    // −log softmax[target] = log Σ exp(l − m) − (l[target] − m); tlogit: the target logits given
+    const float lt = tlogit != nullptr ? tlogit[i] : to_float(logits[i * Vp + t]);
+    part += rlse[i] - (lt - rmax[i]);
   }
   const float total = block_sum(part, smem);
   if (threadIdx.x == 0) {
@@ -168,10 +173,10 @@ template <typename T, int kV>
 __global__ void backward_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
                                 const float* __restrict__ rmax, const float* __restrict__ rlse,
                                 const int32_t* __restrict__ count, const float* __restrict__ dloss,
-                                T* __restrict__ dlogits, int64_t V, int64_t Vp) {
+                                T* __restrict__ dlogits, int64_t V, int64_t Vp, int64_t v0) {
   const int64_t i = blockIdx.x;
-  const int32_t tgt = targets[i];
-  if (tgt == kMaskedTarget) return;
+  if (targets[i] == kMaskedTarget) return;
+  const int64_t tgt = targets[i] - v0;  // this rank's column of the target (vocab-parallel)
   const float g = dloss[0] / static_cast<float>(count[0]);
   const float m = rmax[i];
   const float l = rlse[i];
@@ -200,11 +205,12 @@ __global__ void backward_inplace_kernel(T* logits, const int32_t* __restrict__ t
                                         const float* __restrict__ rmax,
                                         const float* __restrict__ rlse,
                                         const int32_t* __restrict__ count,
-                                        const float* __restrict__ dloss, int64_t V, int64_t Vp) {
+                                        const float* __restrict__ dloss, int64_t V, int64_t Vp,
+                                        int64_t v0) {
   const int64_t i = blockIdx.x;
-  const int32_t tgt = targets[i];
+  const bool masked = targets[i] == kMaskedTarget;
+  const int64_t tgt = targets[i] - v0;  // this rank's column of the target (vocab-parallel)
   T* row = logits + i * Vp;
-  const bool masked = tgt == kMaskedTarget;
   const float g = masked ? 0.0f : dloss[0] / static_cast<float>(count[0]);
   const float m = masked ? 0.0f : rmax[i];
   const float l = masked ? 0.0f : rlse[i];
@@ -221,8 +227,7 @@ __global__ void backward_inplace_kernel(T* logits, const int32_t* __restrict__ t
     store_floats<kV>(row + j, v);
   }
   for (int64_t j = vec_end + threadIdx.x; j < Vp; j += blockDim.x) {
-    const float p =
-        masked || j >= V ? 0.0f : logit_grad(to_float(row[j]), ml, j == tgt, g);
+    const float p = masked || j >= V ? 0.0f : logit_grad(to_float(row[j]), ml, j == tgt, g);
     row[j] = from_float<T>(p);
   }
 }
@@ -247,6 +252,33 @@ __global__ void scale_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t
       y[e] = from_float<T>(accumulate ? to_float(y[e]) + v : v);
     }
   }
+}
+
+// Vocab-parallel pieces (model/ops/vocab_parallel.h). After the group max: this rank's sum of
+// exponentials moves to the group max (exactly itself where the max is its own: exp(0) = 1), and
+// sums[N + i] gets the target logit where this rank holds the target column (else 0, so the group
+// sum is that logit exactly).
+template <typename T>
+__global__ void vp_rescale_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
+                                  const float* __restrict__ lmax, const float* __restrict__ gmax,
+                                  float* __restrict__ sums, int64_t N, int64_t Vl, int64_t valid,
+                                  int64_t v0) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N) return;
+  if (targets[i] == kMaskedTarget) {
+    sums[i] = 0.0f;
+    sums[N + i] = 0.0f;
+    return;
+  }
+  const float m = lmax[i], M = gmax[i];
+  sums[i] = m == M ? sums[i] : (m == -INFINITY ? 0.0f : sums[i] * expf(m - M));
+  const int64_t t = targets[i] - v0;
+  sums[N + i] = t >= 0 && t < valid ? to_float(logits[i * Vl + t]) : 0.0f;
+}
+
+__global__ void log_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = logf(x[i]);  // the rows kernel's logf(s), on the same s
 }
 
 // Vector path: rows start 16-byte aligned and every pointer is.
@@ -296,27 +328,29 @@ void cross_entropy_forward(const void* logits, const int32_t* targets, float* rm
       const auto grid = static_cast<unsigned>(N);
       if (dlogits != nullptr && packed) {
         rows_kernel<T, kV, true>
-            <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dp, dloss, V, Vp);
+            <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dp, dloss, V, Vp, false);
       } else if (dlogits != nullptr) {
         rows_kernel<T, 1, true>
-            <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dp, dloss, V, Vp);
+            <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dp, dloss, V, Vp, false);
       } else if (packed) {
         rows_kernel<T, kV, false>
-            <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dp, dloss, V, Vp);
+            <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dp, dloss, V, Vp, false);
       } else {
         rows_kernel<T, 1, false>
-            <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dp, dloss, V, Vp);
+            <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dp, dloss, V, Vp, false);
       }
       CUDA_CHECK_LAUNCH();
     }
-    finalize_kernel<T><<<1, kOneBlock, 0, st>>>(lp, targets, rmax, rlse, count, loss, N, Vp);
+    finalize_kernel<T>
+        <<<1, kOneBlock, 0, st>>>(lp, targets, rmax, rlse, count, loss, nullptr, N, Vp);
     CUDA_CHECK_LAUNCH();
   });
 }
 
 void cross_entropy_backward_inplace(void* logits, const int32_t* targets, const float* rmax,
                                     const float* rlse, const int32_t* count, const float* dloss,
-                                    int64_t N, int64_t V, int64_t Vp, DType act, void* stream) {
+                                    int64_t N, int64_t V, int64_t Vp, DType act, void* stream,
+                                    int64_t v0) {
   if (N == 0) return;
   dispatch_act("cross_entropy", act, [&](auto tag) {
     using T = decltype(tag);
@@ -326,10 +360,10 @@ void cross_entropy_backward_inplace(void* logits, const int32_t* targets, const 
     const auto grid = static_cast<unsigned>(N);
     if (rows_packed<T>(Vp, logits, logits)) {
       backward_inplace_kernel<T, kV>
-          <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dloss, V, Vp);
+          <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dloss, V, Vp, v0);
     } else {
       backward_inplace_kernel<T, 1>
-          <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dloss, V, Vp);
+          <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dloss, V, Vp, v0);
     }
     CUDA_CHECK_LAUNCH();
   });
@@ -338,7 +372,7 @@ void cross_entropy_backward_inplace(void* logits, const int32_t* targets, const 
 void cross_entropy_backward(const void* logits, const int32_t* targets, const float* rmax,
                             const float* rlse, const int32_t* count, const float* dloss,
                             void* dlogits, int64_t N, int64_t V, int64_t Vp, DType act,
-                            void* stream) {
+                            void* stream, int64_t v0) {
   if (N == 0) return;
   dispatch_act("cross_entropy", act, [&](auto tag) {
     using T = decltype(tag);
@@ -349,13 +383,67 @@ void cross_entropy_backward(const void* logits, const int32_t* targets, const fl
     const auto grid = static_cast<unsigned>(N);
     if (rows_packed<T>(Vp, logits, dlogits)) {
       backward_kernel<T, kV>
-          <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dloss, dp, V, Vp);
+          <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dloss, dp, V, Vp, v0);
     } else {
       backward_kernel<T, 1>
-          <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dloss, dp, V, Vp);
+          <<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rlse, count, dloss, dp, V, Vp, v0);
     }
     CUDA_CHECK_LAUNCH();
   });
+}
+
+void cross_entropy_count(const int32_t* targets, int32_t* count, int64_t N, int64_t V,
+                         void* stream) {
+  count_kernel<<<1, kOneBlock, 0, static_cast<cudaStream_t>(stream)>>>(targets, N, V, count);
+  CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_row_sums(const void* logits, const int32_t* targets, float* rmax, float* rsum,
+                            int64_t N, int64_t V, int64_t Vp, DType act, void* stream) {
+  if (N == 0) return;
+  GTRON_CHECK(V >= 0 && V <= Vp, "cross_entropy_row_sums: V = ", V, " outside [0, Vp = ", Vp, "]");
+  dispatch_act("cross_entropy", act, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kV = kPack<T>;
+    const auto* lp = static_cast<const T*>(logits);
+    auto st = static_cast<cudaStream_t>(stream);
+    const auto grid = static_cast<unsigned>(N);
+    if (rows_packed<T>(Vp, logits, logits)) {
+      rows_kernel<T, kV, false><<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rsum, nullptr,
+                                                              nullptr, nullptr, V, Vp, true);
+    } else {
+      rows_kernel<T, 1, false><<<grid, kRowThreads, 0, st>>>(lp, targets, rmax, rsum, nullptr,
+                                                             nullptr, nullptr, V, Vp, true);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void vocab_parallel_rescale(const void* logits, const int32_t* targets, const float* lmax,
+                            const float* gmax, float* sums, int64_t N, int64_t Vl, int64_t valid,
+                            int64_t v0, DType act, void* stream) {
+  if (N == 0) return;
+  dispatch_act("vocab_parallel_cross_entropy", act, [&](auto tag) {
+    using T = decltype(tag);
+    const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(N, 256));
+    vp_rescale_kernel<T><<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(logits), targets, lmax, gmax, sums, N, Vl, valid, v0);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void vocab_parallel_finalize(const int32_t* targets, const float* gmax, const float* sums,
+                             float* rlse, const int32_t* count, float* loss, int64_t N,
+                             void* stream) {
+  auto st = static_cast<cudaStream_t>(stream);
+  if (N > 0) {
+    log_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(N, 256)), 256, 0, st>>>(sums, rlse, N);
+    CUDA_CHECK_LAUNCH();
+  }
+  // The target logits are given (sums + N): the logits themselves are not read.
+  finalize_kernel<float>
+      <<<1, kOneBlock, 0, st>>>(nullptr, targets, gmax, rlse, count, loss, sums + N, N, 0);
+  CUDA_CHECK_LAUNCH();
 }
 
 void scale_forward(const void* x, void* y, int64_t n, double s, DType dtype, void* stream) {

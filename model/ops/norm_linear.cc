@@ -3,12 +3,13 @@
 #include "model/ops/device_util.h"
 #include "model/ops/linear.h"
 #include "model/ops/shape_check.h"
+#include "model/ops/tp_comm.h"
 #include "model/stream.h"
 
 namespace gtron {
 
 Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var& w, const Var& b,
-                     double eps) {
+                     double eps, TensorParallelGroup* tp) {
   GTRON_CHECK(x.device().is_cuda(), "layernorm_linear: CUDA only; got ", x.device().str());
   const int64_t C = x.shape()[x.shape().rank() - 1];
   const int64_t N = x.value().numel() / C;
@@ -44,7 +45,7 @@ Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var&
                     w.requires_grad() || (b.defined() && b.requires_grad());
   Var out = Var::output(y, need);
   if (!need) return out;
-  record_backward([x, gamma, beta, w, b, out, mean, rstd, normalize, N, C, Cout, act] {
+  record_backward([x, gamma, beta, w, b, out, mean, rstd, normalize, N, C, Cout, act, tp] {
     if (!out.has_grad()) return;
     Stream& s = current_stream(out.device());
     // Recompute the normalized rows (the same kernel on the same x: the same bits, and the same
@@ -63,6 +64,7 @@ Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var&
                           want_db ? lin_scratch.data<float>() : nullptr, N, C, Cout, act,
                           s.native(), /*dx_overwrite=*/true);
     if (!want_dn) return;
+    if (tp != nullptr) tp->all_reduce(dn, TpReduce::kSum);
     const bool want_params = gamma.requires_grad() || beta.requires_grad();
     Tensor ln_scratch;
     if (want_params) ln_scratch = scratch_floats(cuda::layernorm_backward_scratch_floats(N, C), s);

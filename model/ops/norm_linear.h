@@ -13,9 +13,14 @@
 
 namespace gtron {
 
+class TensorParallelGroup;
+
 // x: [.., C]; gamma, beta: [C] (f32, or x's dtype); w: [Cout, C], b: [Cout] or undefined.
 // Backward accumulates into x, gamma, beta, w, b like layernorm + linear. REQUIRES: CUDA.
+// `tp` (a column-parallel w, this rank's rows): the backward sums the normalized rows' gradient
+// over the group before the LayerNorm backward — tp_copy between the two ops (model/ops/tp_comm.h)
+// — so x, gamma and beta get the full gradient on every rank.
 Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var& w, const Var& b,
-                     double eps = kLayerNormEps);
+                     double eps = kLayerNormEps, TensorParallelGroup* tp = nullptr);
 
 }  // namespace gtron

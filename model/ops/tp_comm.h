@@ -9,7 +9,9 @@
 //   tp_gather_features: the outputs of a column-parallel layer, concatenated over the group.
 //   tp_gather_tokens / tp_scatter_tokens / tp_split_tokens: their sequence-parallel twins.
 //
-// Every rank of the group records the same ops in the same order (SPMD). CPU tensors (f32, f64).
+// Every rank of the group records the same ops in the same order (SPMD). CPU tensors (f32, f64)
+// or CUDA tensors (f32, bf16; a CUDA bias may be f32 with a f32 main_grad gradient), every copy,
+// sum and collective ordered on the current stream.
 #pragma once
 
 #include "model/autograd.h"

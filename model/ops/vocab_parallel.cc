@@ -8,6 +8,8 @@
 #include <cstring>
 #include <limits>
 
+#include "model/ops/device_util.h"
+#include "model/ops/embedding.h"
 #include "model/ops/loss.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
@@ -24,22 +26,50 @@ void check_targets(const int32_t* t, int64_t N, int64_t V) {
   }
 }
 
+void check_tokens(const int32_t* t, int64_t N, int64_t V) {
+  for (int64_t i = 0; i < N; ++i) {
+    GTRON_CHECK(t[i] >= 0 && t[i] < V, "vocab_parallel_embedding: token ", t[i], " at row ", i,
+                " outside [0, ", V, ")");
+  }
+}
+
 int64_t count_unmasked(const int32_t* t, int64_t N) {
   int64_t n = 0;
   for (int64_t i = 0; i < N; ++i) n += t[i] != kMaskedTarget;
   return n;
 }
 
+// The CUDA lookup: the single-GPU kernels on ids made local (tokens of other ranks get the id
+// Vl: a zero row, and no gradient).
+Var local_lookup_cuda(const Tensor& tokens, const Var& table, int64_t v0, int64_t Vfull,
+                      const Shape& out_shape) {
+  const int64_t Vl = table.shape()[0], N = tokens.numel();
+  Stream& s = current_stream(table.device());
+  if (tokens.device().is_cpu()) check_tokens(tokens.data<int32_t>(), N, Vfull);
+  const Tensor ids = ids_on_device(tokens, s);
+  Tensor local = Tensor::empty(Shape{N}, DType::kI32, table.device(), &s);  // [N] in [0, Vl]
+  cuda::embedding_local_ids(ids.data<int32_t>(), local.data<int32_t>(), N, v0, Vl, Vfull,
+                            s.native());
+  Tensor y = Tensor::empty(out_shape, table.dtype(), table.device(), &s);
+  return embedding_of_ids(local, table, y, /*zero_outside=*/true);
+}
+
 }  // namespace
 
 Var vocab_parallel_embedding(const Tensor& tokens, const Var& table, int64_t v0,
                              TensorParallelGroup& g, bool scatter_tokens) {
-  GTRON_CHECK(table.device().is_cpu() && tokens.device().is_cpu() && tokens.dtype() == DType::kI32,
-              "vocab_parallel_embedding: CPU table and i32 CPU tokens");
+  GTRON_CHECK(tokens.dtype() == DType::kI32 &&
+                  (tokens.device().is_cpu() || tokens.device() == table.device()),
+              "vocab_parallel_embedding: i32 tokens on the CPU or the table's device");
   GTRON_CHECK(table.shape().rank() == 2, "vocab_parallel_embedding: table ", table.shape().str());
   const int64_t Vl = table.shape()[0], C = table.shape()[1], N = tokens.numel();
   std::vector<int64_t> dims = tokens.shape().vec();
   dims.push_back(C);
+  if (table.device().is_cuda()) {
+    Var local = local_lookup_cuda(tokens, table, v0, Vl * g.size(), Shape(dims));
+    return scatter_tokens ? tp_scatter_tokens(local, g) : tp_reduce(local, g);
+  }
+  GTRON_CHECK(tokens.device().is_cpu(), "vocab_parallel_embedding: CPU tokens for a CPU table");
   Stream& s = current_stream(table.device());
   Tensor part = Tensor::empty(Shape(dims), table.dtype(), table.device(), &s);
   dispatch_float(table.dtype(), [&](auto tag) {
@@ -126,19 +156,77 @@ void local_grad(const T* l, const int32_t* tg, const T* mx, const T* lse, const 
   }
 }
 
+// The CUDA cross-entropy: the single-GPU kernels (model/ops/loss_cuda.cu) over this rank's
+// columns, with the row max and the [Σ exp | target logit] pairs reduced over the group in
+// between. Statistics, count and loss are f32/i32 device values; no host sync.
+struct VocabSplit {
+  int64_t N, V, Vl, valid, v0;
+};
+
+Var vocab_parallel_ce_cuda(const Var& logits, const Tensor& targets, VocabSplit d,
+                           TensorParallelGroup& g, bool overwrite) {
+  const Device dev = logits.device();
+  Stream& s = current_stream(dev);
+  const int64_t N = d.N;
+  if (targets.device().is_cpu()) check_targets(targets.data<int32_t>(), N, d.V);
+  const Tensor tg = ids_on_device(targets, s);                      // [N] i32
+  Tensor count = Tensor::empty(Shape{1}, DType::kI32, dev, &s);     // unmasked rows
+  Tensor lmax = Tensor::empty(Shape{N}, DType::kF32, dev, &s);      // [N] this rank's row max
+  Tensor gmax = Tensor::empty(Shape{N}, DType::kF32, dev, &s);      // [N] the group's
+  Tensor sums = Tensor::empty(Shape{2 * N}, DType::kF32, dev, &s);  // [Σexp | target logit]
+  Tensor rlse = Tensor::empty(Shape{N}, DType::kF32, dev, &s);      // [N] log Σ exp(l − gmax)
+  Tensor loss = Tensor::empty(Shape{}, DType::kF32, dev, &s);
+  const int32_t* tp = tg.data<int32_t>();
+  cuda::cross_entropy_count(tp, count.data<int32_t>(), N, d.V, s.native());
+  cuda::cross_entropy_row_sums(logits.value().raw(), tp, lmax.data<float>(), sums.data<float>(), N,
+                               d.valid, d.Vl, logits.dtype(), s.native());
+  gmax.copy_from(lmax, &s);
+  g.all_reduce(gmax, TpReduce::kMax);
+  cuda::vocab_parallel_rescale(logits.value().raw(), tp, lmax.data<float>(), gmax.data<float>(),
+                               sums.data<float>(), N, d.Vl, d.valid, d.v0, logits.dtype(),
+                               s.native());
+  g.all_reduce(sums, TpReduce::kSum);
+  cuda::vocab_parallel_finalize(tp, gmax.data<float>(), sums.data<float>(), rlse.data<float>(),
+                                count.data<int32_t>(), loss.data<float>(), N, s.native());
+  Var out = Var::output(loss, logits.requires_grad());
+  if (!out.requires_grad()) return out;
+  record_backward([logits, tg, gmax, rlse, count, out, d, overwrite] {
+    if (!out.has_grad()) return;
+    Stream& s = current_stream(out.device());
+    const int32_t* tp = tg.data<int32_t>();
+    if (overwrite && !logits.has_grad()) {  // as the single-GPU loss: the gradient in place
+      Tensor buffer = logits.value();
+      cuda::cross_entropy_backward_inplace(buffer.raw(), tp, gmax.data<float>(), rlse.data<float>(),
+                                           count.data<int32_t>(), out.grad().data<float>(), d.N,
+                                           d.valid, d.Vl, logits.dtype(), s.native(), d.v0);
+      logits.set_grad(buffer);
+      return;
+    }
+    cuda::cross_entropy_backward(logits.value().raw(), tp, gmax.data<float>(), rlse.data<float>(),
+                                 count.data<int32_t>(), out.grad().data<float>(),
+                                 logits.grad().raw(), d.N, d.valid, d.Vl, logits.dtype(),
+                                 s.native(), d.v0);
+  });
+  return out;
+}
+
 }  // namespace
 
 Var vocab_parallel_cross_entropy(const Var& logits, const Tensor& targets, int64_t V, int64_t v0,
-                                 TensorParallelGroup& g) {
-  GTRON_CHECK(
-      logits.device().is_cpu() && targets.device().is_cpu() && targets.dtype() == DType::kI32,
-      "vocab_parallel_cross_entropy: CPU logits and i32 CPU targets");
+                                 TensorParallelGroup& g, bool overwrite_logits) {
+  GTRON_CHECK(targets.dtype() == DType::kI32 &&
+                  (targets.device().is_cpu() || targets.device() == logits.device()),
+              "vocab_parallel_cross_entropy: i32 targets on the CPU or the logits' device");
   std::vector<int64_t> lead = logits.shape().vec();
   const int64_t Vl = lead.back();
   lead.pop_back();
   check_shape("vocab_parallel_cross_entropy targets", targets.shape(), Shape(lead));
   const int64_t N = targets.numel();
   const int64_t valid = std::clamp<int64_t>(V - v0, 0, Vl);  // this rank's columns below V
+  if (logits.device().is_cuda()) {
+    return vocab_parallel_ce_cuda(logits, targets, {N, V, Vl, valid, v0}, g, overwrite_logits);
+  }
+  GTRON_CHECK(targets.device().is_cpu(), "vocab_parallel_cross_entropy: CPU targets");
   Stream& s = current_stream(logits.device());
   const DType dt = logits.dtype();
   Tensor mx = Tensor::empty(Shape{N}, dt, logits.device(), &s);        // [N] row max

@@ -1,8 +1,10 @@
 #include "tests/trainer/gpu_train_util.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <string>
 
 namespace gtron::testing {
 
@@ -38,6 +40,21 @@ TrainSummary train_ok(const Config& cfg) {
   TrainSummary s;
   EXPECT_EQ(run_training(cfg, /*resume=*/false, &s), kExitOk);
   EXPECT_EQ(static_cast<int64_t>(s.losses.size()), cfg.train.steps);
+  return s;
+}
+
+TrainSummary train_on_grid_of_one(const Config& cfg, const char* mode) {
+  static int port = 31000 + static_cast<int>(getpid() % 4000);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", std::to_string(++port).c_str(), 1);
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  setenv("LOCAL_RANK", "0", 1);
+  setenv("LOCAL_WORLD_SIZE", "1", 1);
+  setenv("GROUP_RANK", "0", 1);
+  setenv("GTRON_TEST_GRID_OF_ONE", mode, 1);
+  TrainSummary s = train_ok(cfg);
+  unsetenv("GTRON_TEST_GRID_OF_ONE");
   return s;
 }
 

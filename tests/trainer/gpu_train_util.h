@@ -24,4 +24,9 @@ Config tiny_train_config(const std::string& out_dir, const std::string& device,
 // Trains `cfg` from scratch; EXPECTs exit code 0 and returns the summary.
 TrainSummary train_ok(const Config& cfg);
 
+// train_ok() as rank 0 of a world of one on the multi-process path: the torchrun variables (a
+// fresh MASTER_PORT per call) and GTRON_TEST_GRID_OF_ONE = `mode` ("1", "gtp" or "tp"), unset
+// afterwards.
+TrainSummary train_on_grid_of_one(const Config& cfg, const char* mode);
+
 }  // namespace gtron::testing

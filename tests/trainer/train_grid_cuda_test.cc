@@ -5,7 +5,6 @@
 // without GTP, within 1e-5 relative with it (the norm's partial sums are combined in another
 // order). Tagged "gpu".
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -21,20 +20,7 @@ namespace {
 TrainSummary train(const std::string& name, const char* grid, std::vector<std::string> sets) {
   const Config cfg =
       testing::tiny_train_config(testing::fresh_dir("grid_" + name), "cuda", "bf16", 20, 5, sets);
-  if (grid != nullptr) {
-    static int port = 31000 + static_cast<int>(getpid() % 2000);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", std::to_string(++port).c_str(), 1);
-    setenv("RANK", "0", 1);
-    setenv("WORLD_SIZE", "1", 1);
-    setenv("LOCAL_RANK", "0", 1);
-    setenv("LOCAL_WORLD_SIZE", "1", 1);
-    setenv("GROUP_RANK", "0", 1);
-    setenv("GTRON_TEST_GRID_OF_ONE", grid, 1);
-  }
-  TrainSummary s = testing::train_ok(cfg);
-  unsetenv("GTRON_TEST_GRID_OF_ONE");
-  return s;
+  return grid != nullptr ? testing::train_on_grid_of_one(cfg, grid) : testing::train_ok(cfg);
 }
 
 double worst_rel(const TrainSummary& a, const TrainSummary& b) {
