@@ -370,6 +370,12 @@ void check_tensor_parallel(const Config& c) {
   need("4 × model.n_embd, the MLP width", 4 * m.n_embd);
   need("model.n_embd, the MTP projection's outputs", m.n_embd);
   need("the padded vocabulary (model.vocab_size rounded up to a multiple of 64)", m.padded_vocab());
+  if (c.train.device == DeviceChoice::kCuda) {
+    fail(str_cat("parallel.tp = ", tp,
+                 ": tensor parallelism above 1 trains on the CPU (Gloo) only so far (the CUDA "
+                 "gradient norm does not reduce over TP groups yet), but train.device = \"cuda\""),
+         "use train.device = \"cpu\", or parallel.tp = 1 on GPUs");
+  }
 }
 
 // Step 5: combinations of keys; those that need the world size only when it is known (> 0).

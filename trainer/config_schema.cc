@@ -203,8 +203,8 @@ std::vector<KeySpec> build_schema() {
           "GTP group size G (per-weight sharding); divides the world size."),
       key(GTRON_FIELD(parallel.tp), 1, at_least(1),
           "Tensor-parallel group size TP (Megatron-style split layers, consecutive ranks); "
-          "gtp × tp divides the world size; divides n_head and the padded vocab. Gloo on CPUs, "
-          "NCCL on GPUs (one per process)."),
+          "gtp × tp divides the world size; divides n_head and the padded vocab. Above 1: CPU "
+          "(Gloo) only so far (train.device cuda is refused)."),
       key(GTRON_FIELD(parallel.sequence_parallel), false, any,
           "Sequence parallelism (needs tp > 1; tp divides train.seq_len): norms and the residual "
           "stream hold T/tp of the sequence; all-gather / reduce-scatter replace the all-reduces."),

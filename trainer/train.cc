@@ -76,6 +76,10 @@ DevicePlan pick_device(const Config& cfg, const parallel::DistEnv& env) {
     resolve_precision(cfg.train, DeviceChoice::kCpu);
     return {Device::cpu(), false};
   }
+  if (cfg.parallel.tp > 1) {  // CPU (Gloo) only so far; validate() refuses train.device "cuda"
+    resolve_precision(cfg.train, DeviceChoice::kCpu);
+    return {Device::cpu(), false};
+  }
   const DeviceChoice d = resolve_device(cfg.train, gpus > 0);
   const PrecisionChoice p = resolve_precision(cfg.train, d);
   if (d == DeviceChoice::kCuda) {

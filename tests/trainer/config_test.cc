@@ -290,11 +290,8 @@ TEST(ConfigErrors, TensorParallelChecks) {
   expect_text_error(
       R"({"model": {"vocab_size": 64, "n_head": 6, "n_embd": 48}, "parallel": {"tp": 3}})",
       {"parallel.tp = 3", "padded vocabulary", "(64)"});
-  // On GPUs too (NCCL, one process per GPU): the config alone is valid.
-  EXPECT_EQ(
-      from_text(str_cat("{", model, R"(, "parallel": {"tp": 2}, "train": {"device": "cuda"}})"))
-          .parallel.tp,
-      2);
+  expect_text_error(str_cat("{", model, R"(, "parallel": {"tp": 2}, "train": {"device": "cuda"}})"),
+                    {"parallel.tp = 2", "CPU (Gloo) only", "train.device"});
   expect_text_error(str_cat("{", model, R"(, "parallel": {"tp": 0}})"), {"parallel.tp = 0"});
   // Sequence parallelism splits the sequence over TP.
   EXPECT_FALSE(ok.parallel.sequence_parallel);
