@@ -1,13 +1,20 @@
 // The schema table: every config key, its type, default, bounds and doc (Note [config schema] in
-// config.h). Adding a key = adding its field to config.h and one line here.
+// config.h). Adding a key = adding its field to config.h and one line here. Also the key-name
+// helpers the messages use (closest known key, names of a section).
 
 #include "trainer/config_schema.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
+
+#include "model/check.h"
 
 namespace gtron {
 namespace {
@@ -307,6 +314,102 @@ const char* type_name(KeyType t) {
       return "enum";
   }
   return "?";
+}
+
+// Key-name helpers for messages (config_schema.h).
+
+std::string join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
+  return out;
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  for (std::string part; std::getline(ss, part, '.');) parts.push_back(part);
+  return parts;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string last_part(const std::string& path) {
+  size_t dot = path.rfind('.');
+  return dot == std::string::npos ? path : path.substr(dot + 1);
+}
+
+// The known key (or section) closest to an unknown path; "" when nothing is close. A key whose
+// last part matches exactly wins ("n_layer" -> "model.n_layer"); else the smallest edit distance.
+std::string closest_key(const std::string& unknown) {
+  std::vector<std::string> candidates;
+  for (const KeySpec& k : schema()) {
+    std::vector<std::string> parts = split_path(k.path);
+    std::string prefix;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      prefix += (i ? "." : "") + parts[i];
+      if (std::find(candidates.begin(), candidates.end(), prefix) == candidates.end()) {
+        candidates.push_back(prefix);
+      }
+    }
+    candidates.push_back(k.path);
+  }
+  for (const std::string& c : candidates) {
+    if (find_key(c) && last_part(c) == last_part(unknown)) return c;
+  }
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const std::string& c : candidates) {
+    size_t d = edit_distance(unknown, c);
+    if (d < best_d) best = c, best_d = d;
+  }
+  return best_d <= 2 + unknown.size() / 8 ? best : "";
+}
+
+// The first schema key inside a section, for examples in hints.
+std::string first_key_under(const std::string& section) {
+  for (const KeySpec& k : schema()) {
+    if (k.path.compare(0, section.size() + 1, section + ".") == 0) return k.path;
+  }
+  return section;
+}
+
+// Names directly inside a section ("" = the top level), in schema order.
+std::vector<std::string> names_under(const std::string& section) {
+  std::vector<std::string> names;
+  const std::string prefix = section.empty() ? "" : section + ".";
+  for (const KeySpec& k : schema()) {
+    if (k.path.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string name = split_path(k.path.substr(prefix.size())).front();
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  return names;
+}
+
+std::string unknown_key_hint(const std::string& path) {
+  const std::string near = closest_key(path);
+  const size_t dot = path.rfind('.');
+  const std::string parent = dot == std::string::npos ? "" : path.substr(0, dot);
+  std::string hint;
+  if (!near.empty()) {
+    hint = "did you mean " + near + "? ";
+  } else if (parent.empty() || is_section(parent)) {
+    hint = str_cat(parent.empty() ? "the sections are " : "the keys of " + parent + " are ",
+                   join(names_under(parent), ", "), "; ");
+  }
+  return hint + "`gtron print-config` lists every key with its default";
 }
 
 }  // namespace config_internal

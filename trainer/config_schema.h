@@ -54,5 +54,15 @@ bool is_section(const std::string& path);
 
 const char* type_name(KeyType t);  // "int", "float", "bool", "string", "enum"
 
+// Key-name helpers for messages.
+std::string join(const std::vector<std::string>& items, const std::string& sep);
+std::vector<std::string> split_path(const std::string& path);  // "a.b.c" -> {"a", "b", "c"}
+size_t edit_distance(const std::string& a, const std::string& b);
+std::string last_part(const std::string& path);  // "model.n_layer" -> "n_layer"
+// The first schema key inside a section, for examples in hints.
+std::string first_key_under(const std::string& section);
+// "did you mean ...?" or the names of the enclosing section, then a pointer to print-config.
+std::string unknown_key_hint(const std::string& path);
+
 }  // namespace config_internal
 }  // namespace gtron
