@@ -7,18 +7,25 @@ cc_library, which links them with the CUDA runtime (static) so dependants need n
 
 NVCC = "/usr/local/cuda/bin/nvcc"
 
+# Machine code for sm_90 plus compute_90 PTX for later GPUs; a library whose kernels use Hopper's
+# arch-specific instructions (wgmma) passes gencode = SM90A instead.
+GENCODE = [
+    "-gencode=arch=compute_90,code=sm_90",
+    "-gencode=arch=compute_90,code=compute_90",
+]
+
+SM90A = ["-gencode=arch=compute_90a,code=sm_90a"]
+
 NVCC_FLAGS = [
     "-std=c++17",
     "-O3",
-    "-gencode=arch=compute_90,code=sm_90",
-    "-gencode=arch=compute_90,code=compute_90",
     "-Xcompiler",
     "-fPIC",
     "--expt-relaxed-constexpr",
     "-I.",
 ]
 
-def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
+def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], gencode = GENCODE, **kwargs):
     """Compiles `srcs` (.cu) with nvcc; `hdrs` are nvcc inputs; the non-.cuh ones are exported."""
     objs = []
     for src in srcs:
@@ -28,9 +35,10 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
             name = "%s_%s_nvcc" % (name, stem),
             srcs = [src] + hdrs,
             outs = [obj],
-            cmd = "%s %s %s -c $(location %s) -o $@" % (
+            cmd = "%s %s %s %s -c $(location %s) -o $@" % (
                 NVCC,
                 " ".join(NVCC_FLAGS),
+                " ".join(gencode),
                 " ".join(copts),
                 src,
             ),

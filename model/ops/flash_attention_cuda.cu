@@ -35,60 +35,10 @@
 #include "model/cuda/kernel_util.cuh"
 #include "model/cuda/mma_tile.cuh"
 #include "model/ops/attention.h"
+#include "model/ops/flash_common.cuh"
+#include "model/ops/flash_wgmma.h"
 
 namespace gtron::cuda {
-
-namespace {
-
-constexpr int kThreadsFa = 128;  // 4 warps
-constexpr int kRows = 64;        // rows of a CTA's own tile (16 per warp)
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-// The key/value double buffer of a CTA walking key tiles 0 .. n_tiles − 1: issues tile j + 1's
-// loads into the other buffer (when there is one), then waits until tile j's have landed and
-// every thread sees them. Tile j sits in buffer j % 2. Called by all threads.
-template <int HS, int kN>
-__device__ __forceinline__ void next_kv_tile(bf16* sK, bf16* sV, const bf16* gk, const bf16* gv,
-                                             int64_t ld, int j, int n_tiles, int len) {
-  if (j + 1 < n_tiles) {
-    const int nb = (j + 1) & 1;
-    load_tile<HS, kN, kThreadsFa>(sK + nb * kN * HS, gk, ld, (j + 1) * kN, len);
-    load_tile<HS, kN, kThreadsFa>(sV + nb * kN * HS, gv, ld, (j + 1) * kN, len);
-    cp_async_commit();
-    cp_async_wait<1>();
-  } else {
-    cp_async_wait<0>();
-  }
-  __syncthreads();
-}
-
-// acc rows r0 + lane/4 (+8) go to dst rows (row stride ld) below `len`: stored, or with `add`
-// added to what is there (bf16 read-modify-write, one owner per element), after scaling by `mul`.
-template <int HS>
-__device__ __forceinline__ void store_rows(const float (&acc)[HS / 8][4], bf16* dst, int64_t ld,
-                                           int r0, int len, int lane, const float (&mul)[2],
-                                           bool add) {
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int row = r0 + (lane >> 2) + rr * 8;
-    if (row >= len) continue;
-    bf16* out = dst + static_cast<int64_t>(row) * ld + (lane & 3) * 2;
-#pragma unroll
-    for (int dt = 0; dt < HS / 8; ++dt) {
-      float x = acc[dt][2 * rr] * mul[rr], y = acc[dt][2 * rr + 1] * mul[rr];
-      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out + dt * 8);
-      if (add) {
-        const float2 cur = __bfloat1622float2(*o);
-        x += cur.x;
-        y += cur.y;
-      }
-      *o = __floats2bfloat162_rn(x, y);
-    }
-  }
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Forward.
@@ -109,52 +59,6 @@ __host__ __device__ constexpr int fwd_mt() {
 template <int HS>
 constexpr int fwd_smem_bytes() {
   return (kRows * fwd_mt<HS>() + 4 * kRows) * HS * 2;  // Q, K[2], V[2]
-}
-
-// The causal mask and the online-softmax update of one 16-row accumulator tile (rows row_base
-// and row_base + 8 of this lane), turning s into P in place and rescaling o.
-template <int HS, int NT>
-__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[HS / 8][4],
-                                               float (&m)[2], float (&l)[2], int row_base, int k0,
-                                               bool masked, const FlashForwardArgs& a, int lane,
-                                               float sl2) {
-  const int off = a.Tk - a.Tq;
-  if (masked) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-        const int row = row_base + (e >> 1) * 8;
-        if (key > row + off || key >= a.Tk) s[nt][e] = -INFINITY;
-      }
-    }
-  }
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
-    const float m_new = fmaxf(m[rr], quad_max(mx) * sl2);
-    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-    const float corr = fast_exp2(m[rr] - m_use);
-    m[rr] = m_new;
-    float sum = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-        s[nt][e] = fast_exp2(s[nt][e] * sl2 - m_use);
-        sum += s[nt][e];
-      }
-    }
-    l[rr] = l[rr] * corr + sum;
-#pragma unroll
-    for (int dt = 0; dt < HS / 8; ++dt) {
-      o[dt][2 * rr] *= corr;
-      o[dt][2 * rr + 1] *= corr;
-    }
-  }
 }
 
 template <int HS>
@@ -486,6 +390,10 @@ void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
   flash_delta_kernel<HS>
       <<<static_cast<unsigned>(ceil_div<int64_t>(rows * (HS / 8), 256)), 256, 0, st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
+  if (flash_wgmma_usable(HS)) {
+    flash_wgmma_backward(a, delta, st);
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows)),
                   static_cast<unsigned>(a.B * a.NH));
   flash_backward_kv_kernel<HS, kT><<<grid, kThreadsFa, smem_kv, st>>>(a, delta);
@@ -512,7 +420,9 @@ void flash_attention_forward(const FlashForwardArgs& a, void* stream) {
       "flash_attention: operands must be 16-byte aligned");
   if (static_cast<int64_t>(a.B) * a.NH * a.Tq == 0) return;
   const auto st = static_cast<cudaStream_t>(stream);
-  if (a.HS == 64) {
+  if (flash_wgmma_usable(a.HS)) {
+    flash_wgmma_forward(a, st);
+  } else if (a.HS == 64) {
     forward_hs<64>(a, st);
   } else {
     forward_hs<128>(a, st);

@@ -1,0 +1,23 @@
+// Flash attention with Hopper's warpgroup MMA (model/ops/flash_wgmma_cuda.cu, built for sm_90a):
+// the same algorithm, tiles and results contract as the mma.sync kernels of
+// flash_attention_cuda.cu, for head size 64. flash_attention_forward/backward take it by
+// themselves when flash_wgmma_usable().
+#pragma once
+
+#include <cstdint>
+
+#include "model/ops/attention.h"
+
+namespace gtron::cuda {
+
+// True for HS = 64 on a compute-capability 9.0 device, unless the environment sets
+// GTRON_FLASH_WGMMA=0 (the mma.sync kernels then run: an A/B switch for benchmarks and tests).
+bool flash_wgmma_usable(int64_t HS);
+
+// The forward kernel (contract of flash_attention_forward, arguments already checked).
+void flash_wgmma_forward(const FlashForwardArgs& a, void* stream);
+
+// The key and query kernels of the backward, after Δ = rowsum(dO ⊙ O) is in `delta`.
+void flash_wgmma_backward(const FlashBackwardArgs& a, const float* delta, void* stream);
+
+}  // namespace gtron::cuda

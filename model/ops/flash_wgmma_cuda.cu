@@ -1,0 +1,376 @@
+// Flash attention for head size 64 with warpgroup MMA (wgmma), built for sm_90a only: the
+// kernels of flash_attention_cuda.cu (Note [flash attention tiling]) with every tile product
+// issued by the CTA's one warpgroup instead of per warp. Contract in model/ops/flash_wgmma.h.
+//
+// Note [flash attention on wgmma]
+// The CTA shape is unchanged: 4 warps, 64 own rows, 16 per warp, so a row's softmax statistics
+// stay within a quad and the masks, the online softmax and the stores are the shared code of
+// flash_common.cuh (Note [wgmma operands]: the accumulators have the mma.sync layout).
+// What changes is where the operands come from:
+// - mma.sync makes every warp read the whole B tile from shared memory through ldmatrix, so a
+//   CTA reads each K, V, Q or dO tile four times per product; the backward's key kernel read
+//   128 KB of shared memory per 64×64 step for 1 MFLOP, more time than its tensor-core work.
+//   A wgmma reads B once for the warpgroup, straight from the swizzled tile.
+// - The operands that stay (Q in the forward and the query kernel, K and V in the key kernel)
+//   are read from shared memory by descriptor too, which frees the registers their fragments
+//   held.
+// - P and dS go from accumulators to the A operand in registers, as before.
+// Each batch of products is issued, committed and waited for before its results are used; the
+// other CTAs on the SM (3 to 5 fit) fill the wait. Results equal the mma.sync kernels' within
+// fp32 summation order (the tensor cores add the k-slices in their own order), and two runs are
+// bit-identical.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "model/cuda/kernel_util.cuh"
+#include "model/cuda/mma_tile.cuh"
+#include "model/cuda/wgmma.cuh"
+#include "model/ops/flash_common.cuh"
+#include "model/ops/flash_wgmma.h"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "flash_wgmma_cuda.cu is built for sm_90a only (bazel/cuda.bzl SM90A)"
+#endif
+
+namespace gtron::cuda {
+
+namespace {
+
+constexpr int kHs = 64;
+constexpr int kTile = 64;  // keys (forward, query kernel) or queries (key kernel) per step
+constexpr int kTileElems = kTile * kHs;
+constexpr int kAlignPad = 1024;  // wgmma's 128-byte swizzle wants 1024-byte aligned tiles
+
+// The first 1024-byte aligned address (in the shared window) of the dynamic shared memory.
+__device__ __forceinline__ bf16* aligned_tiles(unsigned char* raw) {
+  const uint32_t pad = (kAlignPad - (smem_u32(raw) & (kAlignPad - 1))) & (kAlignPad - 1);
+  return reinterpret_cast<bf16*>(raw + pad);
+}
+
+// Waits for this thread's cp.async groups but `pending`, makes the tiles visible to wgmma, and
+// synchronizes the CTA.
+template <int kPending>
+__device__ __forceinline__ void tiles_landed() {
+  cp_async_wait<kPending>();
+  async_proxy_fence();
+  __syncthreads();
+}
+
+constexpr int fwd_smem() { return 5 * kTileElems * 2 + kAlignPad; }  // Q, K[2], V[2]
+
+__global__ void __launch_bounds__(kThreadsFa) wg_forward_kernel(FlashForwardArgs a) {
+  constexpr int NT = kTile / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sQ = aligned_tiles(smem_raw);
+  bf16* sK = sQ + kTileElems;
+  bf16* sV = sK + 2 * kTileElems;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int qb = gridDim.x - 1 - blockIdx.x;  // the longest rows first
+  const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
+  const int q0 = qb * kRows;
+  const int off = a.Tk - a.Tq;
+  const bf16* gq = static_cast<const bf16*>(a.q) + b * a.q_batch + h * kHs;
+  const bf16* gk = static_cast<const bf16*>(a.k) + b * a.kv_batch + h * kHs;
+  const bf16* gv = static_cast<const bf16*>(a.v) + b * a.kv_batch + h * kHs;
+
+  load_tile<kHs, kRows, kThreadsFa>(sQ, gq, a.q_ld, q0, a.Tq);
+  const int kv_end = min(a.Tk, q0 + kRows + off);
+  const int n_tiles = (kv_end + kTile - 1) / kTile;
+  load_tile<kHs, kTile, kThreadsFa>(sK, gk, a.kv_ld, 0, a.Tk);
+  load_tile<kHs, kTile, kThreadsFa>(sV, gv, a.kv_ld, 0, a.Tk);
+  cp_async_commit();
+
+  float o[kHs / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const float sl2 = a.scale * kLog2e;
+  const int warp_row0 = q0 + warp * 16;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    next_kv_tile<kHs, kTile, true>(sK, sV, gk, gv, a.kv_ld, j, n_tiles, a.Tk);
+    const bf16* kt = sK + (j & 1) * kTileElems;
+    const bf16* vt = sV + (j & 1) * kTileElems;
+    float s[NT][4];
+    wg::fence();
+    wg::abt_ss(s, sQ, kt, false);
+    wg::commit();
+    wg::wait<0>();
+    wg::hold(s);
+    const int k0 = j * kTile;
+    const bool masked = k0 + kTile - 1 > warp_row0 + off || k0 + kTile > a.Tk;
+    online_softmax<kHs, NT>(s, o, m, l, warp_row0 + (lane >> 2), k0, masked, a, lane, sl2);
+    uint32_t pa[4][4];
+    wg::to_a(s, pa);
+    wg::fence();
+    wg::pv_rs(o, pa, vt);
+    wg::commit();
+    wg::wait<0>();
+    wg::hold(o);
+    __syncthreads();  // the next iteration's loads overwrite this tile's buffers
+  }
+
+  float inv[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const float lt = quad_sum(l[rr]);
+    inv[rr] = 1.0f / lt;
+    const int row = warp_row0 + (lane >> 2) + rr * 8;
+    if ((lane & 3) == 0 && row < a.Tq) {
+      a.lse[static_cast<int64_t>(blockIdx.y) * a.Tq + row] = (m[rr] + log2f(lt)) * kLn2;
+    }
+  }
+  bf16* go = static_cast<bf16*>(a.o) + b * a.o_batch + h * kHs;
+  store_rows<kHs>(o, go, a.o_ld, warp_row0, a.Tq, lane, inv, false);
+}
+
+constexpr int bwd_kv_smem() {  // K, V, Q[2], dO[2], lse[2], Δ[2]
+  return 6 * kTileElems * 2 + 4 * kTile * 4 + kAlignPad;
+}
+
+// dK and dV of 64 keys of one (b, h), over the query tiles from the diagonal on.
+__global__ void __launch_bounds__(kThreadsFa)
+    wg_backward_kv_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
+  constexpr int NT = kTile / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sK = aligned_tiles(smem_raw);
+  bf16* sV = sK + kTileElems;
+  bf16* sQ = sV + kTileElems;
+  bf16* sO = sQ + 2 * kTileElems;  // dO tiles
+  float* sL = reinterpret_cast<float*>(sO + 2 * kTileElems);
+  float* sD = sL + 2 * kTile;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
+  const int k0 = blockIdx.x * kRows;  // key tile 0 sees every query: the longest first
+  const int64_t ld = a.qkv_ld;
+  const bf16* gq = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch + h * kHs;
+  const bf16* gk = gq + a.C;
+  const bf16* gv = gq + 2 * a.C;
+  const bf16* gdo = static_cast<const bf16*>(a.dout) + b * a.o_batch + h * kHs;
+  const float* lse = a.lse + static_cast<int64_t>(blockIdx.y) * a.T;
+  const float* dl = delta + static_cast<int64_t>(blockIdx.y) * a.T;
+
+  auto load_q_tile = [&](int qt, int buf) {
+    load_tile<kHs, kTile, kThreadsFa>(sQ + buf * kTileElems, gq, ld, qt * kTile, a.T);
+    load_tile<kHs, kTile, kThreadsFa>(sO + buf * kTileElems, gdo, a.o_ld, qt * kTile, a.T);
+    for (int i = threadIdx.x; i < kTile; i += kThreadsFa) {
+      const int q = qt * kTile + i;
+      sL[buf * kTile + i] = q < a.T ? lse[q] * kLog2e : 0.0f;
+      sD[buf * kTile + i] = q < a.T ? dl[q] : 0.0f;
+    }
+  };
+
+  load_tile<kHs, kRows, kThreadsFa>(sK, gk, ld, k0, a.T);
+  load_tile<kHs, kRows, kThreadsFa>(sV, gv, ld, k0, a.T);
+  const int qt0 = k0 / kTile;
+  const int n_qt = (a.T + kTile - 1) / kTile;
+  load_q_tile(qt0, 0);
+  cp_async_commit();
+
+  float dk[kHs / 8][4] = {}, dv[kHs / 8][4] = {};
+  const float sl2 = a.scale * kLog2e;
+  const int key_base = k0 + warp * 16 + (lane >> 2);
+
+  for (int qt = qt0, it = 0; qt < n_qt; ++qt, ++it) {
+    const int buf = it & 1;
+    if (qt + 1 < n_qt) {
+      load_q_tile(qt + 1, buf ^ 1);
+      cp_async_commit();
+      tiles_landed<1>();
+    } else {
+      tiles_landed<0>();
+    }
+    const bf16* qtile = sQ + buf * kTileElems;
+    const bf16* otile = sO + buf * kTileElems;
+    const float* L = sL + buf * kTile;
+    const float* D = sD + buf * kTile;
+
+    float p[NT][4];   // Sᵀ, then Pᵀ: [64 keys, 64 queries]
+    float ds[NT][4];  // dPᵀ, then dSᵀ
+    wg::fence();
+    wg::abt_ss(p, sK, qtile, false);
+    wg::abt_ss(ds, sV, otile, false);
+    wg::commit();
+    wg::wait<0>();
+    wg::hold(p);
+    wg::hold(ds);
+    const int qs0 = qt * kTile;
+    const bool masked = qs0 < k0 + kRows || qs0 + kTile > a.T || k0 + kRows > a.T;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int qi = nt * 8 + (lane & 3) * 2;
+      const float2 lq = *reinterpret_cast<const float2*>(L + qi);
+      const float2 dq = *reinterpret_cast<const float2*>(D + qi);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float pe = fast_exp2(p[nt][e] * sl2 - ((e & 1) ? lq.y : lq.x));
+        if (masked) {
+          const int q = qs0 + qi + (e & 1);
+          const int key = key_base + (e >> 1) * 8;
+          if (q < key || q >= a.T || key >= a.T) pe = 0.0f;
+        }
+        p[nt][e] = pe;
+        ds[nt][e] = pe * (ds[nt][e] - ((e & 1) ? dq.y : dq.x));
+      }
+    }
+    uint32_t pa[4][4], dsa[4][4];
+    wg::to_a(p, pa);
+    wg::to_a(ds, dsa);
+    wg::fence();
+    wg::pv_rs(dv, pa, otile);
+    wg::pv_rs(dk, dsa, qtile);
+    wg::commit();
+    wg::wait<0>();
+    wg::hold(dv);
+    wg::hold(dk);
+    __syncthreads();
+  }
+
+  const float one[2] = {1.0f, 1.0f}, sc[2] = {a.scale, a.scale};
+  bf16* dbase = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * kHs;
+  store_rows<kHs>(dk, dbase + a.C, ld, k0 + warp * 16, a.T, lane, sc, a.accumulate);
+  store_rows<kHs>(dv, dbase + 2 * a.C, ld, k0 + warp * 16, a.T, lane, one, a.accumulate);
+}
+
+constexpr int bwd_q_smem() { return 6 * kTileElems * 2 + kAlignPad; }  // Q, dO, K[2], V[2]
+
+// dQ of 64 queries of one (b, h), over the key tiles up to the diagonal.
+__global__ void __launch_bounds__(kThreadsFa)
+    wg_backward_q_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
+  constexpr int NT = kTile / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sQ = aligned_tiles(smem_raw);
+  bf16* sO = sQ + kTileElems;
+  bf16* sK = sO + kTileElems;
+  bf16* sV = sK + 2 * kTileElems;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int qb = gridDim.x - 1 - blockIdx.x;
+  const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
+  const int q0 = qb * kRows;
+  const int64_t ld = a.qkv_ld;
+  const bf16* gq = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch + h * kHs;
+  const bf16* gk = gq + a.C;
+  const bf16* gv = gq + 2 * a.C;
+  const bf16* gdo = static_cast<const bf16*>(a.dout) + b * a.o_batch + h * kHs;
+
+  load_tile<kHs, kRows, kThreadsFa>(sQ, gq, ld, q0, a.T);
+  load_tile<kHs, kRows, kThreadsFa>(sO, gdo, a.o_ld, q0, a.T);
+  load_tile<kHs, kTile, kThreadsFa>(sK, gk, ld, 0, a.T);
+  load_tile<kHs, kTile, kThreadsFa>(sV, gv, ld, 0, a.T);
+  cp_async_commit();
+  const int n_tiles = (min(a.T, q0 + kRows) + kTile - 1) / kTile;
+
+  const int row_base = q0 + warp * 16 + (lane >> 2);
+  float L[2], D[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int row = row_base + rr * 8;
+    const int64_t i = static_cast<int64_t>(blockIdx.y) * a.T + row;
+    L[rr] = row < a.T ? a.lse[i] * kLog2e : 0.0f;
+    D[rr] = row < a.T ? delta[i] : 0.0f;
+  }
+  float dq[kHs / 8][4] = {};
+  const float sl2 = a.scale * kLog2e;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    next_kv_tile<kHs, kTile, true>(sK, sV, gk, gv, ld, j, n_tiles, a.T);
+    const bf16* kt = sK + (j & 1) * kTileElems;
+    const bf16* vt = sV + (j & 1) * kTileElems;
+    float p[NT][4], ds[NT][4];
+    wg::fence();
+    wg::abt_ss(p, sQ, kt, false);
+    wg::abt_ss(ds, sO, vt, false);
+    wg::commit();
+    wg::wait<0>();
+    wg::hold(p);
+    wg::hold(ds);
+    const int k0 = j * kTile;
+    const bool masked = k0 + kTile > q0 || k0 + kTile > a.T;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float pe = fast_exp2(p[nt][e] * sl2 - L[e >> 1]);
+        if (masked) {
+          const int key = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+          const int row = row_base + (e >> 1) * 8;
+          if (key > row || key >= a.T) pe = 0.0f;
+        }
+        ds[nt][e] = pe * (ds[nt][e] - D[e >> 1]);
+      }
+    }
+    uint32_t dsa[4][4];
+    wg::to_a(ds, dsa);
+    wg::fence();
+    wg::pv_rs(dq, dsa, kt);  // dQ += dS · K, K read with keys as the reduced index
+    wg::commit();
+    wg::wait<0>();
+    wg::hold(dq);
+    __syncthreads();
+  }
+  const float sc[2] = {a.scale, a.scale};
+  bf16* dq_base = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * kHs;
+  store_rows<kHs>(dq, dq_base, ld, q0 + warp * 16, a.T, lane, sc, a.accumulate);
+}
+
+template <typename Kernel>
+void allow_smem(Kernel k, int bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+bool wgmma_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("GTRON_FLASH_WGMMA");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+}  // namespace
+
+bool flash_wgmma_usable(int64_t HS) {
+  if (HS != kHs || !wgmma_enabled()) return false;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  static std::array<std::atomic<int>, 64> verdict{};  // 0 unknown, 1 usable, 2 not
+  if (device < 0 || device >= static_cast<int>(verdict.size())) return false;
+  int v = verdict[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0, minor = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    v = major == 9 && minor == 0 ? 1 : 2;
+    verdict[device].store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void flash_wgmma_forward(const FlashForwardArgs& a, void* stream) {
+  static const bool once = (allow_smem(wg_forward_kernel, fwd_smem()), true);
+  (void)once;
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.Tq, kRows)),
+                  static_cast<unsigned>(a.B * a.NH));
+  wg_forward_kernel<<<grid, kThreadsFa, fwd_smem(), static_cast<cudaStream_t>(stream)>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+void flash_wgmma_backward(const FlashBackwardArgs& a, const float* delta, void* stream) {
+  static const bool once = (allow_smem(wg_backward_kv_kernel, bwd_kv_smem()),
+                            allow_smem(wg_backward_q_kernel, bwd_q_smem()), true);
+  (void)once;
+  const auto st = static_cast<cudaStream_t>(stream);
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows)),
+                  static_cast<unsigned>(a.B * a.NH));
+  wg_backward_kv_kernel<<<grid, kThreadsFa, bwd_kv_smem(), st>>>(a, delta);
+  CUDA_CHECK_LAUNCH();
+  wg_backward_q_kernel<<<grid, kThreadsFa, bwd_q_smem(), st>>>(a, delta);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace gtron::cuda
