@@ -61,6 +61,16 @@ __device__ __forceinline__ void hold(float (&d)[NT][4]) {
   }
 }
 
+// The same for A operands in registers: an in-flight product still reads them, so they must not
+// be reused before the wait that retires it.
+__device__ __forceinline__ void hold(uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[k][e])::"memory");
+  }
+}
+
 #define GTRON_WG_D32(d)                                                                      \
   "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),  \
       "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]),             \
