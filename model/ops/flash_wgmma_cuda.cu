@@ -70,13 +70,13 @@ __device__ __forceinline__ void tiles_landed() {
   __syncthreads();
 }
 
-// Key/value tile j (rows j·64 ..) into buffer j % 2, as one cp.async group of kThreads threads.
-template <int kThreads = kThreadsFa>
+// Key/value tile j (rows j·kN ..) into buffer j % 2, as one cp.async group of kThreads threads.
+template <int kThreads = kThreadsFa, int kN = kTile>
 __device__ __forceinline__ void load_kv(bf16* sK, bf16* sV, const bf16* gk, const bf16* gv,
                                         int64_t ld, int j, int len) {
   const int nb = j & 1;
-  load_tile<kHs, kTile, kThreads>(sK + nb * kTileElems, gk, ld, j * kTile, len);
-  load_tile<kHs, kTile, kThreads>(sV + nb * kTileElems, gv, ld, j * kTile, len);
+  load_tile<kHs, kN, kThreads>(sK + nb * kN * kHs, gk, ld, j * kN, len);
+  load_tile<kHs, kN, kThreads>(sV + nb * kN * kHs, gv, ld, j * kN, len);
   cp_async_commit();
 }
 
@@ -85,20 +85,20 @@ __device__ __forceinline__ void load_kv(bf16* sK, bf16* sV, const bf16* gk, cons
 // per step against 1.39 for one (117 registers, 4 CTAs per SM).
 constexpr int kFwdGroups = 1;
 
-template <int kWG>
-constexpr int fwd_smem() {  // Q (one tile per warpgroup), K[2], V[2]
-  return (kWG + 4) * kTileElems * 2 + kAlignPad;
+template <int kWG, int kN>
+constexpr int fwd_smem() {  // Q (one tile per warpgroup), K[2], V[2] of kN keys
+  return (kWG * kRows + 4 * kN) * kHs * 2 + kAlignPad;
 }
 
-template <int kWG>
+template <int kWG, int kN>
 __global__ void __launch_bounds__(kThreadsFa* kWG) wg_forward_kernel(FlashForwardArgs a) {
-  constexpr int NT = kTile / 8;
+  constexpr int NT = kN / 8;
   constexpr int kThreads = kThreadsFa * kWG;
   constexpr int kBM = kRows * kWG;  // queries per CTA
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sQ = aligned_tiles(smem_raw);
   bf16* sK = sQ + kWG * kTileElems;
-  bf16* sV = sK + 2 * kTileElems;
+  bf16* sV = sK + 2 * kN * kHs;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const bf16* my_q = sQ + (warp / 4) * kTileElems;  // this warpgroup's queries
@@ -112,16 +112,16 @@ __global__ void __launch_bounds__(kThreadsFa* kWG) wg_forward_kernel(FlashForwar
 
   load_tile<kHs, kBM, kThreads>(sQ, gq, a.q_ld, q0, a.Tq);
   const int kv_end = min(a.Tk, q0 + kBM + off);
-  const int n_tiles = (kv_end + kTile - 1) / kTile;
-  load_tile<kHs, kTile, kThreads>(sK, gk, a.kv_ld, 0, a.Tk);
-  load_tile<kHs, kTile, kThreads>(sV, gv, a.kv_ld, 0, a.Tk);
+  const int n_tiles = (kv_end + kN - 1) / kN;
+  load_tile<kHs, kN, kThreads>(sK, gk, a.kv_ld, 0, a.Tk);
+  load_tile<kHs, kN, kThreads>(sV, gv, a.kv_ld, 0, a.Tk);
   cp_async_commit();
 
   float o[kHs / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float sl2 = a.scale * kLog2e;
   const int warp_row0 = q0 + warp * 16;
-  uint32_t pa[4][4] = {};  // P's operands: the last P·V reads them until the next wait
+  uint32_t pa[kN / 16][4] = {};  // P's operands: the last P·V reads them until the next wait
 
   // n_tiles >= 1 (Tk >= Tq >= 1): a do-while, so no path reaches the final wait without a
   // product in flight (ptxas serializes every wgmma when one does; see Note [wgmma operands]).
@@ -130,8 +130,8 @@ __global__ void __launch_bounds__(kThreadsFa* kWG) wg_forward_kernel(FlashForwar
   int j = 0;
   do {
     tiles_landed<0>();
-    const bf16* kt = sK + (j & 1) * kTileElems;
-    const bf16* vt = sV + (j & 1) * kTileElems;
+    const bf16* kt = sK + (j & 1) * kN * kHs;
+    const bf16* vt = sV + (j & 1) * kN * kHs;
     float s[NT][4];
     wg::fence();
     wg::abt_ss(s, my_q, kt, false);
@@ -141,9 +141,9 @@ __global__ void __launch_bounds__(kThreadsFa* kWG) wg_forward_kernel(FlashForwar
     wg::hold(o);
     wg::hold(pa);
     __syncthreads();  // no product of tile j − 1 reads the buffers tile j + 1 goes to
-    if (j + 1 < n_tiles) load_kv<kThreads>(sK, sV, gk, gv, a.kv_ld, j + 1, a.Tk);
-    const int k0 = j * kTile;
-    const bool masked = k0 + kTile - 1 > warp_row0 + off || k0 + kTile > a.Tk;
+    if (j + 1 < n_tiles) load_kv<kThreads, kN>(sK, sV, gk, gv, a.kv_ld, j + 1, a.Tk);
+    const int k0 = j * kN;
+    const bool masked = k0 + kN - 1 > warp_row0 + off || k0 + kN > a.Tk;
     online_softmax<kHs, NT>(s, o, m, l, warp_row0 + (lane >> 2), k0, masked, a, lane, sl2);
     wg::to_a(s, pa);
     wg::fence();
@@ -391,15 +391,28 @@ bool flash_wgmma_usable(int64_t HS) {
   return v == 1;
 }
 
-void flash_wgmma_forward(const FlashForwardArgs& a, void* stream) {
+template <int kN>
+void forward_tiles(const FlashForwardArgs& a, cudaStream_t st) {
   constexpr int kWG = kFwdGroups;
-  static const bool once = (allow_smem(wg_forward_kernel<kWG>, fwd_smem<kWG>()), true);
+  static const bool once =
+      (allow_smem(wg_forward_kernel<kWG, kN>, fwd_smem<kWG, kN>()), true);
   (void)once;
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.Tq, kRows * kWG)),
                   static_cast<unsigned>(a.B * a.NH));
-  wg_forward_kernel<kWG><<<grid, kThreadsFa * kWG, fwd_smem<kWG>(),
-                           static_cast<cudaStream_t>(stream)>>>(a);
+  wg_forward_kernel<kWG, kN><<<grid, kThreadsFa * kWG, fwd_smem<kWG, kN>(), st>>>(a);
   CUDA_CHECK_LAUNCH();
+}
+
+void flash_wgmma_forward(const FlashForwardArgs& a, void* stream) {
+  static const bool wide = [] {
+    const char* e = std::getenv("GTRON_FLASH_FWD_TILE");
+    return e != nullptr && std::strcmp(e, "128") == 0;
+  }();
+  if (wide) {
+    forward_tiles<128>(a, static_cast<cudaStream_t>(stream));
+  } else {
+    forward_tiles<kTile>(a, static_cast<cudaStream_t>(stream));
+  }
 }
 
 void flash_wgmma_backward(const FlashBackwardArgs& a, const float* delta, void* stream) {
