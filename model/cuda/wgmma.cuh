@@ -84,10 +84,6 @@ __device__ __forceinline__ void hold(uint32_t (&a)[KT][4]) {
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 
-#define GTRON_WG_D64(d) "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-
-#define GTRON_WG_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-
 // d[64×64] (+)= A[64×16] · B[16×64], A and B from shared memory; TB = 1 for an MN-major B.
 // `accumulate` false overwrites d.
 template <int TB>
@@ -116,21 +112,8 @@ __device__ __forceinline__ void mma_rs(float (&d)[8][4], const uint32_t (&a)[4],
 }
 
 
-// d[64×128] (+)= A[64×16] · B[16×128], A and B from shared memory (K-major B only).
-__device__ __forceinline__ void mma_ss_n128(float (&d)[16][4], uint64_t da, uint64_t db,
-                                            bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " GTRON_WG_REGS64
-      ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : GTRON_WG_D64(d)
-      : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)));
-}
-
 #undef GTRON_WG_D32
 #undef GTRON_WG_REGS32
-#undef GTRON_WG_D64
-#undef GTRON_WG_REGS64
 
 // d[64×64] (+)= A · Bᵀ over a reduced length of 64, A a [64, 64] tile and B a [64 (n), 64 (k)]
 // tile, both K-major in shared memory (scores Q·Kᵀ). Issues the 4 products; the caller fences,
@@ -141,17 +124,6 @@ __device__ __forceinline__ void abt_ss(float (&d)[8][4], const void* a, const vo
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     mma_ss<0>(d, advance(da, 32 * k), advance(db, 32 * k), accumulate || k > 0);
-  }
-}
-
-// d[64×128] (+)= A · Bᵀ over a reduced length of 64, A a [64, 64] tile and B a [128 (n), 64 (k)]
-// tile, both K-major.
-__device__ __forceinline__ void abt_ss(float (&d)[16][4], const void* a, const void* b,
-                                       bool accumulate) {
-  const uint64_t da = desc(a), db = desc(b);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    mma_ss_n128(d, advance(da, 32 * k), advance(db, 32 * k), accumulate || k > 0);
   }
 }
 
