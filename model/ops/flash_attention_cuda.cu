@@ -386,14 +386,14 @@ void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
   static const bool once = (set_smem(flash_backward_kv_kernel<HS, kT>, smem_kv),
                             set_smem(flash_backward_q_kernel<HS, kT>, smem_q), true);
   (void)once;
+  if (flash_wgmma_usable(HS)) {
+    flash_wgmma_backward(a, delta, st);  // forms Δ itself
+    return;
+  }
   const int64_t rows = static_cast<int64_t>(a.B) * a.T * a.NH;
   flash_delta_kernel<HS>
       <<<static_cast<unsigned>(ceil_div<int64_t>(rows * (HS / 8), 256)), 256, 0, st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
-  if (flash_wgmma_usable(HS)) {
-    flash_wgmma_backward(a, delta, st);
-    return;
-  }
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows)),
                   static_cast<unsigned>(a.B * a.NH));
   flash_backward_kv_kernel<HS, kT><<<grid, kThreadsFa, smem_kv, st>>>(a, delta);

@@ -17,7 +17,8 @@ bool flash_wgmma_usable(int64_t HS);
 // The forward kernel (contract of flash_attention_forward, arguments already checked).
 void flash_wgmma_forward(const FlashForwardArgs& a, void* stream);
 
-// The key and query kernels of the backward, after Δ = rowsum(dO ⊙ O) is in `delta`.
-void flash_wgmma_backward(const FlashBackwardArgs& a, const float* delta, void* stream);
+// The query kernel (which forms Δ = rowsum(dO ⊙ O) into `delta`, B·NH·T floats) and then the key
+// kernel of the backward.
+void flash_wgmma_backward(const FlashBackwardArgs& a, float* delta, void* stream);
 
 }  // namespace gtron::cuda

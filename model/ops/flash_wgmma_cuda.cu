@@ -26,6 +26,13 @@
 // - A loop that may run zero times lets a path reach the final wait with the accumulators set by
 //   ordinary instructions, and ptxas then serializes every wgmma of the kernel: the loops are
 //   do-whiles over counts that are at least 1.
+//
+// Note [Δ in the query kernel]
+// Δ = rowsum(dO ⊙ O) is not a pre-pass here: the query kernel, which holds its 64 rows of dO
+// anyway, loads their O too (into the second value buffer, before tile 1 needs it), forms Δ,
+// uses it and stores it; the key kernel runs after it and reads Δ of every query tile. That drops
+// a launch and a read of dO. Its fp32 sum runs in another order than flash_delta_kernel's.
+//
 // Results equal the mma.sync kernels' within fp32 summation order (the tensor cores add the
 // k-slices in their own order), and two runs are bit-identical.
 #include <cuda_bf16.h>
@@ -282,7 +289,7 @@ constexpr int bwd_q_smem() { return 6 * kTileElems * 2 + kAlignPad; }  // Q, dO,
 
 // dQ of 64 queries of one (b, h), over the key tiles up to the diagonal.
 __global__ void __launch_bounds__(kThreadsFa)
-    wg_backward_q_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
+    wg_backward_q_kernel(FlashBackwardArgs a, float* __restrict__ delta) {
   constexpr int NT = kTile / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sQ = aligned_tiles(smem_raw);
@@ -300,8 +307,12 @@ __global__ void __launch_bounds__(kThreadsFa)
   const bf16* gv = gq + 2 * a.C;
   const bf16* gdo = static_cast<const bf16*>(a.dout) + b * a.o_batch + h * kHs;
 
+  // O's rows go to the second value buffer, which tile 1 overwrites only after Δ is formed.
+  const bf16* go = static_cast<const bf16*>(a.o) + b * a.o_batch + h * kHs;
+  bf16* sOut = sV + kTileElems;
   load_tile<kHs, kRows, kThreadsFa>(sQ, gq, ld, q0, a.T);
   load_tile<kHs, kRows, kThreadsFa>(sO, gdo, a.o_ld, q0, a.T);
+  load_tile<kHs, kRows, kThreadsFa>(sOut, go, a.o_ld, q0, a.T);
   load_tile<kHs, kTile, kThreadsFa>(sK, gk, ld, 0, a.T);
   load_tile<kHs, kTile, kThreadsFa>(sV, gv, ld, 0, a.T);
   cp_async_commit();
@@ -314,8 +325,30 @@ __global__ void __launch_bounds__(kThreadsFa)
     const int row = row_base + rr * 8;
     const int64_t i = static_cast<int64_t>(blockIdx.y) * a.T + row;
     L[rr] = row < a.T ? a.lse[i] * kLog2e : 0.0f;
-    D[rr] = row < a.T ? delta[i] : 0.0f;
   }
+  cp_async_wait<0>();
+  __syncthreads();
+  // Δ = rowsum(dO ⊙ O) of this lane's two rows (Note [Δ in the query kernel]): the quad's lanes
+  // take 16 columns each, then a quad sum. The key kernel, launched next, reads it.
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = warp * 16 + (lane >> 2) + rr * 8;
+    float sum = 0.0f;
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const int chunk = 2 * (lane & 3) + cc;
+      float x[8], y[8];
+      load_floats<8>(sO + swz<kHs>(r, chunk), x);
+      load_floats<8>(sOut + swz<kHs>(r, chunk), y);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum += x[e] * y[e];
+    }
+    sum = quad_sum(sum);
+    const int row = q0 + r;
+    D[rr] = row < a.T ? sum : 0.0f;
+    if ((lane & 3) == 0 && row < a.T) delta[static_cast<int64_t>(blockIdx.y) * a.T + row] = sum;
+  }
+  __syncthreads();  // tile 1's loads overwrite O's rows
   float dq[kHs / 8][4] = {};
   const float sl2 = a.scale * kLog2e;
 
@@ -408,16 +441,16 @@ void flash_wgmma_forward(const FlashForwardArgs& a, void* stream) {
   forward_tiles<kTile>(a, static_cast<cudaStream_t>(stream));
 }
 
-void flash_wgmma_backward(const FlashBackwardArgs& a, const float* delta, void* stream) {
+void flash_wgmma_backward(const FlashBackwardArgs& a, float* delta, void* stream) {
   static const bool once = (allow_smem(wg_backward_kv_kernel, bwd_kv_smem()),
                             allow_smem(wg_backward_q_kernel, bwd_q_smem()), true);
   (void)once;
   const auto st = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows)),
                   static_cast<unsigned>(a.B * a.NH));
-  wg_backward_kv_kernel<<<grid, kThreadsFa, bwd_kv_smem(), st>>>(a, delta);
+  wg_backward_q_kernel<<<grid, kThreadsFa, bwd_q_smem(), st>>>(a, delta);  // writes Δ
   CUDA_CHECK_LAUNCH();
-  wg_backward_q_kernel<<<grid, kThreadsFa, bwd_q_smem(), st>>>(a, delta);
+  wg_backward_kv_kernel<<<grid, kThreadsFa, bwd_kv_smem(), st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
 }
 
