@@ -60,13 +60,13 @@ size_t out_bytes(const GemmArgs& g) {
   return static_cast<size_t>(elems) * dtype_size(g.c_type);
 }
 
-// Median microseconds of kTuneTimedCalls calls of candidate `algo`; infinity when cuBLASLt
-// refuses to run it.
-double time_candidate(const TuneCall& call, const GemmArgs& g, const void* c_in, void* d,
+// Median microseconds of kTuneTimedCalls calls of candidate `algo` writing (and, with beta != 0,
+// reading) C at `d`; infinity when cuBLASLt refuses to run it.
+double time_candidate(const TuneCall& call, const GemmArgs& g, void* d,
                       const cublasLtMatmulAlgo_t& algo, const Events& ev) {
   auto launch = [&] {
     return cublasLtMatmul(call.handle, call.desc, &g.alpha, g.b, call.op1, g.a, call.op2, &g.beta,
-                          c_in, call.out, d, call.out, &algo, call.workspace, call.workspace_bytes,
+                          d, call.out, d, call.out, &algo, call.workspace, call.workspace_bytes,
                           call.stream);
   };
   for (int i = 0; i < 2; ++i) {
@@ -170,13 +170,16 @@ int tune_gemm(const TuneCall& call, const GemmArgs& g, const GemmKey& key,
         call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p, sizeof(p)));
   };
   if (writes_aux) set_aux(aux.get());
-  // beta = 0: C is not read, so the candidates run in place on the scratch D like the real call.
-  const void* c_in = g.beta != 0.0f ? g.c : d.get();
+  // In place on a copy of C (beta = 0: C is not read, nothing to copy); with beta != 0 each timed
+  // call accumulates into the copy, which only the timing sees.
+  if (g.beta != 0.0f) {
+    CUDA_CHECK(cudaMemcpyAsync(d.get(), g.c, out_bytes(g), cudaMemcpyDeviceToDevice, call.stream));
+  }
   Events ev(kTuneTimedCalls + 1);
   std::vector<double> us(count, std::numeric_limits<double>::infinity());
   for (int i = 0; i < count; ++i) {
     if (results[i].state == CUBLAS_STATUS_SUCCESS) {
-      us[i] = time_candidate(call, g, c_in, d.get(), results[i].algo, ev);
+      us[i] = time_candidate(call, g, d.get(), results[i].algo, ev);
     }
   }
   if (writes_aux) set_aux(g.aux);

@@ -6,9 +6,9 @@
 // requests kGemmTuneCandidates results, runs each twice to warm up and then kTuneTimedCalls times
 // between CUDA events on the caller's stream, and takes the median. The choice is the fastest,
 // but result 0 stays unless the fastest is at least 3% faster (noise must not move a choice that
-// buys nothing). The candidates write their D, and GELU_AUX's aux, into scratch buffers
-// (cudaMalloc'd and freed around the timing, tune mode only): C is only read, so the caller's
-// memory is never touched; the real call then runs once with the choice. Timing is noisy, so a
+// buys nothing). The candidates run in place (C = D, as the real call does) on a scratch copy of
+// C, and GELU_AUX's aux goes to scratch too (cudaMalloc'd and freed around the timing, tune mode
+// only), so the caller's memory is never written; the real call then runs once with the choice. Timing is noisy, so a
 // tuned run may pick differently from the next: tune mode is a measurement, not a way to train.
 #pragma once
 

@@ -149,7 +149,7 @@ TEST(GemmCuda, PinnedEntryRunsItsHeuristicResult) {
        2,
        testing::kBF16Tol},
       {{384, 256, 512, 1, true, false, DType::kBF16, DType::kF32, 1.0f, false},
-       3,
+       2,
        cuda::kGemmTuneCandidates,
        testing::kF32Tol},
   };
