@@ -29,7 +29,8 @@ trap 'rm -rf "$tmp"' EXIT
 for r in "${runs[@]}"; do
   name="${r%%|*}"
   read -r -a shape <<<"${r#*|}"
-  if ! GTRON_GEMM_TUNE=1 "$bin" --V 50257 --T 1024 "${shape[@]}" "${steps[@]}" "${extra[@]}" \
+  # bench_gpu takes the last occurrence of a flag: the steps stay as set here.
+  if ! GTRON_GEMM_TUNE=1 "$bin" --V 50257 --T 1024 "${shape[@]}" "${extra[@]}" "${steps[@]}" \
     >"$tmp/$name.out" 2>"$tmp/$name.err"; then
     echo "tune_gemm.sh: bench_gpu failed for $name:" >&2
     tail -20 "$tmp/$name.err" >&2

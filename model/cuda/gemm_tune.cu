@@ -4,11 +4,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "model/cuda/cublas_check.h"
@@ -146,12 +146,13 @@ void print_call_counts() {
 bool gemm_tune_enabled() {
   int mode = g_tune_mode.load();
   if (mode >= 0) return mode == 1;
-  const char* v = std::getenv("GTRON_GEMM_TUNE");
-  if (v != nullptr && std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0) {
+  const char* env = std::getenv("GTRON_GEMM_TUNE");
+  const std::string v = env != nullptr ? env : "";
+  if (!v.empty() && v != "0" && v != "1") {
     throw UserError(str_cat("GTRON_GEMM_TUNE is '", v,
                             "'; expected 1 (time the GEMM candidates) or 0/unset (off)"));
   }
-  mode = v != nullptr && std::strcmp(v, "1") == 0 ? 1 : 0;
+  mode = v == "1" ? 1 : 0;
   g_tune_mode.store(mode);
   return mode == 1;
 }

@@ -8,8 +8,9 @@
 // but result 0 stays unless the fastest is at least 3% faster (noise must not move a choice that
 // buys nothing). The candidates run in place (C = D, as the real call does) on a scratch copy of
 // C, and GELU_AUX's aux goes to scratch too (cudaMalloc'd and freed around the timing, tune mode
-// only), so the caller's memory is never written; the real call then runs once with the choice. Timing is noisy, so a
-// tuned run may pick differently from the next: tune mode is a measurement, not a way to train.
+// only), so the caller's memory is never written; the real call then runs once with the choice.
+// Timing is noisy, so a tuned run may pick differently from the next: tune mode is a measurement,
+// not a way to train.
 #pragma once
 
 #include <cublasLt.h>
@@ -23,8 +24,8 @@ namespace gtron::cuda {
 
 constexpr int kTuneTimedCalls = 10;
 
-// GTRON_GEMM_TUNE=1 (read at the first call; 0 or unset: off), unless set_gemm_tune_for_testing
-// said otherwise. Throws UserError on another value.
+// GTRON_GEMM_TUNE=1 (read at the first call; 0, empty or unset: off), unless
+// set_gemm_tune_for_testing said otherwise. Throws UserError on another value.
 bool gemm_tune_enabled();
 
 // One GEMM as gemm.cu issues it, minus the algorithm and the output pointers.
