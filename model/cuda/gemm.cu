@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "model/cuda/cublas_check.h"
+#include "model/cuda/device_buffer.h"
 #include "model/cuda/gemm.h"
 #include "model/cuda/gemm_table.h"
 #include "model/cuda/gemm_tune.h"
@@ -41,20 +42,6 @@ constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Ho
 struct Chosen {
   cublasLtMatmulAlgo_t algo = {};
   int index = 0;
-};
-
-// Device memory owned for the life of the context. Non-copyable; the destructor never throws
-// (at process exit the runtime may already be unloading, so its error is ignored).
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) { CUDA_CHECK(cudaMalloc(&ptr_, bytes)); }
-  ~DeviceBuffer() { cudaFree(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
-
- private:
-  void* ptr_ = nullptr;
 };
 
 // The per-device cuBLASLt state: handle, device name, per-stream workspaces, algorithm cache.

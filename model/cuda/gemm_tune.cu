@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/cuda/cublas_check.h"
+#include "model/cuda/device_buffer.h"
 #include "model/cuda/gemm_tune.h"
 #include "model/dtype.h"
 
@@ -21,22 +22,6 @@ namespace {
 
 // -1: not decided yet (read GTRON_GEMM_TUNE at the first call), else 0 or 1.
 std::atomic<int> g_tune_mode{-1};
-
-// Device memory for the candidates' outputs (tune mode only); freed on scope exit. cudaFree
-// waits for the device, so the timed calls are done with it by then.
-class Scratch {
- public:
-  explicit Scratch(size_t bytes) {
-    if (bytes > 0) CUDA_CHECK(cudaMalloc(&ptr_, bytes));
-  }
-  ~Scratch() { cudaFree(ptr_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  void* get() const { return ptr_; }
-
- private:
-  void* ptr_ = nullptr;
-};
 
 class Events {
  public:
@@ -163,9 +148,9 @@ int tune_gemm(const TuneCall& call, const GemmArgs& g, const GemmKey& key,
               const std::string& device, const cublasLtMatmulHeuristicResult_t* results, int count,
               bool result0_is_default) {
   GTRON_CHECK(count >= 1, "tune_gemm: ", count, " candidates");
-  Scratch d(out_bytes(g));
+  DeviceBuffer d(out_bytes(g));
   const bool writes_aux = g.epilogue == Epilogue::kGeluAux;
-  Scratch aux(writes_aux ? static_cast<size_t>(g.m * g.aux_ld) * dtype_size(g.c_type) : 0);
+  DeviceBuffer aux(writes_aux ? static_cast<size_t>(g.m * g.aux_ld) * dtype_size(g.c_type) : 0);
   auto set_aux = [&](void* p) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p, sizeof(p)));
