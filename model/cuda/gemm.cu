@@ -13,22 +13,24 @@
 // - The result is [N×M] column-major with leading dimension N, i.e. row-major C[M, N]; cuBLAS's
 //   (m, n, k) is our (N, M, K). The bias epilogue adds a vector along cuBLAS's rows, which are
 //   our columns: bias[N] on every row, as nn.Linear wants.
+//
+// Algorithm choice: Note [pinned GEMM algorithms] in gemm_table.h.
 #include <cublasLt.h>
 
-#include <array>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <string>
+#include <vector>
 
-#include "model/cuda/check.h"
+#include "model/cuda/cublas_check.h"
+#include "model/cuda/device_buffer.h"
 #include "model/cuda/gemm.h"
-
-#define CUBLAS_CHECK(expr)                                                               \
-  do {                                                                                   \
-    cublasStatus_t st_ = (expr);                                                         \
-    GTRON_CHECK_CALL(st_ == CUBLAS_STATUS_SUCCESS, #expr, cublasLtGetStatusString(st_)); \
-  } while (0)
+#include "model/cuda/gemm_table.h"
+#include "model/cuda/gemm_tune.h"
 
 namespace gtron::cuda {
 
@@ -36,32 +38,27 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
 
-// (problem, pointer alignments) -> algorithm; see GemmContext::algo.
-using GemmKey = std::array<int64_t, 20>;
-
-// Device memory owned for the life of the context. Non-copyable; the destructor never throws
-// (at process exit the runtime may already be unloading, so its error is ignored).
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) { CUDA_CHECK(cudaMalloc(&ptr_, bytes)); }
-  ~DeviceBuffer() { cudaFree(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
-
- private:
-  void* ptr_ = nullptr;
+// A cached choice: the algorithm and its index among the heuristic results.
+struct Chosen {
+  cublasLtMatmulAlgo_t algo = {};
+  int index = 0;
 };
 
-// The per-device cuBLASLt state: handle, per-stream workspaces, algorithm cache.
+// The per-device cuBLASLt state: handle, device name, per-stream workspaces, algorithm cache.
 class GemmContext {
  public:
-  GemmContext() { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+  explicit GemmContext(int device) {
+    CUBLAS_CHECK(cublasLtCreate(&handle_));
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    device_name_ = prop.name;
+  }
   ~GemmContext() { cublasLtDestroy(handle_); }
   GemmContext(const GemmContext&) = delete;
   GemmContext& operator=(const GemmContext&) = delete;
 
   cublasLtHandle_t handle() const { return handle_; }
+  const std::string& device_name() const { return device_name_; }
 
   // A workspace private to `stream`: two streams running GEMMs at once never share one.
   void* workspace(cudaStream_t stream) {
@@ -71,19 +68,20 @@ class GemmContext {
     return ws->get();
   }
 
-  // 1: cached algorithm in *algo; 0: not asked yet; -1: known to have none.
-  int find(const GemmKey& key, cublasLtMatmulAlgo_t* algo) {
+  // 1: cached choice in *chosen; 0: not asked yet; -1: known to have none.
+  int find(const GemmKey& key, Chosen* chosen) {
     std::lock_guard<std::mutex> lock(mu_);
     if (unsupported_.count(key) != 0) return -1;
     auto it = algos_.find(key);
     if (it == algos_.end()) return 0;
-    *algo = it->second;
+    *chosen = it->second;
     return 1;
   }
 
-  void remember(const GemmKey& key, const cublasLtMatmulAlgo_t& algo) {
+  // The first choice for a key stays (two threads may race to make it).
+  Chosen remember(const GemmKey& key, const Chosen& chosen) {
     std::lock_guard<std::mutex> lock(mu_);
-    algos_.emplace(key, algo);
+    return algos_.emplace(key, chosen).first->second;
   }
 
   void remember_unsupported(const GemmKey& key) {
@@ -91,21 +89,43 @@ class GemmContext {
     unsupported_.insert(key);
   }
 
+  void forget_all() {
+    std::lock_guard<std::mutex> lock(mu_);
+    algos_.clear();
+    unsupported_.clear();
+  }
+
  private:
   cublasLtHandle_t handle_ = nullptr;
+  std::string device_name_;
   std::mutex mu_;
   std::map<cudaStream_t, std::unique_ptr<DeviceBuffer>> workspaces_;
-  std::map<GemmKey, cublasLtMatmulAlgo_t> algos_;
+  std::map<GemmKey, Chosen> algos_;
   std::set<GemmKey> unsupported_;
 };
 
+struct Contexts {
+  std::mutex mu;
+  std::map<int, std::unique_ptr<GemmContext>> by_device;
+};
+
+Contexts& contexts() {
+  static Contexts c;
+  return c;
+}
+
 GemmContext& context_for(int device) {
-  static std::mutex mu;
-  static std::map<int, std::unique_ptr<GemmContext>> contexts;
-  std::lock_guard<std::mutex> lock(mu);
-  auto& ctx = contexts[device];
-  if (!ctx) ctx = std::make_unique<GemmContext>();
+  Contexts& c = contexts();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto& ctx = c.by_device[device];
+  if (!ctx) ctx = std::make_unique<GemmContext>(device);
   return *ctx;
+}
+
+GemmContext& current_context() {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  return context_for(device);
 }
 
 // RAII holders for the per-call descriptors.
@@ -156,16 +176,6 @@ struct Preference {
 
 cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
-// The largest power of two (<= 256) dividing the address and, for batches, the byte stride:
-// every matrix of the batch is at least that aligned.
-uint32_t alignment(const void* p, int64_t batch, int64_t stride_bytes) {
-  uint64_t v = reinterpret_cast<uintptr_t>(p);
-  if (batch > 1) v |= static_cast<uint64_t>(stride_bytes);
-  uint32_t a = 256;
-  while (a > 1 && v % a != 0) a /= 2;
-  return a;
-}
-
 void check_args(const GemmArgs& g) {
   GTRON_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1, "gemm: m = ", g.m, ", n = ", g.n,
               ", k = ", g.k, ", batch = ", g.batch);
@@ -179,61 +189,76 @@ void check_args(const GemmArgs& g) {
               "; the bias is in C's type or f32");
 }
 
-// The algorithm for `g`: cached per problem and pointer alignments, else cuBLASLt's first
-// heuristic choice for exactly those alignments (so a cached choice never meets a less aligned
-// operand than it was picked for). False when cuBLASLt has none.
-bool choose_algo(cublasLtMatmulAlgo_t* chosen, GemmContext& ctx, const GemmArgs& g,
-                 const MatmulDesc& desc, const Layout& op1, const Layout& op2, const Layout& out) {
-  const int64_t ab_size = dtype_size(g.ab);
-  const int64_t c_size = dtype_size(g.c_type);
-  const uint32_t align1 = alignment(g.b, g.batch, g.stride_b * ab_size);
-  const uint32_t align2 = alignment(g.a, g.batch, g.stride_a * ab_size);
-  const uint32_t align_c = alignment(g.c, g.batch, g.stride_c * c_size);
-  const uint32_t align_bias = g.bias ? alignment(g.bias, 1, 0) : 0;
-  const GemmKey key = {g.m,
-                       g.n,
-                       g.k,
-                       g.batch,
-                       g.stride_a,
-                       g.stride_b,
-                       g.stride_c,
-                       g.trans_a,
-                       g.trans_b,
-                       static_cast<int64_t>(g.ab),
-                       static_cast<int64_t>(g.c_type),
-                       align1,
-                       align2,
-                       align_c,
-                       align_bias,
-                       g.bias != nullptr,
-                       g.bias != nullptr ? static_cast<int64_t>(g.bias_type) : -1,
-                       g.beta == 0.0f,
-                       static_cast<int64_t>(g.epilogue),
-                       g.aux ? alignment(g.aux, 1, 0) + 1000 * g.aux_ld : 0};
-  const int known = ctx.find(key, chosen);
-  if (known != 0) return known > 0;
+// Whether tune mode may time candidates on `s` now: never while it captures a graph.
+bool can_tune(cudaStream_t s) {
+  if (!gemm_tune_enabled()) return false;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &capture) != cudaSuccess) {
+    cudaGetLastError();  // e.g. the legacy stream during another stream's global capture
+    return false;
+  }
+  return capture == cudaStreamCaptureStatusNone;
+}
+
+// Up to `requested` heuristic results for the problem, for exactly the key's alignments (so a
+// choice never meets a less aligned operand than it was picked for). Empty when cuBLASLt has none.
+std::vector<cublasLtMatmulHeuristicResult_t> heuristics(GemmContext& ctx, const GemmArgs& g,
+                                                        const GemmKey& key, const MatmulDesc& desc,
+                                                        const Layout& op1, const Layout& op2,
+                                                        const Layout& out, int requested) {
   Preference pref;
   pref.set64(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kWorkspaceBytes);
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align1);
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align2);
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
-  cublasLtMatmulHeuristicResult_t result = {};
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(key[kKeyAlignB]));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(key[kKeyAlignA]));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(key[kKeyAlignC]));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(key[kKeyAlignC]));
+  std::vector<cublasLtMatmulHeuristicResult_t> results(requested);
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-      ctx.handle(), desc.d, op1.l, op2.l, out.l, out.l, pref.p, 1, &result, &found);
+      ctx.handle(), desc.d, op1.l, op2.l, out.l, out.l, pref.p, requested, results.data(), &found);
   // An f32 bias on a bf16 output is refused with INVALID_VALUE by some cuBLASLt versions (13.0).
   const bool optional =
       (g.bias != nullptr && g.bias_type != g.c_type) || g.epilogue != Epilogue::kNone;
   if (st != CUBLAS_STATUS_NOT_SUPPORTED && !(optional && st == CUBLAS_STATUS_INVALID_VALUE)) {
     CUBLAS_CHECK(st);
   }
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+  results.resize(st == CUBLAS_STATUS_SUCCESS ? found : 0);
+  return results;
+}
+
+// The algorithm for `key`: cached, else chosen once (Note [pinned GEMM algorithms] in
+// gemm_table.h): in tune mode the timed choice among kGemmTuneCandidates results; else the pinned
+// entry's result when the table has one and cuBLASLt returned that many; else result 0.
+// False when cuBLASLt has none.
+bool choose_algo(Chosen* chosen, GemmContext& ctx, const GemmArgs& g, const GemmKey& key,
+                 const MatmulDesc& desc, const Layout& op1, const Layout& op2, const Layout& out,
+                 cudaStream_t s) {
+  const int known = ctx.find(key, chosen);
+  if (known != 0) return known > 0;
+  const bool tune = can_tune(s);
+  const std::optional<PinnedChoice> pinned =
+      tune ? std::nullopt : find_tuned_gemm(ctx.device_name(), cublasLtGetVersion(), key);
+  const int requested = tune ? kGemmTuneCandidates : pinned ? pinned->requested : 1;
+  const std::vector<cublasLtMatmulHeuristicResult_t> results =
+      heuristics(ctx, g, key, desc, op1, op2, out, requested);
+  if (results.empty()) {
     ctx.remember_unsupported(key);
     return false;
   }
-  ctx.remember(key, result.algo);
-  *chosen = result.algo;
+  const int found = static_cast<int>(results.size());
+  int index = 0;
+  if (tune) {
+    const TuneCall call{ctx.handle(), desc.d,           op1.l,           op2.l,
+                        out.l,        ctx.workspace(s), kWorkspaceBytes, s};
+    // Whether result 0 of many is the algorithm a plain run (one result requested) takes.
+    const auto single = heuristics(ctx, g, key, desc, op1, op2, out, 1);
+    const bool same = !single.empty() && std::memcmp(&single[0].algo, &results[0].algo,
+                                                     sizeof(cublasLtMatmulAlgo_t)) == 0;
+    index = tune_gemm(call, g, key, ctx.device_name(), results.data(), found, same);
+  } else if (pinned && pinned->index < found) {
+    index = pinned->index;
+  }
+  *chosen = ctx.remember(key, Chosen{results[index].algo, index});
   return true;
 }
 
@@ -254,9 +279,7 @@ bool try_gemm(const GemmArgs& g, void* stream) {
                 "gemm: k = 0 leaves alpha·A·B empty; only beta = 1 without bias is supported");
     return true;
   }
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  GemmContext& ctx = context_for(device);
+  GemmContext& ctx = current_context();
   cudaStream_t s = static_cast<cudaStream_t>(stream);
 
   // Note [row-major through column-major cuBLAS]: operand 1 is B, operand 2 is A, result Cᵀ.
@@ -295,11 +318,35 @@ bool try_gemm(const GemmArgs& g, void* stream) {
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(cuda_type(g.bias_type)));
   }
 
-  cublasLtMatmulAlgo_t algo;
-  if (!choose_algo(&algo, ctx, g, desc, op1, op2, out)) return false;
+  const GemmKey key = gemm_key(g);
+  Chosen chosen;
+  if (!choose_algo(&chosen, ctx, g, key, desc, op1, op2, out, s)) return false;
+  if (gemm_tune_enabled()) count_tuned_call(key);
   CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), desc.d, &g.alpha, g.b, op1.l, g.a, op2.l, &g.beta, g.c,
-                              out.l, g.c, out.l, &algo, ctx.workspace(s), kWorkspaceBytes, s));
+                              out.l, g.c, out.l, &chosen.algo, ctx.workspace(s), kWorkspaceBytes,
+                              s));
   return true;
+}
+
+int gemm_algo_index(const GemmArgs& g) {
+  Chosen chosen;
+  return current_context().find(gemm_key(g), &chosen) > 0 ? chosen.index : -1;
+}
+
+void pin_gemm_algo_for_testing(const GemmArgs& g, int index, int requested) {
+  GemmContext& ctx = current_context();
+  const GemmKey key = gemm_key(g);
+  Chosen chosen;
+  GTRON_CHECK(ctx.find(key, &chosen) == 0,
+              "pin_gemm_algo_for_testing: the problem already has its algorithm; pin it first");
+  add_tuned_gemm(TunedGemm{ctx.device_name(), cublasLtGetVersion(), key, index, requested});
+}
+
+void reset_gemm_algos_for_testing() {
+  Contexts& c = contexts();
+  std::lock_guard<std::mutex> lock(c.mu);
+  for (auto& [device, ctx] : c.by_device) ctx->forget_all();
+  clear_added_tuned_gemms();
 }
 
 }  // namespace gtron::cuda

@@ -20,7 +20,10 @@
 // per problem (shape, types, transposes, bias, pointer alignments). So: capture a CUDA graph only
 // after an eager warm-up has run each GEMM shape on that stream once.
 // Determinism: one algorithm per problem, fixed by the cache, on a private per-stream workspace:
-// the same inputs give the same bits on every call.
+// the same inputs give the same bits on every call. The algorithm is cuBLASLt's first heuristic
+// result, or the one a committed table pins for this device and cuBLASLt version; tune mode
+// (GTRON_GEMM_TUNE=1) times the candidates instead (Note [pinned GEMM algorithms] in
+// gemm_table.h).
 // Thread safety: gemm() may be called from several threads.
 #pragma once
 
@@ -63,5 +66,22 @@ void gemm(const GemmArgs& g, void* stream);
 // As gemm(), but returns false (and does nothing) when cuBLASLt offers no algorithm for the
 // problem; the answer is cached per problem like the algorithm.
 bool try_gemm(const GemmArgs& g, void* stream);
+
+// The index among cuBLASLt's heuristic results that g's problem runs with on the current device;
+// -1 before its first GEMM there or when cuBLASLt has no algorithm for it.
+int gemm_algo_index(const GemmArgs& g);
+
+// How many heuristic results tune mode (GTRON_GEMM_TUNE=1) requests and times per problem.
+constexpr int kGemmTuneCandidates = 16;
+
+// Test hooks (not for production code).
+// Pins g's problem, on the current device and cuBLASLt version, to heuristic result `index` of
+// `requested`, as a committed table entry would. REQUIRES: 0 <= index < requested; no GEMM of
+// that problem has run on this device since the last reset (a choice is made once).
+void pin_gemm_algo_for_testing(const GemmArgs& g, int index, int requested);
+// Forgets every cached choice on every device and every entry pinned at run time.
+void reset_gemm_algos_for_testing();
+// Turns tune mode on or off for the problems met from now on, whatever GTRON_GEMM_TUNE says.
+void set_gemm_tune_for_testing(bool on);
 
 }  // namespace gtron::cuda
