@@ -59,8 +59,8 @@ void add_layernorm_backward_cuda(const Saved& v) {
   const bool want_params = dy && (v.gamma.requires_grad() || v.beta.requires_grad());
   Tensor scratch;
   if (want_params) scratch = scratch_floats(cuda::layernorm_backward_scratch_floats(v.N, v.C), s);
-  float* dgamma = dy && v.gamma.requires_grad() ? f32_grad("add_layernorm gamma", v.gamma.grad())
-                                                : nullptr;
+  float* dgamma =
+      dy && v.gamma.requires_grad() ? f32_grad("add_layernorm gamma", v.gamma.grad()) : nullptr;
   float* dbeta =
       dy && v.beta.requires_grad() ? f32_grad("add_layernorm beta", v.beta.grad()) : nullptr;
   float* scratch_p = want_params ? scratch.data<float>() : nullptr;
@@ -120,10 +120,9 @@ AddNorm add_layernorm(const Var& x, const Var& a, const Var& gamma, const Var& b
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device(), &s);
   Tensor mean = Tensor::empty(Shape{N}, DType::kF32, x.device(), &s);
   Tensor rstd = Tensor::empty(Shape{N}, DType::kF32, x.device(), &s);
-  cuda::add_layernorm_forward(x.value().raw(), a.value().raw(), gamma.value().raw(),
-                              beta.value().raw(), gamma.dtype(), h.raw(), y.raw(),
-                              mean.data<float>(), rstd.data<float>(), N, C, eps, x.dtype(),
-                              s.native());
+  cuda::add_layernorm_forward(
+      x.value().raw(), a.value().raw(), gamma.value().raw(), beta.value().raw(), gamma.dtype(),
+      h.raw(), y.raw(), mean.data<float>(), rstd.data<float>(), N, C, eps, x.dtype(), s.native());
   const bool need_h = x.requires_grad() || a.requires_grad();
   AddNorm out{Var::output(h, need_h),
               Var::output(y, need_h || gamma.requires_grad() || beta.requires_grad())};

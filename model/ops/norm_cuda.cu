@@ -156,21 +156,19 @@ __global__ void add_norm_forward_kernel(const T* __restrict__ x, const T* __rest
 
 // dx[0, kV) += out. kAlso: the sum, once rounded, is also written to (also_add: added into) `also`
 // — the residual gradient's second consumer (Note [fused residual add and LayerNorm]).
+// The sum is read back as stored (this thread's own write), so dx's arithmetic is add_floats'
+// whether or not `also` rides along.
 template <bool kAlso, int kV, typename T>
 __device__ __forceinline__ void write_dx(T* dx, T* also, bool also_add, int64_t i,
                                          const float (&out)[kV]) {
-  if constexpr (!kAlso) {
-    add_floats<kV>(dx + i, out);
-  } else {
-    float cur[kV];
-    load_floats<kV>(dx + i, cur);
-#pragma unroll
-    for (int k = 0; k < kV; ++k) cur[k] = to_float(from_float<T>(cur[k] + out[k]));
-    store_floats<kV>(dx + i, cur);
+  add_floats<kV>(dx + i, out);
+  if constexpr (kAlso) {
+    float sum[kV];
+    load_floats<kV>(dx + i, sum);
     if (also_add) {
-      add_floats<kV>(also + i, cur);
+      add_floats<kV>(also + i, sum);
     } else {
-      store_floats<kV>(also + i, cur);
+      store_floats<kV>(also + i, sum);
     }
   }
 }

@@ -88,9 +88,7 @@ Results run(const Case& s, bool fused) {
     h = add(x, a);
     y = layernorm(h, gamma, beta);
   }
-  Var out = s.use == Use::kBoth       ? add(h, gelu(y))
-            : s.use == Use::kNormOnly ? gelu(y)
-                                      : gelu(h);
+  Var out = s.use == Use::kBoth ? add(h, gelu(y)) : s.use == Use::kNormOnly ? gelu(y) : gelu(h);
   backward_with(out, gpu_values(out.shape(), 6, 1.0, s.act));
   Results r;
   std::vector<const Tensor*> results = {&h.value(), &y.value(), &out.value(), &x.grad()};
