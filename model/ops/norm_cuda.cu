@@ -345,46 +345,22 @@ struct NormParamTerm {
   }
 };
 
+// y = norm(x); or, with `a` (LN only), h = x + a and y = layernorm(h). The pack width is the one
+// the plain norm takes on its rows (x, or h: so the statistics sum in the same order, Note [fused
+// residual add and LayerNorm]); x or a unaligned where h is not: add's kernel, then the norm's.
 template <typename T, typename P, bool kLN>
 void launch_forward(const void* x, const void* gamma, const void* beta, void* y, float* mean,
-                    float* rstd, int64_t N, int64_t C, double eps, void* stream) {
+                    float* rstd, int64_t N, int64_t C, double eps, void* stream,
+                    const void* a = nullptr, void* h = nullptr) {
   constexpr int kV = kPack<T>;
-  const auto* xp = static_cast<const T*>(x);
-  const auto* gp = static_cast<const P*>(gamma);
-  const auto* bp = static_cast<const P*>(beta);
-  auto* yp = static_cast<T*>(y);
-  const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(N, kRowsPerBlock));
-  auto st = static_cast<cudaStream_t>(stream);
-  const int c = static_cast<int>(C);
-  const float e = static_cast<float>(eps);
-  if (C % kV == 0 && is_aligned(x, 16) && is_aligned(y, 16) && is_aligned(gamma, sizeof(P) * kV) &&
-      is_aligned(beta, sizeof(P) * kV)) {
-    norm_forward_kernel<T, P, kV, kLN>
-        <<<blocks, kRowsPerBlock * 32, 0, st>>>(xp, gp, bp, yp, mean, rstd, N, c, e);
-  } else {
-    norm_forward_kernel<T, P, 1, kLN>
-        <<<blocks, kRowsPerBlock * 32, 0, st>>>(xp, gp, bp, yp, mean, rstd, N, c, e);
-  }
-  CUDA_CHECK_LAUNCH();
-}
-
-// h = x + a, y = layernorm(h) in one pass, taking the same pack width as layernorm_forward would
-// on h (so the statistics sum in the same order); x or a unaligned where h is not: the two kernels.
-template <typename T, typename P>
-void launch_add_forward(const void* x, const void* a, const void* gamma, const void* beta, void* h,
-                        void* y, float* mean, float* rstd, int64_t N, int64_t C, double eps,
-                        DType act, void* stream) {
-  constexpr int kV = kPack<T>;
-  const bool packed = C % kV == 0 && is_aligned(h, 16) && is_aligned(y, 16) &&
+  const bool packed = C % kV == 0 && is_aligned(a ? h : x, 16) && is_aligned(y, 16) &&
                       is_aligned(gamma, sizeof(P) * kV) && is_aligned(beta, sizeof(P) * kV);
-  if (packed && !(is_aligned(x, 16) && is_aligned(a, 16))) {
-    add_forward(x, a, h, N * C, act, stream);
-    launch_forward<T, P, true>(h, gamma, beta, y, mean, rstd, N, C, eps, stream);
-    return;
+  if (a != nullptr && packed && !(is_aligned(x, 16) && is_aligned(a, 16))) {
+    add_forward(x, a, h, N * C, std::is_same_v<T, float> ? DType::kF32 : DType::kBF16, stream);
+    x = h;
+    a = nullptr;
   }
   const auto* xp = static_cast<const T*>(x);
-  const auto* ap = static_cast<const T*>(a);
-  auto* hp = static_cast<T*>(h);
   const auto* gp = static_cast<const P*>(gamma);
   const auto* bp = static_cast<const P*>(beta);
   auto* yp = static_cast<T*>(y);
@@ -392,12 +368,22 @@ void launch_add_forward(const void* x, const void* a, const void* gamma, const v
   auto st = static_cast<cudaStream_t>(stream);
   const int c = static_cast<int>(C);
   const float e = static_cast<float>(eps);
+  auto run = [&](auto v) {
+    constexpr int kW = decltype(v)::value;
+    if constexpr (kLN) {
+      if (a != nullptr) {
+        add_norm_forward_kernel<T, P, kW><<<blocks, kRowsPerBlock * 32, 0, st>>>(
+            xp, static_cast<const T*>(a), static_cast<T*>(h), gp, bp, yp, mean, rstd, N, c, e);
+        return;
+      }
+    }
+    norm_forward_kernel<T, P, kW, kLN>
+        <<<blocks, kRowsPerBlock * 32, 0, st>>>(xp, gp, bp, yp, mean, rstd, N, c, e);
+  };
   if (packed) {
-    add_norm_forward_kernel<T, P, kV>
-        <<<blocks, kRowsPerBlock * 32, 0, st>>>(xp, ap, hp, gp, bp, yp, mean, rstd, N, c, e);
+    run(std::integral_constant<int, kV>{});
   } else {
-    add_norm_forward_kernel<T, P, 1>
-        <<<blocks, kRowsPerBlock * 32, 0, st>>>(xp, ap, hp, gp, bp, yp, mean, rstd, N, c, e);
+    run(std::integral_constant<int, 1>{});
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -536,8 +522,8 @@ void add_layernorm_forward(const void* x, const void* a, const void* gamma, cons
   check_sizes("add_layernorm", N, C);
   if (N == 0 || C == 0) return;
   dispatch_act_param("add_layernorm", act, param, [&](auto t, auto p) {
-    launch_add_forward<decltype(t), decltype(p)>(x, a, gamma, beta, h, y, mean, rstd, N, C, eps,
-                                                 act, stream);
+    launch_forward<decltype(t), decltype(p), true>(x, gamma, beta, y, mean, rstd, N, C, eps, stream,
+                                                   a, h);
   });
 }
 
