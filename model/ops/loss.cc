@@ -44,15 +44,15 @@ Var cross_entropy_onepass(const Var& logits, const Tensor& tg, const KnownLossGr
               "; got ", seed.shape().str(), " ", dtype_name(seed.dtype()), " on ",
               seed.device().str());
   const float w = static_cast<float>(known.weight);
-  Tensor loss = Tensor::empty(Shape{}, DType::kF32, dev, &s);      // scalar
-  Tensor rmax = Tensor::empty(Shape{N}, DType::kF32, dev, &s);     // [N], scratch
-  Tensor rlse = Tensor::empty(Shape{N}, DType::kF32, dev, &s);     // [N], scratch
-  Tensor tlogit = Tensor::empty(Shape{N}, DType::kF32, dev, &s);   // [N], scratch
-  Tensor count = Tensor::empty(Shape{1}, DType::kI32, dev, &s);    // unmasked rows
+  Tensor loss = Tensor::empty(Shape{}, DType::kF32, dev, &s);     // scalar
+  Tensor rmax = Tensor::empty(Shape{N}, DType::kF32, dev, &s);    // [N], scratch
+  Tensor rlse = Tensor::empty(Shape{N}, DType::kF32, dev, &s);    // [N], scratch
+  Tensor tlogit = Tensor::empty(Shape{N}, DType::kF32, dev, &s);  // [N], scratch
+  Tensor count = Tensor::empty(Shape{1}, DType::kI32, dev, &s);   // unmasked rows
   cuda::cross_entropy_onepass(logits.value().raw(), tg.data<int32_t>(), rmax.data<float>(),
                               rlse.data<float>(), tlogit.data<float>(), count.data<int32_t>(),
-                              loss.data<float>(), seed.data<float>(), w, N, V, Vp,
-                              logits.dtype(), s.native());
+                              loss.data<float>(), seed.data<float>(), w, N, V, Vp, logits.dtype(),
+                              s.native());
   Var out = Var::output(loss, true);
   record_backward([logits, out, seed, w] {
     if (!out.has_grad()) return;

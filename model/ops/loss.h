@@ -94,8 +94,7 @@ void cross_entropy_backward_inplace(void* logits, const int32_t* targets, const 
 // with dloss[0] = seed[0]·weight.
 void cross_entropy_onepass(void* logits, const int32_t* targets, float* rmax, float* rlse,
                            float* tlogit, int32_t* count, float* loss, const float* seed,
-                           float weight, int64_t N, int64_t V, int64_t Vp, DType act,
-                           void* stream);
+                           float weight, int64_t N, int64_t V, int64_t Vp, DType act, void* stream);
 // The one-pass backward's check: when dloss[0] differs from seed[0]·weight, the n gradient values
 // written by cross_entropy_onepass are scaled by dloss[0] / (seed[0]·weight) (a trap when that
 // divisor is 0 or not finite); else nothing is touched.

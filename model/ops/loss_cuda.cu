@@ -436,8 +436,8 @@ int staged_row_limit() {
 
 template <typename Kernel>
 bool allow_staged_rows(Kernel k) {
-  CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  staged_row_limit()));
+  CUDA_CHECK(
+      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, staged_row_limit()));
   return true;
 }
 
@@ -449,16 +449,16 @@ void launch_onepass(T* logits, const int32_t* targets, float* rmax, float* rlse,
   const auto grid = static_cast<unsigned>(N);
   const int64_t bytes = Vp * static_cast<int64_t>(sizeof(T));
   if (!rows_packed<T>(Vp, logits, logits)) {
-    onepass_kernel<T, 1, false>
-        <<<grid, kRowThreads, 0, st>>>(logits, targets, rmax, rlse, tlogit, count, seed, weight, V, Vp);
+    onepass_kernel<T, 1, false><<<grid, kRowThreads, 0, st>>>(logits, targets, rmax, rlse, tlogit,
+                                                              count, seed, weight, V, Vp);
   } else if (bytes <= staged_row_limit()) {
     static const bool once = allow_staged_rows(onepass_kernel<T, kV, true>);
     (void)once;
     onepass_kernel<T, kV, true><<<grid, kRowThreads, static_cast<size_t>(bytes), st>>>(
         logits, targets, rmax, rlse, tlogit, count, seed, weight, V, Vp);
   } else {
-    onepass_kernel<T, kV, false>
-        <<<grid, kRowThreads, 0, st>>>(logits, targets, rmax, rlse, tlogit, count, seed, weight, V, Vp);
+    onepass_kernel<T, kV, false><<<grid, kRowThreads, 0, st>>>(logits, targets, rmax, rlse, tlogit,
+                                                               count, seed, weight, V, Vp);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -476,7 +476,8 @@ void cross_entropy_onepass(void* logits, const int32_t* targets, float* rmax, fl
   dispatch_act("cross_entropy", act, [&](auto tag) {
     using T = decltype(tag);
     auto* lp = static_cast<T*>(logits);
-    if (N > 0) launch_onepass<T>(lp, targets, rmax, rlse, tlogit, count, seed, weight, N, V, Vp, st);
+    if (N > 0)
+      launch_onepass<T>(lp, targets, rmax, rlse, tlogit, count, seed, weight, N, V, Vp, st);
     // The target logits are given (tlogit): the logits already hold the gradient.
     finalize_kernel<T>
         <<<1, kOneBlock, 0, st>>>(nullptr, targets, rmax, rlse, count, loss, tlogit, N, Vp);

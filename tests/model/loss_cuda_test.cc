@@ -249,7 +249,8 @@ TEST(CrossEntropyCuda, OnePassEqualsTwoPassBitForBit) {
       }
       for (int64_t i = 0; i < c.N; ++i) {  // masked rows and the padded tail: zero gradient
         for (int64_t j = 0; j < c.Vp; ++j) {
-          if (i % 6 == 0 || j >= c.V) ASSERT_EQ(g[i * c.Vp + j], 0.0) << what << " " << i << "," << j;
+          if (i % 6 == 0 || j >= c.V)
+            ASSERT_EQ(g[i * c.Vp + j], 0.0) << what << " " << i << "," << j;
         }
       }
       // A rerun gives the same bits.
