@@ -1,4 +1,4 @@
-// Cross-entropy and scale on CUDA.
+// Cross-entropy on CUDA (scale: scale_cuda.cu).
 //
 // Cross-entropy runs three kernels, all stream-ordered, none needing a host sync:
 // 1. count (one block): counts unmasked rows into count[0] and traps on a bad target.
@@ -10,7 +10,8 @@
 // The backward kernels recompute p = exp(logit − rmax − rlse) from the statistics (logit_grad).
 // The one-pass kernel (Note [one-pass cross-entropy]) does 2. and the in-place backward together
 // when the loss's upstream gradient is known at forward time.
-// Masked rows (kMaskedTarget) are skipped everywhere; the padded tail [V, Vp) is never touched.
+// Masked rows (kMaskedTarget) are skipped everywhere; the padded tail [V, Vp) is never read (the
+// in-place gradients write zeros over it).
 // The vocab-parallel CE (model/ops/vocab_parallel.cc) runs the same rows kernel over a rank's
 // columns (writing the sum, not its log), reduces over TP, then the same finalize: at TP = 1 every
 // value is the single-GPU path's, bit for bit.
@@ -346,28 +347,6 @@ __global__ void onepass_check_kernel(T* g, int64_t n, const float* __restrict__ 
   }
 }
 
-template <typename T, int kV>
-__global__ void scale_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, float f,
-                             bool accumulate) {
-  const int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kV;
-  if (base + kV <= n) {
-    float v[kV];
-    load_floats<kV>(x + base, v);
-#pragma unroll
-    for (int k = 0; k < kV; ++k) v[k] *= f;
-    if (accumulate) {
-      add_floats<kV>(y + base, v);
-    } else {
-      store_floats<kV>(y + base, v);
-    }
-  } else {
-    for (int64_t e = base; e < n; ++e) {
-      const float v = f * to_float(x[e]);
-      y[e] = from_float<T>(accumulate ? to_float(y[e]) + v : v);
-    }
-  }
-}
-
 // Vocab-parallel pieces (model/ops/vocab_parallel.h). After the group max: this rank's sum of
 // exponentials moves to the group max (exactly itself where the max is its own: exp(0) = 1), and
 // sums[N + i] gets the target logit where this rank holds the target column (else 0, so the group
@@ -399,27 +378,6 @@ __global__ void log_kernel(const float* __restrict__ x, float* __restrict__ y, i
 template <typename T>
 bool rows_packed(int64_t Vp, const void* logits, const void* dlogits) {
   return Vp % kPack<T> == 0 && is_aligned(logits, 16) && is_aligned(dlogits, 16);
-}
-
-void launch_scale(const void* x, void* y, int64_t n, double s, DType dtype, bool accumulate,
-                  void* stream) {
-  if (n == 0) return;
-  const float f = static_cast<float>(s);
-  dispatch_act("scale", dtype, [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int kV = kPack<T>;
-    const auto* xp = static_cast<const T*>(x);
-    auto* yp = static_cast<T*>(y);
-    auto st = static_cast<cudaStream_t>(stream);
-    if (is_aligned(x, 16) && is_aligned(y, 16)) {
-      const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(ceil_div<int64_t>(n, kV), 256));
-      scale_kernel<T, kV><<<blocks, 256, 0, st>>>(xp, yp, n, f, accumulate);
-    } else {
-      const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(n, 256));
-      scale_kernel<T, 1><<<blocks, 256, 0, st>>>(xp, yp, n, f, accumulate);
-    }
-    CUDA_CHECK_LAUNCH();
-  });
 }
 
 // The largest row (bytes) the one-pass kernel stages in shared memory: the opt-in per-block limit
@@ -642,14 +600,6 @@ void vocab_parallel_finalize(const int32_t* targets, const float* gmax, const fl
   finalize_kernel<float>
       <<<1, kOneBlock, 0, st>>>(nullptr, targets, gmax, rlse, count, loss, sums + N, N, 0);
   CUDA_CHECK_LAUNCH();
-}
-
-void scale_forward(const void* x, void* y, int64_t n, double s, DType dtype, void* stream) {
-  launch_scale(x, y, n, s, dtype, false, stream);
-}
-
-void scale_backward(const void* dy, void* dx, int64_t n, double s, DType dtype, void* stream) {
-  launch_scale(dy, dx, n, s, dtype, true, stream);
 }
 
 }  // namespace gtron::cuda
