@@ -139,14 +139,17 @@ Var GPT::head_logits(const Var& h) {
   return logits;
 }
 
-Var GPT::loss_of(const Var& logits, const Tensor& targets) {
+Var GPT::loss_of(const Var& logits, const Tensor& targets, double weight) {
   const TpContext& tp = params_.tensor_parallel();
   // The head's logits feed only this loss: its backward may overwrite them with their gradient.
   if (tp.active()) {
     return vocab_parallel_cross_entropy(logits, targets, cfg_.vocab_size, vocab_begin(), *tp.group,
                                         /*overwrite_logits=*/true);
   }
-  return cross_entropy(logits, targets, cfg_.vocab_size, /*overwrite_logits=*/true);
+  // Each loss reaches the total through add and scale(·, weight) only: its gradient is seed·weight.
+  const KnownLossGrad known{loss_seed_, weight};
+  return cross_entropy(logits, targets, cfg_.vocab_size, /*overwrite_logits=*/true,
+                       loss_seed_.defined() ? &known : nullptr);
 }
 
 Var GPT::trunk(const Tensor& inputs) {
@@ -198,13 +201,14 @@ GPTOutput GPT::forward(const Tensor& window) {
   }
   GPTOutput out;
   for (int k = 0; k <= cfg_.mtp_depth; ++k) {
-    Var ce = loss_of(head_logits(hidden[k]), window_targets(window, k));
+    const double weight = k == 0 ? 1.0 : cfg_.mtp_loss_weight / cfg_.mtp_depth;
+    Var ce = loss_of(head_logits(hidden[k]), window_targets(window, k), weight);
     if (k == 0) {
       out.main_loss = ce;
       out.loss = ce;
     } else {
       out.mtp_losses.push_back(ce);
-      out.loss = add(out.loss, scale(ce, cfg_.mtp_loss_weight / cfg_.mtp_depth));
+      out.loss = add(out.loss, scale(ce, weight));
     }
   }
   return out;

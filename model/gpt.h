@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "model/layers.h"
@@ -53,6 +54,13 @@ class GPT {
   // and targets are cut on the device, with no host copy). Records the backward on the tape when
   // grad mode is on.
   GPTOutput forward(const Tensor& window);
+  // The training loop's promise (CUDA): backward of forward()'s `loss` is seeded with exactly this
+  // f32 device scalar's value (read when the backward runs, e.g. backward_with(loss, seed)) and
+  // nothing else adds gradient into the losses. The heads' cross-entropies then write their
+  // gradient in the forward's pass over the logits (Note [one-pass cross-entropy] in
+  // model/ops/loss_cuda.cu); values and gradients are the same. A broken promise is caught on the
+  // device (the gradient is rescaled to the one that arrived). An empty tensor withdraws it.
+  void set_loss_seed(Tensor seed) { loss_seed_ = std::move(seed); }
   // Next-token logits [B, T, Vp] for i32 inputs [B, T] (no MTP; sampling). Runs without grad.
   Tensor logits(const Tensor& inputs);
 
@@ -98,7 +106,8 @@ class GPT {
   Var trunk(const Tensor& inputs);
   Var embed(const Tensor& tokens);  // [B, T] -> [B, T, C] through the (maybe sharded) table
   Var head_logits(const Var& h);    // [B, T, C] -> final norm -> head -> [B, T, Vp] (TP: Vp/TP)
-  Var loss_of(const Var& logits, const Tensor& targets);  // the (vocab-parallel) mean CE
+  // The (vocab-parallel) mean CE, whose total-loss weight is `weight` (1, or λ/D for a depth).
+  Var loss_of(const Var& logits, const Tensor& targets, double weight);
   int64_t vocab_begin() const;  // first row of this rank's embedding/head part
 
   GPTConfig cfg_;
@@ -112,6 +121,7 @@ class GPT {
   DirectWeights direct_;
   WeightAccess* weights_ = &direct_;
   BlockRunner block_runner_;
+  Tensor loss_seed_;  // set_loss_seed(); empty: no promise
 };
 
 // Token tensors for one window (exposed for tests). All i32 [B, T], on the window's device.

@@ -16,7 +16,9 @@ namespace gtron::internal {
 //   device. Before a slot is rewritten the host waits on the event of the copy that last read it,
 //   queued kRing micro-batches earlier: long done unless the host runs that far ahead of the GPU
 //   (then the wait is flow control, not a drain of the queue).
-// - backward is seeded from a device scalar (no host->device copy per micro-batch).
+// - backward is seeded from a device scalar (no host->device copy per micro-batch), promised to
+//   the model beforehand (GPT::set_loss_seed): the cross-entropies write their gradient over the
+//   logits in the forward's pass over them.
 // - the losses are summed into the step's device row, the gradient norm and the clip factor are
 //   computed on the device (the norm into the same row) and AdamW reads the factor there; AdamW
 //   also writes the bf16 shadows of the parameters it updates whole, and the other shadows are
@@ -48,6 +50,9 @@ int Run::train_cuda() {
   // gradients the mean over the global batch.
   const double seed = 1.0 / static_cast<double>(accum_ * env_.world_size);
   Tensor seed_dev = Tensor::from_vector({seed}, Shape{}, DType::kF32).to(device_, &stream);
+  // Every backward below is seeded with it: the heads' cross-entropies may write their gradient
+  // in the forward (Note [one-pass cross-entropy]); the model holds the scalar from now on.
+  model_->set_loss_seed(seed_dev);
 
   int64_t micro = 0;
   for (int64_t step = start_; step < cfg_.train.steps; ++step) {

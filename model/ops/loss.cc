@@ -1,7 +1,10 @@
 #include "model/ops/loss.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
+#include "model/ops/add.h"
 #include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
@@ -20,13 +23,63 @@ void check_targets_on_host(const Tensor& targets, int64_t V) {
   }
 }
 
+// GTRON_CE_ONEPASS=0 keeps the two-pass path under a promise too (A/B measurements).
+bool onepass_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("GTRON_CE_ONEPASS");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+// The one-pass CUDA path (Note [one-pass cross-entropy] in loss_cuda.cu): the forward leaves the
+// gradient for seed·weight in the logits' buffer; the backward checks the promise on the device
+// and hands the buffer on (as the in-place backward does).
+Var cross_entropy_onepass(const Var& logits, const Tensor& tg, const KnownLossGrad& known,
+                          int64_t N, int64_t V, int64_t Vp, Stream& s) {
+  Device dev = logits.device();
+  const Tensor seed = known.seed;
+  GTRON_CHECK(seed.dtype() == DType::kF32 && seed.numel() == 1 && seed.device() == dev,
+              "cross_entropy: the known gradient's seed must be one f32 value on ", dev.str(),
+              "; got ", seed.shape().str(), " ", dtype_name(seed.dtype()), " on ",
+              seed.device().str());
+  const float w = static_cast<float>(known.weight);
+  Tensor loss = Tensor::empty(Shape{}, DType::kF32, dev, &s);     // scalar
+  Tensor rmax = Tensor::empty(Shape{N}, DType::kF32, dev, &s);    // [N], scratch
+  Tensor rlse = Tensor::empty(Shape{N}, DType::kF32, dev, &s);    // [N], scratch
+  Tensor tlogit = Tensor::empty(Shape{N}, DType::kF32, dev, &s);  // [N], scratch
+  Tensor count = Tensor::empty(Shape{1}, DType::kI32, dev, &s);   // unmasked rows
+  cuda::cross_entropy_onepass(logits.value().raw(), tg.data<int32_t>(), rmax.data<float>(),
+                              rlse.data<float>(), tlogit.data<float>(), count.data<int32_t>(),
+                              loss.data<float>(), seed.data<float>(), w, N, V, Vp, logits.dtype(),
+                              s.native());
+  Var out = Var::output(loss, true);
+  record_backward([logits, out, seed, w] {
+    if (!out.has_grad()) return;
+    Stream& s = current_stream(out.device());
+    Tensor buffer = logits.value();  // holds the gradient since the forward
+    cuda::cross_entropy_onepass_check(buffer.raw(), buffer.numel(), seed.data<float>(), w,
+                                      out.grad().data<float>(), logits.dtype(), s.native());
+    if (logits.has_grad()) {
+      accumulate_into(logits.grad(), buffer);
+    } else {
+      logits.set_grad(buffer);
+    }
+  });
+  return out;
+}
+
 // The CUDA path: loss, statistics and the unmasked-row count are fp32/i32 device values whatever
 // the logits' dtype; the count never leaves the device.
 Var cross_entropy_cuda(const Var& logits, const Tensor& targets, int64_t N, int64_t V, int64_t Vp,
-                       bool overwrite, Stream& s) {
+                       bool overwrite, const KnownLossGrad* known, Stream& s) {
   Device dev = logits.device();
   if (targets.device().is_cpu()) check_targets_on_host(targets, V);
-  Tensor tg = ids_on_device(targets, s);                         // [N] i32
+  Tensor tg = ids_on_device(targets, s);  // [N] i32
+  if (overwrite && known != nullptr && known->seed.defined() && logits.requires_grad() &&
+      grad_enabled() && onepass_enabled()) {
+    return cross_entropy_onepass(logits, tg, *known, N, V, Vp, s);
+  }
   Tensor loss = Tensor::empty(Shape{}, DType::kF32, dev, &s);    // scalar
   Tensor rmax = Tensor::empty(Shape{N}, DType::kF32, dev, &s);   // [N], kept for backward
   Tensor rlse = Tensor::empty(Shape{N}, DType::kF32, dev, &s);   // [N], kept for backward
@@ -58,7 +111,8 @@ Var cross_entropy_cuda(const Var& logits, const Tensor& targets, int64_t N, int6
 
 }  // namespace
 
-Var cross_entropy(const Var& logits, const Tensor& targets, int64_t V, bool overwrite_logits) {
+Var cross_entropy(const Var& logits, const Tensor& targets, int64_t V, bool overwrite_logits,
+                  const KnownLossGrad* known) {
   GTRON_CHECK(logits.shape().rank() >= 1, "cross_entropy: logits ", logits.shape().str(),
               " have no vocab dim");
   std::vector<int64_t> lead = logits.shape().vec();
@@ -74,7 +128,9 @@ Var cross_entropy(const Var& logits, const Tensor& targets, int64_t V, bool over
   const int64_t N = targets.numel();
 
   Stream& s = current_stream(dev);
-  if (dev.is_cuda()) return cross_entropy_cuda(logits, targets, N, V, Vp, overwrite_logits, s);
+  if (dev.is_cuda()) {
+    return cross_entropy_cuda(logits, targets, N, V, Vp, overwrite_logits, known, s);
+  }
   Tensor loss = Tensor::empty(Shape{}, logits.dtype(), dev, &s);
   Tensor rmax = Tensor::empty(Shape{N}, logits.dtype(), dev, &s);  // [N], kept for backward
   Tensor rlse = Tensor::empty(Shape{N}, logits.dtype(), dev, &s);  // [N], kept for backward

@@ -18,8 +18,20 @@ constexpr int32_t kMaskedTarget = -1;
 // model's head): on CUDA, when the logits' gradient slot is still empty at backward, the gradient
 // is written over the logits' own buffer, which becomes that slot (no second [N, Vp] buffer, one
 // pass instead of zero-fill + read-modify-write). The value is the same either way.
+//
+// `known` (a promise about the backward, made at forward time): this loss's upstream gradient
+// will be exactly seed[0]·float(weight) in f32 (what backward_with(total, seed) delivers through
+// add and scale(·, weight)). On CUDA with overwrite_logits and grad mode on, the forward then
+// computes the loss and writes the gradient over the logits in the same pass over them, and the
+// backward only hands that buffer on (Note [one-pass cross-entropy] in loss_cuda.cu): values,
+// gradient and memory as without the promise. A broken promise is caught on the device: the
+// gradient is rescaled to the one that arrived (one more rounding). Ignored elsewhere.
+struct KnownLossGrad {
+  Tensor seed;          // f32 scalar on the logits' device, holding its value when backward runs
+  double weight = 1.0;  // rounded to float, as scale() rounds its factor
+};
 Var cross_entropy(const Var& logits, const Tensor& targets, int64_t V,
-                  bool overwrite_logits = false);
+                  bool overwrite_logits = false, const KnownLossGrad* known = nullptr);
 
 // y = s · x (loss scaling, MTP weighting λ/D). Backward accumulates dx += s·dy.
 Var scale(const Var& x, double s);
@@ -74,6 +86,20 @@ void cross_entropy_backward_inplace(void* logits, const int32_t* targets, const 
                                     const float* rlse, const int32_t* count, const float* dloss,
                                     int64_t N, int64_t V, int64_t Vp, DType act, void* stream,
                                     int64_t v0 = 0);
+// The one-pass cross-entropy (Note [one-pass cross-entropy] in loss_cuda.cu): count, rmax, rlse
+// and loss as cross_entropy_forward writes them, and in the same pass over each row `logits`
+// becomes the in-place backward's gradient for an upstream gradient of seed[0]·weight (f32,
+// read when the kernel runs). tlogit [N] (f32): scratch, the target logits saved before the
+// overwrite. Bit for bit the values of cross_entropy_forward + cross_entropy_backward_inplace
+// with dloss[0] = seed[0]·weight.
+void cross_entropy_onepass(void* logits, const int32_t* targets, float* rmax, float* rlse,
+                           float* tlogit, int32_t* count, float* loss, const float* seed,
+                           float weight, int64_t N, int64_t V, int64_t Vp, DType act, void* stream);
+// The one-pass backward's check: when dloss[0] differs from seed[0]·weight, the n gradient values
+// written by cross_entropy_onepass are scaled by dloss[0] / (seed[0]·weight) (a trap when that
+// divisor is 0 or not finite); else nothing is touched.
+void cross_entropy_onepass_check(void* dlogits, int64_t n, const float* seed, float weight,
+                                 const float* dloss, DType act, void* stream);
 // The vocab-parallel CE's pieces (model/ops/vocab_parallel.cc), the single-GPU kernels reused:
 // count[0] = unmasked targets (each in [0, V) or masked, else a trap);
 void cross_entropy_count(const int32_t* targets, int32_t* count, int64_t N, int64_t V,

@@ -1,4 +1,4 @@
-// Cross-entropy and scale on CUDA.
+// Cross-entropy on CUDA (scale: scale_cuda.cu).
 //
 // Cross-entropy runs three kernels, all stream-ordered, none needing a host sync:
 // 1. count (one block): counts unmasked rows into count[0] and traps on a bad target.
@@ -8,14 +8,19 @@
 //    (an L2 hit) turns each logit into its probability once and accumulates the gradient.
 // 3. finalize (one block): loss = Σ_rows (rlse − (logit[target] − rmax)) / count, in a fixed order.
 // The backward kernels recompute p = exp(logit − rmax − rlse) from the statistics (logit_grad).
-// Masked rows (kMaskedTarget) are skipped everywhere; the padded tail [V, Vp) is never touched.
+// The one-pass kernel (Note [one-pass cross-entropy]) does 2. and the in-place backward together
+// when the loss's upstream gradient is known at forward time.
+// Masked rows (kMaskedTarget) are skipped everywhere; the padded tail [V, Vp) is never read (the
+// in-place gradients write zeros over it).
 // The vocab-parallel CE (model/ops/vocab_parallel.cc) runs the same rows kernel over a rank's
 // columns (writing the sum, not its log), reduces over TP, then the same finalize: at TP = 1 every
 // value is the single-GPU path's, bit for bit.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
 #include "model/cuda/kernel_util.cuh"
+#include "model/cuda/mma_tile.cuh"
 #include "model/ops/loss.h"
 
 namespace gtron::cuda {
@@ -93,21 +98,16 @@ __device__ __forceinline__ float logit_grad(float x, float ml, bool target, floa
   return (fast_exp2(fmaf(x, kLog2e, -ml)) - (target ? 1.0f : 0.0f)) * g;
 }
 
-// One block per row. kGrad: also accumulate the gradient (the fused mode).
-template <typename T, int kV, bool kGrad>
-__global__ void rows_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
-                            float* __restrict__ rmax, float* __restrict__ rlse,
-                            const int32_t* __restrict__ count, T* __restrict__ dlogits,
-                            const float* __restrict__ dloss, int64_t V, int64_t Vp,
-                            bool write_sum) {
-  __shared__ float warp_m[32], warp_s[32];
-  const int64_t i = blockIdx.x;
-  const int32_t tgt = targets[i];
-  if (tgt == kMaskedTarget) return;  // the whole block leaves together
-  const T* row = logits + i * Vp;
+// The row max m and Σ exp(logit − m) s over row[0, V), returned to every thread of the block (the
+// rows and one-pass kernels share it, so their statistics agree bit for bit for one block size).
+// `warp_m`, `warp_s`: 32 floats of shared memory each.
+template <typename T, int kV>
+__device__ __forceinline__ void row_stats(const T* row, int64_t V, float* warp_m, float* warp_s,
+                                          float& m, float& s) {
   const int64_t vec_end = V / kV * kV;
   const int64_t step = static_cast<int64_t>(blockDim.x) * kV;
-  float m = -INFINITY, s = 0.0f;
+  m = -INFINITY;
+  s = 0.0f;
   for (int64_t j = static_cast<int64_t>(threadIdx.x) * kV; j < vec_end; j += step) {
     float v[kV];
     load_floats<kV>(row + j, v);
@@ -126,6 +126,24 @@ __global__ void rows_kernel(const T* __restrict__ logits, const int32_t* __restr
   m = has ? warp_m[lane] : -INFINITY;
   s = has ? warp_s[lane] : 0.0f;
   warp_merge(m, s);  // every warp merges the same values: all threads agree
+}
+
+// One block per row. kGrad: also accumulate the gradient (the fused mode).
+template <typename T, int kV, bool kGrad>
+__global__ void rows_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
+                            float* __restrict__ rmax, float* __restrict__ rlse,
+                            const int32_t* __restrict__ count, T* __restrict__ dlogits,
+                            const float* __restrict__ dloss, int64_t V, int64_t Vp,
+                            bool write_sum) {
+  __shared__ float warp_m[32], warp_s[32];
+  const int64_t i = blockIdx.x;
+  const int32_t tgt = targets[i];
+  if (tgt == kMaskedTarget) return;  // the whole block leaves together
+  const T* row = logits + i * Vp;
+  const int64_t vec_end = V / kV * kV;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * kV;
+  float m, s;
+  row_stats<T, kV>(row, V, warp_m, warp_s, m, s);
   const float lse = logf(s);
   if (threadIdx.x == 0) {
     rmax[i] = m;
@@ -197,9 +215,32 @@ __global__ void backward_kernel(const T* __restrict__ logits, const int32_t* __r
   }
 }
 
+// Row `src`'s gradient written into `dst`: (softmax − onehot)·g over [0, V) with
+// p = 2^(x·log2 e − ml), zeros over the tail [V, Vp), zeros everywhere when `masked`. `dst` may be
+// `src` (each element is read, then written, by the same thread; hence no __restrict__), or `src`
+// a shared-memory copy of the row.
+template <typename T, int kV>
+__device__ __forceinline__ void write_row_grad(const T* src, T* dst, int64_t tgt, float ml, float g,
+                                               bool masked, int64_t V, int64_t Vp) {
+  const int64_t vec_end = V / kV * kV;
+  for (int64_t j = static_cast<int64_t>(threadIdx.x) * kV; j < vec_end;
+       j += static_cast<int64_t>(blockDim.x) * kV) {
+    float v[kV];
+    load_floats<kV>(src + j, v);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) {
+      v[k] = masked ? 0.0f : logit_grad(v[k], ml, j + k == tgt, g);
+    }
+    store_floats<kV>(dst + j, v);
+  }
+  for (int64_t j = vec_end + threadIdx.x; j < Vp; j += blockDim.x) {
+    const float p = masked || j >= V ? 0.0f : logit_grad(to_float(src[j]), ml, j == tgt, g);
+    dst[j] = from_float<T>(p);
+  }
+}
+
 // The in-place backward: row i of `logits` becomes its gradient (softmax − onehot)·dloss/count over
-// [0, V), zeros over the tail [V, Vp) and over masked rows. Each element is read, then written, by
-// the same thread (no __restrict__: the two views alias).
+// [0, V), zeros over the tail [V, Vp) and over masked rows.
 template <typename T, int kV>
 __global__ void backward_inplace_kernel(T* logits, const int32_t* __restrict__ targets,
                                         const float* __restrict__ rmax,
@@ -215,41 +256,93 @@ __global__ void backward_inplace_kernel(T* logits, const int32_t* __restrict__ t
   const float m = masked ? 0.0f : rmax[i];
   const float l = masked ? 0.0f : rlse[i];
   const float ml = (m + l) * kLog2e;  // p = 2^(x·log2 e − (m + lse)·log2 e)
-  const int64_t vec_end = V / kV * kV;
-  for (int64_t j = static_cast<int64_t>(threadIdx.x) * kV; j < vec_end;
-       j += static_cast<int64_t>(blockDim.x) * kV) {
-    float v[kV];
-    load_floats<kV>(row + j, v);
-#pragma unroll
-    for (int k = 0; k < kV; ++k) {
-      v[k] = masked ? 0.0f : logit_grad(v[k], ml, j + k == tgt, g);
-    }
-    store_floats<kV>(row + j, v);
-  }
-  for (int64_t j = vec_end + threadIdx.x; j < Vp; j += blockDim.x) {
-    const float p = masked || j >= V ? 0.0f : logit_grad(to_float(row[j]), ml, j == tgt, g);
-    row[j] = from_float<T>(p);
-  }
+  write_row_grad<T, kV>(row, row, tgt, ml, g, masked, V, Vp);
 }
 
-template <typename T, int kV>
-__global__ void scale_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, float f,
-                             bool accumulate) {
-  const int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kV;
-  if (base + kV <= n) {
-    float v[kV];
-    load_floats<kV>(x + base, v);
-#pragma unroll
-    for (int k = 0; k < kV; ++k) v[k] *= f;
-    if (accumulate) {
-      add_floats<kV>(y + base, v);
-    } else {
-      store_floats<kV>(y + base, v);
+// Note [one-pass cross-entropy]
+// Training knows the loss's upstream gradient before the forward runs: backward is seeded with a
+// device scalar, and the loss of MTP depth k reaches it through scale(·, λ/D) only, so each CE
+// receives exactly seed·w (w = 1 for the main head, float(λ/D) for a depth; f32 arithmetic, the
+// zero-initialized slots adding exactly). Given that promise (cross_entropy's KnownLossGrad), one
+// block per row
+// 1. copies the row into shared memory (cp.async, 16 bytes per copy: bf16 50304 columns are 98 KiB,
+//    two blocks per SM) — or, when the row does not fit, reads it from global twice;
+// 2. computes the statistics from that copy with the rows kernel's own code (row_stats: same
+//    block size, same order, the same bits) and saves the target logit before anything is
+//    written (finalize then reads it from tlogit);
+// 3. writes the gradient over the logits with the in-place backward's code (write_row_grad) and
+//    g = (seed·w)/count, the same f32 operations as the backward's dloss/count.
+// HBM sees the logits read once and written once (the two-pass path reads them twice), and loss,
+// statistics and gradient equal the two-pass path's bit for bit. The backward only checks the
+// promise: onepass_check_kernel compares the gradient that arrived with seed·w on the device (no
+// host sync) and, where they differ, rescales the written gradient by their ratio (correct to one
+// more rounding; it traps when seed·w is 0 or not finite, which cannot be rescaled).
+template <typename T, int kV, bool kStaged>
+__global__ void __launch_bounds__(kRowThreads)
+    onepass_kernel(T* logits, const int32_t* __restrict__ targets, float* __restrict__ rmax,
+                   float* __restrict__ rlse, float* __restrict__ tlogit,
+                   const int32_t* __restrict__ count, const float* __restrict__ seed, float weight,
+                   int64_t V, int64_t Vp) {
+  extern __shared__ uint4 staged[];  // kStaged: the row, Vp elements of T
+  __shared__ float warp_m[32], warp_s[32];
+  const int64_t i = blockIdx.x;
+  const int32_t tgt = targets[i];
+  T* row = logits + i * Vp;
+  if (tgt == kMaskedTarget) {  // the whole block leaves together
+    write_row_grad<T, kV>(row, row, tgt, 0.0f, 0.0f, true, V, Vp);
+    return;
+  }
+  const T* src = row;
+  if constexpr (kStaged) {
+    T* copy = reinterpret_cast<T*>(staged);
+    for (int64_t j = static_cast<int64_t>(threadIdx.x) * kV; j < Vp;
+         j += static_cast<int64_t>(blockDim.x) * kV) {
+      cp_async16(copy + j, row + j, true);
     }
-  } else {
-    for (int64_t e = base; e < n; ++e) {
-      const float v = f * to_float(x[e]);
-      y[e] = from_float<T>(accumulate ? to_float(y[e]) + v : v);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    src = copy;
+  }
+  // Before row_stats' barrier, after which other threads overwrite the row (unstaged).
+  if (threadIdx.x == 0) tlogit[i] = to_float(src[tgt]);
+  float m, s;
+  row_stats<T, kV>(src, V, warp_m, warp_s, m, s);
+  const float lse = logf(s);
+  if (threadIdx.x == 0) {
+    rmax[i] = m;
+    rlse[i] = lse;
+  }
+  const float g = seed[0] * weight / static_cast<float>(count[0]);
+  write_row_grad<T, kV>(src, row, tgt, (m + lse) * kLog2e, g, false, V, Vp);
+}
+
+// The promise check of the one-pass backward: dloss[0] (what arrived) against seed[0]·weight (what
+// the forward assumed). Equal: every thread leaves. Else g[0, n) *= dloss / (seed·weight).
+template <typename T, int kV>
+__global__ void onepass_check_kernel(T* g, int64_t n, const float* __restrict__ seed, float weight,
+                                     const float* __restrict__ dloss) {
+  const float had = seed[0] * weight, want = dloss[0];
+  if (want == had) return;
+  if (had == 0.0f || !isfinite(had)) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      printf("cross_entropy: the one-pass gradient assumed an upstream gradient of %g, got %g\n",
+             had, want);
+    }
+    __trap();
+  }
+  const float r = want / had;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kV;
+  for (int64_t e = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kV; e < n;
+       e += stride) {
+    if (e + kV <= n) {
+      float v[kV];
+      load_floats<kV>(g + e, v);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) v[k] *= r;
+      store_floats<kV>(g + e, v);
+    } else {
+      for (int64_t x = e; x < n; ++x) g[x] = from_float<T>(to_float(g[x]) * r);
     }
   }
 }
@@ -287,28 +380,91 @@ bool rows_packed(int64_t Vp, const void* logits, const void* dlogits) {
   return Vp % kPack<T> == 0 && is_aligned(logits, 16) && is_aligned(dlogits, 16);
 }
 
-void launch_scale(const void* x, void* y, int64_t n, double s, DType dtype, bool accumulate,
-                  void* stream) {
-  if (n == 0) return;
-  const float f = static_cast<float>(s);
-  dispatch_act("scale", dtype, [&](auto tag) {
+// The largest row (bytes) the one-pass kernel stages in shared memory: the opt-in per-block limit
+// less room for its static shared memory.
+int staged_row_limit() {
+  static const int limit = [] {
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return optin - 1024;
+  }();
+  return limit;
+}
+
+template <typename Kernel>
+bool allow_staged_rows(Kernel k) {
+  CUDA_CHECK(
+      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, staged_row_limit()));
+  return true;
+}
+
+template <typename T>
+void launch_onepass(T* logits, const int32_t* targets, float* rmax, float* rlse, float* tlogit,
+                    const int32_t* count, const float* seed, float weight, int64_t N, int64_t V,
+                    int64_t Vp, cudaStream_t st) {
+  constexpr int kV = kPack<T>;
+  const auto grid = static_cast<unsigned>(N);
+  const int64_t bytes = Vp * static_cast<int64_t>(sizeof(T));
+  if (!rows_packed<T>(Vp, logits, logits)) {
+    onepass_kernel<T, 1, false><<<grid, kRowThreads, 0, st>>>(logits, targets, rmax, rlse, tlogit,
+                                                              count, seed, weight, V, Vp);
+  } else if (bytes <= staged_row_limit()) {
+    static const bool once = allow_staged_rows(onepass_kernel<T, kV, true>);
+    (void)once;
+    onepass_kernel<T, kV, true><<<grid, kRowThreads, static_cast<size_t>(bytes), st>>>(
+        logits, targets, rmax, rlse, tlogit, count, seed, weight, V, Vp);
+  } else {
+    onepass_kernel<T, kV, false><<<grid, kRowThreads, 0, st>>>(logits, targets, rmax, rlse, tlogit,
+                                                               count, seed, weight, V, Vp);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void cross_entropy_onepass(void* logits, const int32_t* targets, float* rmax, float* rlse,
+                           float* tlogit, int32_t* count, float* loss, const float* seed,
+                           float weight, int64_t N, int64_t V, int64_t Vp, DType act,
+                           void* stream) {
+  GTRON_CHECK(V > 0 && V <= Vp, "cross_entropy: V = ", V, " outside (0, Vp = ", Vp, "]");
+  auto st = static_cast<cudaStream_t>(stream);
+  count_kernel<<<1, kOneBlock, 0, st>>>(targets, N, V, count);
+  CUDA_CHECK_LAUNCH();
+  dispatch_act("cross_entropy", act, [&](auto tag) {
     using T = decltype(tag);
-    constexpr int kV = kPack<T>;
-    const auto* xp = static_cast<const T*>(x);
-    auto* yp = static_cast<T*>(y);
-    auto st = static_cast<cudaStream_t>(stream);
-    if (is_aligned(x, 16) && is_aligned(y, 16)) {
-      const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(ceil_div<int64_t>(n, kV), 256));
-      scale_kernel<T, kV><<<blocks, 256, 0, st>>>(xp, yp, n, f, accumulate);
-    } else {
-      const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(n, 256));
-      scale_kernel<T, 1><<<blocks, 256, 0, st>>>(xp, yp, n, f, accumulate);
-    }
+    auto* lp = static_cast<T*>(logits);
+    if (N > 0)
+      launch_onepass<T>(lp, targets, rmax, rlse, tlogit, count, seed, weight, N, V, Vp, st);
+    // The target logits are given (tlogit): the logits already hold the gradient.
+    finalize_kernel<T>
+        <<<1, kOneBlock, 0, st>>>(nullptr, targets, rmax, rlse, count, loss, tlogit, N, Vp);
     CUDA_CHECK_LAUNCH();
   });
 }
 
-}  // namespace
+void cross_entropy_onepass_check(void* dlogits, int64_t n, const float* seed, float weight,
+                                 const float* dloss, DType act, void* stream) {
+  if (n == 0) return;
+  dispatch_act("cross_entropy", act, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kV = kPack<T>;
+    auto* gp = static_cast<T*>(dlogits);
+    auto st = static_cast<cudaStream_t>(stream);
+    // Few blocks: in the normal case every thread only compares two scalars.
+    constexpr int64_t kMaxBlocks = 264;
+    if (is_aligned(dlogits, 16)) {
+      const int64_t blocks = std::min(kMaxBlocks, ceil_div<int64_t>(ceil_div<int64_t>(n, kV), 256));
+      onepass_check_kernel<T, kV>
+          <<<static_cast<unsigned>(blocks), 256, 0, st>>>(gp, n, seed, weight, dloss);
+    } else {
+      const int64_t blocks = std::min(kMaxBlocks, ceil_div<int64_t>(n, 256));
+      onepass_check_kernel<T, 1>
+          <<<static_cast<unsigned>(blocks), 256, 0, st>>>(gp, n, seed, weight, dloss);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
 
 void cross_entropy_forward(const void* logits, const int32_t* targets, float* rmax, float* rlse,
                            int32_t* count, float* loss, void* dlogits, const float* dloss,
@@ -444,14 +600,6 @@ void vocab_parallel_finalize(const int32_t* targets, const float* gmax, const fl
   finalize_kernel<float>
       <<<1, kOneBlock, 0, st>>>(nullptr, targets, gmax, rlse, count, loss, sums + N, N, 0);
   CUDA_CHECK_LAUNCH();
-}
-
-void scale_forward(const void* x, void* y, int64_t n, double s, DType dtype, void* stream) {
-  launch_scale(x, y, n, s, dtype, false, stream);
-}
-
-void scale_backward(const void* dy, void* dx, int64_t n, double s, DType dtype, void* stream) {
-  launch_scale(dy, dx, n, s, dtype, true, stream);
 }
 
 }  // namespace gtron::cuda

@@ -52,10 +52,15 @@ struct Result {
   std::vector<std::string> names;
 };
 
-Result run(GPT& model, const Tensor& window) {
+// One forward + backward; `seed` (a device scalar): backward_with(loss, *seed), as the trainer.
+Result run(GPT& model, const Tensor& window, const Tensor* seed = nullptr) {
   for (Parameter* p : model.parameters()) p->zero_grad();
   GPTOutput out = model.forward(window);
-  backward(out.loss);
+  if (seed != nullptr) {
+    backward_with(out.loss, *seed);
+  } else {
+    backward(out.loss);
+  }
   Result r;
   r.losses.push_back(out.loss.value().item());
   r.losses.push_back(out.main_loss.value().item());
@@ -142,6 +147,33 @@ TEST(GptCuda, Bf16MatchesCpu) {
   bf16.refresh();
   run(gpu, window);
   EXPECT_EQ(bf16.casts(), 2 * weights);
+}
+
+// The trainer's promise (GPT::set_loss_seed): the heads' cross-entropies write their gradient in
+// the forward (one pass over the logits) for seed·1 (main) and seed·λ/D (depths). Losses and every
+// parameter gradient equal the two-pass path's bit for bit, fp32 and bf16, D = 2, padded vocab.
+TEST(GptCuda, LossSeedPromiseKeepsLossesAndGradientsBitForBit) {
+  GTRON_REQUIRE_GPU();
+  const GPTConfig c = tiny_config();
+  const Device gpu = Device::cuda(0);
+  const Tensor window = random_window(3, 11, c.vocab_size, 3).to(gpu);
+  const Tensor seed = Tensor::from_vector({0.125}, Shape{}, DType::kF32).to(gpu);
+  for (bool bf16 : {false, true}) {
+    GPT model(c, DType::kF32, gpu, 5);
+    Bf16Weights shadows;
+    if (bf16) model.set_weight_access(&shadows);
+    const Result two = run(model, window, &seed);
+    model.set_loss_seed(seed);
+    const Result one = run(model, window, &seed);
+    EXPECT_EQ(one.losses, two.losses) << (bf16 ? "bf16" : "fp32");
+    ASSERT_EQ(one.grads.size(), two.grads.size());
+    for (size_t i = 0; i < two.grads.size(); ++i) {
+      EXPECT_EQ(one.grads[i], two.grads[i]) << two.names[i] << (bf16 ? " bf16" : " fp32");
+    }
+    double norm = 0;  // the head's (tied embedding's) gradient: the check is not empty
+    for (double g : two.grads[0]) norm += g * g;
+    EXPECT_GT(norm, 0.0);
+  }
 }
 
 }  // namespace

@@ -1,8 +1,12 @@
-// cross_entropy and scale on CUDA against the CPU kernels, and the fused cross-entropy launcher
-// against the unfused pair (GPU test; skipped without a GPU).
+// cross_entropy and scale on CUDA against the CPU kernels, the fused cross-entropy launcher
+// against the unfused pair, and the one-pass cross-entropy (a known upstream gradient) against the
+// two-pass kernels, bit for bit (GPU test; skipped without a GPU).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "model/ops/loss.h"
 #include "model/stream.h"
@@ -139,6 +143,171 @@ TEST(CrossEntropyCuda, FusedGradientEqualsForwardThenBackward) {
         }
       }
     }
+  }
+}
+
+// One-pass vs two-pass at one size: rows of N(0, 2²) logits with a loud padded tail, every 6th
+// row masked (row 0 too), targets spread over [0, V).
+struct OnePassCase {
+  int64_t N, V, Vp;
+};
+
+Tensor case_targets(const OnePassCase& c) {
+  std::vector<int32_t> t;
+  for (int64_t i = 0; i < c.N; ++i) {
+    t.push_back(i % 6 == 0 ? kMaskedTarget : static_cast<int32_t>((i * 7919 + 3) % c.V));
+  }
+  return Tensor::from_ints(t, {c.N});
+}
+
+Tensor case_logits(const OnePassCase& c, DType act) {
+  std::vector<double> v = testing::randn(static_cast<size_t>(c.N * c.Vp), 11, 2.0);
+  for (int64_t i = 0; i < c.N; ++i) {
+    for (int64_t j = c.V; j < c.Vp; ++j) v[i * c.Vp + j] = 1000.0;
+  }
+  return Tensor::from_vector(v, {c.N, c.Vp}, DType::kF64).to(act);
+}
+
+struct CeOut {
+  Tensor logits, rmax, rlse, count, loss;  // logits: the gradient once the kernels ran
+};
+
+CeOut ce_buffers(const Tensor& host_logits, int64_t N, Device gpu) {
+  return CeOut{host_logits.to(gpu), Tensor::empty({N}, DType::kF32, gpu),
+               Tensor::empty({N}, DType::kF32, gpu), Tensor::empty({1}, DType::kI32, gpu),
+               Tensor::empty({1}, DType::kF32, gpu)};
+}
+
+// The one-pass kernel for an upstream gradient seed·w.
+CeOut run_onepass(const OnePassCase& c, DType act, const Tensor& tg, const Tensor& seed, float w) {
+  const Device gpu = Device::cuda(0);
+  CeOut o = ce_buffers(case_logits(c, act), c.N, gpu);
+  Tensor tlogit = Tensor::empty({c.N}, DType::kF32, gpu);
+  cuda::cross_entropy_onepass(o.logits.raw(), tg.data<int32_t>(), o.rmax.data<float>(),
+                              o.rlse.data<float>(), tlogit.data<float>(), o.count.data<int32_t>(),
+                              o.loss.data<float>(), seed.data<float>(), w, c.N, c.V, c.Vp, act,
+                              default_stream(gpu).native());
+  return o;
+}
+
+// The two-pass kernels (forward, then the in-place backward) for dloss = seed·w.
+CeOut run_twopass(const OnePassCase& c, DType act, const Tensor& tg, const Tensor& dloss) {
+  const Device gpu = Device::cuda(0);
+  void* stream = default_stream(gpu).native();
+  CeOut o = ce_buffers(case_logits(c, act), c.N, gpu);
+  cuda::cross_entropy_forward(o.logits.raw(), tg.data<int32_t>(), o.rmax.data<float>(),
+                              o.rlse.data<float>(), o.count.data<int32_t>(), o.loss.data<float>(),
+                              nullptr, nullptr, c.N, c.V, c.Vp, act, stream);
+  cuda::cross_entropy_backward_inplace(o.logits.raw(), tg.data<int32_t>(), o.rmax.data<float>(),
+                                       o.rlse.data<float>(), o.count.data<int32_t>(),
+                                       dloss.data<float>(), c.N, c.V, c.Vp, act, stream);
+  return o;
+}
+
+void expect_same_bits(const std::vector<double>& got, const std::vector<double>& want,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t bad = 0;
+  for (size_t k = 0; k < got.size(); ++k) {
+    if (got[k] != want[k] && ++bad <= 3) {
+      ADD_FAILURE() << what << " at " << k << ": " << got[k] << " vs " << want[k];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+TEST(CrossEntropyCuda, OnePassEqualsTwoPassBitForBit) {
+  // The one-pass kernel runs the rows kernel's statistics code (same block size and order) and
+  // the in-place backward's gradient code, with g = (seed·w)/count as the backward's dloss/count:
+  // loss, statistics and gradient agree bit for bit. Sizes: 16-byte packs staged in shared
+  // memory (V odd, padded); rows of 1-element packs (Vp odd, unpadded); GPT-2's vocabulary
+  // (staged for both dtypes); a row too long to stage in f32 (read twice from global).
+  GTRON_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  const float seed_v = 1.0f / 3.0f, w = static_cast<float>(0.3 / 2);
+  const Tensor seed = Tensor::from_vector({seed_v}, {1}, DType::kF32).to(gpu);
+  const Tensor dloss = Tensor::from_vector({seed_v * w}, {1}, DType::kF32).to(gpu);
+  for (const OnePassCase& c : {OnePassCase{37, 97, 128}, OnePassCase{23, 101, 101},
+                               OnePassCase{7, 50257, 50304}, OnePassCase{5, 70001, 70016}}) {
+    const Tensor tg = case_targets(c).to(gpu);
+    for (DType act : {DType::kF32, DType::kBF16}) {
+      const std::string what = std::string(dtype_name(act)) + " V=" + std::to_string(c.V) +
+                               " Vp=" + std::to_string(c.Vp);
+      const CeOut one = run_onepass(c, act, tg, seed, w);
+      const CeOut two = run_twopass(c, act, tg, dloss);
+      EXPECT_EQ(one.count.item(), two.count.item()) << what;
+      EXPECT_EQ(one.loss.item(), two.loss.item()) << what;
+      EXPECT_GT(one.loss.item(), 1.0) << what;  // about log V: the loud tail never entered
+      const std::vector<double> g = one.logits.to_vector();
+      expect_same_bits(g, two.logits.to_vector(), "gradient " + what);
+      const std::vector<double> m1 = one.rmax.to_vector(), m2 = two.rmax.to_vector();
+      const std::vector<double> l1 = one.rlse.to_vector(), l2 = two.rlse.to_vector();
+      for (int64_t i = 0; i < c.N; ++i) {
+        if (i % 6 == 0) continue;  // masked rows: statistics unspecified
+        EXPECT_EQ(m1[i], m2[i]) << what << " row " << i;
+        EXPECT_EQ(l1[i], l2[i]) << what << " row " << i;
+      }
+      for (int64_t i = 0; i < c.N; ++i) {  // masked rows and the padded tail: zero gradient
+        for (int64_t j = 0; j < c.Vp; ++j) {
+          if (i % 6 == 0 || j >= c.V)
+            ASSERT_EQ(g[i * c.Vp + j], 0.0) << what << " " << i << "," << j;
+        }
+      }
+      // A rerun gives the same bits.
+      const CeOut again = run_onepass(c, act, tg, seed, w);
+      EXPECT_EQ(again.loss.item(), one.loss.item()) << what;
+      expect_same_bits(again.logits.to_vector(), g, "rerun " + what);
+    }
+  }
+}
+
+// A loss through the op: overwrite_logits, then scale(·, w) when w != 1, then backward_with(seed).
+struct OpRun {
+  double loss;
+  std::vector<double> grad;
+  bool grad_in_logits_buffer;
+};
+
+OpRun run_op(DType act, double w, float promised, float seeded, bool promise) {
+  const Device gpu = Device::cuda(0);
+  Var x = Var::leaf(logits_with_loud_tail().to(act).to(gpu));
+  const void* buffer = x.value().raw();
+  const KnownLossGrad known{Tensor::from_vector({promised}, Shape{}, DType::kF32).to(gpu), w};
+  Var ce = cross_entropy(x, targets(), kV, /*overwrite_logits=*/true, promise ? &known : nullptr);
+  Var total = w == 1.0 ? ce : scale(ce, w);
+  backward_with(total, Tensor::from_vector({seeded}, Shape{}, DType::kF32).to(gpu));
+  return OpRun{ce.value().item(), x.grad().to_vector(), x.grad().raw() == buffer};
+}
+
+TEST(CrossEntropyCuda, KnownGradientGivesTheSameLossAndGradient) {
+  // The promise kept (the gradient that arrives is seed·w, through scale or directly): the op's
+  // one-pass forward gives the two-pass path's loss and gradient, in the logits' own buffer.
+  GTRON_REQUIRE_GPU();
+  for (DType act : {DType::kF32, DType::kBF16}) {
+    for (double w : {1.0, 0.15}) {
+      const OpRun two = run_op(act, w, 0.25f, 0.25f, false);
+      const OpRun one = run_op(act, w, 0.25f, 0.25f, true);
+      const std::string what = std::string(dtype_name(act)) + " w=" + std::to_string(w);
+      EXPECT_EQ(one.loss, two.loss) << what;
+      expect_same_bits(one.grad, two.grad, what);
+      EXPECT_TRUE(one.grad_in_logits_buffer) << what;
+      EXPECT_TRUE(two.grad_in_logits_buffer) << what;
+    }
+  }
+}
+
+TEST(CrossEntropyCuda, BrokenPromiseIsRescaledOnTheDevice) {
+  // Promised 0.25, seeded 0.7: the check rescales the written gradient by 0.7/0.25 — the
+  // two-pass gradient for 0.7 up to one more rounding of each value (bf16: 2^-9 relative).
+  GTRON_REQUIRE_GPU();
+  for (DType act : {DType::kF32, DType::kBF16}) {
+    const OpRun two = run_op(act, 0.15, 0.7f, 0.7f, false);
+    const OpRun one = run_op(act, 0.15, 0.25f, 0.7f, true);
+    EXPECT_EQ(one.loss, two.loss);
+    const double tol = act == DType::kF32 ? testing::kF32Tol : testing::kBF16Tol;
+    EXPECT_LT(testing::rel_diff(one.grad, two.grad), tol) << dtype_name(act);
+    EXPECT_GT(testing::rel_diff(one.grad, run_op(act, 0.15, 0.25f, 0.25f, false).grad), 0.5)
+        << "the rescale did not happen";
   }
 }
 

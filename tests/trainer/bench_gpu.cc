@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
   }
   Tensor window = Tensor::empty({B, T + 1}, DType::kI32, dev, &stream);
   Tensor seed = Tensor::from_vector({1.0}, Shape{}, DType::kF32).to(dev, &stream);
+  model.set_loss_seed(seed);  // as the trainer: the one-pass cross-entropy
   Tensor last_loss;
 
   auto step = [&] {
