@@ -14,8 +14,8 @@ namespace gtron::cuda {
 
 namespace {
 
-constexpr int64_t kMinCounters = 4096;  // 16 KiB a stream: 2048 groups before it grows
-constexpr int64_t kColumnsPerFinisher = 64;
+constexpr int64_t kMinCounters = 4096;       // 16 KiB a stream: 2048 groups before it grows
+constexpr int64_t kColumnsPerFinisher = 32;  // one pass of finish_slice
 
 std::atomic<int>& fused_state() {  // -1: not read yet; 0: two launches; 1: one launch
   static std::atomic<int> state{-1};

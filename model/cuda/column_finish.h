@@ -20,7 +20,7 @@ void set_column_finish_fused(bool fused);
 unsigned* column_finish_counters(void* stream, int64_t groups);
 
 // Finishing blocks per group for `groups` groups of `group_blocks` partial blocks, each group
-// finishing `group_cols` output columns: enough for about 64 columns a block, at most half the
+// finishing `group_cols` output columns: enough for 32 columns (one pass) a block, at most half the
 // device's SMs in all (every waiting finisher holds an SM slot; see the note), at least one.
 int column_finishers(int64_t groups, int64_t group_cols, int64_t group_blocks);
 

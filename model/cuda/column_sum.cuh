@@ -29,25 +29,29 @@
 //
 // Note [one-launch column finish]
 // The finish runs at the end of the partials kernel itself (finish_columns), not as a second
-// launch: the second launch was ~6 µs each, 53 times a GPT-2 step, nearly all launch and tail
-// latency. The blocks that write the partials of one column group (a dense kernel's column tile:
-// its gridDim.y chunk blocks; the whole grid of the norm kernel) share an arrival counter: a block
-// writes its partials, fences (__threadfence), and takes a ticket (atomicAdd). The last F blocks
-// to arrive finish the group, each a slice of its columns (F = column_finishers: about 64 columns
-// a block, so the tail is a pass or two of L2 reads, not one block reading every partial); a
-// finisher first waits until all the group's blocks have arrived (only the F last wait, after
-// their own work, and F is at most half the SMs in all, so the blocks they wait for always find a
-// free slot), fences, and reads the partials from L2 (ld.cg). Each column's partials are added in
-// exactly column_tree_finish_kernel's order (lane sums of chunks y, y + 16, ... from 0, then the
-// tree 8, 4, 2, 1), so the bits equal the two-launch path's whichever block finishes. The last
-// finisher to be done puts the counters back to zero (atomicExch), ready for the next launch.
-// Counters: 2 per group, private to the launch's stream (column_finish_counters: made and zeroed
-// once per stream, like cuBLASLt's per-stream workspace): launches on one stream never overlap,
-// so they share them; a graph replays its kernels on the stream they were captured on, against
-// the same counters, and leaves them at zero. Not in the caller's scratch: that comes from the
-// caching allocator, recycled between ops with whatever bytes they left, so it would need a
-// memset node per call; these counters need nothing per call. GTRON_COLUMN_FINISH=0 (or
-// set_column_finish_fused(false)) keeps the two launches: the reference of the tests.
+// launch: that launch took ~6 µs, 53 times a GPT-2 step, nearly all launch and tail latency.
+// - Groups: the blocks that write the partials of one set of columns (a dense kernel's column
+//   tile: its gridDim.y chunk blocks; the norm kernel: its whole grid) share an arrival counter.
+//   A block writes its partials, fences (__threadfence) and takes a ticket (atomicAdd).
+// - Finishers: the last F blocks to arrive finish the group, each a 32-column-aligned slice of
+//   its K × W columns (F = column_finishers: one 32-column pass a block where the budget allows,
+//   so the tail is one pass of L2 reads, not one block reading every partial: GPT-2's norm
+//   backward has 256 × 1536 of them). A finisher waits until the group's last block has arrived,
+//   fences, and reads the partials from L2 (ld.cg). Only blocks that are done with their own work
+//   wait, at most half the SMs' worth in all, so the blocks they wait for always find a slot.
+// - Same bits: each column's partials are added in column_tree_finish_kernel's order (lane y of
+//   16 sums chunks y, y + 16, ... from 0 in order, then the tree 8, 4, 2, 1, then out += total),
+//   whichever blocks finish. The ticket order picks who adds, never the order of the additions.
+// - Reset: the last finisher done puts both counters back to zero (atomicExch), so the next
+//   launch, eager or a graph replay, finds them ready: no memset per call.
+// - Where the counters live: 2 per group, private to the launch's stream (column_finish_counters:
+//   made and zeroed once per stream, as cuBLASLt's per-stream workspace is). Launches on one
+//   stream never overlap, so they share them; a graph replays on the stream it was captured on
+//   (its nodes from a forked stream keep that stream's counters, ordered by the fork). Not in the
+//   caller's scratch: that comes from the caching allocator, recycled between ops with whatever
+//   bytes they left, so it would need a memset node per call.
+// GTRON_COLUMN_FINISH=0 (or set_column_finish_fused(false)) keeps the two launches: the tests'
+// reference.
 #pragma once
 
 #include <cstdint>
