@@ -17,6 +17,8 @@
 // Algorithm choice: Note [pinned GEMM algorithms] in gemm_table.h.
 #include <cublasLt.h>
 
+#include <cstdlib>
+
 #include <cstring>
 #include <map>
 #include <memory>
@@ -236,8 +238,14 @@ bool choose_algo(Chosen* chosen, GemmContext& ctx, const GemmArgs& g, const Gemm
   const int known = ctx.find(key, chosen);
   if (known != 0) return known > 0;
   const bool tune = can_tune(s);
+  // GTRON_GEMM_TABLE=0 ignores the committed table (an A/B switch for benchmarks).
+  static const bool use_table = [] {
+    const char* e = std::getenv("GTRON_GEMM_TABLE");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
   const std::optional<PinnedChoice> pinned =
-      tune ? std::nullopt : find_tuned_gemm(ctx.device_name(), cublasLtGetVersion(), key);
+      tune || !use_table ? std::nullopt
+                         : find_tuned_gemm(ctx.device_name(), cublasLtGetVersion(), key);
   const int requested = tune ? kGemmTuneCandidates : pinned ? pinned->requested : 1;
   const std::vector<cublasLtMatmulHeuristicResult_t> results =
       heuristics(ctx, g, key, desc, op1, op2, out, requested);

@@ -428,6 +428,8 @@ void cross_entropy_onepass(void* logits, const int32_t* targets, float* rmax, fl
                            float weight, int64_t N, int64_t V, int64_t Vp, DType act,
                            void* stream) {
   GTRON_CHECK(V > 0 && V <= Vp, "cross_entropy: V = ", V, " outside (0, Vp = ", Vp, "]");
+  GTRON_CHECK(act == DType::kBF16, "cross_entropy_onepass: bf16 logits only, got ",
+              dtype_name(act));
   auto st = static_cast<cudaStream_t>(stream);
   count_kernel<<<1, kOneBlock, 0, st>>>(targets, N, V, count);
   CUDA_CHECK_LAUNCH();

@@ -151,7 +151,8 @@ TEST(GptCuda, Bf16MatchesCpu) {
 
 // The trainer's promise (GPT::set_loss_seed): the heads' cross-entropies write their gradient in
 // the forward (one pass over the logits) for seed·1 (main) and seed·λ/D (depths). Losses and every
-// parameter gradient equal the two-pass path's bit for bit, fp32 and bf16, D = 2, padded vocab.
+// parameter gradient equal the two-pass path's bit for bit, fp32 and bf16, D = 2, padded vocab
+// (fp32 logits keep the two-pass kernels under the promise too: model/ops/loss.cc).
 TEST(GptCuda, LossSeedPromiseKeepsLossesAndGradientsBitForBit) {
   GTRON_REQUIRE_GPU();
   const GPTConfig c = tiny_config();
