@@ -20,9 +20,8 @@
 // of x and dy, with the expressions of norm_backward_dx_kernel in the same order, while the lane
 // accumulates dy·x̂ and dy of its columns over the warp's rows in fixed order. At the end the 8
 // warps' sums meet in a fixed tree (warps 4..7 into 0..3, then 2..3 into 0..1, then 1 into 0)
-// through shared memory, and warp 0 writes the block's partial[k][b][c]. The last blocks to
-// arrive add the ≤ 256 partials of each column in the fixed tree of Note [one-pass column sums]
-// (Note [one-launch column finish], model/cuda/column_sum.cuh). Covered:
+// through shared memory, and warp 0 writes the block's partial[k][b][c]. column_tree_finish
+// (Note [one-pass column sums]) adds the ≤ 256 partials of each column in its fixed tree. Covered:
 // rows of at most 4 packs a lane (bf16 C <= 1024, f32 C <= 512, 16-byte aligned) or, unaligned or
 // C not a multiple of the pack, at most 8 elements a lane (C <= 256); other shapes take the dx
 // kernel plus the two-pass column sums. Registers bound the coverage: with bf16 rows LayerNorm
@@ -238,7 +237,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kV <= 24 ? 2 : 1)
                                const float* __restrict__ mean, const float* __restrict__ rstd,
                                const T* __restrict__ dy, T* __restrict__ dx, T* __restrict__ also,
                                bool also_add, int64_t N, int C, int64_t rows_per_block,
-                               float* __restrict__ partial, ColumnFinish fin) {
+                               float* __restrict__ partial) {
   constexpr int K = kLN ? 2 : 1;
   constexpr int kE = kPacks * kV;  // columns a lane owns
   __shared__ float slots[kRowsPerBlock / 2][K][kE][32];
@@ -315,10 +314,11 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kV <= 24 ? 2 : 1)
     }
     __syncthreads();
   }
+  if (warp != 0) return;
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
     const int c = (lane + 32 * j) * kV;
-    if (warp != 0 || c >= C) continue;
+    if (c >= C) continue;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       float out[kV];
@@ -327,7 +327,6 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kV <= 24 ? 2 : 1)
       store_floats<kV>(partial + (k * static_cast<int64_t>(gridDim.x) + blockIdx.x) * C + c, out);
     }
   }
-  finish_columns<K>(fin, partial, gridDim.x, C, 0, gridDim.x, 0, C);
 }
 
 // Column-sum terms: dgamma += dy·x̂ and (LN) dbeta += dy.
@@ -409,15 +408,13 @@ template <typename T, typename P, int kV, int kPacks, bool kLN, bool kAlso>
 void launch_fused(const T* x, const P* gamma, const float* mean, const float* rstd, const T* dy,
                   T* dx, DxAlso<T> also, float* dgamma, float* dbeta, float* scratch, int64_t N,
                   int64_t C, cudaStream_t st) {
-  static_assert(kRowsPerBlock * 32 == kFinishThreads, "norm backward: the finish's block size");
   const int64_t chunks = norm_chunks(N);
-  const ColumnFinish fin = plan_column_finish(kLN ? 2 : 1, 1, chunks, C, dgamma, dbeta, st);
   norm_backward_fused_kernel<T, P, kV, kPacks, kLN, kAlso>
       <<<static_cast<unsigned>(chunks), kRowsPerBlock * 32, 0, st>>>(
           x, gamma, mean, rstd, dy, dx, also.p, also.add, N, static_cast<int>(C),
-          norm_chunk_rows(N), scratch, fin);
+          norm_chunk_rows(N), scratch);
   CUDA_CHECK_LAUNCH();
-  finish_unless_fused<kLN ? 2 : 1>(fin, scratch, chunks, C, st);
+  column_tree_finish<kLN ? 2 : 1>(scratch, chunks, C, dgamma, dbeta, st);
 }
 
 // Runs the one-pass backward if the shape is covered (see the note); false: not launched.
