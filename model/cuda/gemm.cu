@@ -18,7 +18,6 @@
 #include <cublasLt.h>
 
 #include <cstdlib>
-
 #include <cstring>
 #include <map>
 #include <memory>

@@ -20,8 +20,8 @@
 // - The instructions are asynchronous: fence() before the first product of a batch (registers
 //   written by ordinary instructions become visible to them), commit() after the batch, wait<0>()
 //   before the results are read. `hold` stops the compiler from moving accumulator reads or writes
-//   across those points. Tiles written by cp.async or st.shared need async_proxy_fence() and a barrier
-//   before a wgmma reads them.
+//   across those points. Tiles written by cp.async or st.shared need async_proxy_fence() and a
+//   barrier before a wgmma reads them.
 #pragma once
 
 #include <cstdint>
@@ -33,17 +33,19 @@ namespace gtron::cuda::wg {
 // Descriptor of a 1024-byte aligned, 128-byte swizzled tile at `p` (shared memory).
 __device__ __forceinline__ uint64_t desc(const void* p) {
   const uint32_t addr = smem_u32(p);
-  uint64_t d = (addr & 0x3FFFFu) >> 4;           // start address, 16-byte units
-  d |= static_cast<uint64_t>(1) << 16;           // leading byte offset (unused here)
-  d |= static_cast<uint64_t>(1024 >> 4) << 32;   // stride between 8-row groups
-  d |= static_cast<uint64_t>(1) << 62;           // 128-byte swizzle
+  uint64_t d = (addr & 0x3FFFFu) >> 4;          // start address, 16-byte units
+  d |= static_cast<uint64_t>(1) << 16;          // leading byte offset (unused here)
+  d |= static_cast<uint64_t>(1024 >> 4) << 32;  // stride between 8-row groups
+  d |= static_cast<uint64_t>(1) << 62;          // 128-byte swizzle
   return d;
 }
 
 // The descriptor moved `bytes` (a multiple of 16) further into its tile.
 __device__ __forceinline__ uint64_t advance(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
 
-__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -72,15 +74,15 @@ __device__ __forceinline__ void hold(uint32_t (&a)[KT][4]) {
   }
 }
 
-#define GTRON_WG_D32(d)                                                                      \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),  \
-      "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]),             \
-      "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),             \
-      "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),             \
-      "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]),             \
-      "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define GTRON_WG_D32(d)                                                                         \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),     \
+      "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+      "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
+      "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+      "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
+      "+f"(d[7][2]), "+f"(d[7][3])
 
-#define GTRON_WG_REGS32                                                                  \
+#define GTRON_WG_REGS32                                                                    \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 
@@ -111,7 +113,6 @@ __device__ __forceinline__ void mma_rs(float (&d)[8][4], const uint32_t (&a)[4],
         "n"(TB));
 }
 
-
 #undef GTRON_WG_D32
 #undef GTRON_WG_REGS32
 
@@ -139,8 +140,7 @@ __device__ __forceinline__ void to_a(const float (&p)[NT][4], uint32_t (&a)[NT /
 // 64 (n)] tile in shared memory (MN-major). Convert every operand before the fence, so no
 // register the products read changes between them.
 template <int KT>
-__device__ __forceinline__ void pv_rs(float (&d)[8][4], const uint32_t (&a)[KT][4],
-                                      const void* v) {
+__device__ __forceinline__ void pv_rs(float (&d)[8][4], const uint32_t (&a)[KT][4], const void* v) {
   const uint64_t dv = desc(v);
 #pragma unroll
   for (int k = 0; k < KT; ++k) mma_rs<1>(d, a[k], advance(dv, 2048 * k), true);

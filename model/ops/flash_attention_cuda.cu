@@ -187,24 +187,15 @@ __global__ void __launch_bounds__(kThreadsFa)
   float* sD = sL + 2 * kQ;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
+  const BackwardHead<HS> head(a, delta);
+  const int b = head.b, h = head.h;
   const int k0 = blockIdx.x * kRows;  // the longest columns first: key tile 0 sees every query
   const int64_t ld = a.qkv_ld;
-  const bf16* gq = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch + h * HS;
-  const bf16* gk = gq + a.C;
-  const bf16* gv = gq + 2 * a.C;
-  const bf16* gdo = static_cast<const bf16*>(a.dout) + b * a.o_batch + h * HS;
-  const float* lse = a.lse + static_cast<int64_t>(blockIdx.y) * a.T;
-  const float* dl = delta + static_cast<int64_t>(blockIdx.y) * a.T;
+  const bf16 *gq = head.q, *gk = head.k, *gv = head.v, *gdo = head.dout;
+  const float *lse = head.lse, *dl = head.delta;
 
   auto load_q_tile = [&](int qt, int buf) {
-    load_tile<HS, kQ, kThreadsFa>(sQ + buf * kQ * HS, gq, ld, qt * kQ, a.T);
-    load_tile<HS, kQ, kThreadsFa>(sO + buf * kQ * HS, gdo, a.o_ld, qt * kQ, a.T);
-    for (int i = threadIdx.x; i < kQ; i += kThreadsFa) {
-      const int q = qt * kQ + i;
-      sL[buf * kQ + i] = q < a.T ? lse[q] * kLog2e : 0.0f;
-      sD[buf * kQ + i] = q < a.T ? dl[q] : 0.0f;
-    }
+    load_query_tile<HS, kQ>(sQ, sO, sL, sD, gq, gdo, ld, a.o_ld, lse, dl, qt, buf, a.T);
   };
 
   load_tile<HS, kRows, kThreadsFa>(sK, gk, ld, k0, a.T);
@@ -245,23 +236,7 @@ __global__ void __launch_bounds__(kThreadsFa)
     const int qs0 = qt * kQ;
     // Only the tile on the diagonal and the tails see dead (query, key) pairs.
     const bool masked = qs0 < k0 + kRows || qs0 + kQ > a.T || k0 + kRows > a.T;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int qi = nt * 8 + (lane & 3) * 2;
-      const float2 lq = *reinterpret_cast<const float2*>(L + qi);
-      const float2 dq = *reinterpret_cast<const float2*>(D + qi);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float pe = fast_exp2(p[nt][e] * sl2 - ((e & 1) ? lq.y : lq.x));
-        if (masked) {
-          const int q = qs0 + qi + (e & 1);
-          const int key = key_base + (e >> 1) * 8;
-          if (q < key || q >= a.T || key >= a.T) pe = 0.0f;
-        }
-        p[nt][e] = pe;
-        ds[nt][e] = pe * (ds[nt][e] - ((e & 1) ? dq.y : dq.x));
-      }
-    }
+    key_tile_grads<NT>(p, ds, L, D, sl2, qs0, key_base, masked, a.T, lane);
     mma_pv<HS, kQ / 16>(dv, p, otile, lane);
     mma_pv<HS, kQ / 16>(dk, ds, qtile, lane);
     __syncthreads();
@@ -291,13 +266,11 @@ __global__ void __launch_bounds__(kThreadsFa)
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int qb = gridDim.x - 1 - blockIdx.x;
-  const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
+  const BackwardHead<HS> head(a, delta);
+  const int b = head.b, h = head.h;
   const int q0 = qb * kRows;
   const int64_t ld = a.qkv_ld;
-  const bf16* gq = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch + h * HS;
-  const bf16* gk = gq + a.C;
-  const bf16* gv = gq + 2 * a.C;
-  const bf16* gdo = static_cast<const bf16*>(a.dout) + b * a.o_batch + h * HS;
+  const bf16 *gq = head.q, *gk = head.k, *gv = head.v, *gdo = head.dout;
 
   load_tile<HS, kRows, kThreadsFa>(sQ, gq, ld, q0, a.T);
   load_tile<HS, kRows, kThreadsFa>(sO, gdo, a.o_ld, q0, a.T);
@@ -334,19 +307,7 @@ __global__ void __launch_bounds__(kThreadsFa)
     const int k0 = j * kN;
     // Only the tile on the diagonal and the key tail see dead (query, key) pairs.
     const bool masked = k0 + kN > q0 || k0 + kN > a.T;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float pe = fast_exp2(p[nt][e] * sl2 - L[e >> 1]);
-        if (masked) {
-          const int key = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-          const int row = row_base + (e >> 1) * 8;
-          if (key > row || key >= a.T) pe = 0.0f;
-        }
-        ds[nt][e] = pe * (ds[nt][e] - D[e >> 1]);
-      }
-    }
+    query_tile_grads<NT>(p, ds, L, D, sl2, k0, row_base, masked, a.T, lane);
     mma_pv<HS, kN / 16>(dq, ds, kt, lane);
     __syncthreads();
   }

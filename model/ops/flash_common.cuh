@@ -64,7 +64,6 @@ __device__ __forceinline__ void store_rows(const float (&acc)[HS / 8][4], bf16* 
   }
 }
 
-
 // The causal mask and the online-softmax update of one 16-row accumulator tile (rows row_base
 // and row_base + 8 of this lane), turning s into P in place and rescaling o.
 template <int HS, int NT>
@@ -107,6 +106,89 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[HS 
     for (int dt = 0; dt < HS / 8; ++dt) {
       o[dt][2 * rr] *= corr;
       o[dt][2 * rr + 1] *= corr;
+    }
+  }
+}
+
+// The slices of one (b, h) = blockIdx.y that a backward CTA reads: its q, k, v columns of the
+// packed qkv rows, its dO columns, and (key kernel) its lse and Δ rows.
+template <int HS>
+struct BackwardHead {
+  int b, h;
+  const bf16 *q, *k, *v, *dout;
+  const float *lse, *delta;
+  __device__ __forceinline__ BackwardHead(const FlashBackwardArgs& a, const float* d)
+      : b(blockIdx.y / a.NH), h(blockIdx.y % a.NH) {
+    q = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch + h * HS;
+    k = q + a.C;
+    v = q + 2 * a.C;
+    dout = static_cast<const bf16*>(a.dout) + b * a.o_batch + h * HS;
+    lse = a.lse + static_cast<int64_t>(blockIdx.y) * a.T;
+    delta = d + static_cast<int64_t>(blockIdx.y) * a.T;
+  }
+};
+
+// The key kernel's query tile qt into buffer `buf`: Q and dO rows by cp.async (the caller commits)
+// and the tile's log2-unit log-sum-exps and Δ by plain stores (0 past T).
+template <int HS, int kQ>
+__device__ __forceinline__ void load_query_tile(bf16* sQ, bf16* sO, float* sL, float* sD,
+                                                const bf16* gq, const bf16* gdo, int64_t ld,
+                                                int64_t o_ld, const float* lse, const float* dl,
+                                                int qt, int buf, int T) {
+  load_tile<HS, kQ, kThreadsFa>(sQ + buf * kQ * HS, gq, ld, qt * kQ, T);
+  load_tile<HS, kQ, kThreadsFa>(sO + buf * kQ * HS, gdo, o_ld, qt * kQ, T);
+  for (int i = threadIdx.x; i < kQ; i += kThreadsFa) {
+    const int q = qt * kQ + i;
+    sL[buf * kQ + i] = q < T ? lse[q] * kLog2e : 0.0f;
+    sD[buf * kQ + i] = q < T ? dl[q] : 0.0f;
+  }
+}
+
+// The key kernel's elementwise step on one tile: p (Sᵀ: this lane's keys key_base, key_base + 8
+// by the tile's queries from qs0) becomes Pᵀ and ds (dPᵀ) becomes dSᵀ = Pᵀ ⊙ (dPᵀ − Δ). L and D
+// are the tile's log-sum-exps (log2 units) and Δ. Only the diagonal and tail tiles are masked.
+template <int NT>
+__device__ __forceinline__ void key_tile_grads(float (&p)[NT][4], float (&ds)[NT][4],
+                                               const float* L, const float* D, float sl2, int qs0,
+                                               int key_base, bool masked, int T, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int qi = nt * 8 + (lane & 3) * 2;
+    const float2 lq = *reinterpret_cast<const float2*>(L + qi);
+    const float2 dq = *reinterpret_cast<const float2*>(D + qi);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float pe = fast_exp2(p[nt][e] * sl2 - ((e & 1) ? lq.y : lq.x));
+      if (masked) {
+        const int q = qs0 + qi + (e & 1);
+        const int key = key_base + (e >> 1) * 8;
+        if (q < key || q >= T || key >= T) pe = 0.0f;
+      }
+      p[nt][e] = pe;
+      ds[nt][e] = pe * (ds[nt][e] - ((e & 1) ? dq.y : dq.x));
+    }
+  }
+}
+
+// The query kernel's elementwise step on one tile: with p = S (this lane's rows row_base,
+// row_base + 8 by the keys from k0), ds (dP) becomes dS = P ⊙ (dP − Δ). L and D are the rows'
+// log-sum-exps (log2 units) and Δ.
+template <int NT>
+__device__ __forceinline__ void query_tile_grads(const float (&p)[NT][4], float (&ds)[NT][4],
+                                                 const float (&L)[2], const float (&D)[2],
+                                                 float sl2, int k0, int row_base, bool masked,
+                                                 int T, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float pe = fast_exp2(p[nt][e] * sl2 - L[e >> 1]);
+      if (masked) {
+        const int key = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+        const int row = row_base + (e >> 1) * 8;
+        if (key > row || key >= T) pe = 0.0f;
+      }
+      ds[nt][e] = pe * (ds[nt][e] - D[e >> 1]);
     }
   }
 }

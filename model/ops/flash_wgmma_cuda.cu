@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreadsFa* kWG) wg_forward_kernel(FlashForwar
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const bf16* my_q = sQ + (warp / 4) * kTileElems;  // this warpgroup's queries
-  const int qb = gridDim.x - 1 - blockIdx.x;  // the longest rows first
+  const int qb = gridDim.x - 1 - blockIdx.x;        // the longest rows first
   const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
   const int q0 = qb * kBM;
   const int off = a.Tk - a.Tq;
@@ -193,24 +193,15 @@ __global__ void __launch_bounds__(kThreadsFa)
   float* sD = sL + 2 * kTile;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
+  const BackwardHead<kHs> head(a, delta);
+  const int b = head.b, h = head.h;
   const int k0 = blockIdx.x * kRows;  // key tile 0 sees every query: the longest first
   const int64_t ld = a.qkv_ld;
-  const bf16* gq = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch + h * kHs;
-  const bf16* gk = gq + a.C;
-  const bf16* gv = gq + 2 * a.C;
-  const bf16* gdo = static_cast<const bf16*>(a.dout) + b * a.o_batch + h * kHs;
-  const float* lse = a.lse + static_cast<int64_t>(blockIdx.y) * a.T;
-  const float* dl = delta + static_cast<int64_t>(blockIdx.y) * a.T;
+  const bf16 *gq = head.q, *gk = head.k, *gv = head.v, *gdo = head.dout;
+  const float *lse = head.lse, *dl = head.delta;
 
   auto load_q_tile = [&](int qt, int buf) {
-    load_tile<kHs, kTile, kThreadsFa>(sQ + buf * kTileElems, gq, ld, qt * kTile, a.T);
-    load_tile<kHs, kTile, kThreadsFa>(sO + buf * kTileElems, gdo, a.o_ld, qt * kTile, a.T);
-    for (int i = threadIdx.x; i < kTile; i += kThreadsFa) {
-      const int q = qt * kTile + i;
-      sL[buf * kTile + i] = q < a.T ? lse[q] * kLog2e : 0.0f;
-      sD[buf * kTile + i] = q < a.T ? dl[q] : 0.0f;
-    }
+    load_query_tile<kHs, kTile>(sQ, sO, sL, sD, gq, gdo, ld, a.o_ld, lse, dl, qt, buf, a.T);
   };
 
   load_tile<kHs, kRows, kThreadsFa>(sK, gk, ld, k0, a.T);
@@ -249,23 +240,7 @@ __global__ void __launch_bounds__(kThreadsFa)
     wg::hold(ds);
     const int qs0 = qt * kTile;
     const bool masked = qs0 < k0 + kRows || qs0 + kTile > a.T || k0 + kRows > a.T;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int qi = nt * 8 + (lane & 3) * 2;
-      const float2 lq = *reinterpret_cast<const float2*>(L + qi);
-      const float2 dq = *reinterpret_cast<const float2*>(D + qi);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float pe = fast_exp2(p[nt][e] * sl2 - ((e & 1) ? lq.y : lq.x));
-        if (masked) {
-          const int q = qs0 + qi + (e & 1);
-          const int key = key_base + (e >> 1) * 8;
-          if (q < key || q >= a.T || key >= a.T) pe = 0.0f;
-        }
-        p[nt][e] = pe;
-        ds[nt][e] = pe * (ds[nt][e] - ((e & 1) ? dq.y : dq.x));
-      }
-    }
+    key_tile_grads<NT>(p, ds, L, D, sl2, qs0, key_base, masked, a.T, lane);
     uint32_t pa[4][4], dsa[4][4];
     wg::to_a(p, pa);
     wg::to_a(ds, dsa);
@@ -299,13 +274,11 @@ __global__ void __launch_bounds__(kThreadsFa)
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int qb = gridDim.x - 1 - blockIdx.x;
-  const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
+  const BackwardHead<kHs> head(a, delta);
+  const int b = head.b, h = head.h;
   const int q0 = qb * kRows;
   const int64_t ld = a.qkv_ld;
-  const bf16* gq = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch + h * kHs;
-  const bf16* gk = gq + a.C;
-  const bf16* gv = gq + 2 * a.C;
-  const bf16* gdo = static_cast<const bf16*>(a.dout) + b * a.o_batch + h * kHs;
+  const bf16 *gq = head.q, *gk = head.k, *gv = head.v, *gdo = head.dout;
 
   // O's rows go to the second value buffer, which tile 1 overwrites only after Δ is formed.
   const bf16* go = static_cast<const bf16*>(a.o) + b * a.o_batch + h * kHs;
@@ -366,19 +339,7 @@ __global__ void __launch_bounds__(kThreadsFa)
     wg::hold(ds);
     const int k0 = j * kTile;
     const bool masked = k0 + kTile > q0 || k0 + kTile > a.T;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float pe = fast_exp2(p[nt][e] * sl2 - L[e >> 1]);
-        if (masked) {
-          const int key = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-          const int row = row_base + (e >> 1) * 8;
-          if (key > row || key >= a.T) pe = 0.0f;
-        }
-        ds[nt][e] = pe * (ds[nt][e] - D[e >> 1]);
-      }
-    }
+    query_tile_grads<NT>(p, ds, L, D, sl2, k0, row_base, masked, a.T, lane);
     uint32_t dsa[4][4];
     wg::to_a(ds, dsa);
     wg::fence();
@@ -428,8 +389,7 @@ bool flash_wgmma_usable(int64_t HS) {
 template <int kN>
 void forward_tiles(const FlashForwardArgs& a, cudaStream_t st) {
   constexpr int kWG = kFwdGroups;
-  static const bool once =
-      (allow_smem(wg_forward_kernel<kWG, kN>, fwd_smem<kWG, kN>()), true);
+  static const bool once = (allow_smem(wg_forward_kernel<kWG, kN>, fwd_smem<kWG, kN>()), true);
   (void)once;
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.Tq, kRows * kWG)),
                   static_cast<unsigned>(a.B * a.NH));

@@ -32,8 +32,8 @@ __device__ void unstage(const float (&d)[8][4], float* out) {
   }
 }
 
-__global__ void __launch_bounds__(128) probe_kernel(const bf16* a, const bf16* b, float* abt,
-                                                    float* ab, float* ab_alt) {
+__global__ void __launch_bounds__(128)
+    probe_kernel(const bf16* a, const bf16* b, float* abt, float* ab, float* ab_alt) {
   __shared__ __align__(1024) bf16 sa[64 * 64];
   __shared__ __align__(1024) bf16 sb[64 * 64];
   stage(sa, a);
