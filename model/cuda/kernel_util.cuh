@@ -45,6 +45,11 @@ struct alignas(sizeof(T) * kV) Pack {
 template <typename T>
 constexpr int kPack = 16 / sizeof(T);
 
+// Blocks of 256 threads for an elementwise kernel over n elements, kV a thread.
+inline unsigned pack_blocks(int64_t n, int kV) {
+  return static_cast<unsigned>(ceil_div<int64_t>(ceil_div<int64_t>(n, kV), 256));
+}
+
 template <int kV, typename T>
 __device__ __forceinline__ void load_floats(const T* p, float (&out)[kV]) {
   const Pack<T, kV> pk = *reinterpret_cast<const Pack<T, kV>*>(p);

@@ -77,81 +77,70 @@ __device__ __forceinline__ void tiles_landed() {
   __syncthreads();
 }
 
-// Key/value tile j (rows j·kN ..) into buffer j % 2, as one cp.async group of kThreads threads.
-template <int kThreads = kThreadsFa, int kN = kTile>
+// Key/value tile j (rows j·64 ..) into buffer j % 2, as one cp.async group.
 __device__ __forceinline__ void load_kv(bf16* sK, bf16* sV, const bf16* gk, const bf16* gv,
                                         int64_t ld, int j, int len) {
   const int nb = j & 1;
-  load_tile<kHs, kN, kThreads>(sK + nb * kN * kHs, gk, ld, j * kN, len);
-  load_tile<kHs, kN, kThreads>(sV + nb * kN * kHs, gv, ld, j * kN, len);
+  load_tile<kHs, kTile, kThreadsFa>(sK + nb * kTileElems, gk, ld, j * kTile, len);
+  load_tile<kHs, kTile, kThreadsFa>(sV + nb * kTileElems, gv, ld, j * kTile, len);
   cp_async_commit();
 }
 
-// Warpgroups per CTA in the forward; each owns 64 queries and they share the key/value tiles.
-// Measured on the H200 (GPT-2 124M): two (128 queries, 127 registers, 2 CTAs per SM) 1.45 ms
-// per step against 1.39 for one (117 registers, 4 CTAs per SM). Key tiles of kN = 128 (m64n128
-// score products, 184 registers, 2 CTAs per SM) took 1.59 against 1.40 for 64.
-constexpr int kFwdGroups = 1;
+// One warpgroup and 64 queries per CTA, keys in tiles of 64. Measured on the H200 (GPT-2 124M):
+// two warpgroups sharing the key/value tiles (128 queries, 127 registers, 2 CTAs per SM) 1.45 ms
+// per step against 1.39 for one (117 registers, 4 CTAs per SM); key tiles of 128 (m64n128 score
+// products, 184 registers, 2 CTAs per SM) 1.59 against 1.40 for 64.
+constexpr int fwd_smem() { return 5 * kTileElems * 2 + kAlignPad; }  // Q, K[2], V[2]
 
-template <int kWG, int kN>
-constexpr int fwd_smem() {  // Q (one tile per warpgroup), K[2], V[2] of kN keys
-  return (kWG * kRows + 4 * kN) * kHs * 2 + kAlignPad;
-}
-
-template <int kWG, int kN>
-__global__ void __launch_bounds__(kThreadsFa* kWG) wg_forward_kernel(FlashForwardArgs a) {
-  constexpr int NT = kN / 8;
-  constexpr int kThreads = kThreadsFa * kWG;
-  constexpr int kBM = kRows * kWG;  // queries per CTA
+__global__ void __launch_bounds__(kThreadsFa) wg_forward_kernel(FlashForwardArgs a) {
+  constexpr int NT = kTile / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sQ = aligned_tiles(smem_raw);
-  bf16* sK = sQ + kWG * kTileElems;
-  bf16* sV = sK + 2 * kN * kHs;
+  bf16* sK = sQ + kTileElems;
+  bf16* sV = sK + 2 * kTileElems;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const bf16* my_q = sQ + (warp / 4) * kTileElems;  // this warpgroup's queries
-  const int qb = gridDim.x - 1 - blockIdx.x;        // the longest rows first
+  const int qb = gridDim.x - 1 - blockIdx.x;  // the longest rows first
   const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
-  const int q0 = qb * kBM;
+  const int q0 = qb * kRows;
   const int off = a.Tk - a.Tq;
   const bf16* gq = static_cast<const bf16*>(a.q) + b * a.q_batch + h * kHs;
   const bf16* gk = static_cast<const bf16*>(a.k) + b * a.kv_batch + h * kHs;
   const bf16* gv = static_cast<const bf16*>(a.v) + b * a.kv_batch + h * kHs;
 
-  load_tile<kHs, kBM, kThreads>(sQ, gq, a.q_ld, q0, a.Tq);
-  const int kv_end = min(a.Tk, q0 + kBM + off);
-  const int n_tiles = (kv_end + kN - 1) / kN;
-  load_tile<kHs, kN, kThreads>(sK, gk, a.kv_ld, 0, a.Tk);
-  load_tile<kHs, kN, kThreads>(sV, gv, a.kv_ld, 0, a.Tk);
+  load_tile<kHs, kRows, kThreadsFa>(sQ, gq, a.q_ld, q0, a.Tq);
+  const int kv_end = min(a.Tk, q0 + kRows + off);
+  const int n_tiles = (kv_end + kTile - 1) / kTile;
+  load_tile<kHs, kTile, kThreadsFa>(sK, gk, a.kv_ld, 0, a.Tk);
+  load_tile<kHs, kTile, kThreadsFa>(sV, gv, a.kv_ld, 0, a.Tk);
   cp_async_commit();
 
   float o[kHs / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float sl2 = a.scale * kLog2e;
   const int warp_row0 = q0 + warp * 16;
-  uint32_t pa[kN / 16][4] = {};  // P's operands: the last P·V reads them until the next wait
+  uint32_t pa[kTile / 16][4] = {};  // P's operands: the last P·V reads them until the next wait
 
   // n_tiles >= 1 (Tk >= Tq >= 1): a do-while, so no path reaches the final wait without a
-  // product in flight (ptxas serializes every wgmma when one does; see Note [wgmma operands]).
-  // A warpgroup whose rows end before the CTA's last tile still runs it, fully masked (P = 0,
-  // m and l unchanged): skipping would open such a path.
+  // product in flight (ptxas serializes every wgmma when one does; see Note [flash attention on
+  // wgmma]).
   int j = 0;
   do {
     tiles_landed<0>();
-    const bf16* kt = sK + (j & 1) * kN * kHs;
-    const bf16* vt = sV + (j & 1) * kN * kHs;
+    const bf16* kt = sK + (j & 1) * kTileElems;
+    const bf16* vt = sV + (j & 1) * kTileElems;
     float s[NT][4];
     wg::fence();
-    wg::abt_ss(s, my_q, kt, false);
+    wg::abt_ss(s, sQ, kt, false);
     wg::commit();
     wg::wait<0>();  // also retires the previous tile's P·V
     wg::hold(s);
     wg::hold(o);
     wg::hold(pa);
     __syncthreads();  // no product of tile j − 1 reads the buffers tile j + 1 goes to
-    if (j + 1 < n_tiles) load_kv<kThreads, kN>(sK, sV, gk, gv, a.kv_ld, j + 1, a.Tk);
-    const int k0 = j * kN;
-    const bool masked = k0 + kN - 1 > warp_row0 + off || k0 + kN > a.Tk;
+    if (j + 1 < n_tiles) load_kv(sK, sV, gk, gv, a.kv_ld, j + 1, a.Tk);
+    const int k0 = j * kTile;
+    const bool masked = k0 + kTile - 1 > warp_row0 + off || k0 + kTile > a.Tk;
     online_softmax<kHs, NT>(s, o, m, l, warp_row0 + (lane >> 2), k0, masked, a, lane, sl2);
     wg::to_a(s, pa);
     wg::fence();
@@ -386,19 +375,13 @@ bool flash_wgmma_usable(int64_t HS) {
   return v == 1;
 }
 
-template <int kN>
-void forward_tiles(const FlashForwardArgs& a, cudaStream_t st) {
-  constexpr int kWG = kFwdGroups;
-  static const bool once = (allow_smem(wg_forward_kernel<kWG, kN>, fwd_smem<kWG, kN>()), true);
-  (void)once;
-  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.Tq, kRows * kWG)),
-                  static_cast<unsigned>(a.B * a.NH));
-  wg_forward_kernel<kWG, kN><<<grid, kThreadsFa * kWG, fwd_smem<kWG, kN>(), st>>>(a);
-  CUDA_CHECK_LAUNCH();
-}
-
 void flash_wgmma_forward(const FlashForwardArgs& a, void* stream) {
-  forward_tiles<kTile>(a, static_cast<cudaStream_t>(stream));
+  static const bool once = (allow_smem(wg_forward_kernel, fwd_smem()), true);
+  (void)once;
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.Tq, kRows)),
+                  static_cast<unsigned>(a.B * a.NH));
+  wg_forward_kernel<<<grid, kThreadsFa, fwd_smem(), static_cast<cudaStream_t>(stream)>>>(a);
+  CUDA_CHECK_LAUNCH();
 }
 
 void flash_wgmma_backward(const FlashBackwardArgs& a, float* delta, void* stream) {

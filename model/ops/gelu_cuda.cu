@@ -62,11 +62,6 @@ __global__ void gelu_backward_kernel(const T* __restrict__ x, const T* __restric
   }
 }
 
-// Blocks of 256 threads covering n elements at kV per thread.
-unsigned blocks_for(int64_t n, int kV) {
-  return static_cast<unsigned>(ceil_div<int64_t>(ceil_div<int64_t>(n, kV), 256));
-}
-
 }  // namespace
 
 void gelu_forward(const void* x, void* y, int64_t n, DType act, void* stream) {
@@ -78,9 +73,9 @@ void gelu_forward(const void* x, void* y, int64_t n, DType act, void* stream) {
     auto* yp = static_cast<T*>(y);
     auto st = static_cast<cudaStream_t>(stream);
     if (is_aligned(x, 16) && is_aligned(y, 16)) {
-      gelu_forward_kernel<T, kV><<<blocks_for(n, kV), 256, 0, st>>>(xp, yp, n);
+      gelu_forward_kernel<T, kV><<<pack_blocks(n, kV), 256, 0, st>>>(xp, yp, n);
     } else {
-      gelu_forward_kernel<T, 1><<<blocks_for(n, 1), 256, 0, st>>>(xp, yp, n);
+      gelu_forward_kernel<T, 1><<<pack_blocks(n, 1), 256, 0, st>>>(xp, yp, n);
     }
     CUDA_CHECK_LAUNCH();
   });
@@ -98,13 +93,13 @@ void gelu_backward(const void* x, const void* dy, void* dx, int64_t n, DType act
     auto st = static_cast<cudaStream_t>(stream);
     const bool packed = is_aligned(x, 16) && is_aligned(dy, 16) && is_aligned(dx, 16);
     if (packed && overwrite) {
-      gelu_backward_kernel<T, kV, true><<<blocks_for(n, kV), 256, 0, st>>>(xp, dyp, dxp, n);
+      gelu_backward_kernel<T, kV, true><<<pack_blocks(n, kV), 256, 0, st>>>(xp, dyp, dxp, n);
     } else if (packed) {
-      gelu_backward_kernel<T, kV, false><<<blocks_for(n, kV), 256, 0, st>>>(xp, dyp, dxp, n);
+      gelu_backward_kernel<T, kV, false><<<pack_blocks(n, kV), 256, 0, st>>>(xp, dyp, dxp, n);
     } else if (overwrite) {
-      gelu_backward_kernel<T, 1, true><<<blocks_for(n, 1), 256, 0, st>>>(xp, dyp, dxp, n);
+      gelu_backward_kernel<T, 1, true><<<pack_blocks(n, 1), 256, 0, st>>>(xp, dyp, dxp, n);
     } else {
-      gelu_backward_kernel<T, 1, false><<<blocks_for(n, 1), 256, 0, st>>>(xp, dyp, dxp, n);
+      gelu_backward_kernel<T, 1, false><<<pack_blocks(n, 1), 256, 0, st>>>(xp, dyp, dxp, n);
     }
     CUDA_CHECK_LAUNCH();
   });

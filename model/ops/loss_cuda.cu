@@ -187,39 +187,11 @@ __global__ void finalize_kernel(const T* __restrict__ logits, const int32_t* __r
   }
 }
 
-template <typename T, int kV>
-__global__ void backward_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
-                                const float* __restrict__ rmax, const float* __restrict__ rlse,
-                                const int32_t* __restrict__ count, const float* __restrict__ dloss,
-                                T* __restrict__ dlogits, int64_t V, int64_t Vp, int64_t v0) {
-  const int64_t i = blockIdx.x;
-  if (targets[i] == kMaskedTarget) return;
-  const int64_t tgt = targets[i] - v0;  // this rank's column of the target (vocab-parallel)
-  const float g = dloss[0] / static_cast<float>(count[0]);
-  const float m = rmax[i];
-  const float l = rlse[i];
-  const float ml = (m + l) * kLog2e;
-  const T* row = logits + i * Vp;
-  T* drow = dlogits + i * Vp;
-  const int64_t vec_end = V / kV * kV;
-  for (int64_t j = static_cast<int64_t>(threadIdx.x) * kV; j < vec_end;
-       j += static_cast<int64_t>(blockDim.x) * kV) {
-    float v[kV];
-    load_floats<kV>(row + j, v);
-#pragma unroll
-    for (int k = 0; k < kV; ++k) v[k] = logit_grad(v[k], ml, j + k == tgt, g);
-    add_floats<kV>(drow + j, v);
-  }
-  for (int64_t j = vec_end + threadIdx.x; j < V; j += blockDim.x) {
-    drow[j] = from_float<T>(to_float(drow[j]) + logit_grad(to_float(row[j]), ml, j == tgt, g));
-  }
-}
-
 // Row `src`'s gradient written into `dst`: (softmax − onehot)·g over [0, V) with
-// p = 2^(x·log2 e − ml), zeros over the tail [V, Vp), zeros everywhere when `masked`. `dst` may be
-// `src` (each element is read, then written, by the same thread; hence no __restrict__), or `src`
-// a shared-memory copy of the row.
-template <typename T, int kV>
+// p = 2^(x·log2 e − ml), zeros over the tail [V, Vp), zeros everywhere when `masked`; with kAdd
+// added to what `dst` holds. `dst` may be `src` (each element is read, then written, by the same
+// thread; hence no __restrict__), or `src` a shared-memory copy of the row.
+template <typename T, int kV, bool kAdd = false>
 __device__ __forceinline__ void write_row_grad(const T* src, T* dst, int64_t tgt, float ml, float g,
                                                bool masked, int64_t V, int64_t Vp) {
   const int64_t vec_end = V / kV * kV;
@@ -231,12 +203,30 @@ __device__ __forceinline__ void write_row_grad(const T* src, T* dst, int64_t tgt
     for (int k = 0; k < kV; ++k) {
       v[k] = masked ? 0.0f : logit_grad(v[k], ml, j + k == tgt, g);
     }
-    store_floats<kV>(dst + j, v);
+    if constexpr (kAdd) {
+      add_floats<kV>(dst + j, v);
+    } else {
+      store_floats<kV>(dst + j, v);
+    }
   }
   for (int64_t j = vec_end + threadIdx.x; j < Vp; j += blockDim.x) {
     const float p = masked || j >= V ? 0.0f : logit_grad(to_float(src[j]), ml, j == tgt, g);
-    dst[j] = from_float<T>(p);
+    dst[j] = from_float<T>(kAdd ? to_float(dst[j]) + p : p);
   }
+}
+
+// The out-of-place backward: dlogits row i += its gradient over [0, V); masked rows untouched.
+template <typename T, int kV>
+__global__ void backward_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
+                                const float* __restrict__ rmax, const float* __restrict__ rlse,
+                                const int32_t* __restrict__ count, const float* __restrict__ dloss,
+                                T* __restrict__ dlogits, int64_t V, int64_t Vp, int64_t v0) {
+  const int64_t i = blockIdx.x;
+  if (targets[i] == kMaskedTarget) return;
+  const int64_t tgt = targets[i] - v0;  // this rank's column of the target (vocab-parallel)
+  const float g = dloss[0] / static_cast<float>(count[0]);
+  const float ml = (rmax[i] + rlse[i]) * kLog2e;
+  write_row_grad<T, kV, true>(logits + i * Vp, dlogits + i * Vp, tgt, ml, g, false, V, V);
 }
 
 // The in-place backward: row i of `logits` becomes its gradient (softmax − onehot)·dloss/count over

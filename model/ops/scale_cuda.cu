@@ -39,11 +39,9 @@ void launch_scale(const void* x, void* y, int64_t n, double s, DType dtype, bool
     auto* yp = static_cast<T*>(y);
     auto st = static_cast<cudaStream_t>(stream);
     if (is_aligned(x, 16) && is_aligned(y, 16)) {
-      const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(ceil_div<int64_t>(n, kV), 256));
-      scale_kernel<T, kV><<<blocks, 256, 0, st>>>(xp, yp, n, f, accumulate);
+      scale_kernel<T, kV><<<pack_blocks(n, kV), 256, 0, st>>>(xp, yp, n, f, accumulate);
     } else {
-      const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(n, 256));
-      scale_kernel<T, 1><<<blocks, 256, 0, st>>>(xp, yp, n, f, accumulate);
+      scale_kernel<T, 1><<<pack_blocks(n, 1), 256, 0, st>>>(xp, yp, n, f, accumulate);
     }
     CUDA_CHECK_LAUNCH();
   });
