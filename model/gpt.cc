@@ -4,6 +4,7 @@
 
 #include "model/cuda/runtime.h"
 #include "model/ops/add.h"
+#include "model/ops/classifier.h"
 #include "model/ops/embedding.h"
 #include "model/ops/linear.h"
 #include "model/ops/loss.h"
@@ -128,15 +129,34 @@ Var GPT::embed(const Tensor& tokens) {
   return e;
 }
 
-Var GPT::head_logits(const Var& h) {
-  Var w = weights_->use(*head_);
+Var GPT::head_input(const Var& h) {
   const TpContext& tp = params_.tensor_parallel();
   Var x = ln_f_.forward(h);
   if (tp.active())
     x = tp.sequence_parallel ? tp_gather_tokens(x, *tp.group) : tp_copy(x, *tp.group);
-  Var logits = linear(x, w, Var());
+  return x;
+}
+
+Var GPT::head_logits(const Var& h) {
+  Var w = weights_->use(*head_);
+  Var logits = linear(head_input(h), w, Var());
   weights_->used(*head_, w);
   return logits;
+}
+
+Var GPT::head_loss(const Var& h, const Tensor& targets, double weight) {
+  Var w = weights_->use(*head_);
+  Var x = head_input(h);
+  const KnownLossGrad known{loss_seed_, weight};
+  if (!params_.tensor_parallel().active() && classifier_supported(x, w, &known)) {
+    // Note [blocked classifier]: the logits are formed and consumed a block of rows at a time.
+    Var ce = classifier_cross_entropy(x, w, targets, cfg_.vocab_size, known);
+    weights_->used(*head_, w);
+    return ce;
+  }
+  Var logits = linear(x, w, Var());
+  weights_->used(*head_, w);
+  return loss_of(logits, targets, weight);
 }
 
 Var GPT::loss_of(const Var& logits, const Tensor& targets, double weight) {
@@ -202,7 +222,7 @@ GPTOutput GPT::forward(const Tensor& window) {
   GPTOutput out;
   for (int k = 0; k <= cfg_.mtp_depth; ++k) {
     const double weight = k == 0 ? 1.0 : cfg_.mtp_loss_weight / cfg_.mtp_depth;
-    Var ce = loss_of(head_logits(hidden[k]), window_targets(window, k), weight);
+    Var ce = head_loss(hidden[k], window_targets(window, k), weight);
     if (k == 0) {
       out.main_loss = ce;
       out.loss = ce;

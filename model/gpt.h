@@ -105,7 +105,11 @@ class GPT {
   // inputs i32 [B, T] -> last hidden state [B, T, C] (before the final norm).
   Var trunk(const Tensor& inputs);
   Var embed(const Tensor& tokens);  // [B, T] -> [B, T, C] through the (maybe sharded) table
+  Var head_input(const Var& h);     // [B, T, C] -> final norm (-> TP seam): the head's input
   Var head_logits(const Var& h);    // [B, T, C] -> final norm -> head -> [B, T, Vp] (TP: Vp/TP)
+  // The weighted head's loss of h against targets: the blocked classifier where it applies
+  // (model/ops/classifier.h), else head_logits then loss_of.
+  Var head_loss(const Var& h, const Tensor& targets, double weight);
   // The (vocab-parallel) mean CE, whose total-loss weight is `weight` (1, or λ/D for a depth).
   Var loss_of(const Var& logits, const Tensor& targets, double weight);
   int64_t vocab_begin() const;  // first row of this rank's embedding/head part

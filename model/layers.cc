@@ -1,6 +1,8 @@
 #include "model/layers.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "model/init.h"
 #include "model/ops/add.h"
@@ -95,8 +97,19 @@ TransformerBlock::TransformerBlock(ParamRegistry& reg, const std::string& name, 
   mlp_proj = LinearLayer(reg, name + ".mlp.proj", 4 * d.C, d.C, true, resid_std, M::kRow);
 }
 
-Var TransformerBlock::mlp(const Var& x, WeightAccess& w) const {
-  if (!fused_mlp_supported(x)) return mlp_proj.forward(gelu(fc.forward(x, w)), w);
+namespace {
+
+// GTRON_RESIDUAL_GEMM=0 adds the MLP's residual in a separate pass (A/B measurements; the TP code
+// at one rank, which adds it after the TP seam, compares bit for bit against that).
+bool residual_in_gemm() {
+  const char* e = std::getenv("GTRON_RESIDUAL_GEMM");
+  return e == nullptr || std::strcmp(e, "0") != 0;
+}
+
+}  // namespace
+
+Var TransformerBlock::mlp(const Var& x, const Var& residual, WeightAccess& w) const {
+  if (!fused_mlp_supported(x)) return add(residual, mlp_proj.forward(gelu(fc.forward(x, w)), w));
   // CUDA bf16: GELU rides in the two GEMMs' epilogues (model/ops/fused_mlp.h). The weight
   // accesses come in the same order as the composed path's (use/used fc, then proj). Split over
   // TP: fc's input and proj's output pass the TP seams, as in LinearLayer::tp_forward.
@@ -106,15 +119,20 @@ Var TransformerBlock::mlp(const Var& x, WeightAccess& w) const {
   if (bf.dtype() != DType::kBF16) {  // an access that keeps f32 biases: the composed ops
     Var up = linear(xin, wf, bf);
     w.used(*fc.weight, wf);
-    return mlp_proj.forward(gelu(up), w);
+    return add(residual, mlp_proj.forward(gelu(up), w));
   }
   GeluUp up = linear_gelu_up(xin, wf, bf);
   w.used(*fc.weight, wf);
   Var wp = w.use(*mlp_proj.weight);
   Var bp = w.use_bias(*mlp_proj.bias);
+  if (mlp_proj.tp == nullptr && residual_in_gemm()) {  // y = residual + g·wᵀ + b, one GEMM
+    Var y = linear_after_gelu(up, wp, bp, residual);
+    w.used(*mlp_proj.weight, wp);
+    return y;
+  }
   Var y = linear_after_gelu(up, wp, mlp_proj.bias_in_gemm() ? bp : Var());
   w.used(*mlp_proj.weight, wp);
-  return mlp_proj.tp_output(y, bp);
+  return add(residual, mlp_proj.tp_output(y, bp));
 }
 
 Var TransformerBlock::qkv_of(const Var& x, WeightAccess& w) const {
@@ -151,13 +169,13 @@ Var TransformerBlock::forward(const Var& x, WeightAccess& w, const Attention& at
   Var a = attn_proj.forward(attend(qkv_of(x, w)), w);
   if (!x.device().is_cuda()) {  // the composed ops (the CPU goldens' exact tape)
     Var h = add(x, a);
-    return add(h, mlp(ln2.forward(h), w));
+    return mlp(ln2.forward(h), h, w);
   }
   // CUDA: one pass writes h and ln2(h) (model/ops/add_norm.h), bit-identical to the composed ops.
   // Row-local, so it fits every TP layout as is: under sequence parallelism h holds this rank's
   // rows, as the composed ops' h does, and fc's input seam gathers ln2's output after it.
   const AddNorm hn = add_layernorm(x, a, Var::param(*ln2.weight), Var::param(*ln2.bias));
-  return add(hn.h, mlp(hn.y, w));
+  return mlp(hn.y, hn.h, w);
 }
 
 MTPModule::MTPModule(ParamRegistry& reg, const std::string& name, const BlockDims& d) {

@@ -148,8 +148,9 @@ struct TransformerBlock {
   TransformerBlock(ParamRegistry& reg, const std::string& name, const BlockDims& d);
   // x: [B, T, C] -> [B, T, C], with causal self-attention over the T positions.
   Var forward(const Var& x, WeightAccess& w) const;
-  // mlp_proj(gelu(fc(x))): fused on CUDA bf16 (model/ops/fused_mlp.h), composed elsewhere.
-  Var mlp(const Var& x, WeightAccess& w) const;
+  // residual + mlp_proj(gelu(fc(x))): fused on CUDA bf16 (model/ops/fused_mlp.h; without TP the
+  // residual rides in mlp_proj's GEMM epilogue), composed elsewhere.
+  Var mlp(const Var& x, const Var& residual, WeightAccess& w) const;
   // qkv(ln1(x)): on CUDA without keeping ln1's output (model/ops/norm_linear.h).
   Var qkv_of(const Var& x, WeightAccess& w) const;
   // The same block with another attention over the packed qkv [B, T, 3C] -> [B, T, C]

@@ -329,9 +329,9 @@ bool try_gemm(const GemmArgs& g, void* stream) {
   Chosen chosen;
   if (!choose_algo(&chosen, ctx, g, key, desc, op1, op2, out, s)) return false;
   if (gemm_tune_enabled()) count_tuned_call(key);
+  void* d = g.d != nullptr ? g.d : g.c;
   CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), desc.d, &g.alpha, g.b, op1.l, g.a, op2.l, &g.beta, g.c,
-                              out.l, g.c, out.l, &chosen.algo, ctx.workspace(s), kWorkspaceBytes,
-                              s));
+                              out.l, d, out.l, &chosen.algo, ctx.workspace(s), kWorkspaceBytes, s));
   return true;
 }
 

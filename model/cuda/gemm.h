@@ -2,6 +2,8 @@
 //
 // Semantics (every matrix row-major and contiguous: its leading dimension is its column count):
 //   C[M, N] = alpha · op(A) · op(B) + beta · C   (+ bias[N] added to every row, when given)
+// (written into D instead when D is given: D = alpha · op(A) · op(B) + beta · C (+ bias), C only
+// read, e.g. a residual added in the epilogue)
 // op(A) is A[M, K], or A stored as [K, M] when trans_a; op(B) is B[K, N], or B stored as [N, K]
 // when trans_b. With batch > 1, matrix i of each operand starts stride_* elements after matrix
 // i − 1 (the bias is shared by the whole batch).
@@ -46,6 +48,7 @@ struct GemmArgs {
   const void* b = nullptr;  // op(B): [K, N]
   bool trans_b = false;
   void* c = nullptr;  // [M, N], read when beta != 0
+  void* d = nullptr;  // [M, N]: where the result goes when it is not C (null: into C)
   int64_t m = 0, n = 0, k = 0;
   DType ab = DType::kF32;      // element type of A and B: f32 or bf16
   DType c_type = DType::kF32;  // f32, or bf16 when ab is bf16

@@ -1,6 +1,7 @@
 // The GEMM key and the pinned-algorithm table (contract in gemm_table.h).
 #include "model/cuda/gemm_table.h"
 
+#include <algorithm>
 #include <mutex>
 #include <sstream>
 
@@ -69,6 +70,8 @@ GemmKey gemm_key(const GemmArgs& g) {
   key[kKeyAlignB] = alignment(g.b, g.batch, g.stride_b * ab_size);
   key[kKeyAlignA] = alignment(g.a, g.batch, g.stride_a * ab_size);
   key[kKeyAlignC] = alignment(g.c, g.batch, g.stride_c * c_size);
+  if (g.d != nullptr)
+    key[kKeyAlignC] = std::min(key[kKeyAlignC], alignment(g.d, g.batch, g.stride_c * c_size));
   key[kKeyAlignBias] = g.bias != nullptr ? alignment(g.bias, 1, 0) : 0;
   key[kKeyHasBias] = g.bias != nullptr;
   key[kKeyBiasType] = g.bias != nullptr ? static_cast<int64_t>(g.bias_type) : -1;

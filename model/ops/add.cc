@@ -21,6 +21,15 @@ void accumulate_into(Tensor& dst, const Tensor& src) {
   });
 }
 
+void hand_on_gradient(const Var& in, const Tensor& grad) {
+  if (!in.requires_grad()) return;
+  if (in.has_grad()) {
+    accumulate_into(in.grad(), grad);
+  } else {
+    in.set_grad(grad);
+  }
+}
+
 namespace {
 
 // Note [add backward aliasing]

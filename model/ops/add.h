@@ -11,6 +11,10 @@ namespace gtron {
 Var add(const Var& a, const Var& b);
 // dst += src (same shape and dtype) on the current stream of dst's device. Not recorded.
 void accumulate_into(Tensor& dst, const Tensor& src);
+// In a backward: in's gradient += grad, where grad is final and nobody reads it afterwards (an
+// op output's gradient, handed on like add's): an empty slot takes grad's buffer itself (Note [add
+// backward aliasing]), a filled one accumulates. Nothing when `in` wants no gradient.
+void hand_on_gradient(const Var& in, const Tensor& grad);
 
 namespace cpu {
 template <typename T>

@@ -1,5 +1,8 @@
 #include "model/ops/fused_mlp.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "model/ops/add.h"
 #include "model/ops/device_util.h"
 #include "model/ops/gelu.h"
@@ -10,6 +13,14 @@
 namespace gtron {
 
 bool fused_mlp_supported(const Var& x) { return x.device().is_cuda() && x.dtype() == DType::kBF16; }
+
+bool keep_gelu_output() {
+  static const bool keep = [] {
+    const char* e = std::getenv("GTRON_MLP_KEEP_G");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return keep;
+}
 
 namespace {
 
@@ -68,25 +79,39 @@ GeluUp linear_gelu_up(const Var& x, const Var& w, const Var& b) {
   return up;
 }
 
-Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b) {
+Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& residual) {
   const Var& g = up.g;
   const Dims d = check_operands("linear_after_gelu", g, w, b);
   Stream& s = current_stream(g.device());
-  Tensor y = Tensor::empty(Shape(with_last(g.shape(), d.Cout)), DType::kBF16, g.device(), &s);
+  const Shape y_shape(with_last(g.shape(), d.Cout));
+  if (residual.defined()) {
+    check_shape("linear_after_gelu residual", residual.shape(), y_shape);
+    check_same_device_dtype("linear_after_gelu residual", g.value(), residual.value());
+  }
+  Tensor y = Tensor::empty(y_shape, DType::kBF16, g.device(), &s);
   cuda::linear_forward(g.value().raw(), w.value().raw(), b.defined() ? b.value().raw() : nullptr,
-                       DType::kBF16, y.raw(), d.N, d.Cin, d.Cout, DType::kBF16, s.native());
-  const bool need = g.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad());
+                       DType::kBF16, y.raw(), d.N, d.Cin, d.Cout, DType::kBF16, s.native(),
+                       residual.defined() ? residual.value().raw() : nullptr);
+  const bool need = g.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()) ||
+                    (residual.defined() && residual.requires_grad());
   Var out = Var::output(y, need);
   if (need) {
-    // g is not kept for the backward (its [N, 4C] buffer is free once y is formed): the backward
-    // recomputes it from pre, one elementwise pass, to form dw.
+    // Note [keeping g]: g is kept for the backward's dw, or (GTRON_MLP_KEEP_G=0) dropped once y is
+    // formed and recomputed from pre there, one elementwise pass.
     Var pre = up.pre;
     const Shape g_shape = g.shape();
-    record_backward([g_shape, pre, w, b, out, d] {
+    const Tensor kept = keep_gelu_output() ? g.value() : Tensor();
+    record_backward([g_shape, kept, pre, w, b, residual, out, d] {
       if (!out.has_grad()) return;
+      // The residual's share first: dy itself (it only binds a slot or queues an add before
+      // the GEMMs below read dy; whatever later accumulates into the slot queues after them).
+      if (residual.defined()) hand_on_gradient(residual, out.grad());
       Stream& s = current_stream(out.device());
-      Tensor g = Tensor::empty(g_shape, DType::kBF16, out.device(), &s);
-      cuda::gelu_forward(pre.value().raw(), g.raw(), d.N * d.Cin, DType::kBF16, s.native());
+      Tensor g = kept;
+      if (!g.defined()) {
+        g = Tensor::empty(g_shape, DType::kBF16, out.device(), &s);
+        cuda::gelu_forward(pre.value().raw(), g.raw(), d.N * d.Cin, DType::kBF16, s.native());
+      }
       const bool want_db = b.defined() && b.requires_grad();
       Tensor scratch;
       if (want_db) scratch = scratch_floats(cuda::linear_backward_scratch_floats(d.N, d.Cout), s);

@@ -1,9 +1,14 @@
 // The GPT-2 MLP's GELU fused into its two GEMMs (CUDA, bf16; cuBLASLt epilogues):
 //   up:   pre = x·w_upᵀ + b_up and g = gelu(pre) from one GEMM (GELU_AUX_BIAS)
 //   down: y = g·w_downᵀ + b_down; its backward writes d pre = (dy·w_down) ⊙ gelu'(pre) from one
-//         GEMM (DGELU) straight into pre's gradient, so dg is never formed. g is not saved for
-//         the backward (pre is): it is recomputed there for dw_down, trading one elementwise pass
-//         for a [N, 4C] activation per block (1.2 GB on GPT-2 124M at B·T = 16k).
+//         GEMM (DGELU) straight into pre's gradient, so dg is never formed.
+//
+// Note [keeping g]
+// The backward's dw_down needs g. Keeping it costs a [N, 4C] activation per block (1.2 GB on GPT-2
+// 124M at B·T = 16k); recomputing it from pre costs one elementwise pass per block (0.74 ms a
+// step there). The head's blocked classifier (model/ops/classifier.h) frees more than that, so g
+// is kept; GTRON_MLP_KEEP_G=0 recomputes it (an A/B switch, and a way to trade the time for the
+// memory).
 // Same values as linear → gelu → linear up to bf16 rounding order. The composed ops stay the
 // path everywhere else (CPU, f32) and the reference the tests compare against.
 #pragma once
@@ -21,16 +26,20 @@ struct GeluUp {
 
 // True when the fused pair applies to activations of this device and dtype.
 bool fused_mlp_supported(const Var& x);
+// Whether linear_after_gelu keeps g for its backward (default) or recomputes it from pre
+// (GTRON_MLP_KEEP_G=0): Note [keeping g].
+bool keep_gelu_output();
 
 // x: [N.., Cin], w: [Cout, Cin], b: [Cout] (bf16 like x). Backward (when pre has a gradient)
 // accumulates dx, dw, db exactly like linear's.
 GeluUp linear_gelu_up(const Var& x, const Var& w, const Var& b);
 
 // y = linear(up.g, w, b) (b may be undefined: a row-parallel layer adds it after the sum over
-// TP). Backward accumulates dw += dyᵀ·g, db += Σ dy, and delivers
-// d pre = (dy·w) ⊙ gelu'(pre) into up.pre's gradient (written when the slot is empty, else added).
-// REQUIRES: up.g has no other consumer.
-Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b);
+// TP), plus `residual` when given (the block's residual stream, added in the GEMM's epilogue
+// before the one rounding). Backward accumulates dw += dyᵀ·g, db += Σ dy, dresidual += dy, and
+// delivers d pre = (dy·w) ⊙ gelu'(pre) into up.pre's gradient (written when the slot is empty,
+// else added). REQUIRES: up.g has no other consumer.
+Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& residual = Var());
 
 namespace cuda {
 // pre[N, Cout] = x·wᵀ + bias, g = gelu(pre), one GEMM when cuBLASLt offers the epilogue (else a

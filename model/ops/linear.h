@@ -26,8 +26,11 @@ namespace cuda {
 // model/cuda/gemm.h. x, w and y are in `act` (f32 or bf16). bias is null, or in `bias_dtype`:
 // act, or f32 with bf16 activations; either is added in the GEMM epilogue to the fp32 accumulator
 // (y rounded once), falling back to a separate pass where cuBLASLt has no such epilogue.
+// With `residual` ([N, Cout] in act, not y), y = residual + x · wᵀ (+ bias), the residual read in
+// the epilogue (beta = 1) and added before the one rounding.
 void linear_forward(const void* x, const void* w, const void* bias, DType bias_dtype, void* y,
-                    int64_t N, int64_t Cin, int64_t Cout, DType act, void* stream);
+                    int64_t N, int64_t Cin, int64_t Cout, DType act, void* stream,
+                    const void* residual = nullptr);
 // Floats of scratch linear_backward needs when db is given (the deterministic column sum).
 int64_t linear_backward_scratch_floats(int64_t N, int64_t Cout);
 // Accumulates, each pointer optional (null: no gradient wanted):

@@ -36,7 +36,8 @@ __global__ void add_bias_kernel(T* y, const float* __restrict__ bias, int64_t N,
 }  // namespace
 
 void linear_forward(const void* x, const void* w, const void* bias, DType bias_dtype, void* y,
-                    int64_t N, int64_t Cin, int64_t Cout, DType act, void* stream) {
+                    int64_t N, int64_t Cin, int64_t Cout, DType act, void* stream,
+                    const void* residual) {
   GTRON_CHECK(act == DType::kF32 || act == DType::kBF16, "linear: CUDA activations are f32 or ",
               "bf16; got ", dtype_name(act));
   GTRON_CHECK(bias == nullptr || bias_dtype == act || bias_dtype == DType::kF32, "linear: bias ",
@@ -53,6 +54,12 @@ void linear_forward(const void* x, const void* w, const void* bias, DType bias_d
   g.c_type = act;
   g.bias = bias;
   g.bias_type = bias_dtype;
+  if (residual != nullptr) {
+    GTRON_CHECK(residual != y, "linear: the residual must not be the output");
+    g.c = const_cast<void*>(residual);  // read only
+    g.d = y;
+    g.beta = 1.0f;
+  }
   // The bias rides in the epilogue (an f32 bias on bf16 outputs is added before the one
   // rounding); only where cuBLASLt offers no such algorithm does a separate pass add it.
   if (bias == nullptr || bias_dtype == act) {

@@ -11,9 +11,6 @@
 
 namespace gtron {
 
-namespace {
-
-// Host targets are checked here, before the copy to the device (the CPU kernel checks its own).
 void check_targets_on_host(const Tensor& targets, int64_t V) {
   const int32_t* tp = targets.data<int32_t>();
   for (int64_t i = 0; i < targets.numel(); ++i) {
@@ -22,6 +19,8 @@ void check_targets_on_host(const Tensor& targets, int64_t V) {
                 " outside [0, ", V, ") and not kMaskedTarget (", kMaskedTarget, ")");
   }
 }
+
+namespace {
 
 // GTRON_CE_ONEPASS=0 keeps the two-pass path under a promise too (A/B measurements).
 bool onepass_enabled() {

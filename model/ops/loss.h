@@ -10,6 +10,10 @@ namespace gtron {
 // Target value for positions that have no target (the MTP tail): excluded from loss and gradient.
 constexpr int32_t kMaskedTarget = -1;
 
+// Host-side targets check before a copy to the device (the CPU kernel checks its own): each in
+// [0, V) or kMaskedTarget.
+void check_targets_on_host(const Tensor& targets, int64_t V);
+
 // logits: [..., Vp] (Vp = padded vocab), targets: i32 with logits' leading shape, each in [0, V) or
 // kMaskedTarget. Softmax runs over the first V columns only (the padded tail gets zero gradient).
 // Returns a scalar (rank 0): the mean CE over unmasked positions (0 if all are masked).
@@ -95,6 +99,21 @@ void cross_entropy_backward_inplace(void* logits, const int32_t* targets, const 
 void cross_entropy_onepass(void* logits, const int32_t* targets, float* rmax, float* rlse,
                            float* tlogit, int32_t* count, float* loss, const float* seed,
                            float weight, int64_t N, int64_t V, int64_t Vp, DType act, void* stream);
+// cross_entropy_onepass in its three steps, for a caller that forms the logits a block of rows
+// at a time (model/ops/classifier.h): cross_entropy_count over all N targets; then, per block,
+// the rows step with logits, targets, rmax, rlse and tlogit offset to the block's first row (count
+// is the whole count); then the finalize over all N. The same values as cross_entropy_onepass.
+void cross_entropy_onepass_rows(void* logits, const int32_t* targets, float* rmax, float* rlse,
+                                float* tlogit, const int32_t* count, const float* seed,
+                                float weight, int64_t rows, int64_t V, int64_t Vp, DType act,
+                                void* stream);
+void cross_entropy_onepass_finalize(const int32_t* targets, const float* rmax, const float* rlse,
+                                    const float* tlogit, const int32_t* count, float* loss,
+                                    int64_t N, void* stream);
+// Traps (printing both values) unless dloss[0] == seed[0]·weight: the check of a backward whose
+// gradient was already consumed in the forward and cannot be rescaled.
+void cross_entropy_promise_check(const float* seed, float weight, const float* dloss,
+                                 void* stream);
 // The one-pass backward's check: when dloss[0] differs from seed[0]·weight, the n gradient values
 // written by cross_entropy_onepass are scaled by dloss[0] / (seed[0]·weight) (a trap when that
 // divisor is 0 or not finite); else nothing is touched.

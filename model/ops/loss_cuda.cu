@@ -308,13 +308,14 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 // The promise check of the one-pass backward: dloss[0] (what arrived) against seed[0]·weight (what
-// the forward assumed). Equal: every thread leaves. Else g[0, n) *= dloss / (seed·weight).
+// the forward assumed). Equal: every thread leaves. Else g[0, n) *= dloss / (seed·weight), or,
+// `strict` (a gradient already summed elsewhere, which no rescale can reach), a trap.
 template <typename T, int kV>
 __global__ void onepass_check_kernel(T* g, int64_t n, const float* __restrict__ seed, float weight,
-                                     const float* __restrict__ dloss) {
+                                     const float* __restrict__ dloss, bool strict = false) {
   const float had = seed[0] * weight, want = dloss[0];
   if (want == had) return;
-  if (had == 0.0f || !isfinite(had)) {
+  if (strict || had == 0.0f || !isfinite(had)) {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
       printf("cross_entropy: the one-pass gradient assumed an upstream gradient of %g, got %g\n",
              had, want);
@@ -420,19 +421,37 @@ void cross_entropy_onepass(void* logits, const int32_t* targets, float* rmax, fl
   GTRON_CHECK(V > 0 && V <= Vp, "cross_entropy: V = ", V, " outside (0, Vp = ", Vp, "]");
   GTRON_CHECK(act == DType::kBF16, "cross_entropy_onepass: bf16 logits only, got ",
               dtype_name(act));
-  auto st = static_cast<cudaStream_t>(stream);
-  count_kernel<<<1, kOneBlock, 0, st>>>(targets, N, V, count);
+  cross_entropy_count(targets, count, N, V, stream);
+  cross_entropy_onepass_rows(logits, targets, rmax, rlse, tlogit, count, seed, weight, N, V, Vp,
+                             act, stream);
+  cross_entropy_onepass_finalize(targets, rmax, rlse, tlogit, count, loss, N, stream);
+}
+
+void cross_entropy_onepass_rows(void* logits, const int32_t* targets, float* rmax, float* rlse,
+                                float* tlogit, const int32_t* count, const float* seed,
+                                float weight, int64_t rows, int64_t V, int64_t Vp, DType act,
+                                void* stream) {
+  GTRON_CHECK(V > 0 && V <= Vp && act == DType::kBF16, "cross_entropy_onepass_rows: V = ", V,
+              ", Vp = ", Vp, ", ", dtype_name(act), " (bf16 logits only)");
+  if (rows == 0) return;
+  launch_onepass<bf16>(static_cast<bf16*>(logits), targets, rmax, rlse, tlogit, count, seed, weight,
+                       rows, V, Vp, static_cast<cudaStream_t>(stream));
+}
+
+void cross_entropy_onepass_finalize(const int32_t* targets, const float* rmax, const float* rlse,
+                                    const float* tlogit, const int32_t* count, float* loss,
+                                    int64_t N, void* stream) {
+  // The target logits are given (tlogit): the logits already hold the gradient.
+  finalize_kernel<bf16><<<1, kOneBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+      nullptr, targets, rmax, rlse, count, loss, tlogit, N, 0);
   CUDA_CHECK_LAUNCH();
-  dispatch_act("cross_entropy", act, [&](auto tag) {
-    using T = decltype(tag);
-    auto* lp = static_cast<T*>(logits);
-    if (N > 0)
-      launch_onepass<T>(lp, targets, rmax, rlse, tlogit, count, seed, weight, N, V, Vp, st);
-    // The target logits are given (tlogit): the logits already hold the gradient.
-    finalize_kernel<T>
-        <<<1, kOneBlock, 0, st>>>(nullptr, targets, rmax, rlse, count, loss, tlogit, N, Vp);
-    CUDA_CHECK_LAUNCH();
-  });
+}
+
+void cross_entropy_promise_check(const float* seed, float weight, const float* dloss,
+                                 void* stream) {
+  onepass_check_kernel<bf16, 1>
+      <<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>(nullptr, 0, seed, weight, dloss, true);
+  CUDA_CHECK_LAUNCH();
 }
 
 void cross_entropy_onepass_check(void* dlogits, int64_t n, const float* seed, float weight,

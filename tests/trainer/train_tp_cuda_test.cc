@@ -6,6 +6,7 @@
 // under CUDA graphs (graphs.scope layers and full: the collectives are captured). Tagged "gpu".
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,24 @@
 namespace gtron {
 namespace {
 
+// The plain path runs the ops the TP code runs at one rank: the head as linear + cross-entropy,
+// as the vocab-parallel code does (the blocked classifier, model/ops/classifier.h, sums the head's
+// gradient in another order), and the MLP's residual added after mlp.proj, as after the TP seam
+// (not in the GEMM's epilogue, which rounds once instead of twice).
+class TpKernels {
+ public:
+  TpKernels() {
+    setenv("GTRON_CLASSIFIER_ROWS", "0", 1);
+    setenv("GTRON_RESIDUAL_GEMM", "0", 1);
+  }
+  ~TpKernels() {
+    unsetenv("GTRON_CLASSIFIER_ROWS");
+    unsetenv("GTRON_RESIDUAL_GEMM");
+  }
+};
+
 TrainSummary train(const std::string& name, bool tp_code, const std::string& scope) {
+  TpKernels same_kernels;
   const Config cfg =
       testing::tiny_train_config(testing::fresh_dir("tp_" + name + "_" + scope), "cuda", "bf16", 20,
                                  5, {"mtp.depth=2", "graphs.scope=" + scope});
