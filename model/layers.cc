@@ -62,10 +62,10 @@ LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in
   }
 }
 
-Var LinearLayer::forward(const Var& x, WeightAccess& w) const {
-  if (tp != nullptr) return tp_forward(x, w);
+Var LinearLayer::forward(const Var& x, WeightAccess& w, const Var& residual) const {
+  if (tp != nullptr) return residual.defined() ? add(residual, tp_forward(x, w)) : tp_forward(x, w);
   Var wv = w.use(*weight);
-  Var y = linear(x, wv, bias ? w.use_bias(*bias) : Var());
+  Var y = linear(x, wv, bias ? w.use_bias(*bias) : Var(), residual);
   w.used(*weight, wv);
   return y;
 }
@@ -99,8 +99,9 @@ TransformerBlock::TransformerBlock(ParamRegistry& reg, const std::string& name, 
 
 namespace {
 
-// GTRON_RESIDUAL_GEMM=0 adds the MLP's residual in a separate pass (A/B measurements; the TP code
-// at one rank, which adds it after the TP seam, compares bit for bit against that).
+// GTRON_RESIDUAL_GEMM=0 adds the residuals in separate passes (A/B measurements; the TP code at
+// one rank, which adds them after the TP seams, compares bit for bit against that): the
+// attention's with the fused add + LayerNorm, the MLP's after mlp.proj.
 bool residual_in_gemm() {
   const char* e = std::getenv("GTRON_RESIDUAL_GEMM");
   return e == nullptr || std::strcmp(e, "0") != 0;
@@ -166,6 +167,11 @@ Var TransformerBlock::forward(const Var& x, WeightAccess& w) const {
 }
 
 Var TransformerBlock::forward(const Var& x, WeightAccess& w, const Attention& attend) const {
+  if (x.device().is_cuda() && attn_proj.tp == nullptr && residual_in_gemm()) {
+    // CUDA, not split: h = x + proj(attention) from one GEMM (the residual in its epilogue).
+    Var h = attn_proj.forward(attend(qkv_of(x, w)), w, x);
+    return mlp(ln2.forward(h), h, w);
+  }
   Var a = attn_proj.forward(attend(qkv_of(x, w)), w);
   if (!x.device().is_cuda()) {  // the composed ops (the CPU goldens' exact tape)
     Var h = add(x, a);

@@ -101,7 +101,8 @@ struct LinearLayer {
   // `groups`: equal output-row groups a column-parallel split cuts one by one (qkv: 3).
   LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, int64_t out, bool bias,
               double std, TpMode mode = TpMode::kNone, int groups = 1);
-  Var forward(const Var& x, WeightAccess& w) const;
+  // `residual` (optional): residual + the layer's output, in the GEMM's epilogue when not split.
+  Var forward(const Var& x, WeightAccess& w, const Var& residual = Var()) const;
   // forward() when the model is split (model/tensor_parallel.cc).
   Var tp_forward(const Var& x, WeightAccess& w) const;
   // The TP seams, for the fused CUDA paths that call the GEMMs themselves: a column-parallel

@@ -1,12 +1,14 @@
 #include "model/ops/linear.h"
 
+#include "model/ops/add.h"
 #include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
 
 namespace gtron {
 
-Var linear(const Var& x, const Var& w, const Var& b) {
+Var linear(const Var& x, const Var& w, const Var& b, const Var& residual) {
+  if (residual.defined() && !x.device().is_cuda()) return add(residual, linear(x, w, b));
   const int64_t Cin = x.shape()[x.shape().rank() - 1];
   const int64_t N = x.value().numel() / Cin;
   const int64_t Cout = w.shape()[0];
@@ -20,10 +22,14 @@ Var linear(const Var& x, const Var& w, const Var& b) {
   Device dev = x.device();
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(Shape(ydims), x.dtype(), dev, &s);
+  if (residual.defined()) {
+    check_shape("linear residual", residual.shape(), Shape(ydims));
+    check_same_device_dtype("linear residual", x.value(), residual.value());
+  }
   if (dev.is_cuda()) {
     cuda::linear_forward(x.value().raw(), w.value().raw(), b.defined() ? b.value().raw() : nullptr,
                          b.defined() ? b.dtype() : x.dtype(), y.raw(), N, Cin, Cout, x.dtype(),
-                         s.native());
+                         s.native(), residual.defined() ? residual.value().raw() : nullptr);
   } else {
     dispatch_float(x.dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -35,12 +41,15 @@ Var linear(const Var& x, const Var& w, const Var& b) {
     });
   }
 
-  bool need = x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad());
+  bool need = x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()) ||
+              (residual.defined() && residual.requires_grad());
   Var out = Var::output(y, need);
   if (out.requires_grad()) {
-    record_backward([x, w, b, out, N, Cin, Cout] {
+    record_backward([x, w, b, residual, out, N, Cin, Cout] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
+      // The residual's share is dy itself (bound or queued before the GEMMs read dy).
+      if (residual.defined()) hand_on_gradient(residual, out.grad());
       if (out.device().is_cuda()) {
         const bool want_db = b.defined() && b.requires_grad();
         Tensor scratch;

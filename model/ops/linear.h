@@ -10,7 +10,9 @@ namespace gtron {
 // x: [N, Cin] (any leading shape flattening to N rows), w: [Cout, Cin], b: [Cout] or undefined.
 // Returns y: x's leading shape with last dim Cout.
 // Backward accumulates: dx += dy·W, dW += dyᵀ·x, db += Σ_rows dy.
-Var linear(const Var& x, const Var& w, const Var& b);
+// With `residual` (y's shape, dtype and device): y = residual + x·Wᵀ + b, on CUDA in the GEMM's
+// epilogue (one rounding), elsewhere as add(residual, linear(x, w, b)); dresidual += dy.
+Var linear(const Var& x, const Var& w, const Var& b, const Var& residual = Var());
 
 namespace cpu {
 template <typename T>

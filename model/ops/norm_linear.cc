@@ -1,5 +1,8 @@
 #include "model/ops/norm_linear.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "model/ops/device_util.h"
 #include "model/ops/linear.h"
 #include "model/ops/shape_check.h"
@@ -7,6 +10,14 @@
 #include "model/stream.h"
 
 namespace gtron {
+
+bool keep_normalized_rows() {
+  static const bool keep = [] {
+    const char* e = std::getenv("GTRON_LN_KEEP");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return keep;
+}
 
 Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var& w, const Var& b,
                      double eps, TensorParallelGroup* tp) {
@@ -36,21 +47,20 @@ Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var&
   std::vector<int64_t> ydims = x.shape().vec();
   ydims.back() = Cout;
   Tensor y = Tensor::empty(Shape(ydims), act, x.device(), &s);
-  {
-    const Tensor n = normalize(s, mean.data<float>(), rstd.data<float>());
-    cuda::linear_forward(n.raw(), w.value().raw(), b.defined() ? b.value().raw() : nullptr,
-                         b.defined() ? b.dtype() : act, y.raw(), N, C, Cout, act, s.native());
-  }
+  const Tensor n = normalize(s, mean.data<float>(), rstd.data<float>());
+  cuda::linear_forward(n.raw(), w.value().raw(), b.defined() ? b.value().raw() : nullptr,
+                       b.defined() ? b.dtype() : act, y.raw(), N, C, Cout, act, s.native());
   const bool need = x.requires_grad() || gamma.requires_grad() || beta.requires_grad() ||
                     w.requires_grad() || (b.defined() && b.requires_grad());
   Var out = Var::output(y, need);
   if (!need) return out;
-  record_backward([x, gamma, beta, w, b, out, mean, rstd, normalize, N, C, Cout, act, tp] {
+  const Tensor kept = keep_normalized_rows() ? n : Tensor();
+  record_backward([x, gamma, beta, w, b, out, mean, rstd, normalize, kept, N, C, Cout, act, tp] {
     if (!out.has_grad()) return;
     Stream& s = current_stream(out.device());
-    // Recompute the normalized rows (the same kernel on the same x: the same bits, and the same
-    // statistics rewritten over mean and rstd).
-    const Tensor n = normalize(s, mean.data<float>(), rstd.data<float>());
+    // The kept rows, or recomputed ones (the same kernel on the same x: the same bits, and the
+    // same statistics rewritten over mean and rstd).
+    const Tensor n = kept.defined() ? kept : normalize(s, mean.data<float>(), rstd.data<float>());
     const bool want_db = b.defined() && b.requires_grad();
     Tensor lin_scratch;
     if (want_db) lin_scratch = scratch_floats(cuda::linear_backward_scratch_floats(N, Cout), s);

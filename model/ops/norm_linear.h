@@ -1,11 +1,13 @@
-// LayerNorm followed by a linear layer, with the normalized activation recomputed in the backward
-// instead of kept (CUDA): y = linear(layernorm(x, gamma, beta), w, b).
+// LayerNorm followed by a linear layer (CUDA): y = linear(layernorm(x, gamma, beta), w, b), with
+// the normalized activation kept for the backward or recomputed there.
 //
 // The composed ops keep layernorm's output [N, C] alive from the forward to the linear's weight
-// gradient; here only x (kept anyway: the residual stream) and the row statistics are, and the
-// backward re-runs the same LayerNorm kernel (bit-identical output) right before the weight
-// gradient: one [N, C] pass per use for one [N, C] activation less per block (0.3 GB on GPT-2 124M
-// at B·T = 16k). Values and gradients equal the composed ops' bit for bit.
+// gradient, and so does this op by default. With GTRON_LN_KEEP=0 only x (kept anyway: the
+// residual stream) and the row statistics are, and the backward re-runs the same LayerNorm kernel
+// (bit-identical output) right before the weight gradient: one [N, C] pass per use (about 0.25 ms
+// a step on GPT-2 124M at B·T = 16k on an H200) for one [N, C] activation less per block (0.3 GB
+// there), the trade to take when memory is short. Values and gradients equal the composed ops'
+// bit for bit either way.
 #pragma once
 
 #include "model/autograd.h"
@@ -14,6 +16,9 @@
 namespace gtron {
 
 class TensorParallelGroup;
+
+// Whether layernorm_linear keeps the normalized rows for its backward (GTRON_LN_KEEP, default 1).
+bool keep_normalized_rows();
 
 // x: [.., C]; gamma, beta: [C] (f32, or x's dtype); w: [Cout, C], b: [Cout] or undefined.
 // Backward accumulates into x, gamma, beta, w, b like layernorm + linear. REQUIRES: CUDA.

@@ -51,6 +51,22 @@ TEST(LinearCuda, Fp32BiasWithBf16Activations) {
                                    testing::kBF16Tol);
 }
 
+TEST(LinearCuda, ResidualInTheEpilogueMatchesCpu) {
+  // y = r + x·Wᵀ + b: on CUDA the residual is read in the GEMM's epilogue (f32 and bf16, with an
+  // f32 bias on bf16 too), on the CPU it is add(r, linear); r's gradient is dy.
+  GTRON_REQUIRE_GPU();
+  for (ParamDtype bias : {ParamDtype::kAct, ParamDtype::kF32}) {
+    OpCase c = linear_case(37, 67, 53, bias);
+    c.f = [](const std::vector<Var>& in, const std::vector<Var>& p) {
+      return linear(in[0], p[0], p[1], in[1]);
+    };
+    c.inputs.push_back(testing::randn_tensor({37, 53}, 6));
+    if (bias == ParamDtype::kAct)
+      testing::expect_cuda_matches_cpu(c, DType::kF32, testing::kF32Tol);
+    testing::expect_cuda_matches_cpu(c, DType::kBF16, testing::kBF16Tol);
+  }
+}
+
 TEST(LinearCuda, ConstantInputAndNoBias) {
   // dx is not wanted (null on the launcher) and there is no bias: dW alone.
   GTRON_REQUIRE_GPU();
