@@ -41,6 +41,8 @@
 // and dbeta are the same bits. Shared memory: 8 warps × 2 stages × 2-4 operands × kPacks × 512
 // bytes: 72 KB for C = 768 in bf16 with dx (96 KB with a slot to add into), two blocks per SM.
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <type_traits>
 
 #include "model/cuda/column_sum.cuh"
@@ -439,11 +441,14 @@ bool launch_staged(const T* x, const P* gamma, const float* mean, const float* r
   constexpr auto kernel = norm_backward_staged_kernel<T, P, kPacks, kLN, kAlso>;
   const int most = staged_smem_bytes<T, kPacks, kLN>(staged_operands(true, kAlso));
   if (most > smem_optin_bytes()) return false;
-  static const bool allowed = [&] {
+  static std::atomic<uint64_t> devices{0};  // where the kernel may take `most` bytes already
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit == 0 || (devices.load(std::memory_order_relaxed) & bit) == 0) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
-    return true;
-  }();
-  (void)allowed;
+    devices.fetch_or(bit, std::memory_order_relaxed);
+  }
   const int bytes =
       staged_smem_bytes<T, kPacks, kLN>(staged_operands(dx != nullptr, kAlso && also.add));
   kernel<<<static_cast<unsigned>(norm_chunks(N)), kRowsPerBlock * 32, bytes, st>>>(
