@@ -37,9 +37,10 @@
 // round trip at most. A lane reads back only the 16-byte slots it copied itself
 // (ring[warp][stage][operand][pack][lane]), so no barrier orders the ring; at the end the ring
 // becomes the warp tree's shared memory, after one barrier. The rows, their order, and every
-// expression are the register kernel's (shared device functions), so dx, the second slot, dgamma
-// and dbeta are the same bits. Shared memory: 8 warps × 2 stages × 2-4 operands × kPacks × 512
-// bytes: 72 KB for C = 768 in bf16 with dx (96 KB with a slot to add into), two blocks per SM.
+// expression are the register kernel's (model/ops/norm_backward.cuh), so dx, the second slot,
+// dgamma and dbeta are the same bits. Shared memory: 8 warps × 2 stages × 2-4 operands × kPacks
+// × 512 bytes: 72 KB for C = 768 in bf16 with dx (96 KB with a slot to add into), two blocks per
+// SM; a device whose opt-in limit is below the ring's size runs the register kernel.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -47,10 +48,10 @@
 
 #include "model/cuda/column_sum.cuh"
 #include "model/cuda/kernel_util.cuh"
-#include "model/cuda/mma_tile.cuh"
 #include "model/ops/add.h"
 #include "model/ops/add_norm.h"
 #include "model/ops/norm.h"
+#include "model/ops/norm_backward.cuh"
 #include "model/ops/norm_cuda.cuh"
 
 namespace gtron::cuda {
@@ -132,91 +133,6 @@ int64_t norm_chunk_rows(int64_t N) {
 
 int64_t norm_chunks(int64_t N) { return ceil_div<int64_t>(N, norm_chunk_rows(N)); }
 
-// One row's terms of this lane's columns (Note [one-pass norm backward]): sum_g += Σ dy·gamma,
-// sum_gx += Σ dy·gamma·x̂, and acc[0] += dy·x̂, acc[1] += dy (LN) column by column.
-template <typename T, typename P, int kV, int kPacks, bool kLN>
-__device__ __forceinline__ void lane_row_terms(const Pack<T, kV> (&xs)[kPacks],
-                                               const Pack<T, kV> (&ds)[kPacks],
-                                               const P* __restrict__ gamma, float m, float r, int C,
-                                               int lane, float (&acc)[kLN ? 2 : 1][kPacks * kV],
-                                               float& sum_g, float& sum_gx) {
-  constexpr int K = kLN ? 2 : 1;
-#pragma unroll
-  for (int j = 0; j < kPacks; ++j) {
-    const int c = (lane + 32 * j) * kV;
-    if (c >= C) continue;
-    float g[kV];
-    load_floats<kV>(gamma + c, g);
-#pragma unroll
-    for (int e = 0; e < kV; ++e) {
-      const float d = to_float(ds[j].v[e]);
-      const float xhat = (to_float(xs[j].v[e]) - m) * r;
-      const float gg = d * g[e];
-      sum_g += gg;
-      sum_gx += gg * xhat;
-      acc[0][j * kV + e] += d * xhat;
-      if constexpr (kLN) acc[K - 1][j * kV + e] += d;
-    }
-  }
-}
-
-// out = the dx terms of one pack (norm_backward_dx_kernel's expression); gamma at the pack.
-template <typename T, typename P, int kV>
-__device__ __forceinline__ void lane_dx_terms(const Pack<T, kV>& xs, const Pack<T, kV>& ds,
-                                              const P* __restrict__ gamma, float m, float r,
-                                              float mean_g, float mean_gx, float (&out)[kV]) {
-  float g[kV];
-  load_floats<kV>(gamma, g);
-#pragma unroll
-  for (int e = 0; e < kV; ++e) {
-    const float xhat = (to_float(xs.v[e]) - m) * r;
-    out[e] = r * (to_float(ds.v[e]) * g[e] - mean_g - xhat * mean_gx);
-  }
-}
-
-// The 8 warps' acc meet in the fixed tree (4..7 into 0..3, 2..3 into 0..1, 1 into 0) through
-// `slots` (kRowsPerBlock / 2 · K · kE · 32 floats of shared memory), and warp 0 writes the block's
-// partial[k][blockIdx.x][c]. Called by every thread of the block.
-template <int kV, int kPacks, int K>
-__device__ __forceinline__ void block_partials(float (&acc)[K][kPacks * kV], float* slots, int C,
-                                               float* __restrict__ partial) {
-  constexpr int kE = kPacks * kV;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  auto slot = [&](int w, int k, int e) -> float& {
-    return slots[((w * K + k) * kE + e) * 32 + lane];
-  };
-#pragma unroll
-  for (int h = kRowsPerBlock / 2; h > 0; h /= 2) {
-    if (warp >= h && warp < 2 * h) {
-#pragma unroll
-      for (int k = 0; k < K; ++k)
-#pragma unroll
-        for (int e = 0; e < kE; ++e) slot(warp - h, k, e) = acc[k][e];
-    }
-    __syncthreads();
-    if (warp < h) {
-#pragma unroll
-      for (int k = 0; k < K; ++k)
-#pragma unroll
-        for (int e = 0; e < kE; ++e) acc[k][e] += slot(warp, k, e);
-    }
-    __syncthreads();
-  }
-  if (warp != 0) return;
-#pragma unroll
-  for (int j = 0; j < kPacks; ++j) {
-    const int c = (lane + 32 * j) * kV;
-    if (c >= C) continue;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      float out[kV];
-#pragma unroll
-      for (int e = 0; e < kV; ++e) out[e] = acc[k][j * kV + e];
-      store_floats<kV>(partial + (k * static_cast<int64_t>(gridDim.x) + blockIdx.x) * C + c, out);
-    }
-  }
-}
-
 // dx (+)= the dx kernel's formula, and partial[k][blockIdx.x][c] = the block's Σ dy·x̂ (k = 0) and
 // Σ dy (k = 1, LN) over its rows (Note [one-pass norm backward]). dx may be null.
 template <typename T, typename P, int kV, int kPacks, bool kLN, bool kAlso>
@@ -275,38 +191,6 @@ int staged_smem_bytes(int operands) {
   return std::max(ring, tree);
 }
 
-// write_dx's arithmetic on staged values: dx[i, i + kV) = cur + out (cur: the staged dx), rounded
-// once; under kAlso the second slot gets that sum as stored (also_add: prev + it, prev staged).
-template <bool kAlso, int kV, typename T>
-__device__ __forceinline__ void write_staged_dx(T* __restrict__ dx, T* __restrict__ also,
-                                                bool also_add, int64_t i, const Pack<T, kV>& cur,
-                                                const Pack<T, kV>& prev, const float (&out)[kV]) {
-  float s[kV];
-#pragma unroll
-  for (int e = 0; e < kV; ++e) s[e] = to_float(cur.v[e]) + out[e];
-  Pack<T, kV> pk;
-#pragma unroll
-  for (int e = 0; e < kV; ++e) pk.v[e] = from_float<T>(s[e]);
-  *reinterpret_cast<Pack<T, kV>*>(dx + i) = pk;
-  if constexpr (kAlso) {
-    float sum[kV];
-#pragma unroll
-    for (int e = 0; e < kV; ++e) sum[e] = to_float(pk.v[e]);
-    if (also_add) {
-#pragma unroll
-      for (int e = 0; e < kV; ++e) sum[e] = to_float(prev.v[e]) + sum[e];
-    }
-    store_floats<kV>(also + i, sum);
-  }
-}
-
-// cp.async.wait_group that is also a compiler barrier: the reads of the staged row below it must
-// not move above it (no __syncthreads follows the wait in the staged kernel).
-template <int kPending>
-__device__ __forceinline__ void staged_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 // norm_backward_fused_kernel with each row's operands staged through shared memory one row ahead
 // (Note [staged norm backward]); 16-byte packs only. Dynamic shared memory:
 // staged_smem_bytes(staged_operands(dx != nullptr, kAlso && also_add)).
@@ -321,36 +205,18 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kPack<T> <= 24 ? 2
   constexpr int K = kLN ? 2 : 1;
   constexpr int kE = kPacks * kV;
   using Pk = Pack<T, kV>;
-  extern __shared__ uint4 ring[];  // [warp][stage][operand][pack][lane]
+  extern __shared__ uint4 ring[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int ops = staged_operands(dx != nullptr, kAlso && also_add);
-  auto at = [&](int stage, int op, int j) {
-    return ring + (((warp * kStages + stage) * ops + op) * kPacks + j) * 32 + lane;
-  };
-  auto staged = [&](int stage, int op, int j) {
-    return *reinterpret_cast<const Pk*>(at(stage, op, j));
-  };
-  auto stage_row = [&](int64_t row, int stage) {
-    asm volatile("" ::: "memory");  // this stage's reads (the row before last) stay above
-#pragma unroll
-    for (int j = 0; j < kPacks; ++j) {
-      const int c = (lane + 32 * j) * kV;
-      if (c >= C) continue;
-      const int64_t i = row * C + c;
-      cp_async16(at(stage, 0, j), x + i, true);
-      cp_async16(at(stage, 1, j), dy + i, true);
-      if (ops > 2) cp_async16(at(stage, 2, j), dx + i, true);
-      if (ops > 3) cp_async16(at(stage, 3, j), also + i, true);
-    }
-    cp_async_commit();
-  };
+  const StagedRows<T, kPacks> rows{
+      ring + warp * kStages * ops * kPacks * 32 + lane, ops, C, lane, x, dy, dx, also};
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
   float acc[K][kE] = {};
   int64_t row = r0 + warp;
   float m_next = 0.0f, r_next = 0.0f;
   if (row < r1) {
-    stage_row(row, 0);
+    rows.stage(row, 0);
     m_next = kLN ? mean[row] : 0.0f;
     r_next = rstd[row];
   }
@@ -358,7 +224,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kPack<T> <= 24 ? 2
     const float m = m_next, r = r_next;
     const int64_t next = row + kRowsPerBlock;
     if (next < r1) {
-      stage_row(next, s ^ 1);
+      rows.stage(next, s ^ 1);
       m_next = kLN ? mean[next] : 0.0f;
       r_next = rstd[next];
     } else {
@@ -369,8 +235,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kPack<T> <= 24 ? 2
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
       if ((lane + 32 * j) * kV >= C) continue;
-      xs[j] = staged(s, 0, j);
-      ds[j] = staged(s, 1, j);
+      xs[j] = rows.get(s, 0, j);
+      ds[j] = rows.get(s, 1, j);
     }
     float sum_g = 0.0f, sum_gx = 0.0f;
     lane_row_terms<T, P, kV, kPacks, kLN>(xs, ds, gamma, m, r, C, lane, acc, sum_g, sum_gx);
@@ -383,8 +249,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kPack<T> <= 24 ? 2
       if (c >= C) continue;
       float out[kV];
       lane_dx_terms<T, P, kV>(xs[j], ds[j], gamma + c, m, r, mean_g, mean_gx, out);
-      const Pk prev = ops > 3 ? staged(s, 3, j) : Pk{};
-      write_staged_dx<kAlso>(dx, also, also_add, row * C + c, staged(s, 2, j), prev, out);
+      const Pk prev = ops > 3 ? rows.get(s, 3, j) : Pk{};
+      write_staged_dx<kAlso>(dx, also, also_add, row * C + c, rows.get(s, 2, j), prev, out);
     }
   }
   staged_wait<0>();
