@@ -313,6 +313,10 @@ bool launch_staged(const T* x, const P* gamma, const float* mean, const float* r
   const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
   if (bit == 0 || (devices.load(std::memory_order_relaxed) & bit) == 0) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    // All of the unified L1 as shared memory, so two blocks' rings fit on an SM (the kernel's L1
+    // traffic is gamma and the row statistics).
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
     devices.fetch_or(bit, std::memory_order_relaxed);
   }
   const int bytes =
