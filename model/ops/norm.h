@@ -39,6 +39,13 @@ void rmsnorm_backward(const T* x, const T* gamma, const T* rrms, const T* dy, T*
 }  // namespace cpu
 
 namespace cuda {
+// Whether the norm ops take their fast CUDA kernels (Note [register-resident norm forward],
+// Note [staged norm backward]; the same bits as the reference kernels): on unless the
+// environment sets GTRON_NORM_FAST=0 (read once, an A/B switch). set_norm_fast overrides it for
+// the process (tests and benchmarks run both paths); kernels already captured in a graph keep
+// their choice.
+bool norm_fast();
+void set_norm_fast(bool on);
 // N rows of C, one warp per row. x, y, dy, dx in `act` (f32 or bf16); gamma, beta in `param`
 // (act, or f32 with bf16 activations); statistics and parameter gradients in f32.
 void layernorm_forward(const void* x, const void* gamma, const void* beta, DType param, void* y,

@@ -1,12 +1,9 @@
-// layernorm and rmsnorm on CUDA. RMSNorm is LayerNorm without centering and without beta, so one
-// kernel template (kLN) serves both.
+// The layernorm and rmsnorm backwards on CUDA (the forwards: model/ops/norm_forward_cuda.cu);
+// RMSNorm is LayerNorm without centering, so one kernel template (kLN) serves both.
 //
-// Rows: one warp per row, 8 rows per block. A lane walks its columns in packs (16-byte loads when
-// C is a multiple of the pack and every pointer is aligned); the row is read three times (sum,
-// centred sum of squares, output), the re-reads hitting L1/L2. Statistics are fp32, the variance
-// two-pass as on the CPU, and the warp sums are xor butterflies (deterministic).
-// The residual add before a LayerNorm rides in the same row pass, forward and backward
-// (Note [fused residual add and LayerNorm], model/ops/add_norm.h).
+// Rows: one warp per row, 8 rows per block; a lane's columns as the forward's (16-byte packs where
+// C and every pointer allow, else one element). The residual add before a LayerNorm rides in the
+// same row pass (Note [fused residual add and LayerNorm], model/ops/add_norm.h).
 // Parameter gradients: fixed-order sums, never atomics — in the same pass as dx where the row fits
 // a warp's registers (Note [one-pass norm backward]), else two-pass column sums
 // (model/cuda/column_sum.cuh).
@@ -27,8 +24,26 @@
 // kernel plus the two-pass column sums. Registers bound the coverage: with bf16 rows LayerNorm
 // at 3 packs a lane (C = 768) fits 128 registers without spills (two blocks per SM), at 4 packs
 // it takes ~180 (one block per SM), and 6 packs would take ~240.
+//
+// Note [staged norm backward]
+// The row-to-warp assignment above fixes the block count (256 at N = 16384: one wave at two blocks
+// per SM), so more warps cannot hide memory latency; and the register-resident kernel waits on
+// memory two or three times per row (x and dy, then dx before adding into it, then the second
+// slot under kAlso), with nothing of the next row in flight. The staged kernel (16-byte packs,
+// GTRON_NORM_FAST not 0) copies each row's operands — x, dy, the dx it adds into, and the
+// second slot it adds into (kAlso with also_add) — into shared memory with cp.async one row ahead
+// (two stages per warp), and loads the next row's mean and rstd into registers as it starts a row:
+// while a warp does a row's arithmetic its next row is arriving, and its per-row wait is one
+// round trip at most. A lane reads back only the 16-byte slots it copied itself
+// (ring[warp][stage][operand][pack][lane]), so no barrier orders the ring; at the end the ring
+// becomes the warp tree's shared memory, after one barrier. The rows, their order, and every
+// expression are the register kernel's (model/ops/norm_backward.cuh), so dx, the second slot,
+// dgamma and dbeta are the same bits. Shared memory: 8 warps × 2 stages × 2-4 operands × kPacks
+// × 512 bytes: 72 KB for C = 768 in bf16 with dx (96 KB with a slot to add into), two blocks per
+// SM; a device whose opt-in limit is below the ring's size runs the register kernel.
 #include <algorithm>
-#include <climits>
+#include <atomic>
+#include <cstdint>
 #include <type_traits>
 
 #include "model/cuda/column_sum.cuh"
@@ -36,123 +51,12 @@
 #include "model/ops/add.h"
 #include "model/ops/add_norm.h"
 #include "model/ops/norm.h"
+#include "model/ops/norm_backward.cuh"
+#include "model/ops/norm_cuda.cuh"
 
 namespace gtron::cuda {
 
 namespace {
-
-constexpr int kRowsPerBlock = 8;  // warps per block
-
-// Where a forward row comes from: first() on the first visit of each column pack, again() on the
-// later two (Note [fused residual add and LayerNorm]).
-template <typename T, int kV>
-struct PlainRow {  // the row of x
-  const T* x;
-  __device__ void first(int c, float (&v)[kV]) const { load_floats<kV>(x + c, v); }
-  __device__ void again(int c, float (&v)[kV]) const { load_floats<kV>(x + c, v); }
-};
-
-template <typename T, int kV>
-struct SumRow {  // h = x + a, rounded to T as add's kernel rounds it; first() also stores h
-  const T* x;
-  const T* a;
-  T* h;
-  __device__ void again(int c, float (&v)[kV]) const {
-    float w[kV];
-    load_floats<kV>(x + c, v);
-    load_floats<kV>(a + c, w);
-#pragma unroll
-    for (int k = 0; k < kV; ++k) v[k] = to_float(from_float<T>(v[k] + w[k]));
-  }
-  __device__ void first(int c, float (&v)[kV]) const {
-    again(c, v);
-    store_floats<kV>(h + c, v);
-  }
-};
-
-// One warp normalizes one row: y = (v − mean)·rstd·gamma (+ beta) of the row `src` yields;
-// returns mean (0 for RMS) and rstd in *m and *r (every lane).
-template <typename T, typename P, int kV, bool kLN, typename Row>
-__device__ __forceinline__ void norm_row_forward(const Row& src, const P* __restrict__ gamma,
-                                                 const P* __restrict__ beta, T* __restrict__ yr,
-                                                 int C, float eps, int lane, float* m, float* r) {
-  float mu = 0.0f;
-  if constexpr (kLN) {
-    float sum = 0.0f;
-    for (int c = lane * kV; c < C; c += 32 * kV) {
-      float v[kV];
-      src.first(c, v);
-#pragma unroll
-      for (int k = 0; k < kV; ++k) sum += v[k];
-    }
-    mu = warp_sum(sum) / static_cast<float>(C);
-  }
-  float sq = 0.0f;
-  for (int c = lane * kV; c < C; c += 32 * kV) {
-    float v[kV];
-    if constexpr (kLN) {
-      src.again(c, v);
-    } else {
-      src.first(c, v);
-    }
-#pragma unroll
-    for (int k = 0; k < kV; ++k) sq += (v[k] - mu) * (v[k] - mu);
-  }
-  const float rs = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
-  for (int c = lane * kV; c < C; c += 32 * kV) {
-    float v[kV], g[kV], out[kV];
-    src.again(c, v);
-    load_floats<kV>(gamma + c, g);
-#pragma unroll
-    for (int k = 0; k < kV; ++k) out[k] = (v[k] - mu) * rs * g[k];
-    if constexpr (kLN) {
-      float b[kV];
-      load_floats<kV>(beta + c, b);
-#pragma unroll
-      for (int k = 0; k < kV; ++k) out[k] += b[k];
-    }
-    store_floats<kV>(yr + c, out);
-  }
-  *m = mu;
-  *r = rs;
-}
-
-// y = (x − mean)·rstd·gamma (+ beta); writes mean (LN only) and rstd per row.
-template <typename T, typename P, int kV, bool kLN>
-__global__ void norm_forward_kernel(const T* __restrict__ x, const P* __restrict__ gamma,
-                                    const P* __restrict__ beta, T* __restrict__ y,
-                                    float* __restrict__ mean, float* __restrict__ rstd, int64_t N,
-                                    int C, float eps) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= N) return;  // whole warps leave together: the shuffles below see full warps
-  float m, r;
-  norm_row_forward<T, P, kV, kLN>(PlainRow<T, kV>{x + row * C}, gamma, beta, y + row * C, C, eps,
-                                  lane, &m, &r);
-  if (lane == 0) {
-    if constexpr (kLN) mean[row] = m;
-    rstd[row] = r;
-  }
-}
-
-// h = x + a and y = layernorm(h) (Note [fused residual add and LayerNorm]).
-template <typename T, typename P, int kV>
-__global__ void add_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ a,
-                                        T* __restrict__ h, const P* __restrict__ gamma,
-                                        const P* __restrict__ beta, T* __restrict__ y,
-                                        float* __restrict__ mean, float* __restrict__ rstd,
-                                        int64_t N, int C, float eps) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= N) return;
-  float m, r;
-  norm_row_forward<T, P, kV, true>(SumRow<T, kV>{x + row * C, a + row * C, h + row * C}, gamma,
-                                   beta, y + row * C, C, eps, lane, &m, &r);
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = r;
-  }
-}
 
 // dx[0, kV) += out. kAlso: the sum, once rounded, is also written to (also_add: added into) `also`
 // — the residual gradient's second consumer (Note [fused residual add and LayerNorm]).
@@ -217,10 +121,10 @@ __global__ void norm_backward_dx_kernel(const T* __restrict__ x, const P* __rest
   }
 }
 
-constexpr int kFusedMaxPacks = 4;      // packs a lane holds (16-byte path)
 constexpr int kFusedScalarElems = 8;   // elements a lane holds (one-element path)
 constexpr int64_t kFusedMinRows = 16;  // rows per block at least
 constexpr int64_t kFusedMaxBlocks = 256;
+constexpr int kStages = 2;  // rows a warp has staged: the current one and the next
 
 int64_t norm_chunk_rows(int64_t N) {
   const int64_t rows = std::max(kFusedMinRows, ceil_div<int64_t>(N, kFusedMaxBlocks));
@@ -240,15 +144,11 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kV <= 24 ? 2 : 1)
                                float* __restrict__ partial) {
   constexpr int K = kLN ? 2 : 1;
   constexpr int kE = kPacks * kV;  // columns a lane owns
-  __shared__ float slots[kRowsPerBlock / 2][K][kE][32];
+  __shared__ float slots[kRowsPerBlock / 2 * K * kE * 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
-  float acc[K][kE];
-#pragma unroll
-  for (int k = 0; k < K; ++k)
-#pragma unroll
-    for (int e = 0; e < kE; ++e) acc[k][e] = 0.0f;
+  float acc[K][kE] = {};
   for (int64_t row = r0 + warp; row < r1; row += kRowsPerBlock) {  // warp-uniform
     const float m = kLN ? mean[row] : 0.0f;
     const float r = rstd[row];
@@ -262,23 +162,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kV <= 24 ? 2 : 1)
       }
     }
     float sum_g = 0.0f, sum_gx = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPacks; ++j) {
-      const int c = (lane + 32 * j) * kV;
-      if (c >= C) continue;
-      float g[kV];
-      load_floats<kV>(gamma + c, g);
-#pragma unroll
-      for (int e = 0; e < kV; ++e) {
-        const float d = to_float(ds[j].v[e]);
-        const float xhat = (to_float(xs[j].v[e]) - m) * r;
-        const float gg = d * g[e];
-        sum_g += gg;
-        sum_gx += gg * xhat;
-        acc[0][j * kV + e] += d * xhat;
-        if constexpr (kLN) acc[K - 1][j * kV + e] += d;
-      }
-    }
+    lane_row_terms<T, P, kV, kPacks, kLN>(xs, ds, gamma, m, r, C, lane, acc, sum_g, sum_gx);
     if (dx == nullptr) continue;
     const float mean_g = kLN ? warp_sum(sum_g) / static_cast<float>(C) : 0.0f;
     const float mean_gx = warp_sum(sum_gx) / static_cast<float>(C);
@@ -286,47 +170,92 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kV <= 24 ? 2 : 1)
     for (int j = 0; j < kPacks; ++j) {
       const int c = (lane + 32 * j) * kV;
       if (c >= C) continue;
-      float g[kV], out[kV];
-      load_floats<kV>(gamma + c, g);
-#pragma unroll
-      for (int e = 0; e < kV; ++e) {
-        const float xhat = (to_float(xs[j].v[e]) - m) * r;
-        out[e] = r * (to_float(ds[j].v[e]) * g[e] - mean_g - xhat * mean_gx);
-      }
+      float out[kV];
+      lane_dx_terms<T, P, kV>(xs[j], ds[j], gamma + c, m, r, mean_g, mean_gx, out);
       write_dx<kAlso>(dx, also, also_add, row * C + c, out);
     }
   }
-  // The fixed tree over the warps: 4..7 into 0..3, 2..3 into 0..1, 1 into 0.
-#pragma unroll
-  for (int h = kRowsPerBlock / 2; h > 0; h /= 2) {
-    if (warp >= h && warp < 2 * h) {
-#pragma unroll
-      for (int k = 0; k < K; ++k)
-#pragma unroll
-        for (int e = 0; e < kE; ++e) slots[warp - h][k][e][lane] = acc[k][e];
-    }
-    __syncthreads();
-    if (warp < h) {
-#pragma unroll
-      for (int k = 0; k < K; ++k)
-#pragma unroll
-        for (int e = 0; e < kE; ++e) acc[k][e] += slots[warp][k][e][lane];
-    }
-    __syncthreads();
+  block_partials<kV, kPacks, K>(acc, slots, C, partial);
+}
+
+// Operands the staged kernel copies per row: x and dy; the dx it adds into; the slot it adds into.
+__host__ __device__ inline int staged_operands(bool with_dx, bool also_add) {
+  return with_dx ? (also_add ? 4 : 3) : 2;
+}
+
+// Dynamic shared memory of the staged kernel: its ring, or the warp tree's slots if larger.
+template <typename T, int kPacks, bool kLN>
+int staged_smem_bytes(int operands) {
+  const int ring = kRowsPerBlock * kStages * operands * kPacks * 32 * 16;
+  const int tree = kRowsPerBlock / 2 * (kLN ? 2 : 1) * kPacks * kPack<T> * 32 * 4;
+  return std::max(ring, tree);
+}
+
+// norm_backward_fused_kernel with each row's operands staged through shared memory one row ahead
+// (Note [staged norm backward]); 16-byte packs only. Dynamic shared memory:
+// staged_smem_bytes(staged_operands(dx != nullptr, kAlso && also_add)).
+template <typename T, typename P, int kPacks, bool kLN, bool kAlso>
+__global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kPack<T> <= 24 ? 2 : 1)
+    norm_backward_staged_kernel(const T* __restrict__ x, const P* __restrict__ gamma,
+                                const float* __restrict__ mean, const float* __restrict__ rstd,
+                                const T* __restrict__ dy, T* __restrict__ dx, T* __restrict__ also,
+                                bool also_add, int64_t N, int C, int64_t rows_per_block,
+                                float* __restrict__ partial) {
+  constexpr int kV = kPack<T>;
+  constexpr int K = kLN ? 2 : 1;
+  constexpr int kE = kPacks * kV;
+  using Pk = Pack<T, kV>;
+  extern __shared__ uint4 ring[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int ops = staged_operands(dx != nullptr, kAlso && also_add);
+  const StagedRows<T, kPacks> rows{
+      ring + warp * kStages * ops * kPacks * 32 + lane, ops, C, lane, x, dy, dx, also};
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
+  float acc[K][kE] = {};
+  int64_t row = r0 + warp;
+  float m_next = 0.0f, r_next = 0.0f;
+  if (row < r1) {
+    rows.stage(row, 0);
+    m_next = kLN ? mean[row] : 0.0f;
+    r_next = rstd[row];
   }
-  if (warp != 0) return;
+  for (int s = 0; row < r1; row += kRowsPerBlock, s ^= 1) {  // warp-uniform
+    const float m = m_next, r = r_next;
+    const int64_t next = row + kRowsPerBlock;
+    if (next < r1) {
+      rows.stage(next, s ^ 1);
+      m_next = kLN ? mean[next] : 0.0f;
+      r_next = rstd[next];
+    } else {
+      cp_async_commit();  // an empty group: the wait below still means "this row has landed"
+    }
+    staged_wait<1>();
+    Pk xs[kPacks], ds[kPacks];
 #pragma unroll
-  for (int j = 0; j < kPacks; ++j) {
-    const int c = (lane + 32 * j) * kV;
-    if (c >= C) continue;
+    for (int j = 0; j < kPacks; ++j) {
+      if ((lane + 32 * j) * kV >= C) continue;
+      xs[j] = rows.get(s, 0, j);
+      ds[j] = rows.get(s, 1, j);
+    }
+    float sum_g = 0.0f, sum_gx = 0.0f;
+    lane_row_terms<T, P, kV, kPacks, kLN>(xs, ds, gamma, m, r, C, lane, acc, sum_g, sum_gx);
+    if (dx == nullptr) continue;
+    const float mean_g = kLN ? warp_sum(sum_g) / static_cast<float>(C) : 0.0f;
+    const float mean_gx = warp_sum(sum_gx) / static_cast<float>(C);
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
+    for (int j = 0; j < kPacks; ++j) {
+      const int c = (lane + 32 * j) * kV;
+      if (c >= C) continue;
       float out[kV];
-#pragma unroll
-      for (int e = 0; e < kV; ++e) out[e] = acc[k][j * kV + e];
-      store_floats<kV>(partial + (k * static_cast<int64_t>(gridDim.x) + blockIdx.x) * C + c, out);
+      lane_dx_terms<T, P, kV>(xs[j], ds[j], gamma + c, m, r, mean_g, mean_gx, out);
+      const Pk prev = ops > 3 ? rows.get(s, 3, j) : Pk{};
+      write_staged_dx<kAlso>(dx, also, also_add, row * C + c, rows.get(s, 2, j), prev, out);
     }
   }
+  staged_wait<0>();
+  __syncthreads();  // every warp is done with its ring: it becomes the tree's slots
+  block_partials<kV, kPacks, K>(acc, reinterpret_cast<float*>(ring), C, partial);
 }
 
 // Column-sum terms: dgamma += dy·x̂ and (LN) dbeta += dy.
@@ -345,49 +274,6 @@ struct NormParamTerm {
   }
 };
 
-// y = norm(x); or, with `a` (LN only), h = x + a and y = layernorm(h). The pack width is the one
-// the plain norm takes on its rows (x, or h: so the statistics sum in the same order, Note [fused
-// residual add and LayerNorm]); x or a unaligned where h is not: add's kernel, then the norm's.
-template <typename T, typename P, bool kLN>
-void launch_forward(const void* x, const void* gamma, const void* beta, void* y, float* mean,
-                    float* rstd, int64_t N, int64_t C, double eps, void* stream,
-                    const void* a = nullptr, void* h = nullptr) {
-  constexpr int kV = kPack<T>;
-  const bool packed = C % kV == 0 && is_aligned(a ? h : x, 16) && is_aligned(y, 16) &&
-                      is_aligned(gamma, sizeof(P) * kV) && is_aligned(beta, sizeof(P) * kV);
-  if (a != nullptr && packed && !(is_aligned(x, 16) && is_aligned(a, 16))) {
-    add_forward(x, a, h, N * C, std::is_same_v<T, float> ? DType::kF32 : DType::kBF16, stream);
-    x = h;
-    a = nullptr;
-  }
-  const auto* xp = static_cast<const T*>(x);
-  const auto* gp = static_cast<const P*>(gamma);
-  const auto* bp = static_cast<const P*>(beta);
-  auto* yp = static_cast<T*>(y);
-  const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(N, kRowsPerBlock));
-  auto st = static_cast<cudaStream_t>(stream);
-  const int c = static_cast<int>(C);
-  const float e = static_cast<float>(eps);
-  auto run = [&](auto v) {
-    constexpr int kW = decltype(v)::value;
-    if constexpr (kLN) {
-      if (a != nullptr) {
-        add_norm_forward_kernel<T, P, kW><<<blocks, kRowsPerBlock * 32, 0, st>>>(
-            xp, static_cast<const T*>(a), static_cast<T*>(h), gp, bp, yp, mean, rstd, N, c, e);
-        return;
-      }
-    }
-    norm_forward_kernel<T, P, kW, kLN>
-        <<<blocks, kRowsPerBlock * 32, 0, st>>>(xp, gp, bp, yp, mean, rstd, N, c, e);
-  };
-  if (packed) {
-    run(std::integral_constant<int, kV>{});
-  } else {
-    run(std::integral_constant<int, 1>{});
-  }
-  CUDA_CHECK_LAUNCH();
-}
-
 // The second consumer of dx in the fused residual backward (kAlso): written, or added into.
 template <typename T>
 struct DxAlso {
@@ -402,18 +288,66 @@ bool packed_backward(const void* x, const void* dy, const void* dx, const void* 
          is_aligned(gamma, sizeof(P) * kPack<T>);
 }
 
-// The one-pass backward (Note [one-pass norm backward]) with kPacks packs of kV a lane, then the
-// finish of the partials into dgamma and dbeta.
+// The largest dynamic shared memory a block may opt into on the current device.
+int smem_optin_bytes() {
+  static const int bytes = [] {
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return optin;
+  }();
+  return bytes;
+}
+
+// Launches the staged kernel (Note [staged norm backward]) if its shared memory fits the device;
+// false: not launched.
+template <typename T, typename P, int kPacks, bool kLN, bool kAlso>
+bool launch_staged(const T* x, const P* gamma, const float* mean, const float* rstd, const T* dy,
+                   T* dx, DxAlso<T> also, float* scratch, int64_t N, int64_t C, cudaStream_t st) {
+  constexpr auto kernel = norm_backward_staged_kernel<T, P, kPacks, kLN, kAlso>;
+  const int most = staged_smem_bytes<T, kPacks, kLN>(staged_operands(true, kAlso));
+  if (most > smem_optin_bytes()) return false;
+  static std::atomic<uint64_t> devices{0};  // where the kernel may take `most` bytes already
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit == 0 || (devices.load(std::memory_order_relaxed) & bit) == 0) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    // All of the unified L1 as shared memory, so two blocks' rings fit on an SM (the kernel's L1
+    // traffic is gamma and the row statistics).
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
+    devices.fetch_or(bit, std::memory_order_relaxed);
+  }
+  const int bytes =
+      staged_smem_bytes<T, kPacks, kLN>(staged_operands(dx != nullptr, kAlso && also.add));
+  kernel<<<static_cast<unsigned>(norm_chunks(N)), kRowsPerBlock * 32, bytes, st>>>(
+      x, gamma, mean, rstd, dy, dx, also.p, also.add, N, static_cast<int>(C), norm_chunk_rows(N),
+      scratch);
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+// The one-pass backward (Note [one-pass norm backward]) with kPacks packs of kV a lane, staged
+// where the switch and the pack allow (Note [staged norm backward]), then the finish of the
+// partials into dgamma and dbeta.
 template <typename T, typename P, int kV, int kPacks, bool kLN, bool kAlso>
 void launch_fused(const T* x, const P* gamma, const float* mean, const float* rstd, const T* dy,
                   T* dx, DxAlso<T> also, float* dgamma, float* dbeta, float* scratch, int64_t N,
                   int64_t C, cudaStream_t st) {
   const int64_t chunks = norm_chunks(N);
-  norm_backward_fused_kernel<T, P, kV, kPacks, kLN, kAlso>
-      <<<static_cast<unsigned>(chunks), kRowsPerBlock * 32, 0, st>>>(
-          x, gamma, mean, rstd, dy, dx, also.p, also.add, N, static_cast<int>(C),
-          norm_chunk_rows(N), scratch);
-  CUDA_CHECK_LAUNCH();
+  bool staged = false;
+  if constexpr (kV == kPack<T>) {
+    staged = norm_fast() && launch_staged<T, P, kPacks, kLN, kAlso>(x, gamma, mean, rstd, dy, dx,
+                                                                    also, scratch, N, C, st);
+  }
+  if (!staged) {
+    norm_backward_fused_kernel<T, P, kV, kPacks, kLN, kAlso>
+        <<<static_cast<unsigned>(chunks), kRowsPerBlock * 32, 0, st>>>(
+            x, gamma, mean, rstd, dy, dx, also.p, also.add, N, static_cast<int>(C),
+            norm_chunk_rows(N), scratch);
+    CUDA_CHECK_LAUNCH();
+  }
   column_tree_finish<kLN ? 2 : 1>(scratch, chunks, C, dgamma, dbeta, st);
 }
 
@@ -431,18 +365,7 @@ bool try_fused_backward(const T* x, const P* gamma, const float* mean, const flo
   using Vec = std::integral_constant<int, kV>;
   using One = std::integral_constant<int, 1>;
   if (packed_backward<T, P>(x, dy, dx, gamma, C)) {
-    switch (ceil_div<int64_t>(C / kV, 32)) {
-      case 1:
-        return run(Vec{}, std::integral_constant<int, 1>{});
-      case 2:
-        return run(Vec{}, std::integral_constant<int, 2>{});
-      case 3:
-        return run(Vec{}, std::integral_constant<int, 3>{});
-      case 4:
-        return run(Vec{}, std::integral_constant<int, kFusedMaxPacks>{});
-      default:
-        return false;
-    }
+    return with_packs<4>(ceil_div<int64_t>(C / kV, 32), [&](auto packs) { run(Vec{}, packs); });
   }
   if (C > 32 * kFusedScalarElems) return false;
   return run(One{}, std::integral_constant<int, kFusedScalarElems>{});
@@ -479,22 +402,7 @@ void launch_backward(const void* x, const void* gamma, const float* mean, const 
                            dbeta, st);
 }
 
-void check_sizes(const char* op, int64_t N, int64_t C) {
-  GTRON_CHECK(N >= 0 && C >= 0 && C <= INT_MAX, op, ": ", N, " rows of ", C, " columns");
-}
-
 }  // namespace
-
-void layernorm_forward(const void* x, const void* gamma, const void* beta, DType param, void* y,
-                       float* mean, float* rstd, int64_t N, int64_t C, double eps, DType act,
-                       void* stream) {
-  check_sizes("layernorm", N, C);
-  if (N == 0 || C == 0) return;
-  dispatch_act_param("layernorm", act, param, [&](auto t, auto p) {
-    launch_forward<decltype(t), decltype(p), true>(x, gamma, beta, y, mean, rstd, N, C, eps,
-                                                   stream);
-  });
-}
 
 // Either path's partials: the one-pass kernel's [K][norm_chunks(N)][C] or the column sums'.
 int64_t layernorm_backward_scratch_floats(int64_t N, int64_t C) {
@@ -508,7 +416,7 @@ int64_t rmsnorm_backward_scratch_floats(int64_t N, int64_t C) {
 void layernorm_backward(const void* x, const void* gamma, DType param, const float* mean,
                         const float* rstd, const void* dy, void* dx, float* dgamma, float* dbeta,
                         float* scratch, int64_t N, int64_t C, DType act, void* stream) {
-  check_sizes("layernorm", N, C);
+  check_norm_sizes("layernorm", N, C);
   if (N == 0 || C == 0) return;
   dispatch_act_param("layernorm", act, param, [&](auto t, auto p) {
     launch_backward<decltype(t), decltype(p), true>(x, gamma, mean, rstd, dy, dx, dgamma, dbeta,
@@ -516,22 +424,11 @@ void layernorm_backward(const void* x, const void* gamma, DType param, const flo
   });
 }
 
-void add_layernorm_forward(const void* x, const void* a, const void* gamma, const void* beta,
-                           DType param, void* h, void* y, float* mean, float* rstd, int64_t N,
-                           int64_t C, double eps, DType act, void* stream) {
-  check_sizes("add_layernorm", N, C);
-  if (N == 0 || C == 0) return;
-  dispatch_act_param("add_layernorm", act, param, [&](auto t, auto p) {
-    launch_forward<decltype(t), decltype(p), true>(x, gamma, beta, y, mean, rstd, N, C, eps, stream,
-                                                   a, h);
-  });
-}
-
 void add_layernorm_backward(const void* h, const void* gamma, DType param, const float* mean,
                             const float* rstd, const void* dy, void* dh, void* also, bool also_add,
                             float* dgamma, float* dbeta, float* scratch, int64_t N, int64_t C,
                             DType act, void* stream) {
-  check_sizes("add_layernorm", N, C);
+  check_norm_sizes("add_layernorm", N, C);
   if (N == 0 || C == 0) return;
   GTRON_CHECK(dh != nullptr && dh != also, "add_layernorm backward: dh must be its own buffer");
   dispatch_act_param("add_layernorm", act, param, [&](auto t, auto p) {
@@ -554,20 +451,10 @@ void add_layernorm_backward(const void* h, const void* gamma, DType param, const
   });
 }
 
-void rmsnorm_forward(const void* x, const void* gamma, DType param, void* y, float* rrms, int64_t N,
-                     int64_t C, double eps, DType act, void* stream) {
-  check_sizes("rmsnorm", N, C);
-  if (N == 0 || C == 0) return;
-  dispatch_act_param("rmsnorm", act, param, [&](auto t, auto p) {
-    launch_forward<decltype(t), decltype(p), false>(x, gamma, nullptr, y, nullptr, rrms, N, C, eps,
-                                                    stream);
-  });
-}
-
 void rmsnorm_backward(const void* x, const void* gamma, DType param, const float* rrms,
                       const void* dy, void* dx, float* dgamma, float* scratch, int64_t N, int64_t C,
                       DType act, void* stream) {
-  check_sizes("rmsnorm", N, C);
+  check_norm_sizes("rmsnorm", N, C);
   if (N == 0 || C == 0) return;
   dispatch_act_param("rmsnorm", act, param, [&](auto t, auto p) {
     launch_backward<decltype(t), decltype(p), false>(x, gamma, nullptr, rrms, dy, dx, dgamma,

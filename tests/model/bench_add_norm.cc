@@ -13,24 +13,14 @@
 #include "model/ops/add.h"
 #include "model/ops/add_norm.h"
 #include "model/stream.h"
+#include "tests/model/bench_util.h"
 
 namespace {
 
 using namespace gtron;
 
-int64_t arg(int argc, char** argv, const std::string& name, int64_t def) {
-  int64_t v = def;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (argv[i] == "--" + name) v = std::atoll(argv[i + 1]);
-  return v;
-}
-
-Tensor filled(const Shape& shape, DType dt, double v) {
-  Tensor t = Tensor::zeros(shape, DType::kF32);
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(v * ((i * 7919) % 13 - 6));
-  return t.to(dt).to(Device::cuda(0));
-}
+using bench::arg;
+using bench::filled;
 
 struct Bench {
   Var x, a, gamma, beta;
