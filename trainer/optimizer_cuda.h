@@ -61,6 +61,22 @@ struct AdamWConstants {
 void adamw_chunks(const OptimChunk* chunks, int64_t num_chunks, const AdamWConstants& k,
                   const float* scale, void* stream);
 
+// Kernel variants (Note [fast optimizer kernels] in optimizer_cuda.cu), for the benchmark and the
+// bit-identity test: every variant writes the same bits. Variant 0 is the kernel before the fast
+// ones; grad_sumsq_partials and adamw_chunks launch kSumsqFastVariant and kAdamWFastVariant, or 0
+// when the environment sets GTRON_ADAMW_FAST=0 (read once per process: fast_optimizer_kernels()).
+constexpr int kSumsqVariants = 3;
+constexpr int kSumsqFastVariant = 2;
+constexpr int kAdamWVariants = 9;
+constexpr int kAdamWFastVariant = 5;
+bool fast_optimizer_kernels();
+void grad_sumsq_partials_variant(int variant, const OptimChunk* chunks, int64_t num_chunks,
+                                 double* partials, void* stream);
+void adamw_chunks_variant(int variant, const OptimChunk* chunks, int64_t num_chunks,
+                          const AdamWConstants& k, const float* scale, void* stream);
+const char* sumsq_variant_name(int variant);
+const char* adamw_variant_name(int variant);
+
 // dst[i] += factor · src[i][0] for i < n: the training loop's per-step loss sums (f32 scalars on
 // the device), so no micro-batch reads a loss back to the host.
 constexpr int kMaxScalars = 16;
