@@ -45,7 +45,7 @@ cp scripts/bench_gpu.sh scripts/bench_gpu_bin.sh scripts/bench_torch.py scripts/
 # Shared libraries of this image that a GPU machine may lack (Gloo and its dependencies, libgomp):
 # run there with LD_LIBRARY_PATH=.gpubin/lib. CUDA's own libraries and the C runtime stay out.
 mkdir -p .gpubin/lib
-for bin in .gpubin/*_test .gpubin/bench_gpu .gpubin/bench_add_norm .gpubin/bench_adamw .gpubin/gtron; do
+for bin in .gpubin/*_test .gpubin/bench_{gpu,add_norm,adamw} .gpubin/gtron; do
   ldd "$bin" | awk '$3 ~ /^\// {print $3}'
 done | sort -u | grep -v -E '/usr/local/cuda|/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" .gpubin/lib/; done
