@@ -14,11 +14,13 @@
 //   math, so each operand is read in runs kU times longer, and the register bound (resident
 //   blocks per SM) sets how many bytes an SM has in flight; loads and stores are global-space
 //   (the table's pointers are otherwise generic) with the streaming (evict-first) hint, since no
-//   byte is touched twice.
+//   byte is touched twice. A block may take kChunks consecutive chunks, their table entries
+//   staged in shared memory at once, so a block waits for one table load, not one per chunk.
 // - Σ g² keeps the old summation order exactly: thread t still adds g[t], g[t + kThreads], ...
 //   in that order into one double (the same fma), only loading kB of them ahead; the block's tree
 //   adds the same pairs, its last five levels by warp shuffles (lane t adds lane t + s, as
-//   smem[t] += smem[t + s] did), so the partials are bit-identical.
+//   smem[t] += smem[t + s] did), so the partials are bit-identical; a block may sum kChunks
+//   chunks, one after the other, each into its own partial.
 // The variant tables below hold the candidates tests/trainer/bench_adamw compares; the defaults
 // are kAdamWFastVariant and kSumsqFastVariant (trainer/optimizer_cuda.h).
 #include <cuda_bf16.h>
@@ -83,29 +85,53 @@ __device__ double block_sum_fixed_shfl(double v, double* smem) {
   return r;
 }
 
-// sumsq_kernel's sums with kB loads in flight per thread (Note [fast optimizer kernels]).
-template <int kB>
+// Chunks [blockIdx.x·kChunks, +kChunks) of the table (fewer in the last block), staged in shared
+// memory: one global-load latency per block for all of them. Returns their number.
+template <int kChunks>
+__device__ int stage_chunks(const OptimChunk* chunks, unsigned num_chunks, OptimChunk* staged) {
+  const unsigned first = blockIdx.x * kChunks;
+  const int count = static_cast<int>(min(static_cast<unsigned>(kChunks), num_chunks - first));
+  if (static_cast<int>(threadIdx.x) < count) staged[threadIdx.x] = chunks[first + threadIdx.x];
+  __syncthreads();
+  return count;
+}
+
+// Shared memory for kChunks table entries (OptimChunk's member initializers rule out a
+// __shared__ array of it).
+template <int kChunks>
+struct alignas(16) StagedChunks {
+  unsigned char bytes[kChunks * sizeof(OptimChunk)];
+  __device__ OptimChunk* get() { return reinterpret_cast<OptimChunk*>(bytes); }
+};
+
+// sumsq_kernel's sums with kB loads in flight per thread, over kChunks chunks a block (Note [fast
+// optimizer kernels]).
+template <int kB, int kChunks>
 __global__ void __launch_bounds__(kThreads)
-    sumsq_fast_kernel(const OptimChunk* chunks, double* partials) {
+    sumsq_fast_kernel(const OptimChunk* chunks, unsigned num_chunks, double* partials) {
   __shared__ double smem[kThreads];
-  const float* g = chunks[blockIdx.x].g;
-  const int n = chunks[blockIdx.x].n;
-  double s = 0;
-  for (int i0 = threadIdx.x; i0 < n; i0 += kB * kThreads) {
-    float x[kB];
+  __shared__ StagedChunks<kChunks> staged;
+  const int count = stage_chunks<kChunks>(chunks, num_chunks, staged.get());
+  for (int j = 0; j < count; ++j) {
+    const float* g = staged.get()[j].g;
+    const int n = staged.get()[j].n;
+    double s = 0;
+    for (int i0 = threadIdx.x; i0 < n; i0 += kB * kThreads) {
+      float x[kB];
 #pragma unroll
-    for (int u = 0; u < kB; ++u)
-      if (i0 + u * kThreads < n) x[u] = __ldcs(g + i0 + u * kThreads);
+      for (int u = 0; u < kB; ++u)
+        if (i0 + u * kThreads < n) x[u] = __ldcs(g + i0 + u * kThreads);
 #pragma unroll
-    for (int u = 0; u < kB; ++u) {
-      if (i0 + u * kThreads < n) {
-        const double d = x[u];
-        s = __fma_rn(d, d, s);  // sumsq_kernel's s += g * g, as the compiler fuses it there
+      for (int u = 0; u < kB; ++u) {
+        if (i0 + u * kThreads < n) {
+          const double d = x[u];
+          s = __fma_rn(d, d, s);  // sumsq_kernel's s += g * g, as the compiler fuses it there
+        }
       }
     }
+    const double total = block_sum_fixed_shfl<kThreads>(s, smem);
+    if (threadIdx.x == 0) partials[blockIdx.x * kChunks + j] = total;
   }
-  const double total = block_sum_fixed_shfl<kThreads>(s, smem);
-  if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
 __global__ void finalize_kernel(const double* partials, int64_t n, double clip, float* norm_out,
@@ -249,15 +275,11 @@ __device__ __forceinline__ void store_shadow4(uint2* p, const float4& w) {
   store<kStream>(p, bits);
 }
 
-// adamw_kernel's update with the loads of kU float4 groups per operand in flight before any math
-// (Note [fast optimizer kernels]); kMinBlocks resident blocks per SM bound the registers.
-template <int kU, bool kStream, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
-    adamw_fast_kernel(const OptimChunk* chunks, AdamWConstants ak, const float* scale) {
-  const OptimChunk c = chunks[blockIdx.x];
-  const float gs = scale[0];
-  const float wd = c.decay ? ak.wd : 0.f;
-  const PinnedConstants k{ak.b1, 1.f - ak.b1, ak.b2, 1.f - ak.b2, ak.c1, ak.c2, ak.eps, ak.lr};
+// adamw_kernel's update of one chunk with the loads of kU float4 groups per operand in flight
+// before any math (Note [fast optimizer kernels]).
+template <int kU, bool kStream>
+__device__ __forceinline__ void adamw_fast_chunk(const OptimChunk& c, const PinnedConstants& k,
+                                                 float gs, float wd) {
   int done = 0;
   if (vector_chunk(c)) {  // uniform over the block
     const int n4 = c.n / 4;
@@ -305,15 +327,39 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
 }
 
+// kChunks chunks a block; kMinBlocks resident blocks per SM bound the registers.
+template <int kU, bool kStream, int kMinBlocks, int kChunks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    adamw_fast_kernel(const OptimChunk* chunks, unsigned num_chunks, AdamWConstants ak,
+                      const float* scale) {
+  if constexpr (kChunks == 1) {  // the entry straight from the table: fewer registers
+    const OptimChunk c = chunks[blockIdx.x];
+    const float gs = scale[0];
+    const float wd = c.decay ? ak.wd : 0.f;
+    const PinnedConstants k{ak.b1, 1.f - ak.b1, ak.b2, 1.f - ak.b2, ak.c1, ak.c2, ak.eps, ak.lr};
+    adamw_fast_chunk<kU, kStream>(c, k, gs, wd);
+  } else {
+    __shared__ StagedChunks<kChunks> staged;
+    const int count = stage_chunks<kChunks>(chunks, num_chunks, staged.get());
+    const float gs = scale[0];
+    const PinnedConstants k{ak.b1, 1.f - ak.b1, ak.b2, 1.f - ak.b2, ak.c1, ak.c2, ak.eps, ak.lr};
+    for (int j = 0; j < count; ++j) {
+      const OptimChunk c = staged.get()[j];
+      adamw_fast_chunk<kU, kStream>(c, k, gs, c.decay ? ak.wd : 0.f);
+    }
+  }
+}
+
 __global__ void accumulate_kernel(ScalarList list, float factor, float* dst) {
   const int i = threadIdx.x;
   if (i < list.n) dst[i] += factor * list.src[i][0];
 }
 
 // The variant tables (Note [fast optimizer kernels]); entry 0 is the kernel before the fast ones.
-template <int kB>
+template <int kB, int kChunks>
 void launch_sumsq_fast(const OptimChunk* chunks, unsigned n, double* partials, cudaStream_t s) {
-  sumsq_fast_kernel<kB><<<n, kThreads, 0, s>>>(chunks, partials);
+  sumsq_fast_kernel<kB, kChunks>
+      <<<(n + kChunks - 1) / kChunks, kThreads, 0, s>>>(chunks, n, partials);
 }
 
 void launch_sumsq(const OptimChunk* chunks, unsigned n, double* partials, cudaStream_t s) {
@@ -325,17 +371,21 @@ struct SumsqVariant {
   void (*launch)(const OptimChunk*, unsigned, double*, cudaStream_t);
 };
 
+// Named by loads ahead per thread and chunks per block.
 constexpr SumsqVariant kSumsq[] = {
     {"legacy", launch_sumsq},
-    {"ahead8", launch_sumsq_fast<8>},
-    {"ahead16", launch_sumsq_fast<16>},
+    {"ahead8_c1", launch_sumsq_fast<8, 1>},
+    {"ahead16_c1", launch_sumsq_fast<16, 1>},
+    {"ahead16_c4", launch_sumsq_fast<16, 4>},
+    {"ahead16_c8", launch_sumsq_fast<16, 8>},
 };
 static_assert(sizeof(kSumsq) / sizeof(kSumsq[0]) == kSumsqVariants, "kSumsqVariants");
 
-template <int kU, bool kStream, int kMinBlocks>
+template <int kU, bool kStream, int kMinBlocks, int kChunks>
 void launch_adamw_fast(const OptimChunk* chunks, unsigned n, const AdamWConstants& k,
                        const float* scale, cudaStream_t s) {
-  adamw_fast_kernel<kU, kStream, kMinBlocks><<<n, kThreads, 0, s>>>(chunks, k, scale);
+  adamw_fast_kernel<kU, kStream, kMinBlocks, kChunks>
+      <<<(n + kChunks - 1) / kChunks, kThreads, 0, s>>>(chunks, n, k, scale);
 }
 
 void launch_adamw(const OptimChunk* chunks, unsigned n, const AdamWConstants& k, const float* scale,
@@ -348,18 +398,21 @@ struct AdamWVariant {
   void (*launch)(const OptimChunk*, unsigned, const AdamWConstants&, const float*, cudaStream_t);
 };
 
-// Named by float4 groups in flight per operand, cache hint, and resident blocks per SM (the
-// register bound: 6 blocks is the old kernel's occupancy).
+// Named by float4 groups in flight per operand, cache hint, resident blocks per SM (the register
+// bound: 6 blocks is the old kernel's occupancy) and chunks per block.
 constexpr AdamWVariant kAdamW[] = {
     {"legacy", launch_adamw},
-    {"x1_stream_b6", launch_adamw_fast<1, true, 6>},
-    {"x2_stream_b4", launch_adamw_fast<2, true, 4>},
-    {"x2_stream_b5", launch_adamw_fast<2, true, 5>},
-    {"x4_stream_b2", launch_adamw_fast<4, true, 2>},
-    {"x4_stream_b3", launch_adamw_fast<4, true, 3>},
-    {"x8_stream_b1", launch_adamw_fast<8, true, 1>},
-    {"x2_plain_b5", launch_adamw_fast<2, false, 5>},
-    {"x4_plain_b3", launch_adamw_fast<4, false, 3>},
+    {"x1_stream_b6_c1", launch_adamw_fast<1, true, 6, 1>},
+    {"x2_stream_b4_c1", launch_adamw_fast<2, true, 4, 1>},
+    {"x2_stream_b5_c1", launch_adamw_fast<2, true, 5, 1>},
+    {"x4_stream_b2_c1", launch_adamw_fast<4, true, 2, 1>},
+    {"x4_stream_b3_c1", launch_adamw_fast<4, true, 3, 1>},
+    {"x8_stream_b1_c1", launch_adamw_fast<8, true, 1, 1>},
+    {"x2_plain_b5_c1", launch_adamw_fast<2, false, 5, 1>},
+    {"x4_plain_b3_c1", launch_adamw_fast<4, false, 3, 1>},
+    {"x2_stream_b3_c4", launch_adamw_fast<2, true, 3, 4>},
+    {"x2_stream_b4_c4", launch_adamw_fast<2, true, 4, 4>},
+    {"x4_stream_b2_c4", launch_adamw_fast<4, true, 2, 4>},
 };
 static_assert(sizeof(kAdamW) / sizeof(kAdamW[0]) == kAdamWVariants, "kAdamWVariants");
 

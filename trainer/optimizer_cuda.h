@@ -65,9 +65,9 @@ void adamw_chunks(const OptimChunk* chunks, int64_t num_chunks, const AdamWConst
 // bit-identity test: every variant writes the same bits. Variant 0 is the kernel before the fast
 // ones; grad_sumsq_partials and adamw_chunks launch kSumsqFastVariant and kAdamWFastVariant, or 0
 // when the environment sets GTRON_ADAMW_FAST=0 (read once per process: fast_optimizer_kernels()).
-constexpr int kSumsqVariants = 3;
-constexpr int kSumsqFastVariant = 2;
-constexpr int kAdamWVariants = 9;
+constexpr int kSumsqVariants = 5;
+constexpr int kSumsqFastVariant = 3;
+constexpr int kAdamWVariants = 12;
 constexpr int kAdamWFastVariant = 5;
 bool fast_optimizer_kernels();
 void grad_sumsq_partials_variant(int variant, const OptimChunk* chunks, int64_t num_chunks,

@@ -25,9 +25,25 @@ namespace {
     GTEST_SKIP() << "no CUDA device: GPU test skipped"; \
   }
 
-// Sizes around the float4 width, the block width (256 threads) and the chunk size.
-const int32_t kSizes[] = {1,    3,    4,    5,    255,  256,   257,   1023,
-                          1024, 1027, 4099, 5000, 8192, 12289, 16383, cuda::kOptimChunk};
+// Sizes around the float4 width, the block width (256 threads) and the chunk size. With the 9
+// layouts below, 153 chunks: the variants that take 4 or 8 chunks a block have a short last one.
+const int32_t kSizes[] = {1,
+                          2,
+                          3,
+                          4,
+                          5,
+                          255,
+                          256,
+                          257,
+                          1023,
+                          1024,
+                          1027,
+                          4099,
+                          5000,
+                          8192,
+                          12289,
+                          16383,
+                          cuda::kOptimChunk};
 
 // Where one chunk's operands start, in elements past a 64-element boundary of its region: 0 keeps
 // 16-byte alignment (the float4 path); any other offset of w, g, m or v, or a shadow offset that
@@ -37,8 +53,9 @@ struct Layout {
   bool decay;
 };
 const Layout kLayouts[] = {
-    {0, 0, 0, 0, 0, true},  {0, 0, 0, 0, -1, false}, {0, 0, 0, 0, 4, false}, {1, 0, 0, 0, 1, true},
-    {0, 0, 3, 0, -1, true}, {0, 2, 0, 0, 0, false},  {0, 0, 0, 0, 2, true},  {0, 0, 0, 1, 0, true},
+    {0, 0, 0, 0, 0, true}, {0, 0, 0, 0, -1, false}, {0, 0, 0, 0, 4, false},
+    {1, 0, 0, 0, 1, true}, {0, 0, 3, 0, -1, true},  {0, 2, 0, 0, 0, false},
+    {0, 0, 0, 0, 2, true}, {0, 0, 0, 1, 0, true},   {0, 0, 0, 0, 8, false},
 };
 
 uint64_t next(uint64_t& s) {
@@ -204,7 +221,7 @@ TEST(FastOptimizerKernels, EverySumsqVariantGivesTheLegacyPartials) {
     const int64_t off = c.g - a.dg.data<float>();
     double ref = 0;
     for (int32_t j = 0; j < c.n; ++j) ref += static_cast<double>(a.g[off + j]) * a.g[off + j];
-    EXPECT_NEAR(got[0][i], ref, 1e-12 * ref) << "chunk " << i;
+    EXPECT_NEAR(got[0][i], ref, 1e-10 * ref) << "chunk " << i;
   }
   for (int variant = 1; variant < cuda::kSumsqVariants; ++variant)
     EXPECT_EQ(count_differences(got[variant], got[0]), 0) << cuda::sumsq_variant_name(variant);
