@@ -29,6 +29,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
+#include <string>
 
 #include "model/cuda/check.h"
 #include "trainer/optimizer_cuda.h"
@@ -420,8 +422,7 @@ static_assert(sizeof(kAdamW) / sizeof(kAdamW[0]) == kAdamWVariants, "kAdamWVaria
 
 void grad_sumsq_partials(const OptimChunk* chunks, int64_t num_chunks, double* partials,
                          void* stream) {
-  grad_sumsq_partials_variant(fast_optimizer_kernels() ? kSumsqFastVariant : 0, chunks, num_chunks,
-                              partials, stream);
+  grad_sumsq_partials_variant(optimizer_variants().sumsq, chunks, num_chunks, partials, stream);
 }
 
 void grad_sumsq_partials_variant(int variant, const OptimChunk* chunks, int64_t num_chunks,
@@ -459,8 +460,7 @@ void sum_partials_split(const double* partials, int64_t split, int64_t n, double
 
 void adamw_chunks(const OptimChunk* chunks, int64_t num_chunks, const AdamWConstants& k,
                   const float* scale, void* stream) {
-  adamw_chunks_variant(fast_optimizer_kernels() ? kAdamWFastVariant : 0, chunks, num_chunks, k,
-                       scale, stream);
+  adamw_chunks_variant(optimizer_variants().adamw, chunks, num_chunks, k, scale, stream);
 }
 
 void adamw_chunks_variant(int variant, const OptimChunk* chunks, int64_t num_chunks,
@@ -479,12 +479,38 @@ const char* adamw_variant_name(int variant) {
   return kAdamW[variant].name;
 }
 
-bool fast_optimizer_kernels() {
-  static const bool on = [] {
+OptimizerVariants optimizer_variants() {
+  static const OptimizerVariants chosen = [] {
     const char* e = std::getenv("GTRON_ADAMW_FAST");
-    return e == nullptr || std::strcmp(e, "0") != 0;
+    const std::string v = e != nullptr ? e : "";
+    if (v == "0") return OptimizerVariants{0, 0};
+    OptimizerVariants out{kSumsqFastVariant, kAdamWFastVariant};
+    if (v.empty() || v == "1") return out;
+    std::string names;  // for the message
+    std::stringstream list(v);
+    for (std::string name; std::getline(list, name, ',');) {
+      bool known = false;
+      for (int i = 0; i < kAdamWVariants; ++i) {
+        if (name != kAdamW[i].name) continue;
+        out.adamw = i;
+        known = true;
+      }
+      for (int i = 0; i < kSumsqVariants; ++i) {
+        if (name != kSumsq[i].name) continue;
+        out.sumsq = i;
+        known = true;
+      }
+      if (!known) {
+        for (const AdamWVariant& a : kAdamW) names += std::string(" ") + a.name;
+        for (const SumsqVariant& q : kSumsq) names += std::string(" ") + q.name;
+        throw UserError(
+            str_cat("GTRON_ADAMW_FAST is '", v, "'; expected 0 (the old kernels), ",
+                    "1 or unset (the fast ones), or variant names joined by ',' from:", names));
+      }
+    }
+    return out;
   }();
-  return on;
+  return chosen;
 }
 
 void accumulate_scalars(const ScalarList& list, float factor, float* dst, void* stream) {

@@ -63,13 +63,19 @@ void adamw_chunks(const OptimChunk* chunks, int64_t num_chunks, const AdamWConst
 
 // Kernel variants (Note [fast optimizer kernels] in optimizer_cuda.cu), for the benchmark and the
 // bit-identity test: every variant writes the same bits. Variant 0 is the kernel before the fast
-// ones; grad_sumsq_partials and adamw_chunks launch kSumsqFastVariant and kAdamWFastVariant, or 0
-// when the environment sets GTRON_ADAMW_FAST=0 (read once per process: fast_optimizer_kernels()).
+// ones. grad_sumsq_partials and adamw_chunks launch optimizer_variants(), read once per process
+// from the environment: GTRON_ADAMW_FAST unset or 1 gives kSumsqFastVariant and
+// kAdamWFastVariant, 0 gives 0 and 0 (A/B measurements), and a list of variant names joined by
+// ',' (e.g. "x4_stream_b2_c4,ahead16_c8") picks those, the default for a kernel it does not name.
+// Any other value is a UserError.
 constexpr int kSumsqVariants = 5;
 constexpr int kSumsqFastVariant = 3;
 constexpr int kAdamWVariants = 12;
 constexpr int kAdamWFastVariant = 5;
-bool fast_optimizer_kernels();
+struct OptimizerVariants {
+  int sumsq = 0, adamw = 0;
+};
+OptimizerVariants optimizer_variants();
 void grad_sumsq_partials_variant(int variant, const OptimChunk* chunks, int64_t num_chunks,
                                  double* partials, void* stream);
 void adamw_chunks_variant(int variant, const OptimChunk* chunks, int64_t num_chunks,

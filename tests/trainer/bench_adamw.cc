@@ -269,6 +269,30 @@ size_t best(const std::vector<Result>& rs) {
   return b;
 }
 
+// The summary line: both values of the switch, the fastest variants, and what the environment
+// picks. Returns whether every variant's bits equal legacy's.
+bool print_summary(const std::vector<Result>& adamw, const std::vector<Result>& sumsq,
+                   int64_t params) {
+  bool all_equal = true;
+  for (const auto* rs : {&adamw, &sumsq})
+    for (const Result& r : *rs) all_equal = all_equal && r.mismatches == 0;
+  const size_t ba = best(adamw), bs = best(sumsq);
+  std::printf(
+      "{\"adamw_us_fast0\": %.2f, \"adamw_us_fast1\": %.2f, \"adamw_speedup\": %.3f, "
+      "\"adamw_best\": \"%s\", \"adamw_best_us\": %.2f, \"sumsq_us_fast0\": %.2f, "
+      "\"sumsq_us_fast1\": %.2f, \"sumsq_speedup\": %.3f, \"sumsq_best\": \"%s\", "
+      "\"sumsq_best_us\": %.2f, \"all_bits_equal\": %s, \"params\": %lld, "
+      "\"environment_picks\": [\"%s\", \"%s\"]}\n",
+      adamw[0].us, adamw[cuda::kAdamWFastVariant].us,
+      adamw[0].us / adamw[cuda::kAdamWFastVariant].us, adamw[ba].name.c_str(), adamw[ba].us,
+      sumsq[0].us, sumsq[cuda::kSumsqFastVariant].us,
+      sumsq[0].us / sumsq[cuda::kSumsqFastVariant].us, sumsq[bs].name.c_str(), sumsq[bs].us,
+      all_equal ? "true" : "false", static_cast<long long>(params),
+      cuda::adamw_variant_name(cuda::optimizer_variants().adamw),
+      cuda::sumsq_variant_name(cuda::optimizer_variants().sumsq));
+  return all_equal;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -312,19 +336,6 @@ int main(int argc, char** argv) {
   const std::vector<Result> sumsq = run_sumsq(b);
   print("adamw", adamw, cuda::kAdamWFastVariant, adamw_bytes, elements, b.n);
   print("sumsq", sumsq, cuda::kSumsqFastVariant, 4.0 * elements, elements, b.n);
-  bool all_equal = true;
-  for (const auto* rs : {&adamw, &sumsq})
-    for (const Result& r : *rs) all_equal = all_equal && r.mismatches == 0;
-  const size_t ba = best(adamw), bs = best(sumsq);
-  std::printf(
-      "{\"adamw_us_fast0\": %.2f, \"adamw_us_fast1\": %.2f, \"adamw_speedup\": %.3f, "
-      "\"adamw_best\": \"%s\", \"adamw_best_us\": %.2f, \"sumsq_us_fast0\": %.2f, "
-      "\"sumsq_us_fast1\": %.2f, \"sumsq_speedup\": %.3f, \"sumsq_best\": \"%s\", "
-      "\"sumsq_best_us\": %.2f, \"all_bits_equal\": %s, \"params\": %lld}\n",
-      adamw[0].us, adamw[cuda::kAdamWFastVariant].us,
-      adamw[0].us / adamw[cuda::kAdamWFastVariant].us, adamw[ba].name.c_str(), adamw[ba].us,
-      sumsq[0].us, sumsq[cuda::kSumsqFastVariant].us,
-      sumsq[0].us / sumsq[cuda::kSumsqFastVariant].us, sumsq[bs].name.c_str(), sumsq[bs].us,
-      all_equal ? "true" : "false", static_cast<long long>(s.model.num_parameters()));
+  const bool all_equal = print_summary(adamw, sumsq, s.model.num_parameters());
   return all_equal ? 0 : 1;
 }
