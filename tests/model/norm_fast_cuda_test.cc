@@ -153,9 +153,9 @@ TEST(NormFastCuda, BitIdenticalToReferenceBf16) {
   }
 }
 
-// f32 rows: 4 floats a pack, so C = 512 is the backward's last staged width and C = 768 the
-// forward's 6 packs with the backward's fallback.
-TEST(NormFastCuda, BitIdenticalToReferenceF32) {
+// f32 rows take the reference kernels whatever the switch says (staged f32 backward rows differed
+// from the reference in dx on the H200): both switch values give the same bits.
+TEST(NormFastCuda, F32RowsKeepTheReferenceKernels) {
   GTRON_REQUIRE_GPU();
   for (Op op : {Op::kLayerNorm, Op::kRMSNorm, Op::kAddLayerNorm}) {
     for (const Shape2 sh : {Shape2{1029, 512}, Shape2{301, 768}, Shape2{333, 64}, Shape2{77, 67}}) {
