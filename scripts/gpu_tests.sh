@@ -11,9 +11,9 @@
 #
 # GTRON_GPU_PACK=1 also writes .gpupack/gpubin.tar.xz (see the end).
 # Arguments (optional): name filters — only the tests whose name contains one of them are copied
-# (bench_gpu, bench_add_norm, bench_norm, bench_adamw and gtron always are). The whole set is
-# about 67 MB, above a 64 MiB carry limit: carry it in two batches, e.g. `bash scripts/gpu_tests.sh
-# _cuda_test` (the op and trainer tests) and then `bash scripts/gpu_tests.sh nccl gtp`.
+# (bench_gpu, bench_add_norm, bench_norm and gtron always are). The whole set is about 67 MB,
+# above a 64 MiB carry limit: carry it in two batches, e.g. `bash scripts/gpu_tests.sh _cuda_test`
+# (the op and trainer tests) and then `bash scripts/gpu_tests.sh nccl gtp`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mapfile -t all_tests < <(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null)
@@ -28,12 +28,10 @@ if [[ ${#tests[@]} -eq 0 ]]; then
   echo "gpu_tests.sh: no gpu-tagged tests found" >&2
   exit 1
 fi
-benches=(//tests/trainer:bench_gpu //tests/model:bench_add_norm //tests/model:bench_norm
-  //tests/trainer:bench_adamw //trainer:gtron)
-bazel build "${tests[@]}" "${benches[@]}"
+bazel build "${tests[@]}" //tests/trainer:bench_gpu //tests/model:bench_add_norm //tests/model:bench_norm //trainer:gtron
 rm -rf .gpubin
 mkdir -p .gpubin
-for label in "${tests[@]}" "${benches[@]}"; do
+for label in "${tests[@]}" //tests/trainer:bench_gpu //tests/model:bench_add_norm //tests/model:bench_norm //trainer:gtron; do
   path="bazel-bin/${label#//}"
   path="${path/://}"
   cp "$path" .gpubin/
@@ -45,7 +43,7 @@ cp scripts/bench_gpu.sh scripts/bench_gpu_bin.sh scripts/bench_torch.py scripts/
 # Shared libraries of this image that a GPU machine may lack (Gloo and its dependencies, libgomp):
 # run there with LD_LIBRARY_PATH=.gpubin/lib. CUDA's own libraries and the C runtime stay out.
 mkdir -p .gpubin/lib
-for bin in .gpubin/*_test .gpubin/bench_{gpu,add_norm,norm,adamw} .gpubin/gtron; do
+for bin in .gpubin/*_test .gpubin/bench_gpu .gpubin/bench_add_norm .gpubin/bench_norm .gpubin/gtron; do
   ldd "$bin" | awk '$3 ~ /^\// {print $3}'
 done | sort -u | grep -v -E '/usr/local/cuda|/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" .gpubin/lib/; done

@@ -84,10 +84,6 @@ class AdamW {
   void set_steps_taken(int64_t t) { t_ = t; }
   Tensor& m() { return m_; }  // [state_numel]
   Tensor& v() { return v_; }  // [state_numel]
-  // The device chunk table (cuda::OptimChunk[num_chunks()], built at the first clip_on_device or
-  // step_on_device; null before), for benchmarks that launch the kernels on it directly.
-  const void* chunk_table() const { return num_chunks_ >= 0 ? chunks_.raw() : nullptr; }
-  int64_t num_chunks() const { return num_chunks_; }
 
  private:
   void build_chunks(const std::vector<parallel::OwnedSegment>& segments);

@@ -61,28 +61,6 @@ struct AdamWConstants {
 void adamw_chunks(const OptimChunk* chunks, int64_t num_chunks, const AdamWConstants& k,
                   const float* scale, void* stream);
 
-// Kernel variants (Note [fast optimizer kernels] in optimizer_cuda.cu), for the benchmark and the
-// bit-identity test: every variant writes the same bits. Variant 0 is the kernel before the fast
-// ones. grad_sumsq_partials and adamw_chunks launch optimizer_variants(), read once per process
-// from the environment: GTRON_ADAMW_FAST unset or 1 gives kSumsqFastVariant and
-// kAdamWFastVariant, 0 gives 0 and 0 (A/B measurements), and a list of variant names joined by
-// ',' (e.g. "x4_stream_b2_c4,ahead16_c8") picks those, the default for a kernel it does not name.
-// Any other value is a UserError.
-constexpr int kSumsqVariants = 5;
-constexpr int kSumsqFastVariant = 3;
-constexpr int kAdamWVariants = 12;
-constexpr int kAdamWFastVariant = 5;
-struct OptimizerVariants {
-  int sumsq = 0, adamw = 0;
-};
-OptimizerVariants optimizer_variants();
-void grad_sumsq_partials_variant(int variant, const OptimChunk* chunks, int64_t num_chunks,
-                                 double* partials, void* stream);
-void adamw_chunks_variant(int variant, const OptimChunk* chunks, int64_t num_chunks,
-                          const AdamWConstants& k, const float* scale, void* stream);
-const char* sumsq_variant_name(int variant);
-const char* adamw_variant_name(int variant);
-
 // dst[i] += factor · src[i][0] for i < n: the training loop's per-step loss sums (f32 scalars on
 // the device), so no micro-batch reads a loss back to the host.
 constexpr int kMaxScalars = 16;

@@ -1,13 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <string>
 
 #include "parallel/ddp.h"
 #include "parallel/self_communicator.h"
 #include "trainer/optimizer.h"
-#include "trainer/optimizer_cuda.h"
 #include "trainer/schedule.h"
 
 namespace gtron {
@@ -104,25 +101,6 @@ TEST(Schedule, WarmupCosineLinearConstantWSD) {
   EXPECT_DOUBLE_EQ(s.at(87), 1.0);
   EXPECT_LT(s.at(88), 1.0);
   EXPECT_NEAR(s.at(109), 0.1, 1e-12);
-}
-
-// GTRON_ADAMW_FAST picks the CUDA optimizer kernels (host code: no GPU needed). It is read once
-// per process; a bad value is a UserError and is read again at the next call.
-TEST(OptimizerVariants, EnvironmentSwitchTakesVariantNames) {
-  ASSERT_EQ(setenv("GTRON_ADAMW_FAST", "x2_stream_b4_c1,no_such_kernel", 1), 0);
-  EXPECT_THROW(cuda::optimizer_variants(), UserError);
-  ASSERT_EQ(setenv("GTRON_ADAMW_FAST", "x2_stream_b4_c1", 1), 0);
-  const cuda::OptimizerVariants v = cuda::optimizer_variants();
-  EXPECT_EQ(std::string(cuda::adamw_variant_name(v.adamw)), "x2_stream_b4_c1");
-  EXPECT_EQ(v.sumsq, cuda::kSumsqFastVariant)
-      << "a kernel the list does not name keeps its default";
-  ASSERT_EQ(setenv("GTRON_ADAMW_FAST", "0", 1), 0);
-  EXPECT_EQ(cuda::optimizer_variants().adamw, v.adamw) << "read once per process";
-  EXPECT_NE(cuda::kAdamWFastVariant, 0);
-  EXPECT_NE(cuda::kSumsqFastVariant, 0);
-  EXPECT_EQ(std::string(cuda::adamw_variant_name(0)), "legacy");
-  EXPECT_EQ(std::string(cuda::sumsq_variant_name(0)), "legacy");
-  unsetenv("GTRON_ADAMW_FAST");
 }
 
 }  // namespace
