@@ -28,10 +28,11 @@ if [[ ${#tests[@]} -eq 0 ]]; then
   echo "gpu_tests.sh: no gpu-tagged tests found" >&2
   exit 1
 fi
-bazel build "${tests[@]}" //tests/trainer:bench_gpu //tests/model:bench_add_norm //tests/model:bench_norm //trainer:gtron
+benches=(//tests/trainer:bench_gpu //tests/model:bench_add_norm //tests/model:bench_norm //trainer:gtron)
+bazel build "${tests[@]}" "${benches[@]}"
 rm -rf .gpubin
 mkdir -p .gpubin
-for label in "${tests[@]}" //tests/trainer:bench_gpu //tests/model:bench_add_norm //tests/model:bench_norm //trainer:gtron; do
+for label in "${tests[@]}" "${benches[@]}"; do
   path="bazel-bin/${label#//}"
   path="${path/://}"
   cp "$path" .gpubin/
@@ -43,7 +44,7 @@ cp scripts/bench_gpu.sh scripts/bench_gpu_bin.sh scripts/bench_torch.py scripts/
 # Shared libraries of this image that a GPU machine may lack (Gloo and its dependencies, libgomp):
 # run there with LD_LIBRARY_PATH=.gpubin/lib. CUDA's own libraries and the C runtime stay out.
 mkdir -p .gpubin/lib
-for bin in .gpubin/*_test .gpubin/bench_gpu .gpubin/bench_add_norm .gpubin/bench_norm .gpubin/gtron; do
+for bin in .gpubin/*_test .gpubin/bench_{gpu,add_norm,norm} .gpubin/gtron; do
   ldd "$bin" | awk '$3 ~ /^\// {print $3}'
 done | sort -u | grep -v -E '/usr/local/cuda|/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" .gpubin/lib/; done
