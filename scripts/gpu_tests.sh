@@ -28,7 +28,8 @@ if [[ ${#tests[@]} -eq 0 ]]; then
   echo "gpu_tests.sh: no gpu-tagged tests found" >&2
   exit 1
 fi
-benches=(//tests/trainer:bench_gpu //tests/model:bench_add_norm //tests/model:bench_norm //trainer:gtron)
+benches=(//tests/trainer:bench_gpu //tests/model:bench_add_norm //tests/model:bench_norm
+  //trainer:gtron)
 bazel build "${tests[@]}" "${benches[@]}"
 rm -rf .gpubin
 mkdir -p .gpubin
