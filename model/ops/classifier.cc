@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "model/check.h"
 #include "model/ops/add.h"
 #include "model/ops/device_util.h"
 #include "model/ops/linear.h"
@@ -26,7 +27,15 @@ const char* byte_ptr(const Tensor& t, int64_t offset_bytes) {
 }  // namespace
 
 int64_t classifier_block_rows(int64_t N, int64_t Vp) {
-  if (const char* e = env_rows()) return std::max<int64_t>(0, std::atoll(e));
+  if (const char* e = env_rows()) {
+    char* end = nullptr;
+    const long long rows = std::strtoll(e, &end, 10);
+    if (*e == '\0' || *end != '\0' || rows < 0) {
+      throw UserError(str_cat("GTRON_CLASSIFIER_ROWS is '", e,
+                              "'; expected a row count >= 0 (0: the blocked classifier off)"));
+    }
+    return rows;
+  }
   const int64_t bytes = N * Vp * 2;
   const int64_t blocks = std::max<int64_t>(1, (bytes + kBlockBytes - 1) / kBlockBytes);
   const int64_t rows = (N + blocks - 1) / blocks;

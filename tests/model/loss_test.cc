@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 
+#include "model/check.h"
+#include "model/ops/classifier.h"
 #include "tests/model/gradcheck.h"
 #include "tests/model/op_check.h"
 
@@ -105,6 +108,23 @@ TEST(CrossEntropy, DeterministicAcrossRunsAndThreadCounts) {
   auto first = testing::run_op(f, in, DType::kF32);
   EXPECT_EQ(first, testing::run_op(f, in, DType::kF32));
   testing::with_threads(1, [&] { EXPECT_EQ(first, testing::run_op(f, in, DType::kF32)); });
+}
+
+TEST(Classifier, BlockRowsAndTheirSwitch) {
+  // The fewest blocks of at most 512 MiB of bf16 logits, rows a multiple of 128.
+  unsetenv("GTRON_CLASSIFIER_ROWS");
+  EXPECT_EQ(classifier_block_rows(16384, 50304), 4096);  // 1.65 GB: 4 blocks
+  EXPECT_EQ(classifier_block_rows(8192, 50304), 4096);   // 824 MB: 2 blocks
+  EXPECT_EQ(classifier_block_rows(100, 50304), 128);     // one block
+  setenv("GTRON_CLASSIFIER_ROWS", "1000", 1);
+  EXPECT_EQ(classifier_block_rows(16384, 50304), 1000);
+  setenv("GTRON_CLASSIFIER_ROWS", "0", 1);
+  EXPECT_EQ(classifier_block_rows(16384, 50304), 0);
+  for (const char* bad : {"", "abc", "12x", "-5"}) {
+    setenv("GTRON_CLASSIFIER_ROWS", bad, 1);
+    EXPECT_THROW(classifier_block_rows(16384, 50304), UserError) << "'" << bad << "'";
+  }
+  unsetenv("GTRON_CLASSIFIER_ROWS");
 }
 
 TEST(CrossEntropyDeathTest, TargetOutOfRangeAborts) {
