@@ -58,7 +58,7 @@ class GPT {
   // f32 device scalar's value (read when the backward runs, e.g. backward_with(loss, seed)) and
   // nothing else adds gradient into the losses. The heads' cross-entropies then write their
   // gradient in the forward's pass over the logits (Note [one-pass cross-entropy] in
-  // model/ops/loss_cuda.cu); values and gradients are the same. A broken promise is caught on the
+  // model/ops/loss.h); values and gradients are the same. A broken promise is caught on the
   // device (the gradient is rescaled to the one that arrived). An empty tensor withdraws it.
   void set_loss_seed(Tensor seed) { loss_seed_ = std::move(seed); }
   // Next-token logits [B, T, Vp] for i32 inputs [B, T] (no MTP; sampling). Runs without grad.

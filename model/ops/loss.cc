@@ -31,7 +31,7 @@ bool onepass_enabled() {
   return on;
 }
 
-// The one-pass CUDA path (Note [one-pass cross-entropy] in loss_cuda.cu): the forward leaves the
+// The one-pass CUDA path (Note [one-pass cross-entropy] in loss.h): the forward leaves the
 // gradient for seed·weight in the logits' buffer; the backward checks the promise on the device
 // and hands the buffer on (as the in-place backward does).
 Var cross_entropy_onepass(const Var& logits, const Tensor& tg, const KnownLossGrad& known,

@@ -27,7 +27,7 @@ void check_targets_on_host(const Tensor& targets, int64_t V);
 // will be exactly seed[0]·float(weight) in f32 (what backward_with(total, seed) delivers through
 // add and scale(·, weight)). On CUDA with overwrite_logits and grad mode on, the forward then
 // computes the loss and writes the gradient over the logits in the same pass over them, and the
-// backward only hands that buffer on (Note [one-pass cross-entropy] in loss_cuda.cu): values,
+// backward only hands that buffer on (Note [one-pass cross-entropy] below): values,
 // gradient and memory as without the promise. A broken promise is caught on the device: the
 // gradient is rescaled to the one that arrived (one more rounding). Ignored elsewhere.
 struct KnownLossGrad {
@@ -90,7 +90,27 @@ void cross_entropy_backward_inplace(void* logits, const int32_t* targets, const 
                                     const float* rlse, const int32_t* count, const float* dloss,
                                     int64_t N, int64_t V, int64_t Vp, DType act, void* stream,
                                     int64_t v0 = 0);
-// The one-pass cross-entropy (Note [one-pass cross-entropy] in loss_cuda.cu): count, rmax, rlse
+
+// Note [one-pass cross-entropy]
+// Training knows the loss's upstream gradient before the forward runs: backward is seeded with a
+// device scalar, and the loss of MTP depth k reaches it through scale(·, λ/D) only, so each CE
+// receives exactly seed·w (w = 1 for the main head, float(λ/D) for a depth; f32 arithmetic, the
+// zero-initialized slots adding exactly). Given that promise (cross_entropy's KnownLossGrad), one
+// block per row
+// 1. copies the row into shared memory (cp.async, 16 bytes per copy: bf16 50304 columns are 98 KiB,
+//    two blocks per SM) — or, when the row does not fit, reads it from global twice;
+// 2. computes the statistics from that copy with the rows kernel's own code (row_stats: same
+//    block size, same order, the same bits) and saves the target logit before anything is
+//    written (finalize then reads it from tlogit);
+// 3. writes the gradient over the logits with the in-place backward's code (write_row_grad) and
+//    g = (seed·w)/count, the same f32 operations as the backward's dloss/count.
+// HBM sees the logits read once and written once (the two-pass path reads them twice), and loss,
+// statistics and gradient equal the two-pass path's bit for bit. The backward only checks the
+// promise: onepass_check_kernel compares the gradient that arrived with seed·w on the device (no
+// host sync) and, where they differ, rescales the written gradient by their ratio (correct to one
+// more rounding; it traps when seed·w is 0 or not finite, which cannot be rescaled).
+//
+// The one-pass cross-entropy (Note [one-pass cross-entropy]): count, rmax, rlse
 // and loss as cross_entropy_forward writes them, and in the same pass over each row `logits`
 // becomes the in-place backward's gradient for an upstream gradient of seed[0]·weight (f32,
 // read when the kernel runs). tlogit [N] (f32): scratch, the target logits saved before the
@@ -112,8 +132,7 @@ void cross_entropy_onepass_finalize(const int32_t* targets, const float* rmax, c
                                     int64_t N, void* stream);
 // Traps (printing both values) unless dloss[0] == seed[0]·weight: the check of a backward whose
 // gradient was already consumed in the forward and cannot be rescaled.
-void cross_entropy_promise_check(const float* seed, float weight, const float* dloss,
-                                 void* stream);
+void cross_entropy_promise_check(const float* seed, float weight, const float* dloss, void* stream);
 // The one-pass backward's check: when dloss[0] differs from seed[0]·weight, the n gradient values
 // written by cross_entropy_onepass are scaled by dloss[0] / (seed[0]·weight) (a trap when that
 // divisor is 0 or not finite); else nothing is touched.

@@ -8,7 +8,7 @@
 //    (an L2 hit) turns each logit into its probability once and accumulates the gradient.
 // 3. finalize (one block): loss = Σ_rows (rlse − (logit[target] − rmax)) / count, in a fixed order.
 // The backward kernels recompute p = exp(logit − rmax − rlse) from the statistics (logit_grad).
-// The one-pass kernel (Note [one-pass cross-entropy]) does 2. and the in-place backward together
+// The one-pass kernel (Note [one-pass cross-entropy], loss.h) does 2. and the in-place backward together
 // when the loss's upstream gradient is known at forward time.
 // Masked rows (kMaskedTarget) are skipped everywhere; the padded tail [V, Vp) is never read (the
 // in-place gradients write zeros over it).
@@ -249,24 +249,7 @@ __global__ void backward_inplace_kernel(T* logits, const int32_t* __restrict__ t
   write_row_grad<T, kV>(row, row, tgt, ml, g, masked, V, Vp);
 }
 
-// Note [one-pass cross-entropy]
-// Training knows the loss's upstream gradient before the forward runs: backward is seeded with a
-// device scalar, and the loss of MTP depth k reaches it through scale(·, λ/D) only, so each CE
-// receives exactly seed·w (w = 1 for the main head, float(λ/D) for a depth; f32 arithmetic, the
-// zero-initialized slots adding exactly). Given that promise (cross_entropy's KnownLossGrad), one
-// block per row
-// 1. copies the row into shared memory (cp.async, 16 bytes per copy: bf16 50304 columns are 98 KiB,
-//    two blocks per SM) — or, when the row does not fit, reads it from global twice;
-// 2. computes the statistics from that copy with the rows kernel's own code (row_stats: same
-//    block size, same order, the same bits) and saves the target logit before anything is
-//    written (finalize then reads it from tlogit);
-// 3. writes the gradient over the logits with the in-place backward's code (write_row_grad) and
-//    g = (seed·w)/count, the same f32 operations as the backward's dloss/count.
-// HBM sees the logits read once and written once (the two-pass path reads them twice), and loss,
-// statistics and gradient equal the two-pass path's bit for bit. The backward only checks the
-// promise: onepass_check_kernel compares the gradient that arrived with seed·w on the device (no
-// host sync) and, where they differ, rescales the written gradient by their ratio (correct to one
-// more rounding; it traps when seed·w is 0 or not finite, which cannot be rescaled).
+// The one-pass kernel: Note [one-pass cross-entropy] in loss.h.
 template <typename T, int kV, bool kStaged>
 __global__ void __launch_bounds__(kRowThreads)
     onepass_kernel(T* logits, const int32_t* __restrict__ targets, float* __restrict__ rmax,
