@@ -1,9 +1,8 @@
 #include "model/layers.h"
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
+#include "model/env_switch.h"
 #include "model/init.h"
 #include "model/ops/add.h"
 #include "model/ops/add_norm.h"
@@ -102,10 +101,7 @@ namespace {
 // GTRON_RESIDUAL_GEMM=0 adds the residuals in separate passes (A/B measurements; the TP code at
 // one rank, which adds them after the TP seams, compares bit for bit against that): the
 // attention's with the fused add + LayerNorm, the MLP's after mlp.proj.
-bool residual_in_gemm() {
-  const char* e = std::getenv("GTRON_RESIDUAL_GEMM");
-  return e == nullptr || std::strcmp(e, "0") != 0;
-}
+bool residual_in_gemm() { return env_switch_on("GTRON_RESIDUAL_GEMM"); }
 
 }  // namespace
 

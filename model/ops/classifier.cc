@@ -18,8 +18,6 @@ namespace {
 constexpr int64_t kBlockBytes = int64_t{512} << 20;
 constexpr int64_t kRowAlign = 128;  // block rows are a multiple of it (GEMM tiles)
 
-const char* env_rows() { return std::getenv("GTRON_CLASSIFIER_ROWS"); }
-
 const char* byte_ptr(const Tensor& t, int64_t offset_bytes) {
   return static_cast<const char*>(t.raw()) + offset_bytes;
 }
@@ -27,7 +25,7 @@ const char* byte_ptr(const Tensor& t, int64_t offset_bytes) {
 }  // namespace
 
 int64_t classifier_block_rows(int64_t N, int64_t Vp) {
-  if (const char* e = env_rows()) {
+  if (const char* e = std::getenv("GTRON_CLASSIFIER_ROWS")) {
     char* end = nullptr;
     const long long rows = std::strtoll(e, &end, 10);
     if (*e == '\0' || *end != '\0' || rows < 0) {
@@ -36,7 +34,7 @@ int64_t classifier_block_rows(int64_t N, int64_t Vp) {
     }
     return rows;
   }
-  const int64_t bytes = N * Vp * 2;
+  const int64_t bytes = N * Vp * static_cast<int64_t>(dtype_size(DType::kBF16));
   const int64_t blocks = std::max<int64_t>(1, (bytes + kBlockBytes - 1) / kBlockBytes);
   const int64_t rows = (N + blocks - 1) / blocks;
   return (rows + kRowAlign - 1) / kRowAlign * kRowAlign;
@@ -86,7 +84,7 @@ Var classifier_cross_entropy(const Var& x, const Var& w, const Tensor& targets, 
   const int64_t R = std::min(N, classifier_block_rows(N, Vp));
   Tensor logits = Tensor::empty(Shape{std::max<int64_t>(R, 1), Vp}, DType::kBF16, dev, &s);
   cuda::cross_entropy_count(tg.data<int32_t>(), count.data<int32_t>(), N, V, s.native());
-  const int64_t row_bytes = C * 2;
+  const int64_t row_bytes = C * static_cast<int64_t>(dtype_size(DType::kBF16));
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
     const void* xb = byte_ptr(x.value(), r0 * row_bytes);

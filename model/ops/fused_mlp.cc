@@ -1,8 +1,6 @@
 #include "model/ops/fused_mlp.h"
 
-#include <cstdlib>
-#include <cstring>
-
+#include "model/env_switch.h"
 #include "model/ops/add.h"
 #include "model/ops/device_util.h"
 #include "model/ops/gelu.h"
@@ -15,10 +13,7 @@ namespace gtron {
 bool fused_mlp_supported(const Var& x) { return x.device().is_cuda() && x.dtype() == DType::kBF16; }
 
 bool keep_gelu_output() {
-  static const bool keep = [] {
-    const char* e = std::getenv("GTRON_MLP_KEEP_G");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
+  static const bool keep = env_switch_on("GTRON_MLP_KEEP_G");
   return keep;
 }
 

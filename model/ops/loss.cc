@@ -1,9 +1,8 @@
 #include "model/ops/loss.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
+#include "model/env_switch.h"
 #include "model/ops/add.h"
 #include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
@@ -24,10 +23,7 @@ namespace {
 
 // GTRON_CE_ONEPASS=0 keeps the two-pass path under a promise too (A/B measurements).
 bool onepass_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("GTRON_CE_ONEPASS");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
+  static const bool on = env_switch_on("GTRON_CE_ONEPASS");
   return on;
 }
 

@@ -1,8 +1,6 @@
 #include "model/ops/norm_linear.h"
 
-#include <cstdlib>
-#include <cstring>
-
+#include "model/env_switch.h"
 #include "model/ops/device_util.h"
 #include "model/ops/linear.h"
 #include "model/ops/shape_check.h"
@@ -12,10 +10,7 @@
 namespace gtron {
 
 bool keep_normalized_rows() {
-  static const bool keep = [] {
-    const char* e = std::getenv("GTRON_LN_KEEP");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
+  static const bool keep = env_switch_on("GTRON_LN_KEEP");
   return keep;
 }
 
