@@ -8,13 +8,12 @@
 //    (an L2 hit) turns each logit into its probability once and accumulates the gradient.
 // 3. finalize (one block): loss = Σ_rows (rlse − (logit[target] − rmax)) / count, in a fixed order.
 // The backward kernels recompute p = exp(logit − rmax − rlse) from the statistics (logit_grad).
-// The one-pass kernel (Note [one-pass cross-entropy], loss.h) does 2. and the in-place backward together
-// when the loss's upstream gradient is known at forward time.
-// Masked rows (kMaskedTarget) are skipped everywhere; the padded tail [V, Vp) is never read (the
-// in-place gradients write zeros over it).
-// The vocab-parallel CE (model/ops/vocab_parallel.cc) runs the same rows kernel over a rank's
-// columns (writing the sum, not its log), reduces over TP, then the same finalize: at TP = 1 every
-// value is the single-GPU path's, bit for bit.
+// The one-pass kernel (Note [one-pass cross-entropy], loss.h) does 2. and the in-place backward
+// together when the loss's upstream gradient is known at forward time. Masked rows (kMaskedTarget)
+// are skipped everywhere; the padded tail [V, Vp) is never read (the in-place gradients write zeros
+// over it). The vocab-parallel CE (model/ops/vocab_parallel.cc) runs the same rows kernel over a
+// rank's columns (writing the sum, not its log), reduces over TP, then the same finalize: at TP = 1
+// every value is the single-GPU path's, bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
