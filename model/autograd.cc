@@ -10,7 +10,29 @@ thread_local std::vector<std::function<void()>> t_tape;
 thread_local std::vector<Parameter*> t_noted;  // parameters with uses on the current tape
 thread_local ParamReadLog* t_read_log = nullptr;
 thread_local GradReadyDeferral* t_deferral = nullptr;
+
+// The tape runs in progress on this thread, outermost first (Note [work at the end of a tape
+// run]).
+struct TapeRun {
+  uint64_t serial;
+  std::vector<std::function<void(TapeRunEvent)>> at_end;
+};
+thread_local std::vector<TapeRun> t_runs;
+thread_local uint64_t t_last_serial = 0;
+
+void tape_runs_early() {
+  for (auto run = t_runs.rbegin(); run != t_runs.rend(); ++run) {
+    for (auto& fn : run->at_end) fn(TapeRunEvent::kEarly);
+  }
+}
 }  // namespace
+
+uint64_t tape_run_serial() { return t_runs.empty() ? 0 : t_runs.back().serial; }
+
+void at_tape_run_end(std::function<void(TapeRunEvent)> fn) {
+  GTRON_CHECK(!t_runs.empty(), "at_tape_run_end() outside a tape run");
+  t_runs.back().at_end.push_back(std::move(fn));
+}
 
 void Parameter::make_ready() {
   if (t_read_log != nullptr) t_read_log->params_.push_back(this);
@@ -21,6 +43,7 @@ void Parameter::fire_grad_ready() {
   if (t_deferral != nullptr) {
     t_deferral->params_.push_back(this);
   } else if (grad_ready) {
+    tape_runs_early();  // work left to the end of the run that this hook may read
     grad_ready();
   }
 }
@@ -80,6 +103,7 @@ Var Var::output(Tensor value, bool requires_grad) {
 
 Tensor& Var::grad_for_write(bool* overwrite) const {
   GTRON_CHECK(requires_grad(), "grad_for_write() of a Var that does not require grad");
+  impl_->col_partials = Tensor();  // Note [gradient column partials]: a new write
   *overwrite = impl_->param == nullptr && !impl_->grad.defined();
   if (*overwrite) {
     impl_->grad = Tensor::empty(impl_->value.shape(), impl_->value.dtype(), impl_->value.device());
@@ -89,6 +113,7 @@ Tensor& Var::grad_for_write(bool* overwrite) const {
 
 Tensor& Var::grad() const {
   GTRON_CHECK(requires_grad(), "grad() of a Var that does not require grad");
+  impl_->col_partials = Tensor();  // Note [gradient column partials]: maybe a new write
   if (impl_->param != nullptr) return impl_->param->main_grad;
   if (!impl_->grad.defined()) {
     impl_->grad = Tensor::zeros(impl_->value.shape(), impl_->value.dtype(), impl_->value.device());
@@ -146,10 +171,29 @@ Tape TapeScope::take() {
 
 namespace {
 void run_closures(std::vector<std::function<void()>> tape) {
-  for (auto it = tape.rbegin(); it != tape.rend(); ++it) {
-    (*it)();
-    *it = nullptr;  // frees the activations this closure held, as early as possible
+  t_runs.push_back(TapeRun{++t_last_serial, {}});
+  try {
+    for (auto it = tape.rbegin(); it != tape.rend(); ++it) {
+      (*it)();
+      *it = nullptr;  // frees the activations this closure held, as early as possible
+    }
+  } catch (...) {
+    std::vector<std::function<void(TapeRunEvent)>> at_end = std::move(t_runs.back().at_end);
+    t_runs.pop_back();
+    for (auto& fn : at_end) fn(TapeRunEvent::kAbort);
+    throw;
   }
+  // The end functions run with their run still current, then the run is gone even if one
+  // throws.
+  std::vector<std::function<void(TapeRunEvent)>> at_end = std::move(t_runs.back().at_end);
+  t_runs.back().at_end.clear();
+  try {
+    for (auto& fn : at_end) fn(TapeRunEvent::kEnd);
+  } catch (...) {
+    t_runs.pop_back();
+    throw;
+  }
+  t_runs.pop_back();
 }
 
 void run_tape() {

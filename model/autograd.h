@@ -12,6 +12,7 @@
 // Thread safety: the tape is thread-local; Vars are not shared across threads.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -49,6 +50,10 @@ struct VarImpl {
   Tensor grad;  // lazily zero-initialized; for parameters, main_grad
   bool requires_grad = false;
   Parameter* param = nullptr;
+  // Note [gradient column partials]
+  bool wants_col_partials = false;
+  Tensor col_partials;  // chunks × C floats
+  int64_t col_chunks = 0;
 };
 
 // A value in the autograd graph: a tensor plus (maybe) a gradient slot. Cheap to copy.
@@ -70,7 +75,10 @@ class Var {
   // Rebind the value or the grad slot (GTP binds them for backward just before the use's ops run;
   // ops read Var values when their backward runs).
   void set_value(Tensor value) const { impl_->value = std::move(value); }
-  void set_grad(Tensor grad) const { impl_->grad = std::move(grad); }
+  void set_grad(Tensor grad) const {
+    impl_->grad = std::move(grad);
+    impl_->col_partials = Tensor();
+  }
 
   bool defined() const { return impl_ != nullptr; }
   const Tensor& value() const { return impl_->value; }
@@ -84,6 +92,30 @@ class Var {
   // (no zero-fill, no read of zeros). Otherwise *overwrite is cleared and the caller accumulates.
   // REQUIRES: requires_grad().
   Tensor& grad_for_write(bool* overwrite) const;
+
+  // Note [gradient column partials]
+  // A linear that adds a bias to its output y needs Σ_rows dy for the bias gradient, one more
+  // pass over dy. The op whose backward writes dy may form fixed-row-chunk column partials of it
+  // on the way (the flash attention backward does: Note [qkv bias partials]) and leave them here
+  // for the linear to finish instead. They stand only for the gradient as it was when they were
+  // set: any later grad() or grad_for_write() of this Var drops them, so a writer that comes
+  // after sends the linear back to its own pass. The linear asks for them in its forward
+  // (request_col_partials, so writers skip the work when nobody will use it) and takes them in
+  // its backward before it reads its grad.
+  void request_col_partials() const { impl_->wants_col_partials = true; }
+  bool col_partials_requested() const { return impl_->wants_col_partials; }
+  void set_col_partials(Tensor partials, int64_t chunks) const {
+    impl_->col_partials = std::move(partials);
+    impl_->col_chunks = chunks;
+  }
+  // The partials left by the last writer (undefined if none, or dropped), and their chunk count.
+  Tensor take_col_partials(int64_t* chunks) const {
+    *chunks = impl_->col_chunks;
+    impl_->col_chunks = 0;
+    Tensor t = std::move(impl_->col_partials);
+    impl_->col_partials = Tensor();
+    return t;
+  }
   const Shape& shape() const { return impl_->value.shape(); }
   DType dtype() const { return impl_->value.dtype(); }
   Device device() const { return impl_->value.device(); }
@@ -172,6 +204,25 @@ class GradReadyDeferral {
   friend struct Parameter;
   std::vector<Parameter*> params_;
 };
+
+// Note [work at the end of a tape run]
+// An op's backward may leave work whose results nobody reads before the tape run ends to one
+// batch at the end of the run (the column-sum finishes of the CUDA parameter gradients: Note
+// [deferred column finishes] in model/ops/column_scratch.h). A tape run is one call of
+// backward(), backward_with() or run_tape(); runs nest (a graph region's backward runs its own
+// tape inside the trainer's). at_tape_run_end registers fn with the innermost run in progress:
+// - fn(kEnd) runs after the run's last closure, before the run returns (inside a graph capture
+//   when the run is captured), in registration order;
+// - fn(kEarly) runs, for every run in progress, innermost first, just before a grad-ready hook
+//   fires (a hook reads a final main_grad): fn must then do its pending work, and may be called
+//   again later (kEarly any number of times, then one kEnd);
+// - fn(kAbort) runs instead of kEnd when a closure throws: drop the pending work.
+enum class TapeRunEvent { kEarly, kEnd, kAbort };
+// A serial number of the innermost tape run in progress on this thread (unique per run), or 0
+// outside every run.
+uint64_t tape_run_serial();
+// REQUIRES: a tape run is in progress on this thread.
+void at_tape_run_end(std::function<void(TapeRunEvent)> fn);
 
 // Seeds d(loss)/d(loss) = `seed` (a scalar loss) and runs the tape in reverse, then clears it.
 void backward(const Var& loss, double seed = 1.0);

@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "model/cuda/check.h"
+#include "model/cuda/column_finish.h"
 #include "model/cuda/kernel_util.cuh"
 
 namespace gtron::cuda {
@@ -51,18 +52,12 @@ inline int64_t column_scratch_floats(int64_t N, int64_t C, int K) {
   return K * column_chunks(N) * C;
 }
 
-// out_k[c] += Σ_j partial[(k·chunks + j)·C + c] for j < chunks (k = blockIdx.y; a null out_k is
-// skipped), in the fixed order of Note [one-pass column sums]. Block: kColTile × kTreeLanes
-// threads.
-template <int K>
-__global__ void column_tree_finish_kernel(const float* __restrict__ partial, int64_t chunks,
-                                          int64_t C, float* out0, float* out1) {
-  static_assert(K == 1 || K == 2, "column_tree_finish: one or two outputs");
-  __shared__ float lanes[kTreeLanes][kColTile];
-  float* out = blockIdx.y == 0 ? out0 : out1;
-  if (out == nullptr) return;  // the whole block leaves: no barrier is skipped by a part of it
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
-  const float* p = partial + static_cast<int64_t>(blockIdx.y) * chunks * C;
+// out[c] += Σ_j p[j·C + c] for j < chunks, for this thread's column c of a block of kColTile ×
+// kTreeLanes threads, in the fixed order of Note [one-pass column sums]. Every thread of the
+// block calls it (it synchronizes the block).
+__device__ __forceinline__ void tree_finish_tile(const float* __restrict__ p, int64_t chunks,
+                                                 int64_t C, int64_t c, float* out,
+                                                 float (&lanes)[kTreeLanes][kColTile]) {
   float s = 0.0f;
   if (c < C) {
 #pragma unroll 16  // up to 256 chunks: every load of a thread in flight at once
@@ -78,9 +73,30 @@ __global__ void column_tree_finish_kernel(const float* __restrict__ partial, int
   if (threadIdx.y == 0 && c < C) out[c] += lanes[0][threadIdx.x];
 }
 
+// out_k[c] += Σ_j partial[(k·chunks + j)·C + c] for j < chunks (k = blockIdx.y; a null out_k is
+// skipped). Block: kColTile × kTreeLanes threads.
+template <int K>
+__global__ void column_tree_finish_kernel(const float* __restrict__ partial, int64_t chunks,
+                                          int64_t C, float* out0, float* out1) {
+  static_assert(K == 1 || K == 2, "column_tree_finish: one or two outputs");
+  __shared__ float lanes[kTreeLanes][kColTile];
+  float* out = blockIdx.y == 0 ? out0 : out1;
+  if (out == nullptr) return;  // the whole block leaves: no barrier is skipped by a part of it
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
+  tree_finish_tile(partial + static_cast<int64_t>(blockIdx.y) * chunks * C, chunks, C, c, out,
+                   lanes);
+}
+
+// Launches column_tree_finish_kernel, or queues its outputs on this thread's active FinishBatch
+// (model/cuda/column_finish.h), which finishes them later with the same arithmetic.
 template <int K>
 void column_tree_finish(const float* partial, int64_t chunks, int64_t C, float* out0, float* out1,
                         cudaStream_t stream) {
+  if (FinishBatch* batch = active_finish_batch()) {
+    batch->add(partial, chunks, C, out0, stream);
+    if constexpr (K == 2) batch->add(partial + chunks * C, chunks, C, out1, stream);
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(C, kColTile)), K);
   column_tree_finish_kernel<K>
       <<<grid, dim3(kColTile, kTreeLanes), 0, stream>>>(partial, chunks, C, out0, out1);

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "model/ops/add.h"
+#include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
@@ -58,7 +59,7 @@ void add_layernorm_backward_cuda(const Saved& v) {
   Stream& s = current_stream(v.y.device());
   const bool want_params = dy && (v.gamma.requires_grad() || v.beta.requires_grad());
   Tensor scratch;
-  if (want_params) scratch = scratch_floats(cuda::layernorm_backward_scratch_floats(v.N, v.C), s);
+  if (want_params) scratch = column_scratch(cuda::layernorm_backward_scratch_floats(v.N, v.C), s);
   float* dgamma =
       dy && v.gamma.requires_grad() ? f32_grad("add_layernorm gamma", v.gamma.grad()) : nullptr;
   float* dbeta =

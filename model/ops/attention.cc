@@ -2,12 +2,21 @@
 
 #include <cmath>
 
+#include "model/env_switch.h"
+#include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
 #include "model/stream.h"
 
 namespace gtron {
 
 namespace {
+
+// GTRON_QKV_BIAS_PARTIALS=0: the flash backward leaves qkv's bias gradient to the linear's own
+// pass over dqkv (A/B measurements; Note [qkv bias partials] in model/ops/flash_common.cuh).
+bool qkv_bias_partials() {
+  static const bool on = env_switch_on("GTRON_QKV_BIAS_PARTIALS");
+  return on;
+}
 
 float score_scale(int64_t HS) {
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(HS)));
@@ -106,7 +115,15 @@ Var causal_attention(const Var& qkv, int NH) {
         cuda::FlashBackwardArgs a =
             flash_backward_args(qkv.value(), out.value(), out.grad(), lse, dqkv, NH);
         a.accumulate = !overwrite;
+        // Note [qkv bias partials]: the linear that made qkv finishes its bias gradient from them.
+        Tensor partials;
+        const int64_t chunks = cuda::flash_column_chunks(B, Tlen);
+        if (qkv.col_partials_requested() && qkv_bias_partials()) {
+          partials = column_scratch(chunks * 3 * NH * HS, s);
+          a.col_partial = partials.data<float>();
+        }
         cuda::flash_attention_backward(a, scratch.data<float>(), s.native());
+        if (partials.defined()) qkv.set_col_partials(partials, chunks);
         return;
       }
       if (out.device().is_cuda()) {

@@ -79,7 +79,12 @@ struct FlashBackwardArgs {
   int B = 0, NH = 0, HS = 0, T = 0;
   float scale = 0.0f;
   bool accumulate = true;  // false: dqkv is written, not added to (every element is covered)
+  // When set: flash_column_chunks(B, T) × 3C floats that get the fixed-chunk column partials of
+  // the stored dqkv (Note [qkv bias partials] in model/ops/flash_common.cuh).
+  float* col_partial = nullptr;
 };
+// Row chunks of FlashBackwardArgs::col_partial: one per 64-row tile of each sequence.
+inline int64_t flash_column_chunks(int64_t B, int64_t T) { return B * ((T + 63) / 64); }
 int64_t flash_attention_backward_scratch_floats(int64_t B, int64_t T, int64_t NH);
 void flash_attention_backward(const FlashBackwardArgs& a, float* scratch, void* stream);
 }  // namespace cuda

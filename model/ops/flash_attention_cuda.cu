@@ -244,8 +244,12 @@ __global__ void __launch_bounds__(kThreadsFa)
 
   const float one[2] = {1.0f, 1.0f}, sc[2] = {a.scale, a.scale};
   bf16* dbase = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * HS;
-  store_rows<HS>(dk, dbase + a.C, ld, k0 + warp * 16, a.T, lane, sc, a.accumulate);
-  store_rows<HS>(dv, dbase + 2 * a.C, ld, k0 + warp * 16, a.T, lane, one, a.accumulate);
+  __shared__ float red[4 * HS];  // Note [qkv bias partials]
+  const int tile = static_cast<int>(blockIdx.x);
+  store_grad_rows<HS>(dk, dbase + a.C, a, b, tile, a.C + h * HS, k0 + warp * 16, lane, warp, sc,
+                      red);
+  store_grad_rows<HS>(dv, dbase + 2 * a.C, a, b, tile, 2 * a.C + h * HS, k0 + warp * 16, lane, warp,
+                      one, red);
 }
 
 template <int HS, int kN>
@@ -313,7 +317,8 @@ __global__ void __launch_bounds__(kThreadsFa)
   }
   const float sc[2] = {a.scale, a.scale};
   bf16* dq_base = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * HS;
-  store_rows<HS>(dq, dq_base, ld, q0 + warp * 16, a.T, lane, sc, a.accumulate);
+  __shared__ float red[4 * HS];  // Note [qkv bias partials]
+  store_grad_rows<HS>(dq, dq_base, a, b, qb, h * HS, q0 + warp * 16, lane, warp, sc, red);
 }
 
 template <typename Kernel>

@@ -41,10 +41,12 @@ __device__ __forceinline__ void next_kv_tile(bf16* sK, bf16* sV, const bf16* gk,
 
 // acc rows r0 + lane/4 (+8) go to dst rows (row stride ld) below `len`: stored, or with `add`
 // added to what is there (bf16 read-modify-write, one owner per element), after scaling by `mul`.
-template <int HS>
+// kSum: cs[dt][j] also gets the lane's two stored values (as rounded) of its column dt·8 +
+// (lane & 3)·2 + j (Note [qkv bias partials]).
+template <int HS, bool kSum>
 __device__ __forceinline__ void store_rows(const float (&acc)[HS / 8][4], bf16* dst, int64_t ld,
                                            int r0, int len, int lane, const float (&mul)[2],
-                                           bool add) {
+                                           bool add, float (&cs)[HS / 8][2]) {
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int row = r0 + (lane >> 2) + rr * 8;
@@ -59,9 +61,71 @@ __device__ __forceinline__ void store_rows(const float (&acc)[HS / 8][4], bf16* 
         x += cur.x;
         y += cur.y;
       }
-      *o = __floats2bfloat162_rn(x, y);
+      const __nv_bfloat162 r = __floats2bfloat162_rn(x, y);
+      *o = r;
+      if constexpr (kSum) {
+        const float2 stored = __bfloat1622float2(r);
+        cs[dt][0] += stored.x;
+        cs[dt][1] += stored.y;
+      }
     }
   }
+}
+
+template <int HS>
+__device__ __forceinline__ void store_rows(const float (&acc)[HS / 8][4], bf16* dst, int64_t ld,
+                                           int r0, int len, int lane, const float (&mul)[2],
+                                           bool add) {
+  float unused[HS / 8][2];
+  store_rows<HS, false>(acc, dst, ld, r0, len, lane, mul, add, unused);
+}
+
+// Note [qkv bias partials]
+// With FlashBackwardArgs::col_partial set, each backward CTA also writes the column sums of the
+// 64 rows it stored (dQ, dK or dV of one head, the values as rounded to bf16) into
+// col_partial[chunk·3C + column], chunk = b·⌈T/64⌉ + the CTA's row tile: fixed-row-chunk partials
+// of Σ_rows dqkv, the bias gradient of the linear that made qkv, which that linear finishes
+// instead of reading dqkv once more (Note [gradient column partials] in model/autograd.h). The
+// order is fixed: a lane's two rows, a butterfly over the 8 lanes that share a column pair, then
+// the 4 warps in order. flash_column_chunks(B, T) chunks of 3C floats.
+//
+// part[c] = the CTA's sum of column c (c < HS), from every lane's cs (store_rows<HS, true>);
+// red: 4·HS floats of shared memory. Every thread of the CTA calls it.
+template <int HS>
+__device__ __forceinline__ void write_column_partials(const float (&cs)[HS / 8][2], int lane,
+                                                      int warp, float* red, float* part) {
+#pragma unroll
+  for (int dt = 0; dt < HS / 8; ++dt) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float v = cs[dt][j];
+      v += __shfl_xor_sync(0xffffffffu, v, 4);
+      v += __shfl_xor_sync(0xffffffffu, v, 8);
+      v += __shfl_xor_sync(0xffffffffu, v, 16);
+      if (lane < 4) red[warp * HS + dt * 8 + lane * 2 + j] = v;
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < HS; c += kThreadsFa)
+    part[c] = ((red[c] + red[HS + c]) + red[2 * HS + c]) + red[3 * HS + c];
+  __syncthreads();  // red is reused by the next call
+}
+
+// Stores acc like store_rows and, when a.col_partial is set, writes the CTA's column partials of
+// the stored rows at qkv column `col0` (Note [qkv bias partials]); `tile`: the CTA's 64-row tile.
+template <int HS>
+__device__ __forceinline__ void store_grad_rows(const float (&acc)[HS / 8][4], bf16* dst,
+                                                const FlashBackwardArgs& a, int b, int tile,
+                                                int64_t col0, int r0, int lane, int warp,
+                                                const float (&mul)[2], float* red) {
+  if (a.col_partial == nullptr) {
+    store_rows<HS>(acc, dst, a.qkv_ld, r0, a.T, lane, mul, a.accumulate);
+    return;
+  }
+  float cs[HS / 8][2] = {};
+  store_rows<HS, true>(acc, dst, a.qkv_ld, r0, a.T, lane, mul, a.accumulate, cs);
+  const int64_t chunk = static_cast<int64_t>(b) * ((a.T + kRows - 1) / kRows) + tile;
+  write_column_partials<HS>(cs, lane, warp, red, a.col_partial + chunk * 3 * a.C + col0);
 }
 
 // The causal mask and the online-softmax update of one 16-row accumulator tile (rows row_base

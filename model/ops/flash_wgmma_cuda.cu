@@ -245,8 +245,12 @@ __global__ void __launch_bounds__(kThreadsFa)
 
   const float one[2] = {1.0f, 1.0f}, sc[2] = {a.scale, a.scale};
   bf16* dbase = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * kHs;
-  store_rows<kHs>(dk, dbase + a.C, ld, k0 + warp * 16, a.T, lane, sc, a.accumulate);
-  store_rows<kHs>(dv, dbase + 2 * a.C, ld, k0 + warp * 16, a.T, lane, one, a.accumulate);
+  __shared__ float red[4 * kHs];  // Note [qkv bias partials]
+  const int tile = static_cast<int>(blockIdx.x);
+  store_grad_rows<kHs>(dk, dbase + a.C, a, b, tile, a.C + h * kHs, k0 + warp * 16, lane, warp, sc,
+                       red);
+  store_grad_rows<kHs>(dv, dbase + 2 * a.C, a, b, tile, 2 * a.C + h * kHs, k0 + warp * 16, lane,
+                       warp, one, red);
 }
 
 constexpr int bwd_q_smem() { return 6 * kTileElems * 2 + kAlignPad; }  // Q, dO, K[2], V[2]
@@ -340,7 +344,8 @@ __global__ void __launch_bounds__(kThreadsFa)
   }
   const float sc[2] = {a.scale, a.scale};
   bf16* dq_base = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * kHs;
-  store_rows<kHs>(dq, dq_base, ld, q0 + warp * 16, a.T, lane, sc, a.accumulate);
+  __shared__ float red[4 * kHs];  // Note [qkv bias partials]
+  store_grad_rows<kHs>(dq, dq_base, a, b, qb, h * kHs, q0 + warp * 16, lane, warp, sc, red);
 }
 
 template <typename Kernel>

@@ -2,6 +2,7 @@
 
 #include "model/env_switch.h"
 #include "model/ops/add.h"
+#include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
 #include "model/ops/gelu.h"
 #include "model/ops/linear.h"
@@ -60,7 +61,7 @@ GeluUp linear_gelu_up(const Var& x, const Var& w, const Var& b) {
       Stream& s = current_stream(vpre.device());
       const bool want_db = b.requires_grad();
       Tensor scratch;
-      if (want_db) scratch = scratch_floats(cuda::linear_backward_scratch_floats(d.N, d.Cout), s);
+      if (want_db) scratch = column_scratch(cuda::linear_backward_scratch_floats(d.N, d.Cout), s);
       Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
       bool dx_overwrite = false;
       void* dx = x.requires_grad() ? x.grad_for_write(&dx_overwrite).raw() : nullptr;
@@ -109,7 +110,7 @@ Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& r
       }
       const bool want_db = b.defined() && b.requires_grad();
       Tensor scratch;
-      if (want_db) scratch = scratch_floats(cuda::linear_backward_scratch_floats(d.N, d.Cout), s);
+      if (want_db) scratch = column_scratch(cuda::linear_backward_scratch_floats(d.N, d.Cout), s);
       Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
       // dw, db as linear's; the input gradient goes to pre through gelu' (below), never to g.
       cuda::linear_backward(g.raw(), w.value().raw(), out.grad().raw(), nullptr,

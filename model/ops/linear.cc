@@ -1,6 +1,7 @@
 #include "model/ops/linear.h"
 
 #include "model/ops/add.h"
+#include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
@@ -53,7 +54,7 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual) {
       if (out.device().is_cuda()) {
         const bool want_db = b.defined() && b.requires_grad();
         Tensor scratch;
-        if (want_db) scratch = scratch_floats(cuda::linear_backward_scratch_floats(N, Cout), s);
+        if (want_db) scratch = column_scratch(cuda::linear_backward_scratch_floats(N, Cout), s);
         Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
         bool dx_overwrite = false;
         void* dx = x.requires_grad() ? x.grad_for_write(&dx_overwrite).raw() : nullptr;

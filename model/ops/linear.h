@@ -35,6 +35,11 @@ void linear_forward(const void* x, const void* w, const void* bias, DType bias_d
                     const void* residual = nullptr);
 // Floats of scratch linear_backward needs when db is given (the deterministic column sum).
 int64_t linear_backward_scratch_floats(int64_t N, int64_t Cout);
+// db[Cout] (f32) += Σ_j partial[j·Cout + c] over `chunks` fixed-row-chunk partials of dy that its
+// writer formed (Note [gradient column partials] in model/autograd.h): the finish of the column
+// sums, in their fixed order (model/cuda/column_sum.cuh).
+void linear_bias_grad_from_partials(const float* partial, int64_t chunks, int64_t Cout, float* db,
+                                    void* stream);
 // Accumulates, each pointer optional (null: no gradient wanted):
 //   dx[N, Cin] (act) += dy·w,   dw[Cout, Cin] (dw_dtype) += dyᵀ·x,   db[Cout] (f32) += Σ_rows dy.
 // dw is f32 (a main_grad) or act (e.g. a bf16 send buffer); db is f32 whatever `act` is. db is a

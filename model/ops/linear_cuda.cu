@@ -82,6 +82,13 @@ int64_t linear_backward_scratch_floats(int64_t N, int64_t Cout) {
   return dense_column_scratch_floats(N, Cout);
 }
 
+void linear_bias_grad_from_partials(const float* partial, int64_t chunks, int64_t Cout, float* db,
+                                    void* stream) {
+  if (Cout == 0 || db == nullptr) return;
+  GTRON_CHECK(partial != nullptr && chunks >= 1, "linear: bias partials of ", chunks, " chunks");
+  column_tree_finish<1>(partial, chunks, Cout, db, nullptr, static_cast<cudaStream_t>(stream));
+}
+
 void linear_backward(const void* x, const void* w, const void* dy, void* dx, void* dw,
                      DType dw_dtype, float* db, float* scratch, int64_t N, int64_t Cin,
                      int64_t Cout, DType act, void* stream, bool dx_overwrite) {

@@ -1,5 +1,6 @@
 #include "model/ops/norm.h"
 
+#include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
@@ -56,7 +57,7 @@ Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps) {
       if (out.device().is_cuda()) {
         const bool want_params = gamma.requires_grad() || beta.requires_grad();
         Tensor scratch;
-        if (want_params) scratch = scratch_floats(cuda::layernorm_backward_scratch_floats(N, C), s);
+        if (want_params) scratch = column_scratch(cuda::layernorm_backward_scratch_floats(N, C), s);
         cuda::layernorm_backward(
             x.value().raw(), gamma.value().raw(), gamma.dtype(), mean.data<float>(),
             rstd.data<float>(), out.grad().raw(), x.requires_grad() ? x.grad().raw() : nullptr,
@@ -115,7 +116,7 @@ Var rmsnorm(const Var& x, const Var& gamma, double eps) {
       if (out.device().is_cuda()) {
         Tensor scratch;
         if (gamma.requires_grad()) {
-          scratch = scratch_floats(cuda::rmsnorm_backward_scratch_floats(N, C), s);
+          scratch = column_scratch(cuda::rmsnorm_backward_scratch_floats(N, C), s);
         }
         cuda::rmsnorm_backward(
             x.value().raw(), gamma.value().raw(), gamma.dtype(), rrms.data<float>(),

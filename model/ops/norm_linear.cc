@@ -1,6 +1,7 @@
 #include "model/ops/norm_linear.h"
 
 #include "model/env_switch.h"
+#include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
 #include "model/ops/linear.h"
 #include "model/ops/shape_check.h"
@@ -49,6 +50,7 @@ Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var&
                     w.requires_grad() || (b.defined() && b.requires_grad());
   Var out = Var::output(y, need);
   if (!need) return out;
+  if (b.defined() && b.requires_grad()) out.request_col_partials();
   const Tensor kept = keep_normalized_rows() ? n : Tensor();
   record_backward([x, gamma, beta, w, b, out, mean, rstd, normalize, kept, N, C, Cout, act, tp] {
     if (!out.has_grad()) return;
@@ -56,9 +58,18 @@ Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var&
     // The kept rows, or recomputed ones (the same kernel on the same x: the same bits, and the
     // same statistics rewritten over mean and rstd).
     const Tensor n = kept.defined() ? kept : normalize(s, mean.data<float>(), rstd.data<float>());
-    const bool want_db = b.defined() && b.requires_grad();
+    bool want_db = b.defined() && b.requires_grad();
+    // Note [gradient column partials]: the bias gradient from the partials dy's writer left.
+    int64_t chunks = 0;
+    const Tensor partials = out.take_col_partials(&chunks);
+    if (want_db && partials.defined()) {
+      keep_column_scratch(partials, s);
+      cuda::linear_bias_grad_from_partials(partials.data<float>(), chunks, Cout,
+                                           f32_grad("layernorm_linear bias", b.grad()), s.native());
+      want_db = false;
+    }
     Tensor lin_scratch;
-    if (want_db) lin_scratch = scratch_floats(cuda::linear_backward_scratch_floats(N, Cout), s);
+    if (want_db) lin_scratch = column_scratch(cuda::linear_backward_scratch_floats(N, Cout), s);
     Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
     const bool want_dn = x.requires_grad() || gamma.requires_grad() || beta.requires_grad();
     Tensor dn;
@@ -72,7 +83,7 @@ Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var&
     if (tp != nullptr) tp->all_reduce(dn, TpReduce::kSum);
     const bool want_params = gamma.requires_grad() || beta.requires_grad();
     Tensor ln_scratch;
-    if (want_params) ln_scratch = scratch_floats(cuda::layernorm_backward_scratch_floats(N, C), s);
+    if (want_params) ln_scratch = column_scratch(cuda::layernorm_backward_scratch_floats(N, C), s);
     cuda::layernorm_backward(
         x.value().raw(), gamma.value().raw(), gamma.dtype(), mean.data<float>(), rstd.data<float>(),
         dn.raw(), x.requires_grad() ? x.grad().raw() : nullptr,

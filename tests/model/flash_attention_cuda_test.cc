@@ -265,5 +265,48 @@ TEST(FlashAttentionCuda, CausalAttentionHoldsNoQuadraticBuffer) {
   EXPECT_LT(peak, static_cast<size_t>(T) * T * 4 / 4);  // far under one [T, T] fp32 head
 }
 
+// Note [qkv bias partials] and Note [gradient column partials]: asked for, the backward leaves
+// fixed-chunk column partials of the dqkv it wrote (one chunk per 64-row tile of each sequence);
+// their sums equal Σ_rows dqkv; a later access of the gradient drops them; not asked for, none.
+TEST(FlashAttentionCuda, BackwardLeavesColumnPartialsOfDqkv) {
+  GTRON_REQUIRE_GPU();
+  for (int64_t HS : {64, 128}) {
+    for (int64_t T : {1, 63, 129, 1000}) {
+      const int64_t B = 2, NH = 2, C = NH * HS;
+      ASSERT_TRUE(cuda::flash_attention_supported(HS, DType::kBF16));
+      Var qkv = Var::leaf(to_gpu_bf16(bf16_values(B * T * 3 * C, 20 + T), {B, T, 3 * C}));
+      qkv.request_col_partials();
+      Tensor dy = to_gpu_bf16(bf16_values(B * T * C, 30 + T), {B, T, C});
+      backward_with(causal_attention(qkv, static_cast<int>(NH)), dy);
+      int64_t chunks = 0;
+      Tensor parts = qkv.take_col_partials(&chunks);
+      ASSERT_TRUE(parts.defined()) << "HS " << HS << " T " << T;
+      ASSERT_EQ(chunks, B * ((T + 63) / 64));
+      const std::vector<double> p = parts.to_vector();
+      ASSERT_GE(static_cast<int64_t>(p.size()), chunks * 3 * C);
+      const std::vector<double> g = to_host(qkv.grad());  // also drops nothing left: taken
+      for (int64_t c = 0; c < 3 * C; ++c) {
+        double from_parts = 0, direct = 0, mag = 0;
+        for (int64_t j = 0; j < chunks; ++j) from_parts += p[j * 3 * C + c];
+        for (int64_t r = 0; r < B * T; ++r) {
+          direct += g[r * 3 * C + c];
+          mag += std::fabs(g[r * 3 * C + c]);
+        }
+        ASSERT_NEAR(from_parts, direct, 1e-5 * mag + 1e-6)
+            << "HS " << HS << " T " << T << " c " << c;
+      }
+      // A gradient access after the write drops them; nobody asking gets none.
+      Var again = Var::leaf(to_gpu_bf16(bf16_values(B * T * 3 * C, 20 + T), {B, T, 3 * C}));
+      again.request_col_partials();
+      backward_with(causal_attention(again, static_cast<int>(NH)), dy);
+      (void)again.grad();
+      EXPECT_FALSE(again.take_col_partials(&chunks).defined());
+      Var plain = Var::leaf(to_gpu_bf16(bf16_values(B * T * 3 * C, 20 + T), {B, T, 3 * C}));
+      backward_with(causal_attention(plain, static_cast<int>(NH)), dy);
+      EXPECT_FALSE(plain.take_col_partials(&chunks).defined());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gtron

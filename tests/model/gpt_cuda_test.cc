@@ -9,8 +9,10 @@
 #include <cstdlib>
 #include <vector>
 
+#include "model/cuda/column_finish.h"
 #include "model/gpt.h"
 #include "model/mixed_precision.h"
+#include "model/ops/column_scratch.h"
 #include "tests/model/cuda_op_check.h"
 
 namespace gtron {
@@ -194,6 +196,48 @@ TEST(GptCuda, LossSeedPromiseKeepsLossesAndGradientsBitForBit) {
         den += two.grads[i][j] * two.grads[i][j];
       }
       EXPECT_LE(std::sqrt(num), 1e-2 * std::sqrt(den) + 1e-9) << two.names[i];
+    }
+  }
+}
+
+// Note [deferred column finishes]: the bias and norm-parameter gradients finished in one batch at
+// the end of the backward equal the separately launched finishes bit for bit (fp32 and bf16; D = 2
+// shares ln_f between three heads: one output queued three times), and a grad-ready hook that
+// fires mid-backward reads its final gradient.
+TEST(GptCuda, DeferredColumnFinishesKeepGradientsBitForBit) {
+  GTRON_REQUIRE_GPU();
+  const GPTConfig c = tiny_config();
+  const Device gpu = Device::cuda(0);
+  const Tensor window = random_window(3, 11, c.vocab_size, 3).to(gpu);
+  const Tensor seed = Tensor::from_vector({0.125}, Shape{}, DType::kF32).to(gpu);
+  for (bool bf16 : {false, true}) {
+    GPT model(c, DType::kF32, gpu, 5);
+    Bf16Weights shadows;
+    if (bf16) model.set_weight_access(&shadows);
+    model.set_loss_seed(seed);
+    set_column_finish_deferral(false);
+    const int64_t before = cuda::batched_finish_count();
+    const Result now = run(model, window, &seed);
+    EXPECT_EQ(cuda::batched_finish_count(), before);
+    set_column_finish_deferral(true);
+    const Result later = run(model, window, &seed);
+    // Every linear bias and LayerNorm/RMSNorm parameter went through a batch.
+    EXPECT_GE(cuda::batched_finish_count() - before, 4 * c.n_layer + 4 * c.n_layer);
+    EXPECT_EQ(later.losses, now.losses);
+    ASSERT_EQ(later.grads.size(), now.grads.size());
+    for (size_t i = 0; i < now.grads.size(); ++i) {
+      EXPECT_EQ(later.grads[i], now.grads[i]) << now.names[i] << (bf16 ? " bf16" : " fp32");
+    }
+    std::vector<Parameter*> params = model.parameters();
+    std::vector<std::vector<double>> seen(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      Parameter* p = params[i];
+      p->grad_ready = [p, &seen, i] { seen[i] = p->main_grad.to_vector(); };
+    }
+    const Result hooked = run(model, window, &seed);
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i]->grad_ready = nullptr;
+      EXPECT_EQ(seen[i], hooked.grads[i]) << params[i]->name << (bf16 ? " bf16" : " fp32");
     }
   }
 }

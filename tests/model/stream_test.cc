@@ -9,6 +9,8 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -279,8 +281,77 @@ TEST(Autograd, ParameterGradSlotIsMainGrad) {
   EXPECT_TRUE(v.has_grad());
   v.grad().data<double>()[1] += 3;
   EXPECT_EQ(p.main_grad.to_vector(), (std::vector<double>{0, 3}));
-  NoGradGuard guard;
-  EXPECT_FALSE(Var::param(p).requires_grad());
+  {
+    NoGradGuard guard;
+    EXPECT_FALSE(Var::param(p).requires_grad());
+  }
+  clear_tape();  // the use noted above: p dies with this test
+}
+
+// Note [work at the end of a tape run]: kEnd after the run's last closure, in registration order,
+// with the run still current; a nested run gets its own serial and its own end; kEarly before a
+// grad-ready hook fires; kAbort instead of kEnd when a closure throws.
+TEST(Autograd, TapeRunEndWorkRunsAfterTheLastClosureAndNests) {
+  clear_tape();
+  EXPECT_EQ(tape_run_serial(), 0u);
+  std::vector<std::string> log;
+  uint64_t outer = 0, inner = 0;
+  auto ev_name = [](TapeRunEvent ev) {
+    return ev == TapeRunEvent::kEnd ? "end" : ev == TapeRunEvent::kEarly ? "early" : "abort";
+  };
+  record_backward([&] { log.push_back("closure 1"); });
+  record_backward([&] {
+    outer = tape_run_serial();
+    at_tape_run_end([&](TapeRunEvent ev) {
+      EXPECT_EQ(tape_run_serial(), outer);  // still current at its end
+      log.push_back(std::string("outer b ") + ev_name(ev));
+    });
+    Tape nested;
+    nested.closures.push_back([&] {
+      inner = tape_run_serial();
+      at_tape_run_end([&](TapeRunEvent ev) { log.push_back(std::string("inner ") + ev_name(ev)); });
+    });
+    run_tape(std::move(nested));
+    EXPECT_EQ(tape_run_serial(), outer);  // back in the outer run
+    log.push_back("closure 2");
+  });
+  record_backward([&] {
+    at_tape_run_end([&](TapeRunEvent ev) { log.push_back(std::string("outer a ") + ev_name(ev)); });
+  });
+  backward(Var::leaf(Tensor::zeros({1}, DType::kF32)));
+  EXPECT_NE(outer, 0u);
+  EXPECT_NE(inner, 0u);
+  EXPECT_NE(inner, outer);
+  EXPECT_EQ(tape_run_serial(), 0u);
+  EXPECT_EQ(log, (std::vector<std::string>{"inner end", "closure 2", "closure 1", "outer a end",
+                                           "outer b end"}));
+}
+
+TEST(Autograd, TapeRunEndWorkRunsEarlyBeforeAGradReadyHookAndAbortsOnThrow) {
+  clear_tape();
+  Parameter p("w", Tensor::zeros({1}, DType::kF32));
+  std::vector<std::string> log;
+  p.grad_ready = [&] { log.push_back("hook"); };
+  Var w = Var::param(p);  // its grad-ready closure runs last
+  record_backward([&] {
+    at_tape_run_end([&](TapeRunEvent ev) {
+      log.push_back(ev == TapeRunEvent::kEarly ? "early" : ev == TapeRunEvent::kEnd ? "end" : "x");
+    });
+  });
+  backward(Var::leaf(Tensor::zeros({1}, DType::kF32)));
+  EXPECT_EQ(log, (std::vector<std::string>{"early", "hook", "end"}));
+  p.grad_ready = nullptr;
+
+  log.clear();
+  record_backward([] { throw std::runtime_error("closure failed"); });
+  record_backward([&] {
+    at_tape_run_end([&](TapeRunEvent ev) {
+      log.push_back(ev == TapeRunEvent::kAbort ? "abort" : "not abort");
+    });
+  });
+  EXPECT_THROW(backward(Var::leaf(Tensor::zeros({1}, DType::kF32))), std::runtime_error);
+  EXPECT_EQ(log, (std::vector<std::string>{"abort"}));
+  EXPECT_EQ(tape_run_serial(), 0u);
 }
 
 }  // namespace

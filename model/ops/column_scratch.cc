@@ -1,0 +1,78 @@
+#include "model/ops/column_scratch.h"
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "model/autograd.h"
+#include "model/cuda/column_finish.h"
+#include "model/env_switch.h"
+#include "model/ops/device_util.h"
+
+namespace gtron {
+
+namespace {
+
+std::atomic<int> g_deferral{-1};  // -1: not read yet
+
+// One tape run's queued finishes and the scratch their partials live in.
+struct RunFinishes {
+  uint64_t serial = 0;
+  cuda::FinishBatch batch;
+  std::vector<Tensor> keep;
+};
+// This thread's runs with queued finishes, outermost first (runs nest).
+thread_local std::vector<std::unique_ptr<RunFinishes>> t_runs;
+
+void activate_top() {
+  cuda::set_active_finish_batch(t_runs.empty() ? nullptr : &t_runs.back()->batch);
+}
+
+void on_run_event(RunFinishes* r, TapeRunEvent ev) {
+  if (ev != TapeRunEvent::kAbort) r->batch.flush();
+  r->batch.clear();
+  r->keep.clear();  // stream-ordered frees: the launches above still read them first
+  if (ev == TapeRunEvent::kEarly) return;
+  GTRON_CHECK(!t_runs.empty() && t_runs.back().get() == r, "column finishes of a tape run ended ",
+              "out of order");
+  t_runs.pop_back();
+  activate_top();
+}
+
+}  // namespace
+
+bool column_finish_deferral() {
+  int v = g_deferral.load(std::memory_order_relaxed);
+  if (v < 0) {
+    int unread = -1;
+    g_deferral.compare_exchange_strong(unread, env_switch_on("GTRON_DEFER_FINISH") ? 1 : 0,
+                                       std::memory_order_relaxed);
+    v = g_deferral.load(std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void set_column_finish_deferral(bool on) {
+  g_deferral.store(on ? 1 : 0, std::memory_order_relaxed);
+}
+
+Tensor column_scratch(int64_t floats, Stream& s) {
+  Tensor t = scratch_floats(floats, s);
+  keep_column_scratch(t, s);
+  return t;
+}
+
+void keep_column_scratch(const Tensor& t, Stream& s) {
+  const uint64_t serial = tape_run_serial();
+  if (serial == 0 || !s.device().is_cuda() || !column_finish_deferral()) return;
+  if (t_runs.empty() || t_runs.back()->serial != serial) {
+    t_runs.push_back(std::make_unique<RunFinishes>());
+    RunFinishes* r = t_runs.back().get();
+    r->serial = serial;
+    at_tape_run_end([r](TapeRunEvent ev) { on_run_event(r, ev); });
+  }
+  t_runs.back()->keep.push_back(t);
+  activate_top();
+}
+
+}  // namespace gtron
