@@ -8,6 +8,7 @@
 #include "model/cuda/column_finish.h"
 #include "model/env_switch.h"
 #include "model/ops/device_util.h"
+#include "model/ops/linear.h"
 
 namespace gtron {
 
@@ -73,6 +74,19 @@ void keep_column_scratch(const Tensor& t, Stream& s) {
   }
   t_runs.back()->keep.push_back(t);
   activate_top();
+}
+
+bool bias_grad_from_partials(const Var& y, const Var& b, Stream& s) {
+  int64_t chunks = 0;
+  const Tensor partials = y.take_col_partials(&chunks);
+  if (!partials.defined() || !b.defined() || !b.requires_grad()) return false;
+  const int64_t C = b.shape()[0];
+  GTRON_CHECK(partials.numel() >= chunks * C, "bias partials: ", partials.numel(), " floats for ",
+              chunks, " chunks of ", C);
+  keep_column_scratch(partials, s);
+  cuda::linear_bias_grad_from_partials(partials.data<float>(), chunks, C,
+                                       f32_grad("linear bias", b.grad()), s.native());
+  return true;
 }
 
 }  // namespace gtron

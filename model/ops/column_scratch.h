@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "model/autograd.h"
 #include "model/stream.h"
 #include "model/tensor.h"
 
@@ -37,5 +38,11 @@ Tensor column_scratch(int64_t floats, Stream& s);
 // Partials made elsewhere (Note [gradient column partials] in model/autograd.h) that a finish
 // queued now reads: kept alive like column_scratch's until the run's finishes have run.
 void keep_column_scratch(const Tensor& t, Stream& s);
+
+// Note [gradient column partials] (model/autograd.h): b's gradient += Σ_rows of y's gradient,
+// finished from the partials y's last writer left on it (taken from y). Returns false, doing
+// nothing, when there are none (or b wants no gradient). Call it before anything reads y's
+// gradient: that access drops them.
+bool bias_grad_from_partials(const Var& y, const Var& b, Stream& s);
 
 }  // namespace gtron

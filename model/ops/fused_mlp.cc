@@ -91,6 +91,7 @@ Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& r
   const bool need = g.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()) ||
                     (residual.defined() && residual.requires_grad());
   Var out = Var::output(y, need);
+  if (need && b.defined() && b.requires_grad()) out.request_col_partials();
   if (need) {
     // Note [keeping g]: g is kept for the backward's dw, or (GTRON_MLP_KEEP_G=0) dropped once y is
     // formed and recomputed from pre there, one elementwise pass.
@@ -99,16 +100,18 @@ Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& r
     const Tensor kept = keep_gelu_output() ? g.value() : Tensor();
     record_backward([g_shape, kept, pre, w, b, residual, out, d] {
       if (!out.has_grad()) return;
+      Stream& s = current_stream(out.device());
+      // Note [gradient column partials]: taken before anything reads dy.
+      const bool db_done = bias_grad_from_partials(out, b, s);
       // The residual's share first: dy itself (it only binds a slot or queues an add before
       // the GEMMs below read dy; whatever later accumulates into the slot queues after them).
       if (residual.defined()) hand_on_gradient(residual, out.grad());
-      Stream& s = current_stream(out.device());
       Tensor g = kept;
       if (!g.defined()) {
         g = Tensor::empty(g_shape, DType::kBF16, out.device(), &s);
         cuda::gelu_forward(pre.value().raw(), g.raw(), d.N * d.Cin, DType::kBF16, s.native());
       }
-      const bool want_db = b.defined() && b.requires_grad();
+      const bool want_db = b.defined() && b.requires_grad() && !db_done;
       Tensor scratch;
       if (want_db) scratch = column_scratch(cuda::linear_backward_scratch_floats(d.N, d.Cout), s);
       Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;

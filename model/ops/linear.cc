@@ -45,14 +45,19 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual) {
   bool need = x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()) ||
               (residual.defined() && residual.requires_grad());
   Var out = Var::output(y, need);
+  // Note [gradient column partials]: dy's last writer may sum its columns for the bias gradient.
+  if (out.requires_grad() && x.device().is_cuda() && b.defined() && b.requires_grad())
+    out.request_col_partials();
   if (out.requires_grad()) {
     record_backward([x, w, b, residual, out, N, Cin, Cout] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
+      // Note [gradient column partials]: taken before anything reads dy.
+      const bool db_done = out.device().is_cuda() && bias_grad_from_partials(out, b, s);
       // The residual's share is dy itself (bound or queued before the GEMMs read dy).
       if (residual.defined()) hand_on_gradient(residual, out.grad());
       if (out.device().is_cuda()) {
-        const bool want_db = b.defined() && b.requires_grad();
+        const bool want_db = b.defined() && b.requires_grad() && !db_done;
         Tensor scratch;
         if (want_db) scratch = column_scratch(cuda::linear_backward_scratch_floats(N, Cout), s);
         Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;

@@ -1,5 +1,6 @@
 #include "model/ops/norm.h"
 
+#include "model/env_switch.h"
 #include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
@@ -16,6 +17,28 @@ Tensor row_stats(const Var& x, int64_t N, Stream& s) {
 }
 
 }  // namespace
+
+void layernorm_backward_cuda(const Var& x, const Var& gamma, const Var& beta, const Tensor& mean,
+                             const Tensor& rstd, const Tensor& dy, int64_t N, int64_t C,
+                             Stream& s) {
+  const bool want_params = gamma.requires_grad() || beta.requires_grad();
+  // Note [gradient column partials]: x's producer asked for the partials of its gradient
+  // (GTRON_NORM_DX_PARTIALS=0 leaves them to its own pass: A/B measurements).
+  static const bool on = env_switch_on("GTRON_NORM_DX_PARTIALS");
+  const bool partials = on && want_params && x.requires_grad() && x.col_partials_requested();
+  Tensor scratch;
+  if (want_params) scratch = column_scratch(cuda::layernorm_backward_scratch_floats(N, C), s);
+  const bool summed = cuda::layernorm_backward(
+      x.value().raw(), gamma.value().raw(), gamma.dtype(), mean.data<float>(), rstd.data<float>(),
+      dy.raw(), x.requires_grad() ? x.grad().raw() : nullptr,
+      gamma.requires_grad() ? f32_grad("layernorm gamma", gamma.grad()) : nullptr,
+      beta.requires_grad() ? f32_grad("layernorm beta", beta.grad()) : nullptr,
+      want_params ? scratch.data<float>() : nullptr, N, C, x.dtype(), s.native(), partials);
+  if (summed) {
+    const int64_t chunks = cuda::layernorm_dx_partial_chunks(N);
+    x.set_col_partials(scratch.rows(2 * chunks * C, 3 * chunks * C), chunks);
+  }
+}
 
 Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps) {
   GTRON_CHECK(x.shape().rank() >= 1, "layernorm: x must have a feature dim; got ", x.shape().str());
@@ -55,15 +78,7 @@ Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps) {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
       if (out.device().is_cuda()) {
-        const bool want_params = gamma.requires_grad() || beta.requires_grad();
-        Tensor scratch;
-        if (want_params) scratch = column_scratch(cuda::layernorm_backward_scratch_floats(N, C), s);
-        cuda::layernorm_backward(
-            x.value().raw(), gamma.value().raw(), gamma.dtype(), mean.data<float>(),
-            rstd.data<float>(), out.grad().raw(), x.requires_grad() ? x.grad().raw() : nullptr,
-            gamma.requires_grad() ? f32_grad("layernorm gamma", gamma.grad()) : nullptr,
-            beta.requires_grad() ? f32_grad("layernorm beta", beta.grad()) : nullptr,
-            want_params ? scratch.data<float>() : nullptr, N, C, out.dtype(), s.native());
+        layernorm_backward_cuda(x, gamma, beta, mean, rstd, out.grad(), N, C, s);
         return;
       }
       dispatch_float(out.dtype(), [&](auto tag) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "model/autograd.h"
+#include "model/stream.h"
 
 namespace gtron {
 
@@ -14,6 +15,14 @@ constexpr double kRMSNormEps = 1e-6;
 // x: [..., C], gamma, beta: [C]. y = (x − mean) / sqrt(var + eps) · gamma + beta (biased var).
 // Backward accumulates into dx, dgamma, dbeta.
 Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps = kLayerNormEps);
+
+// The CUDA LayerNorm backward of layernorm (and of the ops that contain one) for the output
+// gradient dy: accumulates into the gradients of x, gamma and beta (those that want one), from the
+// saved row statistics. Where x's producer asked (Note [gradient column partials] in
+// model/autograd.h) and the kernel can, it also leaves the column partials of x's finished
+// gradient on x.
+void layernorm_backward_cuda(const Var& x, const Var& gamma, const Var& beta, const Tensor& mean,
+                             const Tensor& rstd, const Tensor& dy, int64_t N, int64_t C, Stream& s);
 
 // x: [..., C], gamma: [C]. y = x / sqrt(mean(x²) + eps) · gamma.
 // Backward accumulates into dx, dgamma.
@@ -55,10 +64,15 @@ void layernorm_forward(const void* x, const void* gamma, const void* beta, DType
 int64_t layernorm_backward_scratch_floats(int64_t N, int64_t C);
 int64_t rmsnorm_backward_scratch_floats(int64_t N, int64_t C);
 // Accumulates dx (act), dgamma and dbeta (f32); any may be null. dgamma and dbeta are fixed-order
-// column sums (model/cuda/column_sum.cuh) through `scratch`.
-void layernorm_backward(const void* x, const void* gamma, DType param, const float* mean,
+// column sums (model/cuda/column_sum.cuh) through `scratch`. dx_partials: where the one-pass
+// staged kernel runs, also the column partials of dx as finished (Note [norm dx partials] in
+// model/ops/norm_cuda.cu): layernorm_dx_partial_chunks(N) chunks of C floats at scratch +
+// 2·chunks·C. Returns whether they were written.
+bool layernorm_backward(const void* x, const void* gamma, DType param, const float* mean,
                         const float* rstd, const void* dy, void* dx, float* dgamma, float* dbeta,
-                        float* scratch, int64_t N, int64_t C, DType act, void* stream);
+                        float* scratch, int64_t N, int64_t C, DType act, void* stream,
+                        bool dx_partials = false);
+int64_t layernorm_dx_partial_chunks(int64_t N);
 void rmsnorm_forward(const void* x, const void* gamma, DType param, void* y, float* rrms, int64_t N,
                      int64_t C, double eps, DType act, void* stream);
 // Accumulates dx (act) and dgamma (f32); either may be null.

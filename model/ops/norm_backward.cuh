@@ -99,10 +99,12 @@ __device__ __forceinline__ void block_partials(float (&acc)[K][kPacks * kV], flo
 
 // write_dx's arithmetic on staged values: dx[i, i + kV) = cur + out (cur: the staged dx), rounded
 // once; under kAlso the second slot gets that sum as stored (also_add: prev + it, prev staged).
+// `stored`: the dx values as written (rounded), for the column sums of Note [norm dx partials].
 template <bool kAlso, int kV, typename T>
 __device__ __forceinline__ void write_staged_dx(T* __restrict__ dx, T* __restrict__ also,
                                                 bool also_add, int64_t i, const Pack<T, kV>& cur,
-                                                const Pack<T, kV>& prev, const float (&out)[kV]) {
+                                                const Pack<T, kV>& prev, const float (&out)[kV],
+                                                float (&stored)[kV]) {
   float s[kV];
 #pragma unroll
   for (int e = 0; e < kV; ++e) s[e] = to_float(cur.v[e]) + out[e];
@@ -110,6 +112,8 @@ __device__ __forceinline__ void write_staged_dx(T* __restrict__ dx, T* __restric
 #pragma unroll
   for (int e = 0; e < kV; ++e) pk.v[e] = from_float<T>(s[e]);
   *reinterpret_cast<Pack<T, kV>*>(dx + i) = pk;
+#pragma unroll
+  for (int e = 0; e < kV; ++e) stored[e] = to_float(pk.v[e]);
   if constexpr (kAlso) {
     float sum[kV];
 #pragma unroll

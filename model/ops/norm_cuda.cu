@@ -183,18 +183,29 @@ __host__ __device__ inline int staged_operands(bool with_dx, bool also_add) {
   return with_dx ? (also_add ? 4 : 3) : 2;
 }
 
-// Dynamic shared memory of the staged kernel: its ring, or the warp tree's slots if larger.
-template <typename T, int kPacks, bool kLN>
-int staged_smem_bytes(int operands) {
+// Dynamic shared memory of the staged kernel: its ring, or the warp tree's slots if larger; with
+// kSum the per-warp dx column sums after that (Note [norm dx partials]).
+template <typename T, int kPacks, bool kLN, bool kSum = false>
+__host__ __device__ inline int staged_smem_bytes(int operands) {
   const int ring = kRowsPerBlock * kStages * operands * kPacks * 32 * 16;
   const int tree = kRowsPerBlock / 2 * (kLN ? 2 : 1) * kPacks * kPack<T> * 32 * 4;
-  return std::max(ring, tree);
+  const int sums = kSum ? kRowsPerBlock * kPacks * kPack<T> * 32 * 4 : 0;
+  return (ring > tree ? ring : tree) + sums;
 }
 
 // norm_backward_fused_kernel with each row's operands staged through shared memory one row ahead
 // (Note [staged norm backward]); 16-byte packs only. Dynamic shared memory:
-// staged_smem_bytes(staged_operands(dx != nullptr, kAlso && also_add)).
-template <typename T, typename P, int kPacks, bool kLN, bool kAlso>
+// staged_smem_bytes<.., kSum>(staged_operands(dx != nullptr, kAlso && also_add)).
+//
+// Note [norm dx partials]
+// kSum (dx given, no second slot): the block also writes partial[K][blockIdx.x][c], the sum over
+// its rows of dx[r, c] as stored (after adding into what dx held, rounded): fixed-row-chunk
+// partials of the finished gradient of x, which the linear that made x takes for its bias
+// gradient instead of a pass over that gradient (Note [gradient column partials] in
+// model/autograd.h). A lane adds its stored values into its own slots of a per-warp shared array
+// (sums[warp][element][lane], so no register is held for them through the row loop); at the end
+// the 8 warps' sums meet in block_partials' fixed tree. dx, dgamma and dbeta keep their bits.
+template <typename T, typename P, int kPacks, bool kLN, bool kAlso, bool kSum = false>
 __global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kPack<T> <= 24 ? 2 : 1)
     norm_backward_staged_kernel(const T* __restrict__ x, const P* __restrict__ gamma,
                                 const float* __restrict__ mean, const float* __restrict__ rstd,
@@ -213,6 +224,14 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kPack<T> <= 24 ? 2
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
   float acc[K][kE] = {};
+  // kSum: this warp's dx column sums, after the ring (or the tree's slots if larger).
+  float* sums = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(ring) +
+                                         staged_smem_bytes<T, kPacks, kLN>(ops)) +
+                warp * kE * 32 + lane;
+  if constexpr (kSum) {
+#pragma unroll
+    for (int e = 0; e < kE; ++e) sums[e * 32] = 0.0f;
+  }
   int64_t row = r0 + warp;
   float m_next = 0.0f, r_next = 0.0f;
   if (row < r1) {
@@ -250,12 +269,25 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, kPacks* kPack<T> <= 24 ? 2
       float out[kV];
       lane_dx_terms<T, P, kV>(xs[j], ds[j], gamma + c, m, r, mean_g, mean_gx, out);
       const Pk prev = ops > 3 ? rows.get(s, 3, j) : Pk{};
-      write_staged_dx<kAlso>(dx, also, also_add, row * C + c, rows.get(s, 2, j), prev, out);
+      float stored[kV];
+      write_staged_dx<kAlso>(dx, also, also_add, row * C + c, rows.get(s, 2, j), prev, out, stored);
+      if constexpr (kSum) {
+#pragma unroll
+        for (int e = 0; e < kV; ++e) sums[(j * kV + e) * 32] += stored[e];
+      }
     }
   }
   staged_wait<0>();
   __syncthreads();  // every warp is done with its ring: it becomes the tree's slots
   block_partials<kV, kPacks, K>(acc, reinterpret_cast<float*>(ring), C, partial);
+  if constexpr (kSum) {
+    float dxs[1][kE];
+#pragma unroll
+    for (int e = 0; e < kE; ++e) dxs[0][e] = sums[e * 32];
+    __syncthreads();  // warp 0's tree reads above are done before the slots are reused
+    block_partials<kV, kPacks, 1>(dxs, reinterpret_cast<float*>(ring), C,
+                                  partial + K * static_cast<int64_t>(gridDim.x) * C);
+  }
 }
 
 // Column-sum terms: dgamma += dy·x̂ and (LN) dbeta += dy.
@@ -300,12 +332,12 @@ int smem_optin_bytes() {
 }
 
 // Launches the staged kernel (Note [staged norm backward]) if its shared memory fits the device;
-// false: not launched.
-template <typename T, typename P, int kPacks, bool kLN, bool kAlso>
+// false: not launched. kSum: the dx partials too (Note [norm dx partials]).
+template <typename T, typename P, int kPacks, bool kLN, bool kAlso, bool kSum>
 bool launch_staged(const T* x, const P* gamma, const float* mean, const float* rstd, const T* dy,
                    T* dx, DxAlso<T> also, float* scratch, int64_t N, int64_t C, cudaStream_t st) {
-  constexpr auto kernel = norm_backward_staged_kernel<T, P, kPacks, kLN, kAlso>;
-  const int most = staged_smem_bytes<T, kPacks, kLN>(staged_operands(true, kAlso));
+  constexpr auto kernel = norm_backward_staged_kernel<T, P, kPacks, kLN, kAlso, kSum>;
+  const int most = staged_smem_bytes<T, kPacks, kLN, kSum>(staged_operands(true, kAlso));
   if (most > smem_optin_bytes()) return false;
   static std::atomic<uint64_t> devices{0};  // where the kernel may take `most` bytes already
   int dev = 0;
@@ -320,7 +352,7 @@ bool launch_staged(const T* x, const P* gamma, const float* mean, const float* r
     devices.fetch_or(bit, std::memory_order_relaxed);
   }
   const int bytes =
-      staged_smem_bytes<T, kPacks, kLN>(staged_operands(dx != nullptr, kAlso && also.add));
+      staged_smem_bytes<T, kPacks, kLN, kSum>(staged_operands(dx != nullptr, kAlso && also.add));
   kernel<<<static_cast<unsigned>(norm_chunks(N)), kRowsPerBlock * 32, bytes, st>>>(
       x, gamma, mean, rstd, dy, dx, also.p, also.add, N, static_cast<int>(C), norm_chunk_rows(N),
       scratch);
@@ -330,18 +362,28 @@ bool launch_staged(const T* x, const P* gamma, const float* mean, const float* r
 
 // The one-pass backward (Note [one-pass norm backward]) with kPacks packs of kV a lane, staged
 // where the switch and the pack allow (Note [staged norm backward]), then the finish of the
-// partials into dgamma and dbeta.
+// partials into dgamma and dbeta. sum_dx: also the dx partials where the staged kernel runs (Note
+// [norm dx partials]); returns whether they were written.
 template <typename T, typename P, int kV, int kPacks, bool kLN, bool kAlso>
-void launch_fused(const T* x, const P* gamma, const float* mean, const float* rstd, const T* dy,
+bool launch_fused(const T* x, const P* gamma, const float* mean, const float* rstd, const T* dy,
                   T* dx, DxAlso<T> also, float* dgamma, float* dbeta, float* scratch, int64_t N,
-                  int64_t C, cudaStream_t st) {
+                  int64_t C, cudaStream_t st, bool sum_dx) {
   const int64_t chunks = norm_chunks(N);
-  bool staged = false;
+  bool staged = false, summed = false;
   if constexpr (kV == kPack<T>) {
     // bf16 rows only: f32 rows staged this way differed from the reference in dx (H200).
-    staged = norm_fast() && std::is_same_v<T, bf16> &&
-             launch_staged<T, P, kPacks, kLN, kAlso>(x, gamma, mean, rstd, dy, dx, also, scratch, N,
-                                                     C, st);
+    if (norm_fast() && std::is_same_v<T, bf16>) {
+      if constexpr (!kAlso) {
+        if (sum_dx && dx != nullptr) {
+          staged = summed = launch_staged<T, P, kPacks, kLN, kAlso, true>(
+              x, gamma, mean, rstd, dy, dx, also, scratch, N, C, st);
+        }
+      }
+      if (!staged) {
+        staged = launch_staged<T, P, kPacks, kLN, kAlso, false>(x, gamma, mean, rstd, dy, dx, also,
+                                                                scratch, N, C, st);
+      }
+    }
   }
   if (!staged) {
     norm_backward_fused_kernel<T, P, kV, kPacks, kLN, kAlso>
@@ -351,17 +393,20 @@ void launch_fused(const T* x, const P* gamma, const float* mean, const float* rs
     CUDA_CHECK_LAUNCH();
   }
   column_tree_finish<kLN ? 2 : 1>(scratch, chunks, C, dgamma, dbeta, st);
+  return summed;
 }
 
 // Runs the one-pass backward if the shape is covered (see the note); false: not launched.
+// *summed: whether the dx partials were written (sum_dx; Note [norm dx partials]).
 template <typename T, typename P, bool kLN, bool kAlso>
 bool try_fused_backward(const T* x, const P* gamma, const float* mean, const float* rstd,
                         const T* dy, T* dx, DxAlso<T> also, float* dgamma, float* dbeta,
-                        float* scratch, int64_t N, int64_t C, cudaStream_t st) {
+                        float* scratch, int64_t N, int64_t C, cudaStream_t st, bool sum_dx,
+                        bool* summed) {
   constexpr int kV = kPack<T>;
   auto run = [&](auto v, auto packs) {
-    launch_fused<T, P, decltype(v)::value, decltype(packs)::value, kLN, kAlso>(
-        x, gamma, mean, rstd, dy, dx, also, dgamma, dbeta, scratch, N, C, st);
+    *summed = launch_fused<T, P, decltype(v)::value, decltype(packs)::value, kLN, kAlso>(
+        x, gamma, mean, rstd, dy, dx, also, dgamma, dbeta, scratch, N, C, st, sum_dx);
     return true;
   };
   using Vec = std::integral_constant<int, kV>;
@@ -373,20 +418,22 @@ bool try_fused_backward(const T* x, const P* gamma, const float* mean, const flo
   return run(One{}, std::integral_constant<int, kFusedScalarElems>{});
 }
 
+// Returns whether the dx partials were written (sum_dx; Note [norm dx partials]).
 template <typename T, typename P, bool kLN, bool kAlso = false>
-void launch_backward(const void* x, const void* gamma, const float* mean, const float* rstd,
+bool launch_backward(const void* x, const void* gamma, const float* mean, const float* rstd,
                      const void* dy, void* dx, float* dgamma, float* dbeta, float* scratch,
-                     int64_t N, int64_t C, void* stream, DxAlso<T> also = {}) {
+                     int64_t N, int64_t C, void* stream, DxAlso<T> also = {}, bool sum_dx = false) {
   constexpr int kV = kPack<T>;
   const auto* xp = static_cast<const T*>(x);
   const auto* gp = static_cast<const P*>(gamma);
   const auto* dyp = static_cast<const T*>(dy);
   auto* dxp = static_cast<T*>(dx);
   auto st = static_cast<cudaStream_t>(stream);
+  bool summed = false;
   if ((dgamma != nullptr || dbeta != nullptr) &&
       try_fused_backward<T, P, kLN, kAlso>(xp, gp, mean, rstd, dyp, dxp, also, dgamma, dbeta,
-                                           scratch, N, C, st)) {
-    return;
+                                           scratch, N, C, st, sum_dx, &summed)) {
+    return summed;
   }
   if (dx != nullptr) {
     const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(N, kRowsPerBlock));
@@ -402,28 +449,36 @@ void launch_backward(const void* x, const void* gamma, const float* mean, const 
   }
   column_sums<kLN ? 2 : 1>(NormParamTerm<T, kLN>{xp, dyp, mean, rstd, C}, N, C, scratch, dgamma,
                            dbeta, st);
+  return false;
 }
 
 }  // namespace
 
-// Either path's partials: the one-pass kernel's [K][norm_chunks(N)][C] or the column sums'.
+// Either path's partials: the one-pass kernel's [K (+ 1 with the dx partials)][norm_chunks(N)][C]
+// or the column sums'.
 int64_t layernorm_backward_scratch_floats(int64_t N, int64_t C) {
-  return std::max(column_scratch_floats(N, C, 2), 2 * norm_chunks(N) * C);
+  return std::max(column_scratch_floats(N, C, 2), 3 * norm_chunks(N) * C);
 }
+
+int64_t layernorm_dx_partial_chunks(int64_t N) { return norm_chunks(N); }
 
 int64_t rmsnorm_backward_scratch_floats(int64_t N, int64_t C) {
   return std::max(column_scratch_floats(N, C, 1), norm_chunks(N) * C);
 }
 
-void layernorm_backward(const void* x, const void* gamma, DType param, const float* mean,
+bool layernorm_backward(const void* x, const void* gamma, DType param, const float* mean,
                         const float* rstd, const void* dy, void* dx, float* dgamma, float* dbeta,
-                        float* scratch, int64_t N, int64_t C, DType act, void* stream) {
+                        float* scratch, int64_t N, int64_t C, DType act, void* stream,
+                        bool dx_partials) {
   check_norm_sizes("layernorm", N, C);
-  if (N == 0 || C == 0) return;
+  if (N == 0 || C == 0) return false;
+  bool summed = false;
   dispatch_act_param("layernorm", act, param, [&](auto t, auto p) {
-    launch_backward<decltype(t), decltype(p), true>(x, gamma, mean, rstd, dy, dx, dgamma, dbeta,
-                                                    scratch, N, C, stream);
+    using T = decltype(t);
+    summed = launch_backward<T, decltype(p), true>(x, gamma, mean, rstd, dy, dx, dgamma, dbeta,
+                                                   scratch, N, C, stream, DxAlso<T>{}, dx_partials);
   });
+  return summed;
 }
 
 void add_layernorm_backward(const void* h, const void* gamma, DType param, const float* mean,

@@ -58,16 +58,8 @@ Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var&
     // The kept rows, or recomputed ones (the same kernel on the same x: the same bits, and the
     // same statistics rewritten over mean and rstd).
     const Tensor n = kept.defined() ? kept : normalize(s, mean.data<float>(), rstd.data<float>());
-    bool want_db = b.defined() && b.requires_grad();
     // Note [gradient column partials]: the bias gradient from the partials dy's writer left.
-    int64_t chunks = 0;
-    const Tensor partials = out.take_col_partials(&chunks);
-    if (want_db && partials.defined()) {
-      keep_column_scratch(partials, s);
-      cuda::linear_bias_grad_from_partials(partials.data<float>(), chunks, Cout,
-                                           f32_grad("layernorm_linear bias", b.grad()), s.native());
-      want_db = false;
-    }
+    const bool want_db = b.defined() && b.requires_grad() && !bias_grad_from_partials(out, b, s);
     Tensor lin_scratch;
     if (want_db) lin_scratch = column_scratch(cuda::linear_backward_scratch_floats(N, Cout), s);
     Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
@@ -81,15 +73,7 @@ Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var&
                           s.native(), /*dx_overwrite=*/true);
     if (!want_dn) return;
     if (tp != nullptr) tp->all_reduce(dn, TpReduce::kSum);
-    const bool want_params = gamma.requires_grad() || beta.requires_grad();
-    Tensor ln_scratch;
-    if (want_params) ln_scratch = column_scratch(cuda::layernorm_backward_scratch_floats(N, C), s);
-    cuda::layernorm_backward(
-        x.value().raw(), gamma.value().raw(), gamma.dtype(), mean.data<float>(), rstd.data<float>(),
-        dn.raw(), x.requires_grad() ? x.grad().raw() : nullptr,
-        gamma.requires_grad() ? f32_grad("layernorm_linear gamma", gamma.grad()) : nullptr,
-        beta.requires_grad() ? f32_grad("layernorm_linear beta", beta.grad()) : nullptr,
-        want_params ? ln_scratch.data<float>() : nullptr, N, C, act, s.native());
+    layernorm_backward_cuda(x, gamma, beta, mean, rstd, dn, N, C, s);
   });
   return out;
 }

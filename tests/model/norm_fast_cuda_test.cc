@@ -9,6 +9,7 @@
 // limit), row counts that fill no whole block, and an unaligned x (the one-element forward).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -17,6 +18,7 @@
 #include "model/ops/add.h"
 #include "model/ops/add_norm.h"
 #include "model/ops/gelu.h"
+#include "model/ops/loss.h"
 #include "model/ops/norm.h"
 #include "tests/model/cuda_op_check.h"
 #include "tests/model/gradcheck.h"
@@ -195,6 +197,60 @@ TEST(NormFastCuda, BitIdenticalAtGpt2AndSlotVariants) {
       expect_fast_equals_reference(v);
     }
   }
+}
+
+// Note [norm dx partials]: asked by x's producer (Note [gradient column partials]), the staged
+// LayerNorm backward leaves on x the column partials of x's finished gradient (the gradient that
+// was there plus its own share, as stored), and dx, dgamma and dbeta keep their bits; a write into
+// x's gradient after it drops them.
+TEST(NormFastCuda, LayerNormLeavesColumnPartialsOfTheFinishedDx) {
+  GTRON_REQUIRE_GPU();
+  cuda::set_norm_fast(true);
+  for (int64_t N : {int64_t{16384}, int64_t{301}}) {
+    Case s;
+    s.N = N;
+    s.C = 768;
+    s.prefilled = true;
+    const Tensor dy = gpu_values(Shape{s.N, s.C}, 4, 1.0, s.act);
+    auto run = [&](bool ask, Tensor* parts, int64_t* chunks) {
+      Var x = input(s, 1, false);
+      if (ask) x.request_col_partials();
+      Var g = param(s, 2), b = param(s, 3);
+      backward_with(layernorm(x, g, b), dy);
+      *parts = x.take_col_partials(chunks);
+      return std::vector<std::vector<double>>{x.grad().to_vector(), g.grad().to_vector(),
+                                              b.grad().to_vector()};
+    };
+    Tensor none, parts;
+    int64_t chunks = 0;
+    const auto plain = run(false, &none, &chunks);
+    EXPECT_FALSE(none.defined());
+    const auto asked = run(true, &parts, &chunks);
+    ASSERT_TRUE(parts.defined()) << "N " << N;
+    EXPECT_EQ(asked, plain) << "N " << N;  // dx, dgamma, dbeta bit for bit
+    const std::vector<double> p = parts.to_vector();
+    const std::vector<double>& dx = asked[0];
+    ASSERT_GE(static_cast<int64_t>(p.size()), chunks * s.C);
+    for (int64_t c = 0; c < s.C; ++c) {
+      double from_parts = 0, direct = 0, mag = 0;
+      for (int64_t j = 0; j < chunks; ++j) from_parts += p[j * s.C + c];
+      for (int64_t r = 0; r < s.N; ++r) {
+        direct += dx[r * s.C + c];
+        mag += std::fabs(dx[r * s.C + c]);
+      }
+      ASSERT_NEAR(from_parts, direct, 1e-5 * mag + 1e-6) << "N " << N << " c " << c;
+    }
+  }
+  Case s;
+  s.N = 301;
+  s.C = 768;
+  Var x = input(s, 1, false);
+  x.request_col_partials();
+  Var g = param(s, 2), b = param(s, 3);
+  Var z = scale(x, 0.5);  // recorded first: its backward writes into x's gradient last
+  backward_with(add(layernorm(x, g, b), z), gpu_values(Shape{s.N, s.C}, 4, 1.0, s.act));
+  int64_t chunks = 0;
+  EXPECT_FALSE(x.take_col_partials(&chunks).defined());
 }
 
 }  // namespace
