@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "model/cuda/column_finish.h"
@@ -75,6 +76,21 @@ Result run(GPT& model, const Tensor& window, const Tensor* seed = nullptr) {
   }
   return r;
 }
+
+// A window of 3 sequences of 11 tokens and the trainer's loss seed (0.125), both on `dev`.
+std::pair<Tensor, Tensor> window_and_seed(const GPTConfig& c, const Device& dev) {
+  return {random_window(3, 11, c.vocab_size, 3).to(dev),
+          Tensor::from_vector({0.125}, Shape{}, DType::kF32).to(dev)};
+}
+
+// The tiny model on `dev`, with bf16 shadows (mixed precision) when `bf16`.
+struct TinyModel {
+  GPT model;
+  Bf16Weights shadows;
+  TinyModel(const GPTConfig& c, const Device& dev, bool bf16) : model(c, DType::kF32, dev, 5) {
+    if (bf16) model.set_weight_access(&shadows);
+  }
+};
 
 void expect_close(const Result& gpu, const Result& cpu, double loss_tol, double grad_tol) {
   ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
@@ -160,12 +176,10 @@ TEST(GptCuda, LossSeedPromiseKeepsLossesAndGradientsBitForBit) {
   GTRON_REQUIRE_GPU();
   const GPTConfig c = tiny_config();
   const Device gpu = Device::cuda(0);
-  const Tensor window = random_window(3, 11, c.vocab_size, 3).to(gpu);
-  const Tensor seed = Tensor::from_vector({0.125}, Shape{}, DType::kF32).to(gpu);
+  const auto [window, seed] = window_and_seed(c, gpu);
   for (bool bf16 : {false, true}) {
-    GPT model(c, DType::kF32, gpu, 5);
-    Bf16Weights shadows;
-    if (bf16) model.set_weight_access(&shadows);
+    TinyModel tiny(c, gpu, bf16);
+    GPT& model = tiny.model;
     const Result two = run(model, window, &seed);
     model.set_loss_seed(seed);
     setenv("GTRON_CLASSIFIER_ROWS", "0", 1);  // the one-pass CE over whole logits
@@ -208,12 +222,10 @@ TEST(GptCuda, DeferredColumnFinishesKeepGradientsBitForBit) {
   GTRON_REQUIRE_GPU();
   const GPTConfig c = tiny_config();
   const Device gpu = Device::cuda(0);
-  const Tensor window = random_window(3, 11, c.vocab_size, 3).to(gpu);
-  const Tensor seed = Tensor::from_vector({0.125}, Shape{}, DType::kF32).to(gpu);
+  const auto [window, seed] = window_and_seed(c, gpu);
   for (bool bf16 : {false, true}) {
-    GPT model(c, DType::kF32, gpu, 5);
-    Bf16Weights shadows;
-    if (bf16) model.set_weight_access(&shadows);
+    TinyModel tiny(c, gpu, bf16);
+    GPT& model = tiny.model;
     model.set_loss_seed(seed);
     set_column_finish_deferral(false);
     const int64_t before = cuda::batched_finish_count();
