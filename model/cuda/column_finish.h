@@ -20,8 +20,6 @@ class FinishBatch {
   void flush();
   // Drops the queued finishes without running them.
   void clear() { entries_.clear(); }
-  bool empty() const { return entries_.empty(); }
-  size_t size() const { return entries_.size(); }
 
  private:
   struct Entry {

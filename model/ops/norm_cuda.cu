@@ -374,15 +374,12 @@ bool launch_fused(const T* x, const P* gamma, const float* mean, const float* rs
     // bf16 rows only: f32 rows staged this way differed from the reference in dx (H200).
     if (norm_fast() && std::is_same_v<T, bf16>) {
       if constexpr (!kAlso) {
-        if (sum_dx && dx != nullptr) {
-          staged = summed = launch_staged<T, P, kPacks, kLN, kAlso, true>(
-              x, gamma, mean, rstd, dy, dx, also, scratch, N, C, st);
-        }
+        summed = sum_dx && dx != nullptr &&
+                 launch_staged<T, P, kPacks, kLN, kAlso, true>(x, gamma, mean, rstd, dy, dx, also,
+                                                               scratch, N, C, st);
       }
-      if (!staged) {
-        staged = launch_staged<T, P, kPacks, kLN, kAlso, false>(x, gamma, mean, rstd, dy, dx, also,
-                                                                scratch, N, C, st);
-      }
+      staged = summed || launch_staged<T, P, kPacks, kLN, kAlso, false>(
+                             x, gamma, mean, rstd, dy, dx, also, scratch, N, C, st);
     }
   }
   if (!staged) {
