@@ -27,6 +27,7 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator* 
   GTRON_CHECK(dp_ != nullptr, "DataParallel needs a communicator (size 1 is fine)");
   device_ = dp_->device();  // every parameter must be there (checked below)
   const int64_t D = dp_->size();
+  if (D == 1) opt_.distributed_optimizer = false;  // Note [one-rank DP group]
   const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(opt_.bucket_bytes / 4));
 
   // Layout: reverse registration order, packed into buckets.

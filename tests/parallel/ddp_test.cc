@@ -173,6 +173,32 @@ TEST(DataParallel, GatherAndScatterOwnedState) {
   });
 }
 
+TEST(DataParallel, OneRankDistributedOptimizerCopiesNothing) {
+  // Note [one-rank DP group]: with distributed_optimizer on, a one-rank group still reduces in
+  // place, updates the flat buffers directly and never gathers.
+  SelfCommunicator self;
+  Counting comm(&self);
+  TwoWeights w;
+  DataParallel dp(w.all(), &comm, tiny_buckets(true, true));
+  ASSERT_EQ(dp.owned().size(), 2u);
+  for (const OwnedSegment& s : dp.owned()) {
+    EXPECT_EQ(s.g, s.param->main_grad.data<float>()) << s.param->name;  // no shard buffer
+    EXPECT_EQ(s.w, s.param->data.data<float>()) << s.param->name;
+    EXPECT_EQ(s.n, s.param->data.numel()) << s.param->name;
+  }
+  dp.zero_grads();
+  w.a.main_grad.copy_from(Tensor::from_vector(std::vector<double>(6, 2.0), {2, 3}, DType::kF32));
+  dp.finish_grads();
+  EXPECT_EQ(dp.owned()[0].param == &w.a ? dp.owned()[0].g[5] : dp.owned()[1].g[5], 2.f);
+  EXPECT_EQ(comm.reductions, 2);  // each bucket once
+  dp.after_update();
+  w.a.make_ready();
+  w.b.make_ready();
+  dp.ensure_all_ready();
+  EXPECT_EQ(comm.gathers, 0);
+  EXPECT_EQ(dp.param_gathers_issued(), 0);
+}
+
 TEST(DataParallel, SingleRankIsThePlainPath) {
   SelfCommunicator self;
   TwoWeights w;
