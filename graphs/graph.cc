@@ -15,6 +15,7 @@ Graph::Graph(Graph&& o) noexcept
     : closures_(std::move(o.closures_)),
       exec_(std::exchange(o.exec_, nullptr)),
       nodes_(std::exchange(o.nodes_, 0)),
+      memsets_folded_(std::exchange(o.memsets_folded_, 0)),
       captured_(std::exchange(o.captured_, false)) {}
 
 Graph& Graph::operator=(Graph&& o) noexcept {
@@ -23,6 +24,7 @@ Graph& Graph::operator=(Graph&& o) noexcept {
     closures_ = std::move(o.closures_);
     exec_ = std::exchange(o.exec_, nullptr);
     nodes_ = std::exchange(o.nodes_, 0);
+    memsets_folded_ = std::exchange(o.memsets_folded_, 0);
     captured_ = std::exchange(o.captured_, false);
   }
   return *this;
@@ -38,7 +40,9 @@ Graph Graph::end_capture(Stream& stream) {
   g.closures_ = stream.end_capture();
   g.nodes_ = g.closures_.size();
   g.captured_ = true;
-  if (stream.device().is_cuda()) g.exec_ = cuda::end_capture(stream.native(), &g.nodes_);
+  if (stream.device().is_cuda()) {
+    g.exec_ = cuda::end_capture(stream.native(), &g.nodes_, &g.memsets_folded_);
+  }
   return g;
 }
 

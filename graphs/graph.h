@@ -38,11 +38,14 @@ class Graph {
   void replay(Stream& stream) const;
   bool valid() const { return captured_; }
   size_t nodes() const { return nodes_; }  // recorded closures or CUDA graph nodes
+  // CUDA: memset nodes replaced by kernel nodes (Note [small memsets as kernels]).
+  size_t memsets_folded() const { return memsets_folded_; }
 
  private:
   std::vector<std::function<void()>> closures_;  // CPU
   void* exec_ = nullptr;                         // CUDA: cudaGraphExec_t
   size_t nodes_ = 0;
+  size_t memsets_folded_ = 0;
   bool captured_ = false;
 };
 
