@@ -29,7 +29,7 @@ if [[ ${#tests[@]} -eq 0 ]]; then
   exit 1
 fi
 benches=(//tests/trainer:bench_gpu //tests/model:bench_add_norm //tests/model:bench_norm
-  //trainer:gtron)
+  //trainer:gtron //tests/trainer:libkernel_trace.so)
 bazel build "${tests[@]}" "${benches[@]}"
 rm -rf .gpubin
 mkdir -p .gpubin
@@ -41,7 +41,7 @@ for label in "${tests[@]}" "${benches[@]}"; do
   strip --strip-unneeded ".gpubin/$(basename "$path")"  # the carry limit is 64 MiB
 done
 cp scripts/bench_gpu.sh scripts/bench_gpu_bin.sh scripts/bench_torch.py scripts/profile_gpu.sh \
-  scripts/profile_table.py .gpubin/
+  scripts/profile_table.py scripts/trace_gpu.sh scripts/trace_table.py .gpubin/
 # Shared libraries of this image that a GPU machine may lack (Gloo and its dependencies, libgomp):
 # run there with LD_LIBRARY_PATH=.gpubin/lib. CUDA's own libraries and the C runtime stay out.
 mkdir -p .gpubin/lib
@@ -49,6 +49,9 @@ for bin in .gpubin/*_test .gpubin/bench_{gpu,add_norm,norm} .gpubin/gtron; do
   ldd "$bin" | awk '$3 ~ /^\// {print $3}'
 done | sort -u | grep -v -E '/usr/local/cuda|/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" .gpubin/lib/; done
+# CUPTI for scripts/trace_gpu.sh's injection library (part of the toolkit here; a GPU machine's
+# CUDA install may lack it).
+cp -L "$(ldd .gpubin/libkernel_trace.so | awk '/libcupti/ {print $3}')" .gpubin/lib/
 ls -1 .gpubin .gpubin/lib
 # GTRON_GPU_PACK=1: also pack .gpubin into .gpupack/gpubin.tar.xz (git-ignored; static binaries
 # compress about 5x, so the whole set travels under the 64 MiB carry limit). On the GPU machine:
