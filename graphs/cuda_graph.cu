@@ -40,23 +40,17 @@ struct Edges {
   std::vector<cudaGraphEdgeData> data;
 };
 
-Edges dependencies(cudaGraphNode_t node) {
-  Edges e;
-  size_t n = 0;
-  CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &n));
-  e.nodes.resize(n);
-  e.data.resize(n);
-  if (n > 0) CUDA_CHECK(cudaGraphNodeGetDependencies(node, e.nodes.data(), e.data.data(), &n));
-  return e;
-}
+// A node's incoming (cudaGraphNodeGetDependencies) or outgoing (cudaGraphNodeGetDependentNodes)
+// edges: the two queries take the same arguments.
+using EdgeQuery = cudaError_t (*)(cudaGraphNode_t, cudaGraphNode_t*, cudaGraphEdgeData*, size_t*);
 
-Edges dependents(cudaGraphNode_t node) {
+Edges edges(cudaGraphNode_t node, EdgeQuery query) {
   Edges e;
   size_t n = 0;
-  CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &n));
+  CUDA_CHECK(query(node, nullptr, nullptr, &n));
   e.nodes.resize(n);
   e.data.resize(n);
-  if (n > 0) CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, e.nodes.data(), e.data.data(), &n));
+  if (n > 0) CUDA_CHECK(query(node, e.nodes.data(), e.data.data(), &n));
   return e;
 }
 
@@ -75,8 +69,8 @@ size_t fold_small_memsets(cudaGraph_t graph) {
     cudaMemsetParams m;
     CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &m));
     if (m.width * m.height * m.elementSize > kFoldBytes) continue;
-    const Edges in = dependencies(node);
-    const Edges out = dependents(node);
+    const Edges in = edges(node, cudaGraphNodeGetDependencies);
+    const Edges out = edges(node, cudaGraphNodeGetDependentNodes);
     unsigned char* dst = static_cast<unsigned char*>(m.dst);
     size_t pitch = m.height > 1 ? m.pitch : m.width * m.elementSize;
     void* args[] = {&dst, &pitch, &m.value, &m.elementSize, &m.width, &m.height};

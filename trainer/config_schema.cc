@@ -216,7 +216,7 @@ std::vector<KeySpec> build_schema() {
           "Sequence parallelism (needs tp > 1; tp divides train.seq_len): norms and the residual "
           "stream hold T/tp of the sequence; all-gather / reduce-scatter replace the all-reduces."),
       key(GTRON_FIELD(parallel.distributed_optimizer), true, any,
-          "Shard optimizer state and the update over data-parallel ranks."),
+          "Shard optimizer state and the update over data-parallel ranks (one rank: no effect)."),
       key(GTRON_FIELD(parallel.overlap_param_gather), true, any,
           "Gather updated parameters lazily, bucket by bucket, in the next forward."),
       key(GTRON_FIELD(parallel.bucket_mb), 25.0, above(0), "Gradient bucket size, MiB."),
