@@ -16,6 +16,7 @@ Graph::Graph(Graph&& o) noexcept
       exec_(std::exchange(o.exec_, nullptr)),
       nodes_(std::exchange(o.nodes_, 0)),
       memsets_folded_(std::exchange(o.memsets_folded_, 0)),
+      memsets_hoisted_(std::exchange(o.memsets_hoisted_, 0)),
       captured_(std::exchange(o.captured_, false)) {}
 
 Graph& Graph::operator=(Graph&& o) noexcept {
@@ -25,6 +26,7 @@ Graph& Graph::operator=(Graph&& o) noexcept {
     exec_ = std::exchange(o.exec_, nullptr);
     nodes_ = std::exchange(o.nodes_, 0);
     memsets_folded_ = std::exchange(o.memsets_folded_, 0);
+    memsets_hoisted_ = std::exchange(o.memsets_hoisted_, 0);
     captured_ = std::exchange(o.captured_, false);
   }
   return *this;
@@ -41,7 +43,8 @@ Graph Graph::end_capture(Stream& stream) {
   g.nodes_ = g.closures_.size();
   g.captured_ = true;
   if (stream.device().is_cuda()) {
-    g.exec_ = cuda::end_capture(stream.native(), &g.nodes_, &g.memsets_folded_);
+    g.exec_ =
+        cuda::end_capture(stream.native(), &g.nodes_, &g.memsets_folded_, &g.memsets_hoisted_);
   }
   return g;
 }

@@ -38,14 +38,17 @@ class Graph {
   void replay(Stream& stream) const;
   bool valid() const { return captured_; }
   size_t nodes() const { return nodes_; }  // recorded closures or CUDA graph nodes
-  // CUDA: memset nodes replaced by kernel nodes (Note [small memsets as kernels]).
+  // CUDA: small memset nodes turned into kernel nodes, and those moved to the graph's start
+  // (Note [small memsets as kernels]).
   size_t memsets_folded() const { return memsets_folded_; }
+  size_t memsets_hoisted() const { return memsets_hoisted_; }
 
  private:
   std::vector<std::function<void()>> closures_;  // CPU
-  void* exec_ = nullptr;                         // CUDA: cudaGraphExec_t
+  void* exec_ = nullptr;                         // CUDA: cuda::end_capture's handle
   size_t nodes_ = 0;
   size_t memsets_folded_ = 0;
+  size_t memsets_hoisted_ = 0;
   bool captured_ = false;
 };
 

@@ -17,6 +17,7 @@
 // Algorithm choice: Note [pinned GEMM algorithms] in gemm_table.h.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -38,11 +39,16 @@ namespace gtron::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
+// Note [private capture workspaces] in gemm.h.
+constexpr size_t kPrivateWorkspaceMax = size_t{1} << 20;
+constexpr size_t kPrivateWorkspaceBudget = size_t{256} << 20;
+constexpr size_t kPrivateChunkBytes = size_t{4} << 20;
 
-// A cached choice: the algorithm and its index among the heuristic results.
+// A cached choice: the algorithm, its index among the heuristic results, its workspace need.
 struct Chosen {
   cublasLtMatmulAlgo_t algo = {};
   int index = 0;
+  size_t workspace = 0;
 };
 
 // The per-device cuBLASLt state: handle, device name, per-stream workspaces, algorithm cache.
@@ -67,6 +73,32 @@ class GemmContext {
     auto& ws = workspaces_[stream];
     if (!ws) ws = std::make_unique<DeviceBuffer>(kWorkspaceBytes);
     return ws->get();
+  }
+
+  // Note [private capture workspaces]: `bytes` (256-aligned) of workspace for one GEMM call of
+  // capture `id`, never handed out again; null once the budget is spent.
+  void* private_workspace(unsigned long long id, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    bytes = (bytes + 255) / 256 * 256;
+    if (private_used_ + bytes > kPrivateWorkspaceBudget) return nullptr;
+    if (chunks_.empty() || chunk_used_ + bytes > kPrivateChunkBytes) {
+      chunks_.push_back(std::make_unique<DeviceBuffer>(kPrivateChunkBytes));
+      chunk_used_ = 0;
+    }
+    void* p = static_cast<unsigned char*>(chunks_.back()->get()) + chunk_used_;
+    chunk_used_ += bytes;
+    private_used_ += bytes;
+    by_capture_[id].push_back(WorkspaceRange{p, bytes});
+    return p;
+  }
+
+  std::vector<WorkspaceRange> take_capture(unsigned long long id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = by_capture_.find(id);
+    if (it == by_capture_.end()) return {};
+    std::vector<WorkspaceRange> ranges = std::move(it->second);
+    by_capture_.erase(it);
+    return ranges;
   }
 
   // 1: cached choice in *chosen; 0: not asked yet; -1: known to have none.
@@ -101,6 +133,9 @@ class GemmContext {
   std::string device_name_;
   std::mutex mu_;
   std::map<cudaStream_t, std::unique_ptr<DeviceBuffer>> workspaces_;
+  std::vector<std::unique_ptr<DeviceBuffer>> chunks_;  // private capture workspaces
+  size_t chunk_used_ = 0, private_used_ = 0;
+  std::map<unsigned long long, std::vector<WorkspaceRange>> by_capture_;
   std::map<GemmKey, Chosen> algos_;
   std::set<GemmKey> unsupported_;
 };
@@ -190,6 +225,16 @@ void check_args(const GemmArgs& g) {
               "; the bias is in C's type or f32");
 }
 
+// Whether `s` is capturing a graph now, and the capture's id.
+bool capturing(cudaStream_t s, unsigned long long* id) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamGetCaptureInfo(s, &st, id) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return st == cudaStreamCaptureStatusActive;
+}
+
 // Whether tune mode may time candidates on `s` now: never while it captures a graph.
 bool can_tune(cudaStream_t s) {
   if (!gemm_tune_enabled()) return false;
@@ -265,7 +310,7 @@ bool choose_algo(Chosen* chosen, GemmContext& ctx, const GemmArgs& g, const Gemm
   } else if (pinned && pinned->index < found) {
     index = pinned->index;
   }
-  *chosen = ctx.remember(key, Chosen{results[index].algo, index});
+  *chosen = ctx.remember(key, Chosen{results[index].algo, index, results[index].workspaceSize});
   return true;
 }
 
@@ -330,9 +375,40 @@ bool try_gemm(const GemmArgs& g, void* stream) {
   if (!choose_algo(&chosen, ctx, g, key, desc, op1, op2, out, s)) return false;
   if (gemm_tune_enabled()) count_tuned_call(key);
   void* d = g.d != nullptr ? g.d : g.c;
+  void* ws = ctx.workspace(s);
+  size_t ws_bytes = kWorkspaceBytes;
+  unsigned long long capture = 0;
+  if (chosen.workspace <= kPrivateWorkspaceMax &&
+      capture_memsets_mode() == CaptureMemsets::kHoist && capturing(s, &capture)) {
+    if (void* p = ctx.private_workspace(capture, std::max<size_t>(chosen.workspace, 256))) {
+      ws = p;
+      ws_bytes = std::max<size_t>(chosen.workspace, 256);
+    }
+  }
   CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), desc.d, &g.alpha, g.b, op1.l, g.a, op2.l, &g.beta, g.c,
-                              out.l, d, out.l, &chosen.algo, ctx.workspace(s), kWorkspaceBytes, s));
+                              out.l, d, out.l, &chosen.algo, ws, ws_bytes, s));
   return true;
+}
+
+CaptureMemsets capture_memsets_mode() {
+  const char* e = std::getenv("GTRON_GRAPH_MEMSETS");
+  if (e != nullptr && std::strcmp(e, "kernels") == 0) return CaptureMemsets::kKernels;
+  if (e != nullptr && std::strcmp(e, "hoist") == 0) return CaptureMemsets::kHoist;
+  return CaptureMemsets::kKeep;
+}
+
+std::vector<WorkspaceRange> take_capture_workspaces(unsigned long long capture_id) {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  GemmContext* ctx = nullptr;
+  {
+    Contexts& c = contexts();
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.by_device.find(device);
+    if (it != c.by_device.end()) ctx = it->second.get();
+  }
+  // A capture without GEMMs on a device that never ran one: no context to make.
+  return ctx != nullptr ? ctx->take_capture(capture_id) : std::vector<WorkspaceRange>{};
 }
 
 int gemm_algo_index(const GemmArgs& g) {

@@ -29,7 +29,9 @@
 // Thread safety: gemm() may be called from several threads.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "model/dtype.h"
 
@@ -73,6 +75,26 @@ bool try_gemm(const GemmArgs& g, void* stream);
 // The index among cuBLASLt's heuristic results that g's problem runs with on the current device;
 // -1 before its first GEMM there or when cuBLASLt has no algorithm for it.
 int gemm_algo_index(const GemmArgs& g);
+
+// What a CUDA graph capture does with the small memset nodes cuBLASLt records before its GEMMs
+// (Note [small memsets as kernels] in graphs/cuda_graph.h), from GTRON_GRAPH_MEMSETS, read at
+// each call: "kernels" (kKernels), "hoist" (kHoist), anything else or unset (kKeep).
+enum class CaptureMemsets { kKeep, kKernels, kHoist };
+CaptureMemsets capture_memsets_mode();
+
+// Note [private capture workspaces]
+// Under kHoist a GEMM issued into a stream capture runs with a workspace of its own, exactly the
+// size its algorithm asks for (at least 256 bytes, at most 1 MiB; a larger ask, or one past the
+// device's 256 MiB budget for them, takes the shared workspace), carved from chunks that live as
+// long as the process (a capture happens once per graph; nothing is reused, since the graph
+// replays it). So the word cuBLASLt zeroes before that GEMM belongs to that GEMM alone, and the
+// capture can zero it once at the start of each replay instead. The capture takes the ranges
+// handed out under its capture id (cudaStreamGetCaptureInfo) when it ends.
+struct WorkspaceRange {
+  const void* ptr = nullptr;
+  size_t bytes = 0;
+};
+std::vector<WorkspaceRange> take_capture_workspaces(unsigned long long capture_id);
 
 // How many heuristic results tune mode (GTRON_GEMM_TUNE=1) requests and times per problem.
 constexpr int kGemmTuneCandidates = 16;

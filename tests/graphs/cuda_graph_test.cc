@@ -1,14 +1,17 @@
-// The CUDA capture's memset pass (Note [small memsets as kernels] in graphs/cuda_graph.h): small
-// memset nodes become kernel nodes that write the same bytes in the same order; large ones stay.
-// GPU test; skipped without a GPU.
+// The CUDA capture's memset passes (Note [small memsets as kernels] in graphs/cuda_graph.h): small
+// memset nodes become kernel nodes that write the same bytes in the same order, large ones stay;
+// GEMMs captured with their memsets hoisted give the eager GEMMs' bits. GPU test; skipped without
+// a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "graphs/graph.h"
+#include "model/cuda/gemm.h"
 #include "model/cuda/runtime.h"
 #include "tests/model/cuda_op_check.h"
 
@@ -16,9 +19,11 @@ namespace gtron::graphs {
 namespace {
 
 // The bytes a capture of memsets writes, replayed twice over a poisoned buffer, must be the
-// bytes the memsets describe, with and without the pass.
-void capture_memsets_and_check(bool fold) {
-  ASSERT_EQ(setenv("GTRON_GRAPH_MEMSET_KERNELS", fold ? "1" : "0", 1), 0);
+// bytes the memsets describe, with and without the pass ("hoist" hoists none of them: they are in
+// no GEMM's workspace).
+void capture_memsets_and_check(const char* mode) {
+  ASSERT_EQ(setenv("GTRON_GRAPH_MEMSETS", mode, 1), 0);
+  const bool fold = std::strcmp(mode, "keep") != 0;
   const Device dev = Device::cuda(0);
   Stream& s = current_stream(dev);
   constexpr size_t kBytes = 16384;
@@ -43,8 +48,9 @@ void capture_memsets_and_check(bool fold) {
   gtron::cuda::memset_async(d + 8200, 0x44, 2, s.native());  // after the large one
   set(8200, 0x44, 2);
   Graph g = Graph::end_capture(s);
-  unsetenv("GTRON_GRAPH_MEMSET_KERNELS");
+  unsetenv("GTRON_GRAPH_MEMSETS");
   EXPECT_EQ(g.memsets_folded(), fold ? 6u : 0u);
+  EXPECT_EQ(g.memsets_hoisted(), 0u);
   EXPECT_EQ(g.nodes(), 7u);
 
   for (int replay = 0; replay < 2; ++replay) {
@@ -55,18 +61,103 @@ void capture_memsets_and_check(bool fold) {
     const auto* got = static_cast<const unsigned char*>(host.raw());
     size_t wrong = 0;
     for (size_t i = 0; i < kBytes; ++i) wrong += got[i] != want[i];
-    EXPECT_EQ(wrong, 0u) << "replay " << replay << (fold ? ", folded" : ", as memsets");
+    EXPECT_EQ(wrong, 0u) << "replay " << replay << ", mode " << mode;
   }
 }
 
 TEST(CudaGraph, SmallMemsetsBecomeKernelsWithTheSameBytes) {
   GTRON_REQUIRE_GPU();
-  capture_memsets_and_check(true);
+  capture_memsets_and_check("kernels");
+  capture_memsets_and_check("hoist");
 }
 
 TEST(CudaGraph, WithoutThePassEveryMemsetStays) {
   GTRON_REQUIRE_GPU();
-  capture_memsets_and_check(false);
+  capture_memsets_and_check("keep");
+}
+
+// Three bf16 GEMMs of the step's shapes (one with bias and residual), eagerly and as one graph
+// captured under each mode, replayed twice: the outputs must be the eager ones, bit for bit, and
+// the graph may hoist at most one memset per GEMM.
+TEST(CudaGraph, CapturedGemmsGiveTheEagerBitsUnderEveryMode) {
+  GTRON_REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  Stream& s = current_stream(dev);
+  struct Shape {
+    int64_t m, n, k;
+    bool trans_b, bias, residual;
+  };
+  const std::vector<Shape> shapes = {{4096, 2304, 768, true, true, false},
+                                     {4096, 768, 3072, true, true, true},
+                                     {768, 3072, 4096, false, false, false}};
+  std::vector<Tensor> a, b, bias, c, want;
+  uint64_t seed = 7;
+  auto random = [&](int64_t n, double scale) {
+    std::vector<double> v(n);
+    for (double& x : v) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      x = scale * (static_cast<double>(seed >> 11) / 9007199254740992.0 - 0.5);
+    }
+    return v;
+  };
+  for (const Shape& sh : shapes) {
+    a.push_back(Tensor::from_vector(random(sh.m * sh.k, 2.0), {sh.m, sh.k}, DType::kF32)
+                    .to(DType::kBF16)
+                    .to(dev, &s));
+    b.push_back(Tensor::from_vector(random(sh.k * sh.n, 0.1), {sh.k, sh.n}, DType::kF32)
+                    .to(DType::kBF16)
+                    .to(dev, &s));
+    bias.push_back(
+        Tensor::from_vector(random(sh.n, 1.0), {sh.n}, DType::kF32).to(DType::kBF16).to(dev, &s));
+    c.push_back(Tensor::from_vector(random(sh.m * sh.n, 1.0), {sh.m, sh.n}, DType::kF32)
+                    .to(DType::kBF16)
+                    .to(dev, &s));
+  }
+  auto run = [&](std::vector<Tensor>& outs) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const Shape& sh = shapes[i];
+      gtron::cuda::GemmArgs g;
+      g.a = a[i].raw();
+      g.b = b[i].raw();
+      g.trans_b = sh.trans_b;  // b's bytes read as [N, K]: the shape only matters for the bits
+      g.m = sh.m;
+      g.n = sh.n;
+      g.k = sh.k;
+      g.ab = DType::kBF16;
+      g.c_type = DType::kBF16;
+      g.c = sh.residual ? c[i].raw() : outs[i].raw();
+      g.d = outs[i].raw();
+      g.beta = sh.residual ? 1.0f : 0.0f;
+      g.bias = sh.bias ? bias[i].raw() : nullptr;
+      g.bias_type = DType::kBF16;
+      gtron::cuda::gemm(g, s.native());
+    }
+  };
+  for (const Shape& sh : shapes) want.push_back(Tensor::empty({sh.m, sh.n}, DType::kBF16, dev, &s));
+  run(want);
+  std::vector<std::vector<double>> expect;
+  for (const Tensor& t : want) expect.push_back(t.to(Device::cpu(), &s).to_vector());
+  for (const char* mode : {"keep", "kernels", "hoist"}) {
+    ASSERT_EQ(setenv("GTRON_GRAPH_MEMSETS", mode, 1), 0);
+    std::vector<Tensor> outs;
+    for (const Shape& sh : shapes)
+      outs.push_back(Tensor::empty({sh.m, sh.n}, DType::kBF16, dev, &s));
+    Graph::begin_capture(s);
+    run(outs);
+    Graph g = Graph::end_capture(s);
+    unsetenv("GTRON_GRAPH_MEMSETS");
+    EXPECT_LE(g.memsets_hoisted(), shapes.size()) << mode;
+    std::printf("mode %s: %zu nodes, %zu memsets as kernels, %zu hoisted\n", mode, g.nodes(),
+                g.memsets_folded(), g.memsets_hoisted());
+    for (int replay = 0; replay < 2; ++replay) {
+      for (Tensor& t : outs) gtron::cuda::memset_async(t.raw(), 0x7F, t.nbytes(), s.native());
+      g.replay(s);
+      for (size_t i = 0; i < outs.size(); ++i) {
+        EXPECT_EQ(outs[i].to(Device::cpu(), &s).to_vector(), expect[i])
+            << "GEMM " << i << ", mode " << mode << ", replay " << replay;
+      }
+    }
+  }
 }
 
 }  // namespace
