@@ -380,9 +380,10 @@ bool try_gemm(const GemmArgs& g, void* stream) {
   unsigned long long capture = 0;
   if (chosen.workspace <= kPrivateWorkspaceMax &&
       capture_memsets_mode() == CaptureMemsets::kHoist && capturing(s, &capture)) {
-    if (void* p = ctx.private_workspace(capture, std::max<size_t>(chosen.workspace, 256))) {
+    const size_t bytes = std::max<size_t>(chosen.workspace, 256);
+    if (void* p = ctx.private_workspace(capture, bytes)) {
       ws = p;
-      ws_bytes = std::max<size_t>(chosen.workspace, 256);
+      ws_bytes = bytes;
     }
   }
   CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), desc.d, &g.alpha, g.b, op1.l, g.a, op2.l, &g.beta, g.c,
