@@ -393,9 +393,9 @@ bool try_gemm(const GemmArgs& g, void* stream) {
 
 CaptureMemsets capture_memsets_mode() {
   const char* e = std::getenv("GTRON_GRAPH_MEMSETS");
+  if (e != nullptr && std::strcmp(e, "keep") == 0) return CaptureMemsets::kKeep;
   if (e != nullptr && std::strcmp(e, "kernels") == 0) return CaptureMemsets::kKernels;
-  if (e != nullptr && std::strcmp(e, "hoist") == 0) return CaptureMemsets::kHoist;
-  return CaptureMemsets::kKeep;
+  return CaptureMemsets::kHoist;
 }
 
 std::vector<WorkspaceRange> take_capture_workspaces(unsigned long long capture_id) {

@@ -78,7 +78,7 @@ int gemm_algo_index(const GemmArgs& g);
 
 // What a CUDA graph capture does with the small memset nodes cuBLASLt records before its GEMMs
 // (Note [small memsets as kernels] in graphs/cuda_graph.h), from GTRON_GRAPH_MEMSETS, read at
-// each call: "kernels" (kKernels), "hoist" (kHoist), anything else or unset (kKeep).
+// each call: "keep" (kKeep), "kernels" (kKernels), anything else or unset (kHoist).
 enum class CaptureMemsets { kKeep, kKernels, kHoist };
 CaptureMemsets capture_memsets_mode();
 
