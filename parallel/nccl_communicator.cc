@@ -39,111 +39,11 @@ ncclDataType_t nccl_type(DType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclMax; }
 
-enum TimedKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kExposed };
-
-}  // namespace
-
-// Event pairs (timing events, reused through a free list) waiting to be read.
-class NcclTimer {
- public:
-  explicit NcclTimer(Device device) : device_(device) {}
-  ~NcclTimer() {
-    for (const Pair& p : pending_) {
-      cudaEventDestroy(p.a);
-      cudaEventDestroy(p.b);
-    }
-    for (cudaEvent_t e : free_) cudaEventDestroy(e);
-  }
-  // Records the pair's start on `stream`; finish() records its end.
-  size_t start(cudaStream_t stream, TimedKind kind) {
-    Pair p{event(), event(), kind};
-    CUDA_CHECK(cudaEventRecord(p.a, stream));
-    pending_.push_back(p);
-    return pending_.size() - 1;
-  }
-  void finish(size_t i, cudaStream_t stream) { CUDA_CHECK(cudaEventRecord(pending_[i].b, stream)); }
-  CommTiming take() {
-    for (const Pair& p : pending_) {
-      CUDA_CHECK(cudaEventSynchronize(p.b));
-      float ms = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, p.a, p.b));
-      double* slot[] = {&totals_.all_gather_ms, &totals_.reduce_scatter_ms, &totals_.all_reduce_ms,
-                        &totals_.broadcast_ms, &totals_.exposed_ms};
-      *slot[p.kind] += ms;
-      if (p.kind != kExposed) ++totals_.collectives;
-      free_.push_back(p.a);
-      free_.push_back(p.b);
-    }
-    pending_.clear();
-    CommTiming out = totals_;
-    totals_ = CommTiming();
-    return out;
-  }
-
- private:
-  struct Pair {
-    cudaEvent_t a, b;
-    TimedKind kind;
-  };
-  cudaEvent_t event() {
-    if (!free_.empty()) {
-      cudaEvent_t e = free_.back();
-      free_.pop_back();
-      return e;
-    }
-    CUDA_CHECK(cudaSetDevice(device_.index));
-    cudaEvent_t e = nullptr;
-    CUDA_CHECK(cudaEventCreate(&e));
-    return e;
-  }
-  Device device_;
-  std::vector<Pair> pending_;
-  std::vector<cudaEvent_t> free_;
-  CommTiming totals_;
-};
-
-namespace {
-
-// An event recorded after the collective; holds the collective's tensors until released.
-class NcclCompletion final : public Completion {
- public:
-  NcclCompletion(Device device, std::vector<Tensor> keep, std::shared_ptr<NcclTimer> timer)
-      : keep_(std::move(keep)), timer_(std::move(timer)) {
-    CUDA_CHECK(cudaSetDevice(device.index));
-    CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-  }
-  ~NcclCompletion() override { cudaEventDestroy(event_); }
-
-  cudaEvent_t event() const { return event_; }
-
-  void wait(Stream& stream) override {
-    GTRON_CHECK(stream.device().is_cuda(), "an NCCL work waited on ", stream.device().str(),
-                "; use synchronize() to wait on the host");
-    const bool timed = timer_ != nullptr && !stream.capturing();
-    const size_t pair = timed ? timer_->start(as_stream(stream.native()), kExposed) : 0;
-    CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream.native()), event_, 0));
-    if (timed) timer_->finish(pair, as_stream(stream.native()));
-  }
-  void synchronize() override { CUDA_CHECK(cudaEventSynchronize(event_)); }
-  bool done() override {
-    cudaError_t err = cudaEventQuery(event_);
-    if (err == cudaErrorNotReady) return false;
-    CUDA_CHECK(err);
-    return true;
-  }
-
- private:
-  cudaEvent_t event_ = nullptr;
-  std::vector<Tensor> keep_;
-  std::shared_ptr<NcclTimer> timer_;  // null: untimed
-};
-
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(StoreClient& store, const std::string& name, int rank, int size,
                                    Device device)
-    : name_(name), rank_(rank), size_(size), device_(device), stream_(device), ready_(device) {
-  GTRON_CHECK(device.is_cuda(), "an NCCL communicator needs a CUDA device, got ", device.str());
+    : CudaCommunicator(device), name_(name), rank_(rank), size_(size) {
   GTRON_CHECK(size >= 1 && rank >= 0 && rank < size, "communicator '", name, "': rank ", rank,
               " of ", size);
   ncclUniqueId id;
@@ -163,72 +63,49 @@ NcclCommunicator::NcclCommunicator(StoreClient& store, const std::string& name, 
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  cudaSetDevice(device_.index);
-  stream_.synchronize();
+  cudaSetDevice(device().index);
+  stream().synchronize();
   if (comm_ != nullptr) ncclCommDestroy(as_comm(comm_));
-}
-
-template <typename Call>
-Work NcclCommunicator::launch(const Tensor& a, const Tensor& b, int kind, Call call) {
-  CUDA_CHECK(cudaSetDevice(device_.index));
-  Stream& caller = current_stream(device_);
-  ready_.record(caller);
-  ready_.wait(stream_);
-  std::shared_ptr<NcclTimer> timer = caller.capturing() ? nullptr : timer_;
-  const size_t pair =
-      timer ? timer->start(as_stream(stream_.native()), static_cast<TimedKind>(kind)) : 0;
-  call(as_stream(stream_.native()));
-  if (timer) timer->finish(pair, as_stream(stream_.native()));
-  auto completion = std::make_shared<NcclCompletion>(device_, std::vector<Tensor>{a, b}, timer);
-  CUDA_CHECK(cudaEventRecord(completion->event(), as_stream(stream_.native())));
-  return Work(completion);
 }
 
 Work NcclCommunicator::all_gather(const Tensor& in, Tensor& out) {
   check_all_gather_args(*this, in, out);
-  return launch(in, out, kAllGather, [&](cudaStream_t s) {
+  return launch(in, out, CollectiveKind::kAllGather, [&](void* s) {
     NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()),
-                             nccl_type(in.dtype()), as_comm(comm_), s));
+                             nccl_type(in.dtype()), as_comm(comm_), as_stream(s)));
   });
 }
 
 Work NcclCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
   check_reduce_scatter_args(*this, in, out);
-  return launch(in, out, kReduceScatter, [&](cudaStream_t s) {
+  return launch(in, out, CollectiveKind::kReduceScatter, [&](void* s) {
     NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), static_cast<size_t>(out.numel()),
-                                 nccl_type(in.dtype()), nccl_op(op), as_comm(comm_), s));
+                                 nccl_type(in.dtype()), nccl_op(op), as_comm(comm_), as_stream(s)));
   });
 }
 
 Work NcclCommunicator::all_reduce(Tensor& inout, ReduceOp op) {
   check_tensor_args(*this, "all_reduce", inout);
-  return launch(inout, Tensor(), kAllReduce, [&](cudaStream_t s) {
+  return launch(inout, Tensor(), CollectiveKind::kAllReduce, [&](void* s) {
     NCCL_CHECK(ncclAllReduce(inout.raw(), inout.raw(), static_cast<size_t>(inout.numel()),
-                             nccl_type(inout.dtype()), nccl_op(op), as_comm(comm_), s));
+                             nccl_type(inout.dtype()), nccl_op(op), as_comm(comm_), as_stream(s)));
   });
 }
 
 Work NcclCommunicator::broadcast(Tensor& inout, int root) {
   check_tensor_args(*this, "broadcast", inout);
   check_broadcast_root(*this, root);
-  return launch(inout, Tensor(), kBroadcast, [&](cudaStream_t s) {
+  return launch(inout, Tensor(), CollectiveKind::kBroadcast, [&](void* s) {
     NCCL_CHECK(ncclBroadcast(inout.raw(), inout.raw(), static_cast<size_t>(inout.numel()),
-                             nccl_type(inout.dtype()), root, as_comm(comm_), s));
+                             nccl_type(inout.dtype()), root, as_comm(comm_), as_stream(s)));
   });
 }
 
 void NcclCommunicator::barrier() {
   // NCCL has no barrier: a one-element all-reduce that the host waits for does the same.
-  if (!barrier_buf_.defined()) barrier_buf_ = Tensor::zeros({1}, DType::kF32, device_, &stream_);
+  if (!barrier_buf_.defined()) barrier_buf_ = Tensor::zeros({1}, DType::kF32, device(), &stream());
   all_reduce(barrier_buf_).synchronize();
 }
-
-void NcclCommunicator::set_timing(bool on) {
-  if (on && !timer_) timer_ = std::make_shared<NcclTimer>(device_);
-  if (!on) timer_.reset();
-}
-
-CommTiming NcclCommunicator::take_timing() { return timer_ ? timer_->take() : CommTiming(); }
 
 std::unique_ptr<Communicator> make_nccl_communicator(StoreClient& store, const std::string& name,
                                                      int rank, int size, Device device) {
