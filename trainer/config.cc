@@ -282,12 +282,6 @@ void check_tensor_parallel(const Config& c) {
   need("4 × model.n_embd, the MLP width", 4 * m.n_embd);
   need("model.n_embd, the MTP projection's outputs", m.n_embd);
   need("the padded vocabulary (model.vocab_size rounded up to a multiple of 64)", m.padded_vocab());
-  if (c.train.device == DeviceChoice::kCuda) {
-    fail(str_cat("parallel.tp = ", tp,
-                 ": tensor parallelism above 1 trains on the CPU (Gloo) only so far (the CUDA "
-                 "gradient norm does not reduce over TP groups yet), but train.device = \"cuda\""),
-         "use train.device = \"cpu\", or parallel.tp = 1 on GPUs");
-  }
 }
 
 // Step 5: combinations of keys; those that need the world size only when it is known (> 0).
@@ -337,6 +331,16 @@ void check_combinations(const Config& c, int world_size) {
          "use train.precision = \"fp32\" or \"auto\" on CPU");
   }
   const ParallelConfig& p = c.parallel;
+  if (p.backend == CommBackend::kGloo && c.train.device == DeviceChoice::kCuda) {
+    fail("parallel.backend = \"gloo\": runs on the CPU, but train.device = \"cuda\"",
+         "use parallel.backend = \"nccl\" or \"ipc\" on GPUs, or train.device = \"cpu\"");
+  }
+  if ((p.backend == CommBackend::kNccl || p.backend == CommBackend::kIpc) &&
+      c.train.device == DeviceChoice::kCpu) {
+    fail(str_cat("parallel.backend = \"", to_string(p.backend),
+                 "\": needs GPUs, but train.device = \"cpu\""),
+         "use parallel.backend = \"gloo\" or \"auto\" on the CPU");
+  }
   check_tensor_parallel(c);
   if (world_size <= 0) {
     // Every layout has at least parallel.gtp ranks, so this much is known before launch.

@@ -29,12 +29,14 @@ enum class ScheduleKind { kCosine, kLinear, kConstant, kWsd };
 enum class DeviceChoice { kAuto, kCpu, kCuda };
 enum class PrecisionChoice { kAuto, kFp32, kBf16 };
 enum class GraphScope { kNone, kLayers, kFull };
+enum class CommBackend { kAuto, kNccl, kIpc, kGloo };
 
 // The names the config uses ("cosine", "cuda", ...).
 const char* to_string(ScheduleKind v);
 const char* to_string(DeviceChoice v);
 const char* to_string(PrecisionChoice v);
 const char* to_string(GraphScope v);
+const char* to_string(CommBackend v);
 
 // The fields below are value-initialised only; the defaults live in the schema table. Start from
 // default_config() rather than from a bare `Config{}`.
@@ -113,6 +115,8 @@ struct ParallelConfig {
   double bucket_mb = 0;                         // DP gradient bucket size, MiB
   bool gtp_symmetric_memory = false;            // send buffers in NCCL symmetric windows
   bool gtp_reuse_repeated_send_buffer = false;  // Note [GTP repeated backward]
+  CommBackend backend = CommBackend::kAuto;     // the collectives' backend (pick_backend)
+  double ipc_timeout_s = 0;                     // IPC: the bounded wait for a peer, seconds
 };
 
 struct GraphsConfig {

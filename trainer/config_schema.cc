@@ -38,6 +38,10 @@ const std::vector<std::string>& enum_names(GraphScope) {
   static const std::vector<std::string> names = {"none", "layers", "full"};
   return names;
 }
+const std::vector<std::string>& enum_names(CommBackend) {
+  static const std::vector<std::string> names = {"auto", "nccl", "ipc", "gloo"};
+  return names;
+}
 
 template <typename E>
 const char* enum_to_string(E v) {
@@ -50,6 +54,7 @@ const char* to_string(ScheduleKind v) { return enum_to_string(v); }
 const char* to_string(DeviceChoice v) { return enum_to_string(v); }
 const char* to_string(PrecisionChoice v) { return enum_to_string(v); }
 const char* to_string(GraphScope v) { return enum_to_string(v); }
+const char* to_string(CommBackend v) { return enum_to_string(v); }
 
 namespace config_internal {
 namespace {
@@ -210,8 +215,7 @@ std::vector<KeySpec> build_schema() {
           "GTP group size G (per-weight sharding); divides the world size."),
       key(GTRON_FIELD(parallel.tp), 1, at_least(1),
           "Tensor-parallel group size TP (Megatron-style split layers, consecutive ranks); "
-          "gtp × tp divides the world size; divides n_head and the padded vocab. Above 1: CPU "
-          "(Gloo) only so far (train.device cuda is refused)."),
+          "gtp × tp divides the world size; divides n_head and the padded vocab."),
       key(GTRON_FIELD(parallel.sequence_parallel), false, any,
           "Sequence parallelism (needs tp > 1; tp divides train.seq_len): norms and the residual "
           "stream hold T/tp of the sequence; all-gather / reduce-scatter replace the all-reduces."),
@@ -224,6 +228,14 @@ std::vector<KeySpec> build_schema() {
           "GTP send buffers in NCCL symmetric-memory windows (NCCL runs; Gloo uses plain memory)."),
       key(GTRON_FIELD(parallel.gtp_reuse_repeated_send_buffer), true, any,
           "A repeated backward of one weight reuses its own in-flight send buffer."),
+      key(GTRON_FIELD(parallel.backend), CommBackend::kAuto, any,
+          "Collectives of a multi-process run: auto = nccl when every process of a node has a GPU "
+          "of its own, gloo on the CPU; ipc = several processes share the node's GPUs (process "
+          "LOCAL_RANK uses GPU LOCAL_RANK mod the GPU count; one node, at most 8 processes), "
+          "collectives over CUDA IPC; gloo needs train.device cpu; nccl needs a GPU a process."),
+      key(GTRON_FIELD(parallel.ipc_timeout_s), 120.0, above(0),
+          "ipc: seconds a rank waits for a peer inside a collective before the job fails with "
+          "an error naming the peer."),
       // graphs
       key(GTRON_FIELD(graphs.scope), GraphScope::kNone, any,
           "What is captured into graphs: none (all eager), layers (each main-model transformer "
@@ -240,7 +252,8 @@ std::vector<KeySpec> build_schema() {
       // log
       key(GTRON_FIELD(log.every), 1, at_least(1), "Steps between printed metric lines."),
       key(GTRON_FIELD(log.comm_timing), false, any,
-          "Multi-GPU: time every NCCL collective and the compute stream's waits on them (CUDA "
+          "GPU backends (nccl, ipc): time every collective and the compute stream's waits on them "
+          "(CUDA "
           "event pairs) and log comm_*_ms per step and comm_hidden_frac. Off: no events."),
       key(GTRON_FIELD(log.metrics_file), "metrics.jsonl", any,
           "JSON-lines metrics, relative to train.out_dir.", Empty::kForbidden),

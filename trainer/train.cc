@@ -19,6 +19,7 @@
 #include "model/mixed_precision.h"
 #include "model/stream.h"
 #include "parallel/gloo_communicator.h"
+#include "parallel/ipc_communicator.h"
 #include "parallel/nccl_communicator.h"
 #include "parallel/store.h"
 #include "trainer/checkpoint.h"
@@ -61,31 +62,71 @@ struct DevicePlan {
 };
 
 // The device and precision a run uses: "auto" is a GPU when one is present, else the CPU; "cuda"
-// without a GPU is a UserError (resolve_device). Several processes on one node take one GPU each,
-// cuda:LOCAL_RANK (NCCL); "auto" stays on the CPU (Gloo) when the node has fewer GPUs than
-// processes. Precision "auto" is bf16 on cuda, fp32 on the CPU.
+// without a GPU is a UserError (resolve_device). Several processes on one node: with
+// parallel.backend "ipc", process LOCAL_RANK takes GPU LOCAL_RANK mod (GPUs) and they share it;
+// otherwise each takes its own GPU, cuda:LOCAL_RANK (NCCL), and more processes than GPUs is an
+// error before any work (naming "ipc") unless the run is on the CPU (Gloo): train.device "cpu",
+// parallel.backend "gloo", or no GPU at all. Precision "auto" is bf16 on cuda, fp32 on the CPU.
 DevicePlan pick_device(const Config& cfg, const parallel::DistEnv& env) {
   const int gpus = cuda_device_count();
-  if (env.world_size > 1 && gpus < env.local_world_size) {
-    if (cfg.train.device == DeviceChoice::kCuda) {
-      throw UserError(str_cat("train.device = \"cuda\" with ", env.local_world_size,
-                              " processes on this node but ", gpus,
-                              " GPU(s): one process per GPU. Hint: --nproc-per-node ", gpus,
-                              ", or train.device=cpu for Gloo multi-process training."));
+  const CommBackend backend = cfg.parallel.backend;
+  const bool cpu_forced = cfg.train.device == DeviceChoice::kCpu || backend == CommBackend::kGloo;
+  if (backend == CommBackend::kIpc && env.world_size > 1) {
+    if (gpus == 0) {
+      throw UserError(
+          "parallel.backend = \"ipc\": needs a GPU, and this node has none. Hint: "
+          "parallel.backend=gloo train.device=cpu for multi-process CPU training");
     }
-    resolve_precision(cfg.train, DeviceChoice::kCpu);
-    return {Device::cpu(), false};
+    if (env.world_size != env.local_world_size) {
+      throw UserError(
+          str_cat("parallel.backend = \"ipc\": every process must run on one node, "
+                  "but the world has ",
+                  env.world_size, " processes and this node ", env.local_world_size,
+                  ". Hint: parallel.backend=nccl across nodes"));
+    }
+    if (env.local_world_size > parallel::ipc::kMaxRanks) {
+      throw UserError(str_cat("parallel.backend = \"ipc\": ", env.local_world_size,
+                              " processes; at most ", parallel::ipc::kMaxRanks,
+                              ". Hint: --nproc-per-node ", parallel::ipc::kMaxRanks, " or fewer"));
+    }
+  } else if (env.world_size > 1 && !cpu_forced && gpus > 0 && gpus < env.local_world_size) {
+    throw UserError(str_cat(env.local_world_size, " processes on this node but ", gpus,
+                            " GPU(s): NCCL needs a GPU per process. Hint: --set "
+                            "parallel.backend=ipc to share the GPUs (CUDA IPC), --nproc-per-node ",
+                            gpus, ", or train.device=cpu for Gloo multi-process training"));
   }
-  if (cfg.parallel.tp > 1) {  // CPU (Gloo) only so far; validate() refuses train.device "cuda"
-    resolve_precision(cfg.train, DeviceChoice::kCpu);
-    return {Device::cpu(), false};
-  }
-  const DeviceChoice d = resolve_device(cfg.train, gpus > 0);
+  const DeviceChoice d = cpu_forced ? DeviceChoice::kCpu : resolve_device(cfg.train, gpus > 0);
   const PrecisionChoice p = resolve_precision(cfg.train, d);
   if (d == DeviceChoice::kCuda) {
-    return {Device::cuda(env.world_size > 1 ? env.local_rank : 0), p == PrecisionChoice::kBf16};
+    const int index = env.world_size > 1 ? env.local_rank % gpus : 0;
+    return {Device::cuda(index), p == PrecisionChoice::kBf16};
+  }
+  if (backend == CommBackend::kNccl && env.world_size > 1) {
+    throw UserError(
+        "parallel.backend = \"nccl\": needs a GPU per process, and this node has "
+        "none. Hint: parallel.backend=gloo train.device=cpu");
   }
   return {Device::cpu(), false};
+}
+
+// The communicators of a multi-process run on `device` (pick_device chose it for the backend).
+parallel::CommunicatorFactory communicator_factory(const Config& cfg, Device device) {
+  if (device.is_cpu()) {
+    return [](parallel::StoreClient& s, const std::string& name, int rank, int size) {
+      return parallel::make_gloo_communicator(s, name, rank, size, {});
+    };
+  }
+  if (cfg.parallel.backend == CommBackend::kIpc) {
+    parallel::IpcOptions options;
+    options.timeout_s = cfg.parallel.ipc_timeout_s;
+    return
+        [device, options](parallel::StoreClient& s, const std::string& name, int rank, int size) {
+          return parallel::make_ipc_communicator(s, name, rank, size, device, options);
+        };
+  }
+  return [device](parallel::StoreClient& s, const std::string& name, int rank, int size) {
+    return parallel::make_nccl_communicator(s, name, rank, size, device);
+  };
 }
 
 // A checkpoint writer reads host memory: CUDA tensors come back first (a sync, at save time only).
@@ -246,14 +287,10 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
     rdv_ = parallel::rendezvous(env_);
     const int gtp = static_cast<int>(cfg_.parallel.gtp);
     const int tp = static_cast<int>(cfg_.parallel.tp);
-    grid_ = device_.is_cuda()
-                ? parallel::make_nccl_grid(*rdv_.client, env_.rank, env_.world_size, gtp, device_,
-                                           "grid", tp)
-                : parallel::make_gloo_grid(*rdv_.client, env_.rank, env_.world_size, gtp, tp);
+    const parallel::CommunicatorFactory make = communicator_factory(cfg_, device_);
+    grid_ = parallel::make_grid(*rdv_.client, env_.rank, env_.world_size, gtp, tp, make, "grid");
     if (grid_of_one == kGridOfOneTp && !grid_.tp) {  // a TP group of one rank
-      grid_.tp = device_.is_cuda()
-                     ? parallel::make_nccl_communicator(*rdv_.client, "grid/tp1", 0, 1, device_)
-                     : parallel::make_gloo_communicator(*rdv_.client, "grid/tp1", 0, 1, {});
+      grid_.tp = make(*rdv_.client, "grid/tp1", 0, 1);
     }
   }
   // Rank 0 prepares the synthetic data; the others wait for it at the barrier.

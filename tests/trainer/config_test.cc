@@ -279,6 +279,23 @@ TEST(ConfigErrors, WorldSizeChecks) {
   expect_user_error([&] { validate(hand, 1); }, {"optimizer.beta1 = 1.0", "[0, 1)"});
 }
 
+TEST(ConfigErrors, BackendChecks) {
+  EXPECT_EQ(default_config().parallel.backend, CommBackend::kAuto);
+  EXPECT_EQ(default_config().parallel.ipc_timeout_s, 120.0);
+  EXPECT_EQ(from_text(R"({"parallel": {"backend": "ipc"}})").parallel.backend, CommBackend::kIpc);
+  EXPECT_EQ(from_text(R"({"parallel": {"backend": "gloo"}, "train": {"device": "cpu"}})")
+                .parallel.backend,
+            CommBackend::kGloo);
+  expect_text_error(R"({"parallel": {"backend": "mpi"}})", {"parallel.backend", "ipc"});
+  expect_text_error(R"({"parallel": {"backend": "gloo"}, "train": {"device": "cuda"}})",
+                    {"parallel.backend = \"gloo\"", "train.device = \"cuda\""});
+  expect_text_error(R"({"parallel": {"backend": "ipc"}, "train": {"device": "cpu"}})",
+                    {"parallel.backend = \"ipc\"", "needs GPUs"});
+  expect_text_error(R"({"parallel": {"backend": "nccl"}, "train": {"device": "cpu"}})",
+                    {"parallel.backend = \"nccl\"", "needs GPUs"});
+  expect_text_error(R"({"parallel": {"ipc_timeout_s": 0}})", {"parallel.ipc_timeout_s"});
+}
+
 TEST(ConfigErrors, TensorParallelChecks) {
   // parallel.tp splits heads, the MLP width, the MTP projection and the padded vocabulary.
   const char* model = R"("model": {"vocab_size": 64, "n_head": 4, "n_embd": 32})";
@@ -290,8 +307,11 @@ TEST(ConfigErrors, TensorParallelChecks) {
   expect_text_error(
       R"({"model": {"vocab_size": 64, "n_head": 6, "n_embd": 48}, "parallel": {"tp": 3}})",
       {"parallel.tp = 3", "padded vocabulary", "(64)"});
-  expect_text_error(str_cat("{", model, R"(, "parallel": {"tp": 2}, "train": {"device": "cuda"}})"),
-                    {"parallel.tp = 2", "CPU (Gloo) only", "train.device"});
+  // TP > 1 trains on GPUs too (the device gradient norm sums split parameters over TP).
+  EXPECT_EQ(
+      from_text(str_cat("{", model, R"(, "parallel": {"tp": 2}, "train": {"device": "cuda"}})"))
+          .parallel.tp,
+      2);
   expect_text_error(str_cat("{", model, R"(, "parallel": {"tp": 0}})"), {"parallel.tp = 0"});
   // Sequence parallelism splits the sequence over TP.
   EXPECT_FALSE(ok.parallel.sequence_parallel);
