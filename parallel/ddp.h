@@ -106,6 +106,7 @@ class DataParallel {
   int64_t flat_numel() const { return flat_numel_; }
   int64_t flat_offset(const Parameter* p) const;
   Device device() const { return device_; }
+  Communicator* communicator() const { return dp_; }
 
   // Test/metrics counters.
   int64_t param_gathers_issued() const { return gathers_issued_; }

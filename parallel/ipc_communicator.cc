@@ -63,9 +63,48 @@ struct IpcErrorState {
   double timeout_s;
 };
 
+struct IpcCommunicator::Window {
+  char* ptr = nullptr;
+  size_t bytes = 0;
+  ipc::Peers peers;  // every rank's buffer here, by rank (own included)
+};
+
+namespace {
+
+// Opens rank `peer`'s IPC handle; a failure is a UserError (ranks on GPUs without peer access).
+char* open_handle(const std::string& bytes, const std::string& name, int rank, int peer) {
+  cudaIpcMemHandle_t handle;
+  GTRON_CHECK(bytes.size() >= sizeof handle, "IPC handle of ", bytes.size(), " bytes");
+  std::copy(bytes.begin(), bytes.begin() + sizeof handle, reinterpret_cast<char*>(&handle));
+  void* p = nullptr;
+  const cudaError_t err = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw UserError(str_cat("communicator '", name, "' (ipc): rank ", rank, " cannot open rank ",
+                            peer, "'s memory through CUDA IPC: ", cudaGetErrorString(err),
+                            ". Hint: the ranks of parallel.backend = \"ipc\" must run on one "
+                            "machine, on GPUs with peer access to each other"));
+  }
+  return static_cast<char*>(p);
+}
+
+// This process's IPC handle of `ptr` (a whole cudaMalloc allocation), as bytes for the store.
+std::string handle_bytes(void* ptr) {
+  cudaIpcMemHandle_t handle;
+  CUDA_CHECK(cudaIpcGetMemHandle(&handle, ptr));
+  return std::string(reinterpret_cast<const char*>(&handle), sizeof handle);
+}
+
+}  // namespace
+
 IpcCommunicator::IpcCommunicator(StoreClient& store, const std::string& name, int rank, int size,
                                  Device device, const IpcOptions& options)
-    : CudaCommunicator(device), name_(name), rank_(rank), size_(size), options_(options) {
+    : CudaCommunicator(device),
+      store_(store),
+      name_(name),
+      rank_(rank),
+      size_(size),
+      options_(options) {
   GTRON_CHECK(size >= 1 && rank >= 0 && rank < size, "communicator '", name, "': rank ", rank,
               " of ", size);
   if (size > ipc::kMaxRanks) {
@@ -81,30 +120,11 @@ IpcCommunicator::IpcCommunicator(StoreClient& store, const std::string& name, in
   CUDA_CHECK(cudaMalloc(&arena_, arena_bytes));
   CUDA_CHECK(cudaMemset(arena_, 0, ipc::kIpcFlagBytes));
   CUDA_CHECK(cudaDeviceSynchronize());  // zeroed flags before any peer can read them
-  cudaIpcMemHandle_t handle;
-  CUDA_CHECK(cudaIpcGetMemHandle(&handle, arena_));
   const std::string prefix = name + "/ipc/";
-  store.set(prefix + std::to_string(rank),
-            std::string(reinterpret_cast<const char*>(&handle), sizeof handle));
+  store.set(prefix + std::to_string(rank), handle_bytes(arena_));
   for (int r = 0; r < size; ++r) {
-    if (r == rank) {
-      peers_.base[r] = static_cast<char*>(arena_);
-      continue;
-    }
-    const std::string bytes = store.get(prefix + std::to_string(r));
-    GTRON_CHECK(bytes.size() == sizeof handle, "IPC handle of ", bytes.size(), " bytes");
-    cudaIpcMemHandle_t peer;
-    std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char*>(&peer));
-    void* p = nullptr;
-    const cudaError_t err = cudaIpcOpenMemHandle(&p, peer, cudaIpcMemLazyEnablePeerAccess);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      throw UserError(str_cat("communicator '", name, "' (ipc): rank ", rank, " cannot open rank ",
-                              r, "'s memory through CUDA IPC: ", cudaGetErrorString(err),
-                              ". Hint: the ranks of parallel.backend = \"ipc\" must run on one "
-                              "machine, on GPUs with peer access to each other"));
-    }
-    peers_.base[r] = static_cast<char*>(p);
+    peers_.base[r] = r == rank ? static_cast<char*>(arena_)
+                               : open_handle(store.get(prefix + std::to_string(r)), name, rank, r);
   }
 }
 
@@ -115,10 +135,60 @@ IpcCommunicator::~IpcCommunicator() {
                  errors_->word, stream().native());
   }
   stream().synchronize();
+  for (const auto& w : windows_) deregister_window(w.get());
   for (int r = 0; r < size_; ++r) {
     if (r != rank_ && peers_.base[r] != nullptr) cudaIpcCloseMemHandle(peers_.base[r]);
   }
   cudaFree(arena_);
+}
+
+memory::WindowHandle IpcCommunicator::register_window(void* ptr, size_t bytes) {
+  CUDA_CHECK(cudaSetDevice(device().index));
+  const std::string prefix = str_cat(name_, "/win/", windows_registered_++, "/");
+  std::string mine = handle_bytes(ptr);
+  mine.append(reinterpret_cast<const char*>(&bytes), sizeof bytes);
+  store_.set(prefix + std::to_string(rank_), mine);
+  auto w = std::make_unique<Window>();
+  w->ptr = static_cast<char*>(ptr);
+  w->bytes = bytes;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) {
+      w->peers.base[r] = w->ptr;
+      continue;
+    }
+    const std::string theirs = store_.get(prefix + std::to_string(r));
+    size_t their_bytes = 0;
+    GTRON_CHECK(theirs.size() == mine.size(), "window record of ", theirs.size(), " bytes");
+    std::copy(theirs.end() - sizeof their_bytes, theirs.end(),
+              reinterpret_cast<char*>(&their_bytes));
+    if (their_bytes != bytes) {
+      throw UserError(str_cat("communicator '", name_, "' (ipc): window ", windows_registered_ - 1,
+                              " is ", bytes, " bytes on rank ", rank_, " but ", their_bytes,
+                              " on rank ", r,
+                              ": the ranks must register the same buffers in the same order"));
+    }
+    w->peers.base[r] = open_handle(theirs, name_, rank_, r);
+  }
+  windows_.push_back(std::move(w));
+  return windows_.back().get();
+}
+
+void IpcCommunicator::deregister_window(memory::WindowHandle window) noexcept {
+  auto* w = static_cast<Window*>(window);
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ && w->peers.base[r] != nullptr) cudaIpcCloseMemHandle(w->peers.base[r]);
+    w->peers.base[r] = nullptr;
+  }
+}
+
+const IpcCommunicator::Window* IpcCommunicator::window_of(const void* p, size_t bytes) const {
+  const char* c = static_cast<const char*>(p);
+  for (const auto& w : windows_) {
+    if (w->peers.base[rank_] != nullptr && c >= w->ptr && c + bytes <= w->ptr + w->bytes) {
+      return w.get();
+    }
+  }
+  return nullptr;
 }
 
 void IpcCommunicator::barrier_on(void* stream) {
@@ -152,6 +222,16 @@ Work IpcCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op)
   const size_t es = dtype_size(in.dtype()), n = static_cast<size_t>(out.numel());
   const size_t step = options_.slot_bytes / (es * static_cast<size_t>(size_));
   GTRON_CHECK(step > 0, "IPC slot too small for ", size_, " ranks");
+  if (const Window* w = window_of(in.raw(), n * es * static_cast<size_t>(size_))) {
+    const int64_t offset =
+        (bytes_of(in) - w->ptr) / static_cast<int64_t>(es) + static_cast<int64_t>(rank_ * n);
+    return run(in, out, CollectiveKind::kReduceScatter, [&](void* s) {
+      barrier_on(s);
+      ipc::reduce(w->peers, rank_, size_, 0, offset, bytes_of(out), static_cast<int64_t>(n),
+                  ipc_type(in.dtype()), ipc_op(op), s);
+      barrier_on(s);
+    });
+  }
   return run(in, out, CollectiveKind::kReduceScatter, [&](void* s) {
     for (size_t o = 0; o < n; o += step) {
       const size_t c = std::min(step, n - o);
@@ -212,6 +292,39 @@ std::unique_ptr<Communicator> make_ipc_communicator(StoreClient& store, const st
                                                     int rank, int size, Device device,
                                                     const IpcOptions& options) {
   return std::make_unique<IpcCommunicator>(store, name, rank, size, device, options);
+}
+
+namespace {
+
+class IpcSymmetricBackend : public memory::SymmetricBackend {
+ public:
+  explicit IpcSymmetricBackend(IpcCommunicator& comm) : comm_(comm) {}
+  void* allocate(size_t bytes) override {
+    CUDA_CHECK(cudaSetDevice(comm_.device().index));
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return p;
+  }
+  memory::WindowHandle register_window(void* ptr, size_t bytes) override {
+    return comm_.register_window(ptr, bytes);
+  }
+  void deregister_window(memory::WindowHandle window) noexcept override {
+    comm_.deregister_window(window);
+  }
+  void free(void* ptr) noexcept override { cudaFree(ptr); }
+  std::string name() const override { return "ipc-symmetric:" + comm_.name(); }
+
+ private:
+  IpcCommunicator& comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<memory::SymmetricBackend> make_ipc_symmetric_backend(IpcCommunicator& comm) {
+  return std::make_unique<IpcSymmetricBackend>(comm);
 }
 
 Grid make_ipc_grid(StoreClient& store, int world_rank, int world_size, int gtp, Device device,

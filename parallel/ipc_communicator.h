@@ -17,6 +17,9 @@
 // - A peer that does not arrive within `timeout_s` ends the wait (Note [IPC bounded wait]): the
 //   next collective, synchronize() or done() throws CommError naming the communicator and the
 //   peer, and so does every call after it.
+// - Windows (Note [IPC windows]): buffers every rank registers in the same order; a
+//   reduce_scatter from a window reads the peers' inputs in place. The GTP send pool lives in them
+//   (make_ipc_symmetric_backend), as it lives in NCCL symmetric windows on NCCL.
 // - Teardown: a last barrier (skipped once broken) so no peer still reads this arena when it is
 //   freed; then peers' handles are closed and the arena freed.
 //
@@ -27,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/symmetric_pool.h"
 #include "parallel/cuda_comm.h"
 #include "parallel/grid.h"
 #include "parallel/ipc_kernels.h"
@@ -61,13 +65,32 @@ class IpcCommunicator final : public CudaCommunicator {
   Work broadcast(Tensor& inout, int root) override;
   void barrier() override;
 
+  // Note [IPC windows]
+  // A window is a whole cudaMalloc allocation that every rank of the communicator registers, in
+  // the same order and with the same size (collective: the handles go through the store under
+  // "<name>/win/<n>/<rank>"); each rank opens the others'. A reduce_scatter whose input lies in a
+  // window (at the same offset on every rank, as the send pool's buffers are) skips the staging:
+  // barrier, reduce straight from the peers' windows, barrier (the second keeps a peer from
+  // refilling its buffer while others still read it). Two barriers and no copies or chunking,
+  // against one barrier per slot-sized chunk plus copies.
+  //
+  // Registers [ptr, ptr + bytes), which must be a whole cudaMalloc allocation; returns the
+  // window's handle. Throws UserError if the ranks register different sizes.
+  memory::WindowHandle register_window(void* ptr, size_t bytes);
+  // Closes the peers' mappings of the window (local; the caller frees ptr). Never throws.
+  void deregister_window(memory::WindowHandle window) noexcept;
+
  private:
+  struct Window;
   // Throws CommError if a bounded wait has failed; else launches `chunks` on the stream through
   // CudaCommunicator::launch.
   Work run(const Tensor& a, const Tensor& b, CollectiveKind kind,
            const std::function<void(void* stream)>& chunks);
   void barrier_on(void* stream);
+  // The window holding [p, p + bytes), or null.
+  const Window* window_of(const void* p, size_t bytes) const;
 
+  StoreClient& store_;  // outlives the communicator (the job's rendezvous)
   std::string name_;
   int rank_ = 0;
   int size_ = 1;
@@ -75,11 +98,17 @@ class IpcCommunicator final : public CudaCommunicator {
   void* arena_ = nullptr;  // this rank's arena (cudaMalloc)
   ipc::Peers peers_;       // every rank's arena base here (peers' opened through IPC)
   std::shared_ptr<IpcErrorState> errors_;  // the host-mapped error word (also in Works)
+  std::vector<std::unique_ptr<Window>> windows_;
+  int64_t windows_registered_ = 0;
 };
 
 std::unique_ptr<Communicator> make_ipc_communicator(StoreClient& store, const std::string& name,
                                                     int rank, int size, Device device,
                                                     const IpcOptions& options = {});
+
+// The IPC backend of the GTP send pool (memory/symmetric_pool.h): each buffer its own cudaMalloc,
+// registered as a window of `comm` (Note [IPC windows]). The pool must be destroyed before `comm`.
+std::unique_ptr<memory::SymmetricBackend> make_ipc_symmetric_backend(IpcCommunicator& comm);
 
 // make_grid with IPC communicators on `device`.
 Grid make_ipc_grid(StoreClient& store, int world_rank, int world_size, int gtp, Device device,

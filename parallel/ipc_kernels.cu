@@ -142,15 +142,20 @@ __device__ __forceinline__ bf16 load_cg(const bf16* p) {
 template <typename T, bool kMax>
 __global__ void reduce_kernel(Peers peers, int rank, int size, size_t slot_bytes, int64_t offset,
                               T* dst, int64_t n) {
-  const uint64_t parity = *flag_epoch(peers.base[rank]);
+  // Each rank's source: its current slot, or (slot_bytes = 0) its window itself.
+  __shared__ const T* src[kMaxRanks];
+  if (threadIdx.x < size) {
+    char* base = peers.base[threadIdx.x];
+    if (slot_bytes > 0) base = slot(base, *flag_epoch(peers.base[rank]), slot_bytes);
+    src[threadIdx.x] = reinterpret_cast<const T*>(base) + offset;
+  }
+  __syncthreads();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     using A = typename Acc<T>::type;
-    A acc = widen(
-        load_cg(reinterpret_cast<const T*>(slot(peers.base[0], parity, slot_bytes)) + offset + i));
+    A acc = widen(load_cg(src[0] + i));
     for (int r = 1; r < size; ++r) {
-      const A v = widen(load_cg(
-          reinterpret_cast<const T*>(slot(peers.base[r], parity, slot_bytes)) + offset + i));
+      const A v = widen(load_cg(src[r] + i));
       acc = kMax ? (v > acc ? v : acc) : acc + v;
     }
     dst[i] = narrow<T>(acc);

@@ -61,8 +61,10 @@ void barrier(const Peers& peers, int rank, int size, int64_t timeout_ns, ErrorWo
 void gather(const Peers& peers, int rank, int first, int count, size_t slot_bytes, void* dst,
             size_t dst_pitch, size_t row_bytes, void* stream);
 
-// dst[i] = op over r = 0, 1, ..., size − 1 of element `offset + i` of rank r's current slot, for
-// i in [0, n): bf16 accumulates in fp32 and rounds once; the same order on every rank.
+// dst[i] = op over r = 0, 1, ..., size − 1 of element `offset + i` of rank r's source, for i in
+// [0, n): bf16 accumulates in fp32 and rounds once; the same order on every rank. The source is
+// rank r's current slot when slot_bytes > 0, else `peers` are the sources themselves (a window:
+// parallel/ipc_communicator.h).
 void reduce(const Peers& peers, int rank, int size, size_t slot_bytes, int64_t offset, void* dst,
             int64_t n, Dtype dtype, Op op, void* stream);
 

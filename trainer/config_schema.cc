@@ -225,7 +225,8 @@ std::vector<KeySpec> build_schema() {
           "Gather updated parameters lazily, bucket by bucket, in the next forward."),
       key(GTRON_FIELD(parallel.bucket_mb), 25.0, above(0), "Gradient bucket size, MiB."),
       key(GTRON_FIELD(parallel.gtp_symmetric_memory), true, any,
-          "GTP send buffers in NCCL symmetric-memory windows (NCCL runs; Gloo uses plain memory)."),
+          "GTP send buffers in symmetric windows the reduce-scatters read in place: NCCL symmetric "
+          "memory on nccl, CUDA-IPC windows on ipc; gloo uses plain memory."),
       key(GTRON_FIELD(parallel.gtp_reuse_repeated_send_buffer), true, any,
           "A repeated backward of one weight reuses its own in-flight send buffer."),
       key(GTRON_FIELD(parallel.backend), CommBackend::kAuto, any,

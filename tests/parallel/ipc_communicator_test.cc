@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "memory/symmetric_pool.h"
 #include "model/dtype.h"
 #include "model/stream.h"
 #include "model/tensor.h"
@@ -210,6 +211,56 @@ int captured_and_replayed(int rank, int size, StoreClient& store) {
   return check.bad == 0 ? 0 : 1;
 }
 
+// The GTP send pool on IPC windows: reduce_scatter from a pool buffer reads the peers' buffers in
+// place (Note [IPC windows]) and gives the staged path's bits; two buffers of one key, reused.
+int from_windows(int rank, int size, StoreClient& store) {
+  IpcCommunicator comm(store, "ipc_win", rank, size, Device::cuda(0), {20.0, kSlotBytes});
+  Stream s(Device::cuda(0));
+  StreamGuard guard(s);
+  Checker check{rank};
+  {
+    memory::SymmetricPool pool(make_ipc_symmetric_backend(comm));
+    const int64_t n = 5000;  // larger than a slot: the staged path would chunk it
+    const memory::PoolKey key{size * n, {0, 4}, 0};
+    std::vector<void*> held;
+    for (int round = 0; round < 4; ++round) {
+      void* buf = pool.acquire(key);
+      held.push_back(buf);
+      Tensor in = Tensor::from_blob(buf, {size * n}, DType::kF32, Device::cuda(0));
+      in.copy_from(on_gpu(input(rank, size * n, DType::kF32, 30 + round), DType::kF32, s));
+      Tensor out = Tensor::zeros({n}, DType::kF32, Device::cuda(0), &s);
+      comm.reduce_scatter(in, out).wait(s);
+      std::vector<double> want(n);
+      for (int64_t i = 0; i < n; ++i) {
+        std::vector<double> a;
+        for (int r = 0; r < size; ++r)
+          a.push_back(input(r, size * n, DType::kF32, 30 + round)[rank * n + i]);
+        want[i] = reduce_in_order(a, DType::kF32, false);
+      }
+      check.expect(on_host(out, s), want, "reduce_scatter from a window", DType::kF32, n);
+      if (round % 2 == 1) {  // two buffers live at once, then both back to the pool
+        for (void* b : held) pool.release(key, b);
+        held.clear();
+      }
+    }
+    if (pool.stats().bytes_held != 2 * key.bytes()) ++check.bad;
+    s.synchronize();
+  }
+  // Ranks that register different sizes get a UserError naming both.
+  void* p = nullptr;
+  cudaMalloc(&p, rank == 0 ? 1024 : 2048);
+  try {
+    comm.register_window(p, rank == 0 ? 1024 : 2048);
+    ++check.bad;
+  } catch (const UserError& e) {
+    if (std::string(e.what()).find("same buffers in the same order") == std::string::npos) {
+      ++check.bad;
+    }
+  }
+  comm.barrier();
+  return check.bad == 0 ? 0 : 1;
+}
+
 TEST(IpcCommunicatorTest, EveryCollectiveBitForBit) {
   for (int size : {2, 3, 4}) {
     const std::vector<int> codes = run_processes(
@@ -223,6 +274,14 @@ TEST(IpcCommunicatorTest, CapturedCollectivesReplayOnFreshInputs) {
   const std::vector<int> codes = run_processes(
       size, [](int rank, StoreClient& store) { return captured_and_replayed(rank, size, store); });
   for (int r = 0; r < size; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(IpcCommunicatorTest, SendPoolOnWindows) {
+  for (int size : {2, 4}) {
+    const std::vector<int> codes = run_processes(
+        size, [size](int rank, StoreClient& store) { return from_windows(rank, size, store); });
+    for (int r = 0; r < size; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r << " of " << size;
+  }
 }
 
 // Rank 1 never issues the all_reduce: rank 0's wait ends after ~1 s in a CommError that names the
