@@ -9,6 +9,27 @@
 
 namespace gtron {
 
+namespace {
+
+// The chunk offsets of the reduction's groups: group j covers chunks [out[j], out[j + 1]).
+// `segment_chunks[i]` is segment i's first chunk; its last entry is the number of chunks.
+std::vector<int32_t> group_chunk_offsets(const NormReduction& r,
+                                         const std::vector<int32_t>& segment_chunks) {
+  size_t covered = 0;
+  for (const NormReduction::Group& g : r.groups) covered += g.segments;
+  GTRON_CHECK(covered == segment_chunks.size() - 1, "AdamW: the norm reduction's groups cover ",
+              covered, " segments; the optimizer owns ", segment_chunks.size() - 1);
+  std::vector<int32_t> out = {segment_chunks.front()};
+  size_t segment = 0;
+  for (const NormReduction::Group& g : r.groups) {
+    segment += g.segments;
+    out.push_back(segment_chunks[segment]);
+  }
+  return out;
+}
+
+}  // namespace
+
 void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, double lr,
                   double weight_decay, const AdamWHyper& h, int64_t t, float grad_scale) {
   const float b1 = static_cast<float>(h.beta1), b2 = static_cast<float>(h.beta2);
@@ -49,6 +70,14 @@ void AdamW::step(const std::vector<parallel::OwnedSegment>& segments, double lr,
   }
 }
 
+void AdamW::set_norm_reduction(NormReduction r) {
+  GTRON_CHECK(device_.is_cuda() && num_chunks_ < 0,
+              "AdamW::set_norm_reduction: a CUDA optimizer before its first step");
+  reduction_ = std::move(r);
+  reduces_ = false;
+  for (const NormReduction::Group& g : reduction_.groups) reduces_ = reduces_ || !g.comms.empty();
+}
+
 void AdamW::set_bf16_shadows(ShadowFor shadow_for) {
   GTRON_CHECK(device_.is_cuda() && num_chunks_ < 0,
               "AdamW::set_bf16_shadows: a CUDA optimizer before its first step");
@@ -63,12 +92,11 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
     return;
   }
   std::vector<cuda::OptimChunk> host;
+  std::vector<int32_t> segment_chunks;  // segment i's first chunk, then the number of chunks
   float* m = m_.data<float>();
   float* v = v_.data<float>();
-  first_chunks_ = 0;
-  for (size_t i = 0; i < segments.size(); ++i) {
-    const parallel::OwnedSegment& s = segments[i];
-    if (i == reduction_.first_segments) first_chunks_ = static_cast<int64_t>(host.size());
+  for (const parallel::OwnedSegment& s : segments) {
+    segment_chunks.push_back(static_cast<int32_t>(host.size()));
     const int32_t decay = decayed_.count(s.param) ? 1 : 0;
     // Only a segment that is the whole tensor may refresh its shadow (Note [fused shadow refresh]).
     const bool whole = s.n == s.param->data.numel() && s.w == s.param->data.data<float>();
@@ -86,7 +114,8 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
     }
   }
   num_chunks_ = static_cast<int64_t>(host.size());
-  if (reduction_.first_segments >= segments.size()) first_chunks_ = num_chunks_;
+  GTRON_CHECK(num_chunks_ < (int64_t{1} << 31), "AdamW: ", num_chunks_, " chunks");
+  segment_chunks.push_back(static_cast<int32_t>(num_chunks_));
   num_segments_ = segments.size();
   first_w_ = segments.empty() ? nullptr : segments.front().w;
   const int64_t bytes = num_chunks_ * static_cast<int64_t>(sizeof(cuda::OptimChunk));
@@ -95,6 +124,12 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
   partials_ = Tensor::zeros({std::max<int64_t>(num_chunks_, 1)}, DType::kF64, device_, &s);
   if (bytes > 0)
     cuda::memcpy_async(chunks_.raw(), host.data(), static_cast<size_t>(bytes), s.native());
+  if (reduces_) {
+    const std::vector<int32_t> offsets = group_chunk_offsets(reduction_, segment_chunks);
+    const int64_t k = static_cast<int64_t>(reduction_.groups.size());
+    group_chunks_ = Tensor::from_ints(offsets, {k + 1}).to(device_, &s);
+    sums_ = Tensor::zeros({k}, DType::kF64, device_, &s);
+  }
   s.synchronize();  // once, at set-up: `host` dies here
 }
 
@@ -107,18 +142,16 @@ void AdamW::clip_on_device(const std::vector<parallel::OwnedSegment>& segments, 
   cuda::grad_sumsq_partials(table, num_chunks_, partials_.data<double>(), s.native());
   const double* partials = partials_.data<double>();
   int64_t n = num_chunks_;
-  if (reduction_.first != nullptr || reduction_.rest != nullptr) {
-    if (!sums_.defined()) sums_ = Tensor::zeros({2}, DType::kF64, device_, &s);
-    cuda::sum_partials_split(partials, first_chunks_, num_chunks_, sums_.data<double>(),
+  if (reduces_) {
+    n = static_cast<int64_t>(reduction_.groups.size());
+    cuda::sum_partial_groups(partials, group_chunks_.data<int32_t>(), n, sums_.data<double>(),
                              s.native());
-    parallel::Communicator* groups[2] = {reduction_.first, reduction_.rest};
-    for (int i = 0; i < 2; ++i) {
-      if (groups[i] == nullptr) continue;
-      Tensor part = sums_.rows(i, i + 1);
-      groups[i]->all_reduce(part).wait(s);
+    for (int64_t j = 0; j < n; ++j) {
+      Tensor part = sums_.rows(j, j + 1);
+      for (parallel::Communicator* comm : reduction_.groups[j].comms)
+        comm->all_reduce(part).wait(s);
     }
     partials = sums_.data<double>();
-    n = 2;
   }
   cuda::grad_norm_finalize(partials, n, clip, norm_out ? norm_out : norm_.data<float>(),
                            scale_.data<float>(), s.native());

@@ -14,8 +14,9 @@
 // reads it (the training loop does on log steps). Owned segments must stay at fixed addresses
 // (DataParallel's flat buffers never move): the chunk table is built from them once. The norm
 // covers this rank's owned segments, unless set_norm_reduction() says how ranks combine: then the
-// partial Σ g² of the first segments (GTP's sharded part) and of the rest are each all-reduced
-// over their group on the device before the square root. The CPU path (step()) is unchanged.
+// Σ g² of each group of consecutive segments (one per data-parallel part: trainer/parallel_state.h)
+// is summed in a fixed order and all-reduced over the group's communicators on the device, and the
+// group sums add up before the square root. The CPU path (step()) is unchanged.
 // With set_bf16_shadows(), the update also writes the bf16 shadows of the parameters it updates
 // whole (Note [fused shadow refresh] in trainer/optimizer_cuda.h).
 #pragma once
@@ -41,13 +42,18 @@ struct AdamWHyper {
 void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, double lr,
                   double weight_decay, const AdamWHyper& h, int64_t t, float grad_scale);
 
-// How the per-rank Σ g² of the owned segments combine into the global norm (multi-rank CUDA):
-// the first `first_segments` segments are all-reduced over `first`, the rest over `rest` (null:
-// the values are replicated there, nothing to add).
+// How the per-rank Σ g² of the owned segments combine into the global norm (multi-rank CUDA).
+// The groups cover the owned segments in order, each a run of consecutive segments whose Σ g² is
+// all-reduced (summed) over each of its communicators in turn: the groups of ranks holding the
+// other parts of those elements (empty: this rank holds all of them, or the peers hold copies).
+// No groups, or no communicator in any group: this rank's segments are the whole norm (a single
+// process), and the device norm is the plain one.
 struct NormReduction {
-  size_t first_segments = 0;
-  parallel::Communicator* first = nullptr;
-  parallel::Communicator* rest = nullptr;
+  struct Group {
+    size_t segments = 0;                         // consecutive owned segments
+    std::vector<parallel::Communicator*> comms;  // all-reduced over each, in this order
+  };
+  std::vector<Group> groups;  // REQUIRES (if any): their segments add up to the owned segments
 };
 
 class AdamW {
@@ -67,7 +73,10 @@ class AdamW {
   // (same addresses) on every call.
   void clip_on_device(const std::vector<parallel::OwnedSegment>& segments, double clip,
                       float* norm_out);
-  void set_norm_reduction(const NormReduction& r) { reduction_ = r; }
+  // REQUIRES: a CUDA optimizer whose table is not built yet (the groups' chunks are laid out with
+  // it). Every rank of a group's communicators sets groups with the same communicators in the
+  // same order (the all-reduces are collectives).
+  void set_norm_reduction(NormReduction r);
   // The bf16 shadow of a parameter for step_on_device() to write bf16(w) into, or null (no
   // shadow: Bf16Weights::shadow_for_optimizer). Asked once per parameter whose owned segment is
   // the whole tensor, when the chunk table is built (at the first clip_on_device/step_on_device);
@@ -98,10 +107,11 @@ class AdamW {
   int64_t num_chunks_ = -1;         // -1: not built yet
   const float* first_w_ = nullptr;  // identity check of the segments the table was built from
   size_t num_segments_ = 0;
-  Tensor partials_;           // f64 [num_chunks_]: per-chunk Σ g²
-  int64_t first_chunks_ = 0;  // chunks of the first reduction_.first_segments segments
-  Tensor sums_;               // f64 [2]: the two groups' Σ g² (with a reduction)
+  Tensor partials_;  // f64 [num_chunks_]: per-chunk Σ g²
   NormReduction reduction_;
+  bool reduces_ = false;  // some group has a communicator: the norm sums per group
+  Tensor group_chunks_;   // i32 [groups + 1]: group j has chunks [group_chunks_[j], ...[j + 1])
+  Tensor sums_;           // f64 [groups]: each group's Σ g², then its all-reduced sum
   ShadowFor shadow_for_;  // null: no fused shadows
   Tensor scale_;          // f32 [1]: clip factor
   Tensor norm_;           // f32 [1]: last norm when the caller passes none

@@ -14,6 +14,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kFinalThreads = 1024;
+constexpr int kGroupThreads = 32;  // one thread per group; a handful of groups
 
 // Sum over the block in a fixed tree (deterministic for a fixed block size); the result is valid
 // in thread 0. REQUIRES: blockDim.x == kN, a power of two; smem holds kN doubles.
@@ -55,11 +56,13 @@ __global__ void finalize_kernel(const double* partials, int64_t n, double clip, 
   }
 }
 
-__global__ void split_sum_kernel(const double* partials, int64_t split, int64_t n, double* out) {
-  const int64_t lo = threadIdx.x == 0 ? 0 : split, hi = threadIdx.x == 0 ? split : n;
+__global__ void group_sum_kernel(const double* partials, const int32_t* offsets, int64_t k,
+                                 double* out) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= k) return;
   double s = 0;
-  for (int64_t i = lo; i < hi; ++i) s += partials[i];
-  out[threadIdx.x] = s;
+  for (int32_t i = offsets[j]; i < offsets[j + 1]; ++i) s += partials[i];
+  out[j] = s;
 }
 
 // One element of the update (Note [fused shadow refresh]): the vector and scalar loops share it.
@@ -147,11 +150,15 @@ void grad_norm_finalize(const double* partials, int64_t num_partials, double cli
   CUDA_CHECK_LAUNCH();
 }
 
-void sum_partials_split(const double* partials, int64_t split, int64_t n, double* out,
+void sum_partial_groups(const double* partials, const int32_t* offsets, int64_t k, double* out,
                         void* stream) {
-  GTRON_CHECK(0 <= split && split <= n && out != nullptr, "sum_partials_split: split ", split,
-              " of ", n);
-  split_sum_kernel<<<1, 2, 0, static_cast<cudaStream_t>(stream)>>>(partials, split, n, out);
+  GTRON_CHECK(
+      k >= 0 && k < (int64_t{1} << 31) && (k == 0 || (offsets != nullptr && out != nullptr)),
+      "sum_partial_groups: ", k, " groups");
+  if (k == 0) return;
+  const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(k, kGroupThreads));
+  group_sum_kernel<<<blocks, kGroupThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      partials, offsets, k, out);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -5,8 +5,10 @@
 // Policy: segments are cut into chunks of at most kOptimChunk elements, one thread block per
 // chunk, so one launch covers every parameter. The norm is deterministic: each chunk's Σ g² is
 // summed in a fixed order (per-thread strided sums, then a fixed tree) in double, and the chunk
-// partials are combined by one block in a fixed order. The clip factor is computed on the device
-// and AdamW reads it from device memory: no host round trip between the two.
+// partials are combined by one block in a fixed order (across ranks: the partials are summed per
+// group of chunks, one thread a group, each group sum is all-reduced, and the group sums are
+// combined by that block). The clip factor is computed on the device and AdamW reads it from
+// device memory: no host round trip between the two.
 //
 // Note [fused shadow refresh]
 // A chunk may carry w_bf16, the bf16 shadow (model/mixed_precision.h) of the elements it updates:
@@ -43,9 +45,11 @@ void grad_sumsq_partials(const OptimChunk* chunks, int64_t num_chunks, double* p
 void grad_norm_finalize(const double* partials, int64_t num_partials, double clip, float* norm_out,
                         float* scale_out, void* stream);
 
-// out[0] = Σ partials[0, split), out[1] = Σ partials[split, n), each in index order (one thread
-// each: a fixed order). For the norm across ranks: each sum is all-reduced over its group first.
-void sum_partials_split(const double* partials, int64_t split, int64_t n, double* out,
+// out[j] = Σ partials[offsets[j], offsets[j + 1]) for j < k, each in index order (one thread per
+// group: a fixed order). For the norm across ranks: each group's sum is all-reduced over its
+// communicators before grad_norm_finalize. REQUIRES: `offsets` (device) holds k + 1
+// non-decreasing entries within `partials`; `out` (device) holds k.
+void sum_partial_groups(const double* partials, const int32_t* offsets, int64_t k, double* out,
                         void* stream);
 
 // Per-step constants of the update (computed on the host in double, rounded to float as the CPU

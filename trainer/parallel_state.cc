@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "parallel/ipc_communicator.h"
 #include "parallel/nccl_communicator.h"
 
 namespace gtron {
@@ -36,11 +37,14 @@ ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid
   for (Parameter* p : model.parameters())
     (gtp && is_sharded_kind(p) ? sharded : whole).push_back(p);
   if (gtp) {
-    // On NCCL the send buffers live in symmetric windows unless the config says otherwise.
+    // On NCCL and IPC the send buffers live in symmetric windows unless the config says otherwise.
     std::unique_ptr<memory::SymmetricBackend> send_backend;
-    auto* nccl = dynamic_cast<parallel::NcclCommunicator*>(grid_->gtp.get());
-    if (nccl != nullptr && cfg.parallel.gtp_symmetric_memory) {
-      send_backend = parallel::make_nccl_symmetric_backend(*nccl);
+    if (cfg.parallel.gtp_symmetric_memory) {
+      if (auto* nccl = dynamic_cast<parallel::NcclCommunicator*>(grid_->gtp.get())) {
+        send_backend = parallel::make_nccl_symmetric_backend(*nccl);
+      } else if (auto* ipc = dynamic_cast<parallel::IpcCommunicator*>(grid_->gtp.get())) {
+        send_backend = parallel::make_ipc_symmetric_backend(*ipc);
+      }
     }
     gtp_ = std::make_unique<parallel::GtpWeights>(
         sharded, grid_->gtp.get(),
@@ -59,7 +63,7 @@ ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid
   comm_timing_ = cfg.log.comm_timing && grid_ != nullptr;
   if (comm_timing_) {
     for (parallel::Communicator* c : {grid_->world.get(), grid_->dp.get(), grid_->gtp.get()}) {
-      if (auto* nccl = dynamic_cast<parallel::NcclCommunicator*>(c)) nccl->set_timing(true);
+      if (auto* gpu = dynamic_cast<parallel::CudaCommunicator*>(c)) gpu->set_timing(true);
     }
   }
   for (Part& part : parts_) {
@@ -146,9 +150,9 @@ std::vector<std::pair<std::string, double>> ParallelState::take_comm_metrics(int
   if (!comm_timing_ || steps <= 0) return {};
   parallel::CommTiming t;
   for (parallel::Communicator* c : {grid_->world.get(), grid_->dp.get(), grid_->gtp.get()}) {
-    auto* nccl = dynamic_cast<parallel::NcclCommunicator*>(c);
-    if (nccl == nullptr) continue;
-    const parallel::CommTiming ct = nccl->take_timing();
+    auto* gpu = dynamic_cast<parallel::CudaCommunicator*>(c);
+    if (gpu == nullptr) continue;
+    const parallel::CommTiming ct = gpu->take_timing();
     t.all_gather_ms += ct.all_gather_ms;
     t.reduce_scatter_ms += ct.reduce_scatter_ms;
     t.all_reduce_ms += ct.all_reduce_ms + ct.broadcast_ms;
@@ -164,22 +168,21 @@ std::vector<std::pair<std::string, double>> ParallelState::take_comm_metrics(int
 }
 
 NormReduction ParallelState::norm_reduction() const {
-  // A one-rank TP group (GTRON_TEST_GRID_OF_ONE=tp) reduces nothing: the reduction is the one
-  // without TP. Above one rank the split parts would also need a sum over TP (config.cc refuses
-  // parallel.tp > 1 on CUDA until they have it).
-  GTRON_CHECK(!tp_ || tp_->size() == 1,
-              "the device gradient norm does not reduce over TP groups of more than one rank");
   NormReduction r;
   if (grid_ == nullptr) return r;  // one process: the owned segments are everything
-  const bool distributed = distributed_;
-  r.first_segments = parts_[0].dp->owned().size();
-  if (gtp_) {
-    // Sharded part: this rank's slice of its shard (distributed) or its whole shard; whole part:
-    // its slice of the world's partition, or everything (replicated).
-    r.first = distributed ? grid_->world.get() : grid_->gtp.get();
-    r.rest = distributed ? grid_->world.get() : nullptr;
-  } else {
-    r.first = distributed ? grid_->dp.get() : nullptr;
+  // grad_norm()'s rule, one group per part (owned_ lays the parts out in order): a part's Σ g²
+  // covers this rank's DP slice (distributed optimizer), GTP shards and TP parts of its elements;
+  // the ranks holding the other ones add theirs. A one-rank group adds nothing (and its
+  // DataParallel owns everything: Note [one-rank DP group] in parallel/ddp.h).
+  for (const Part& part : parts_) {
+    NormReduction::Group g;
+    g.segments = part.dp->owned().size();
+    for (auto [split, comm] : {std::make_pair(distributed_, part.dp->communicator()),
+                               std::make_pair(part.gtp_sharded, grid_->gtp.get()),
+                               std::make_pair(part.tp_split, grid_->tp.get())}) {
+      if (split && comm->size() > 1) g.comms.push_back(comm);
+    }
+    r.groups.push_back(std::move(g));
   }
   return r;
 }

@@ -48,7 +48,8 @@ class ParallelState {
   void finish_grads();
   // The global gradient norm (the same on every rank). CPU.
   double grad_norm();
-  // How the owned segments' Σ g² combine across ranks (the device norm, AdamW::clip_on_device).
+  // How the owned segments' Σ g² combine across ranks (the device norm, AdamW::clip_on_device):
+  // one group per part, summed over the groups grad_norm() sums it over.
   NormReduction norm_reduction() const;
   const std::vector<parallel::OwnedSegment>& owned() const { return owned_; }
   int64_t owned_numel() const { return owned_numel_; }

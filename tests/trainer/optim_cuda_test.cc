@@ -1,11 +1,13 @@
 // AdamW on the device (trainer/optimizer_cuda.h) against the CPU formula, its float4 and scalar
 // paths against each other, and the bf16 shadows it writes (Note [fused shadow refresh]) against
-// the bits a cast of the updated masters gives; then the Bf16Weights side of the fusion. GPU test:
+// the bits a cast of the updated masters gives; then the Bf16Weights side of the fusion; then the
+// gradient norm's per-group sums and their all-reduces across ranks (NormReduction). GPU test:
 // skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -247,6 +249,112 @@ TEST(AdamWCuda, FusedShadowsTrainBitForBitLikeRecasts) {
   // Re-casting casts every shadow once per step; fused, only at the first use.
   EXPECT_GT(recast.casts, fused.casts);
   EXPECT_EQ(recast.casts, 4 * fused.casts);
+}
+
+// The group sums of the device norm: each group's chunk partials summed in index order, so the
+// bits are those of a CPU loop in that order (the magnitudes spread over 12 decades, so another
+// order would round differently). The middle group is empty.
+TEST(NormGroupsCuda, SumsEachGroupInIndexOrder) {
+  REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  Stream& stream = current_stream(dev);
+  std::vector<double> partials = draw(2500, 8, 1.0);
+  for (size_t i = 0; i < partials.size(); ++i)
+    partials[i] = std::ldexp(partials[i], static_cast<int>(i % 41) - 20);
+  const std::vector<int32_t> offsets = {0, 1000, 1000, 2500};
+  Tensor d_partials = Tensor::from_vector(partials, {2500}, DType::kF64).to(dev, &stream);
+  Tensor d_offsets = Tensor::from_ints(offsets, {4}).to(dev, &stream);
+  Tensor d_out = Tensor::from_vector({-1, -1, -1}, {3}, DType::kF64).to(dev, &stream);
+  cuda::sum_partial_groups(d_partials.data<double>(), d_offsets.data<int32_t>(), 3,
+                           d_out.data<double>(), stream.native());
+  const std::vector<double> out = d_out.to_vector();
+  for (size_t j = 0; j < 3; ++j) {
+    double expected = 0;
+    for (int32_t i = offsets[j]; i < offsets[j + 1]; ++i) expected += partials[i];
+    EXPECT_EQ(std::memcmp(&out[j], &expected, sizeof(double)), 0)
+        << "group " << j << ": " << out[j] << " vs " << expected;
+  }
+}
+
+// A communicator of `size` ranks whose peers hold this rank's values: an all-reduce multiplies by
+// `size` (on the host, synchronously). It logs its name on every all-reduce.
+class ScalingCommunicator : public parallel::Communicator {
+ public:
+  ScalingCommunicator(std::string name, int size, Device device, std::vector<std::string>* log)
+      : name_(std::move(name)), size_(size), device_(device), log_(log) {}
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  Device device() const override { return device_; }
+  const std::string& name() const override { return name_; }
+  parallel::Work all_reduce(Tensor& inout, parallel::ReduceOp) override {
+    log_->push_back(name_);
+    std::vector<double> v = inout.to_vector();
+    for (double& x : v) x *= size_;
+    inout.copy_from(Tensor::from_vector(v, inout.shape(), inout.dtype()));
+    current_stream(device_).synchronize();  // the host tensor dies here
+    return parallel::Work();
+  }
+  parallel::Work all_gather(const Tensor&, Tensor&) override { return unexpected("all_gather"); }
+  parallel::Work reduce_scatter(const Tensor&, Tensor&, parallel::ReduceOp) override {
+    return unexpected("reduce_scatter");
+  }
+  parallel::Work broadcast(Tensor&, int) override { return unexpected("broadcast"); }
+  void barrier() override {}
+
+ private:
+  parallel::Work unexpected(const char* op) {
+    ADD_FAILURE() << "the norm issued " << op << " on " << name_;
+    return parallel::Work();
+  }
+  std::string name_;
+  int size_;
+  Device device_;
+  std::vector<std::string>* log_;
+};
+
+// Three groups of segments (a; b; c, c2) reduced over [x2, x3], [] and [x3]: the norm is
+// sqrt(6·Σa + Σb + 3·(Σc + Σc2)), the all-reduces run group by group in list order, and groups
+// without any communicator give the plain norm bit for bit.
+TEST(NormGroupsCuda, AllReducesEachGroupOverItsCommunicators) {
+  REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  Stream& stream = current_stream(dev);
+  const int64_t n[4] = {kN, 5000, 70, 3};
+  std::vector<std::unique_ptr<Parameter>> params;
+  std::vector<parallel::OwnedSegment> segs;
+  double sq[4] = {};
+  int64_t state = 0;
+  for (int i = 0; i < 4; ++i) {
+    const std::vector<double> g = draw(n[i], 30 + i, 0.1);
+    params.push_back(std::make_unique<Parameter>(
+        "p" + std::to_string(i),
+        Tensor::from_vector(draw(n[i], 40 + i, 1.0), {n[i]}, DType::kF32).to(dev, &stream)));
+    params.back()->main_grad.copy_from(Tensor::from_vector(g, {n[i]}, DType::kF32), &stream);
+    for (double x : g) sq[i] += static_cast<double>(static_cast<float>(x)) * static_cast<float>(x);
+    segs.push_back(segment(*params.back(), n[i], state));
+    state += n[i];
+  }
+  std::vector<std::string> log;
+  ScalingCommunicator x2("x2", 2, dev, &log), x3("x3", 3, dev, &log);
+  auto norm_with = [&](const NormReduction& r) {
+    AdamW opt(state, {}, AdamWHyper{}, dev);
+    opt.set_norm_reduction(r);
+    Tensor norm = Tensor::zeros({1}, DType::kF32, dev, &stream);
+    opt.clip_on_device(segs, 1.0, norm.data<float>());
+    return static_cast<float>(norm.item());
+  };
+  NormReduction r;
+  r.groups = {{1, {&x2, &x3}}, {1, {}}, {2, {&x3}}};
+  const float reduced = norm_with(r);
+  const double expected = std::sqrt(6 * sq[0] + sq[1] + 3 * (sq[2] + sq[3]));
+  EXPECT_NEAR(reduced, expected, 1e-6 * expected);
+  EXPECT_EQ(log, (std::vector<std::string>{"x2", "x3", "x3"}));
+
+  const float plain = norm_with(NormReduction{});
+  const float no_comms = norm_with(NormReduction{{{1, {}}, {3, {}}}});
+  EXPECT_NEAR(plain, std::sqrt(sq[0] + sq[1] + sq[2] + sq[3]), 1e-6 * plain);
+  EXPECT_EQ(std::memcmp(&plain, &no_comms, sizeof(float)), 0) << plain << " vs " << no_comms;
+  EXPECT_EQ(log.size(), 3u) << "groups without communicators all-reduce nothing";
 }
 
 }  // namespace
