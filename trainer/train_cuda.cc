@@ -46,9 +46,9 @@ int Run::train_cuda() {
   for (int i = 0; i < kRing; ++i) fences.push_back(std::make_unique<Event>(device_));
   std::vector<bool> fenced(kRing, false);
   Tensor window = Tensor::empty({mb, T + 1}, DType::kI32, device_, &stream);
-  // The same seed as the CPU loop, as a device scalar: 1/(accum·world) makes the summed
-  // gradients the mean over the global batch.
-  const double seed = 1.0 / static_cast<double>(accum_ * env_.world_size);
+  // The same seed as the CPU loop, as a device scalar: 1/(accum·data ranks) makes the summed
+  // gradients the mean over the global batch (TP peers share their micro-batches).
+  const double seed = 1.0 / static_cast<double>(accum_ * data_ranks());
   Tensor seed_dev = Tensor::from_vector({seed}, Shape{}, DType::kF32).to(device_, &stream);
   // Every backward below is seeded with it: the heads' cross-entropies may write their gradient
   // in the forward (Note [one-pass cross-entropy]); the model holds the scalar from now on.
@@ -64,7 +64,7 @@ int Run::train_cuda() {
       if (fenced[slot]) fences[slot]->synchronize();
       auto* host = reinterpret_cast<int32_t*>(static_cast<char*>(pinned.data()) +
                                               static_cast<size_t>(slot) * window_bytes);
-      const int64_t first_seq = (env_.rank * accum_ + m) * mb;
+      const int64_t first_seq = (data_rank() * accum_ + m) * mb;
       sampler_->sample(cfg_.train.seed, step, first_seq, mb, host);
       cuda::memcpy_async(window.raw(), host, window_bytes, stream.native());
       fences[slot]->record(stream);
@@ -111,13 +111,14 @@ bool Run::flush_cuda(int64_t done) {
   const int64_t n = static_cast<int64_t>(row_lr_.size());
   if (n == 0) return true;
   Tensor rows_now = step_rows_.rows(0, n);
-  // Several GPUs: the loss columns become world means (the norm column is the same everywhere).
-  if (grid_.world) grid_.world->all_reduce(rows_now).wait(current_stream(device_));
+  // Several GPUs: the loss columns become means over the data ranks, as world_mean() does (TP
+  // peers hold the same values; the norm column is the same everywhere).
+  if (grid_.world) grid_.data_group()->all_reduce(rows_now).wait(current_stream(device_));
   std::vector<double> v = rows_now.to_vector();  // the one host sync
   step_rows_.zero_();
   if (grid_.world) {
     for (int64_t r = 0; r < n; ++r)
-      for (int64_t c = 0; c < width; ++c) v[r * width + c] /= env_.world_size;
+      for (int64_t c = 0; c < width; ++c) v[r * width + c] /= data_ranks();
   }
   for (int64_t r = 0; r < n; ++r) {
     const double* row = v.data() + r * width;
