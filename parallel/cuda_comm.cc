@@ -145,6 +145,12 @@ Work CudaCommunicator::launch(const Tensor& a, const Tensor& b, CollectiveKind k
   auto completion =
       std::make_shared<CudaCompletion>(device_, std::vector<Tensor>{a, b}, timer, std::move(check));
   CUDA_CHECK(cudaEventRecord(completion->event(), s));
+  // Note [eager collectives around graphs]
+  if (caller.capturing()) {
+    captured_ = true;
+  } else if (captured_) {
+    CUDA_CHECK(cudaStreamWaitEvent(as_stream(caller.native()), completion->event(), 0));
+  }
   return Work(completion);
 }
 

@@ -10,6 +10,19 @@
 //   to have completed (synchronize(), done()) and throws CommError if the collective failed
 //   (the IPC backend's bounded waits report through it).
 //
+//
+// Note [eager collectives around graphs]
+// A collective captured into a graph runs, at replay, on the graph's own branch, not on the
+// communicator's stream: a replay is ordered after the work of the stream it is launched on and
+// nothing else. An eager collective still running on the communicator's stream when a graph that
+// holds collectives of the same communicator is replayed would run at the same time as them, in
+// an order that differs between ranks (graphs.scope "layers" replays blocks between the eager
+// embedding, head and MTP work, whose reduce-scatters finish late by design). So once a
+// communicator has had a collective captured, every eager collective of it also makes the caller's
+// stream wait for its completion: the next replay on that stream starts after it. Eager
+// collectives before any capture, and every collective of a run without graphs, keep their
+// overlap with compute.
+//
 // This header includes no CUDA header: handles are opaque pointers.
 #pragma once
 
@@ -66,6 +79,7 @@ class CudaCommunicator : public Communicator {
   Stream stream_;
   Event ready_;                       // recorded on the caller's stream before each collective
   std::shared_ptr<CommTimer> timer_;  // null: timing off
+  bool captured_ = false;  // a collective was captured (Note [eager collectives around graphs])
 };
 
 }  // namespace gtron::parallel
