@@ -327,14 +327,4 @@ std::unique_ptr<memory::SymmetricBackend> make_ipc_symmetric_backend(IpcCommunic
   return std::make_unique<IpcSymmetricBackend>(comm);
 }
 
-Grid make_ipc_grid(StoreClient& store, int world_rank, int world_size, int gtp, Device device,
-                   const IpcOptions& options, const std::string& prefix, int tp) {
-  return make_grid(
-      store, world_rank, world_size, gtp, tp,
-      [device, options](StoreClient& s, const std::string& name, int rank, int size) {
-        return make_ipc_communicator(s, name, rank, size, device, options);
-      },
-      prefix);
-}
-
 }  // namespace gtron::parallel

@@ -32,7 +32,6 @@
 
 #include "memory/symmetric_pool.h"
 #include "parallel/cuda_comm.h"
-#include "parallel/grid.h"
 #include "parallel/ipc_kernels.h"
 #include "parallel/store.h"
 
@@ -109,9 +108,5 @@ std::unique_ptr<Communicator> make_ipc_communicator(StoreClient& store, const st
 // The IPC backend of the GTP send pool (memory/symmetric_pool.h): each buffer its own cudaMalloc,
 // registered as a window of `comm` (Note [IPC windows]). The pool must be destroyed before `comm`.
 std::unique_ptr<memory::SymmetricBackend> make_ipc_symmetric_backend(IpcCommunicator& comm);
-
-// make_grid with IPC communicators on `device`.
-Grid make_ipc_grid(StoreClient& store, int world_rank, int world_size, int gtp, Device device,
-                   const IpcOptions& options, const std::string& prefix = "grid", int tp = 1);
 
 }  // namespace gtron::parallel
