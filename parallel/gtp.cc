@@ -127,6 +127,14 @@ GtpWeights::Info& GtpWeights::info(const Parameter* p) {
 
 int64_t GtpWeights::full_rows(const Parameter* p) const { return info_.at(p)->rows; }
 
+size_t GtpWeights::pool_buffers_of(const Parameter* p) const {
+  const memory::PoolKey& key = info_.at(p)->key;
+  for (const memory::PoolKeyStats& k : pool_.stats().keys) {
+    if (k.key == key) return k.held;
+  }
+  return 0;
+}
+
 Tensor GtpWeights::shard_of(const Parameter* p, const Tensor& full) const {
   const Info& in = *info_.at(p);
   GTRON_CHECK(full.numel() == in.rows * in.cols, "shard_of ", p->name, ": ", full.shape().str());
@@ -155,7 +163,21 @@ std::vector<std::string> GtpWeights::chain_names() const {
   return names;
 }
 
-void GtpWeights::set_capturing(bool capturing) { pool_.set_capturing(capturing); }
+void GtpWeights::set_capturing(bool capturing) {
+  if (capturing) join_in_flight();
+  pool_.set_capturing(capturing);
+}
+
+void GtpWeights::join_in_flight() {
+  if (!device_.is_cuda()) return;  // CPU collectives run in issue order on one worker per group
+  Stream& stream = current_stream(device_);
+  for (auto& [p, in] : info_) {
+    for (int s : {kFwd, kBwd}) {
+      if (in->armed[s]) in->gather_work[s].wait(stream);
+    }
+  }
+  for (Pending& pend : pending_) pend.work.wait(stream);
+}
 
 void GtpWeights::end_region() {
   if (!device_.is_cuda()) return;  // a CPU replay would block here for nothing

@@ -45,6 +45,19 @@
 // graphed domain the repeated-backward reuse below is skipped, warmups included, so the warmups
 // fill the send pool with every buffer the capture will take.
 //
+// Note [joined before capture]
+// A collective issued eagerly before a communicator's first capture runs on the communicator's
+// stream, unordered with the caller's (cuda_comm.h, Note [eager collectives around graphs]: only
+// later eager collectives join the caller's stream). The capture's own collectives run, at the
+// replay right after it, on the graph's branch of the caller's stream. An eager prefetch still in
+// flight then (under graphs "layers" with MTP: the embedding's use prefetches the first MTP
+// weight, which sits in the eager domain after the blocks) would run beside the replayed
+// collectives of the same communicator, in an order that differs between ranks: on the IPC
+// backend both take slots and epochs of the same arena, on NCCL two ops of one communicator
+// overlap. So set_capturing(true), called before a capture begins, makes the caller's stream wait
+// for every gather and reduce-scatter still in flight (a stream wait, no host sync); the Works
+// stay where they are, so their uses wait on them as before.
+//
 // Gather buffers come from the ticket cache (memory/weight_cache.h): stable per (weight,
 // direction); chain neighbours never share. Weights of one shape may share a buffer otherwise, so
 // a gather into a shared buffer cancels the pending prefetch of the weight that held it (that
@@ -107,6 +120,8 @@ class GtpWeights : public WeightAccess {
   // Capture seam (see above): 0 is the eager domain.
   void set_domain(int domain) override;
   // While capturing, an acquire from an empty send pool is an error (warmup fills the pool).
+  // Turning it on first joins every gather and reduce-scatter in flight into the current stream
+  // (Note [joined before capture]).
   void set_capturing(bool capturing) override;
   // CUDA: joins the armed prefetches into the current stream (a capture must end joined, and may
   // not wait on another capture's events); they stay armed for the next region.
@@ -123,6 +138,8 @@ class GtpWeights : public WeightAccess {
   const GtpStats& stats() const { return stats_; }
   memory::PoolStats pool_stats() const { return pool_.stats(); }
   std::string pool_backend() const { return pool_.backend_name(); }
+  // Send buffers the pool holds under p's key (free or in use); 0 before p's first backward.
+  size_t pool_buffers_of(const Parameter* p) const;
   // The recorded forward chains (parameter names in order of first use), domain by domain.
   std::vector<std::string> chain_names() const;
 
@@ -137,6 +154,8 @@ class GtpWeights : public WeightAccess {
   void prefetch(const Info& in, memory::Direction dir);
   memory::WeightCache& cache(int domain);
   void cancel_prefetches();
+  // Note [joined before capture].
+  void join_in_flight();
   void post_backward(Info& in, const Var& v);
   void pre_backward(Info& in, const Var& v);
   void finalize(Pending& pend);

@@ -285,6 +285,8 @@ std::vector<std::pair<std::string, double>> ParallelState::metrics() const {
   for (const auto& k : pool.keys) max_per_key = std::max(max_per_key, static_cast<double>(k.held));
   out.insert(out.end(), {{"send_pool_bytes", static_cast<double>(pool.bytes_held)},
                          {"send_pool_buffers_max_per_key", max_per_key},
+                         {"send_pool_head_buffers",
+                          static_cast<double>(gtp_->pool_buffers_of(&model_.output_head()))},
                          {"gtp_gathers", static_cast<double>(s.gathers_issued)},
                          {"gtp_prefetch_hits", static_cast<double>(s.prefetch_hits)}});
   return out;
