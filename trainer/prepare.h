@@ -18,11 +18,12 @@
 // prepare are the file's path, byte size and FNV-1a 64 hash, and val_fraction.
 //
 // Text with a BPE tokenizer (prepare_tokenized_text): the files are read as documents
-// (trainer/text_corpus.h), split into train and validation documents (Note [document split]), and
-// every document is encoded as [end-of-text] + its tokens, so documents are separated by the
-// end-of-text token (llm.c's convention). out_dir also gets a copy of the tokenizer.json (the
-// trainer puts it into every checkpoint). The parameters that identify it are the tokenizer's
-// SHA-256, the texts' byte count and FNV-1a 64 hash, the document separator and val_fraction.
+// (trainer/data/text_corpus.h), split into train and validation documents
+// (Note [document split]), and every document is encoded as [end-of-text] + its tokens, so
+// documents are separated by the end-of-text token (llm.c's convention). out_dir also gets a copy
+// of the tokenizer.json (the trainer puts it into every checkpoint). The parameters that identify
+// it are the tokenizer's SHA-256, the texts' byte count and FNV-1a 64 hash, the document separator
+// and val_fraction.
 #pragma once
 
 #include <cstdint>
