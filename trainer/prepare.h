@@ -57,9 +57,9 @@ struct TokenizedTextOptions {
 };
 
 // REQUIRES (else UserError): readable files with text, a loadable tokenizer that has the `eot`
-// special token, a split with a document on each side (text_corpus.h). meta.json: {"source":
-// "text", "tokenizer": "bpe", "tokenizer_sha256", "vocab" (the tokenizer's vocabulary size),
-// "eot_id", "text_files", "text_bytes", "text_fnv1a64", "doc_separator", "val_fraction",
+// special token, a split with a document on each side (trainer/data/text_corpus.h). meta.json:
+// {"source": "text", "tokenizer": "bpe", "tokenizer_sha256", "vocab" (the tokenizer's vocabulary
+// size), "eot_id", "text_files", "text_bytes", "text_fnv1a64", "doc_separator", "val_fraction",
 // "documents", "val_documents", "tokens", "val_tokens", "unigram_entropy" (nats/token, of the
 // train tokens), "train_bytes", "val_bytes"}.
 PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
