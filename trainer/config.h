@@ -63,7 +63,7 @@ struct SyntheticDataConfig {
   int64_t order = 0;       // Markov order of the synthetic source
   int64_t vocab = 0;       // tokens the source emits (0..vocab-1); <= model.vocab_size
   double alpha = 0;        // Dirichlet concentration of each transition row (small = peaky)
-  double bigram = 0;       // weight of the first-order part of each row (trainer/markov.h)
+  double bigram = 0;       // weight of the first-order part of each row (trainer/data/markov.h)
   int64_t tokens = 0;      // train split length
   int64_t val_tokens = 0;  // val split length
   uint64_t seed = 0;       // source seed (transition table and samples)

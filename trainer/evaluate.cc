@@ -2,8 +2,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "trainer/sampler.h"
-#include "trainer/shards.h"
+#include "trainer/data/sampler.h"
+#include "trainer/data/shards.h"
 #include "trainer/train.h"
 
 namespace gtron {

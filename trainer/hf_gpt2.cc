@@ -9,10 +9,10 @@
 
 #include "model/gpt.h"
 #include "model/ops/norm.h"
-#include "trainer/checkpoint.h"
-#include "trainer/checkpoint_io.h"
 #include "trainer/config.h"
-#include "trainer/safetensors.h"
+#include "trainer/io/checkpoint.h"
+#include "trainer/io/checkpoint_io.h"
+#include "trainer/io/safetensors.h"
 #include "trainer/train.h"
 
 namespace gtron {

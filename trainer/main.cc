@@ -8,14 +8,14 @@
 #include <iostream>
 #include <sstream>
 
-#include "trainer/checkpoint.h"
-#include "trainer/checkpoint_io.h"
 #include "trainer/config.h"
 #include "trainer/hf_gpt2.h"
+#include "trainer/io/checkpoint.h"
+#include "trainer/io/checkpoint_io.h"
+#include "trainer/io/safetensors.h"
 #include "trainer/prepare.h"
-#include "trainer/safetensors.h"
 #include "trainer/sample.h"
-#include "trainer/tokenizer_commands.h"
+#include "trainer/text/tokenizer_commands.h"
 #include "trainer/train.h"
 
 namespace gtron {

@@ -24,8 +24,8 @@
 #include "parallel/gtp.h"
 #include "parallel/self_communicator.h"
 #include "parallel/tensor_parallel.h"
-#include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "trainer/io/checkpoint.h"
 #include "trainer/optimizer.h"
 
 namespace gtron {

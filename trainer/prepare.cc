@@ -11,11 +11,11 @@
 #include <unordered_map>
 
 #include "model/check.h"
-#include "trainer/markov.h"
-#include "trainer/sha256.h"
-#include "trainer/shards.h"
-#include "trainer/text_corpus.h"
-#include "trainer/tokenizer.h"
+#include "trainer/data/markov.h"
+#include "trainer/data/shards.h"
+#include "trainer/data/text_corpus.h"
+#include "trainer/io/sha256.h"
+#include "trainer/text/tokenizer.h"
 
 namespace gtron {
 namespace {

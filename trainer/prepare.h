@@ -18,11 +18,12 @@
 // prepare are the file's path, byte size and FNV-1a 64 hash, and val_fraction.
 //
 // Text with a BPE tokenizer (prepare_tokenized_text): the files are read as documents
-// (trainer/text_corpus.h), split into train and validation documents (Note [document split]), and
-// every document is encoded as [end-of-text] + its tokens, so documents are separated by the
-// end-of-text token (llm.c's convention). out_dir also gets a copy of the tokenizer.json (the
-// trainer puts it into every checkpoint). The parameters that identify it are the tokenizer's
-// SHA-256, the texts' byte count and FNV-1a 64 hash, the document separator and val_fraction.
+// (trainer/data/text_corpus.h), split into train and validation documents
+// (Note [document split]), and every document is encoded as [end-of-text] + its tokens, so
+// documents are separated by the end-of-text token (llm.c's convention). out_dir also gets a copy
+// of the tokenizer.json (the trainer puts it into every checkpoint). The parameters that identify
+// it are the tokenizer's SHA-256, the texts' byte count and FNV-1a 64 hash, the document separator
+// and val_fraction.
 #pragma once
 
 #include <cstdint>
@@ -56,9 +57,9 @@ struct TokenizedTextOptions {
 };
 
 // REQUIRES (else UserError): readable files with text, a loadable tokenizer that has the `eot`
-// special token, a split with a document on each side (text_corpus.h). meta.json: {"source":
-// "text", "tokenizer": "bpe", "tokenizer_sha256", "vocab" (the tokenizer's vocabulary size),
-// "eot_id", "text_files", "text_bytes", "text_fnv1a64", "doc_separator", "val_fraction",
+// special token, a split with a document on each side (trainer/data/text_corpus.h). meta.json:
+// {"source": "text", "tokenizer": "bpe", "tokenizer_sha256", "vocab" (the tokenizer's vocabulary
+// size), "eot_id", "text_files", "text_bytes", "text_fnv1a64", "doc_separator", "val_fraction",
 // "documents", "val_documents", "tokens", "val_tokens", "unigram_entropy" (nats/token, of the
 // train tokens), "train_bytes", "val_bytes"}.
 PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,

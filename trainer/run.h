@@ -16,12 +16,12 @@
 #include "parallel/grid.h"
 #include "parallel/store.h"
 #include "trainer/config.h"
+#include "trainer/data/sampler.h"
+#include "trainer/data/shards.h"
 #include "trainer/metrics.h"
 #include "trainer/optimizer.h"
 #include "trainer/parallel_state.h"
-#include "trainer/sampler.h"
 #include "trainer/schedule.h"
-#include "trainer/shards.h"
 #include "trainer/train.h"
 
 namespace gtron::internal {

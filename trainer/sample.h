@@ -6,7 +6,7 @@
 #include <string>
 
 #include "model/gpt.h"
-#include "trainer/tokenizer.h"
+#include "trainer/text/tokenizer.h"
 
 namespace gtron {
 

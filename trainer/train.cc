@@ -22,17 +22,17 @@
 #include "parallel/ipc_communicator.h"
 #include "parallel/nccl_communicator.h"
 #include "parallel/store.h"
-#include "trainer/checkpoint.h"
-#include "trainer/checkpoint_io.h"
+#include "trainer/data/sampler.h"
+#include "trainer/data/shards.h"
+#include "trainer/io/checkpoint.h"
+#include "trainer/io/checkpoint_io.h"
 #include "trainer/metrics.h"
 #include "trainer/optimizer.h"
 #include "trainer/optimizer_cuda.h"
 #include "trainer/parallel_state.h"
 #include "trainer/prepare.h"
 #include "trainer/run.h"
-#include "trainer/sampler.h"
 #include "trainer/schedule.h"
-#include "trainer/shards.h"
 
 namespace gtron {
 

@@ -9,7 +9,7 @@
 
 #include "model/gpt.h"
 #include "trainer/config.h"
-#include "trainer/tokenizer.h"
+#include "trainer/text/tokenizer.h"
 
 namespace gtron {
 

@@ -3,7 +3,7 @@
 
 #include "model/cuda/runtime.h"
 #include "model/stream.h"
-#include "trainer/checkpoint_io.h"
+#include "trainer/io/checkpoint_io.h"
 #include "trainer/optimizer_cuda.h"
 #include "trainer/run.h"
 

@@ -5,9 +5,9 @@
 
 #include <cstdlib>
 
-#include "trainer/checkpoint.h"
 #include "trainer/config.h"
-#include "trainer/shards.h"
+#include "trainer/data/shards.h"
+#include "trainer/io/checkpoint.h"
 #include "trainer/train.h"
 
 namespace gtron::testing {

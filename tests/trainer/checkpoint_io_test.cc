@@ -1,4 +1,4 @@
-#include "trainer/checkpoint_io.h"
+#include "trainer/io/checkpoint_io.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <stdexcept>
 
 #include "model/check.h"
-#include "trainer/safetensors.h"
+#include "trainer/io/safetensors.h"
 
 namespace gtron {
 namespace {

@@ -5,7 +5,7 @@
 #include <fstream>
 
 #include "tests/trainer/cli_util.h"
-#include "trainer/shards.h"
+#include "trainer/data/shards.h"
 
 namespace gtron {
 namespace {

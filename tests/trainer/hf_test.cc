@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "tests/trainer/cli_util.h"
-#include "trainer/safetensors.h"
+#include "trainer/io/safetensors.h"
 
 namespace gtron {
 namespace {

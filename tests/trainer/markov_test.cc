@@ -1,4 +1,4 @@
-#include "trainer/markov.h"
+#include "trainer/data/markov.h"
 
 #include <gtest/gtest.h>
 

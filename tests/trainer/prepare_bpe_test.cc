@@ -10,12 +10,12 @@
 
 #include "model/check.h"
 #include "tests/trainer/cli_util.h"
-#include "trainer/bpe_train.h"
+#include "trainer/data/shards.h"
+#include "trainer/data/text_corpus.h"
+#include "trainer/io/sha256.h"
 #include "trainer/prepare.h"
-#include "trainer/sha256.h"
-#include "trainer/shards.h"
-#include "trainer/text_corpus.h"
-#include "trainer/tokenizer.h"
+#include "trainer/text/bpe_train.h"
+#include "trainer/text/tokenizer.h"
 
 namespace gtron {
 namespace {

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "model/check.h"
-#include "trainer/markov.h"
-#include "trainer/shards.h"
+#include "trainer/data/markov.h"
+#include "trainer/data/shards.h"
 
 namespace gtron {
 namespace {

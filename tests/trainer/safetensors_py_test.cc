@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "trainer/safetensors.h"
+#include "trainer/io/safetensors.h"
 
 namespace gtron {
 namespace {

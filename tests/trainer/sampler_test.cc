@@ -1,4 +1,4 @@
-#include "trainer/sampler.h"
+#include "trainer/data/sampler.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // SHA-256 against the FIPS 180-4 example digests (one block, two blocks, a million bytes).
-#include "trainer/sha256.h"
+#include "trainer/io/sha256.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "trainer/shards.h"
+#include "trainer/data/shards.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

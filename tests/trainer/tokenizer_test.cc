@@ -1,6 +1,6 @@
 // The byte-level BPE tokenizer: hand-checked merges and ids, round trips of arbitrary bytes and of
 // every file under tests/, determinism, special tokens, tokenizer.json both ways.
-#include "trainer/tokenizer.h"
+#include "trainer/text/tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <sstream>
 
 #include "model/check.h"
-#include "trainer/bpe_train.h"
-#include "trainer/byte_level.h"
-#include "trainer/pretokenize.h"
+#include "trainer/text/bpe_train.h"
+#include "trainer/text/byte_level.h"
+#include "trainer/text/pretokenize.h"
 
 namespace gtron {
 namespace {

@@ -5,7 +5,7 @@
 //   optimizer.safetensors  AdamW moments "m.<name>" and "v.<name>", full, fp32; metadata t
 //   trainer_state.json     {"step", "optimizer_steps", "seed", "config": <resolved config>}
 //   tokenizer.json         the data's BPE tokenizer (only for data prepared with one)
-//   MANIFEST.json          sizes and CRC32 of the files above (trainer/checkpoint_io.h)
+//   MANIFEST.json          sizes and CRC32 of the files above (trainer/io/checkpoint_io.h)
 //
 // Everything is stored unsharded, so a checkpoint loads into any DP × GTP layout. The data
 // position needs no state: batches are a function of (seed, step). Directories are written
@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "model/gpt.h"
-#include "trainer/safetensors.h"
-#include "trainer/tokenizer.h"
+#include "trainer/io/safetensors.h"
+#include "trainer/text/tokenizer.h"
 
 namespace gtron {
 

@@ -1,4 +1,4 @@
-#include "trainer/bpe_train.h"
+#include "trainer/text/bpe_train.h"
 
 #include <algorithm>
 #include <map>
@@ -7,7 +7,7 @@
 #include <unordered_map>
 
 #include "model/check.h"
-#include "trainer/pretokenize.h"
+#include "trainer/text/pretokenize.h"
 
 namespace gtron {
 namespace {

@@ -1,4 +1,4 @@
-#include "trainer/tokenizer_commands.h"
+#include "trainer/text/tokenizer_commands.h"
 
 #include <chrono>
 #include <cstdio>
@@ -8,10 +8,10 @@
 #include <string_view>
 
 #include "model/check.h"
-#include "trainer/bpe_train.h"
-#include "trainer/shards.h"
-#include "trainer/text_corpus.h"
-#include "trainer/tokenizer.h"
+#include "trainer/data/shards.h"
+#include "trainer/data/text_corpus.h"
+#include "trainer/text/bpe_train.h"
+#include "trainer/text/tokenizer.h"
 
 namespace gtron {
 namespace {

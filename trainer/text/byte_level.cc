@@ -1,4 +1,4 @@
-#include "trainer/byte_level.h"
+#include "trainer/text/byte_level.h"
 
 #include <array>
 #include <cstdint>

@@ -3,17 +3,17 @@
 // Encoding a text:
 //   1. Special tokens (added_tokens) are cut out first, leftmost occurrence first and the longest
 //      at one position; each becomes its own id and is never split or merged.
-//   2. Every stretch between them is pre-tokenized (trainer/pretokenize.h, GPT-2's split pattern);
-//      with add_prefix_space a stretch that does not start with a space gets one.
+//   2. Every stretch between them is pre-tokenized (trainer/text/pretokenize.h, GPT-2's split
+//      pattern); with add_prefix_space a stretch that does not start with a space gets one.
 //   3. Each piece starts as one token per byte and is merged by BPE: repeatedly the adjacent pair
 //      with the lowest merge rank is replaced by its merged token (equal ranks: leftmost first),
 //      until no adjacent pair has a merge. This is tokenizers' BPE model, so both encode alike.
 // Decoding concatenates the bytes of the tokens (a special token gives its content).
 //
 // Note [token ids]
-// Ids are whatever the file says. A tokenizer gtron trains (trainer/bpe_train.h) gives id b to the
-// single byte b (0..255, so a byte-level model's tokens mean the same), then one id per merge in
-// merge order, then the special tokens in the order given.
+// Ids are whatever the file says. A tokenizer gtron trains (trainer/text/bpe_train.h) gives id b to
+// the single byte b (0..255, so a byte-level model's tokens mean the same), then one id per merge
+// in merge order, then the special tokens in the order given.
 //
 // Supported tokenizer.json: model.type "BPE" without dropout, byte fallback or subword
 // prefix/suffix; pre_tokenizer ByteLevel (use_regex true); decoder ByteLevel or null; normalizer
@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainer/pretokenize.h"
+#include "trainer/text/pretokenize.h"
 
 namespace gtron {
 

@@ -1,4 +1,4 @@
-#include "trainer/sha256.h"
+#include "trainer/io/sha256.h"
 
 #include <cstdint>
 #include <cstdio>

@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "trainer/shards.h"
+#include "trainer/data/shards.h"
 
 namespace gtron {
 

@@ -2,8 +2,8 @@
 //
 // Note [BPE training]
 // 1. Special tokens are cut out of every text (they never take part in merges); the stretches
-//    between them are pre-tokenized with GPT-2's split pattern (trainer/pretokenize.h), and equal
-//    pieces are counted once: the corpus becomes a list of unique words with counts.
+//    between them are pre-tokenized with GPT-2's split pattern (trainer/text/pretokenize.h), and
+//    equal pieces are counted once: the corpus becomes a list of unique words with counts.
 // 2. Every word starts as its bytes; ids 0..255 are the 256 single bytes, whether or not they
 // occur.
 // 3. Each step merges the most frequent adjacent pair (occurrences weighted by word counts).
@@ -24,7 +24,7 @@
 #include <string_view>
 #include <vector>
 
-#include "trainer/tokenizer.h"
+#include "trainer/text/tokenizer.h"
 
 namespace gtron {
 

@@ -1,12 +1,13 @@
-// tokenizer.json reading and writing for Tokenizer (see trainer/tokenizer.h for what is supported).
+// tokenizer.json reading and writing for Tokenizer (see trainer/text/tokenizer.h for what is
+// supported).
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "model/check.h"
-#include "trainer/byte_level.h"
-#include "trainer/shards.h"
-#include "trainer/tokenizer.h"
+#include "trainer/data/shards.h"
+#include "trainer/text/byte_level.h"
+#include "trainer/text/tokenizer.h"
 
 namespace gtron {
 namespace {

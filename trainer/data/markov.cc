@@ -1,4 +1,4 @@
-#include "trainer/markov.h"
+#include "trainer/data/markov.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <random>
 
 #include "model/check.h"
-#include "trainer/shards.h"
+#include "trainer/data/shards.h"
 
 namespace gtron {
 namespace {

@@ -1,4 +1,4 @@
-#include "trainer/pretokenize.h"
+#include "trainer/text/pretokenize.h"
 
 #include <pcre2.h>
 

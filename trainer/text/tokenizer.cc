@@ -1,4 +1,4 @@
-#include "trainer/tokenizer.h"
+#include "trainer/text/tokenizer.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,9 +1,9 @@
-#include "trainer/checkpoint.h"
+#include "trainer/io/checkpoint.h"
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "trainer/checkpoint_io.h"
+#include "trainer/io/checkpoint_io.h"
 
 namespace gtron {
 

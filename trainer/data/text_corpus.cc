@@ -1,4 +1,4 @@
-#include "trainer/text_corpus.h"
+#include "trainer/data/text_corpus.h"
 
 #include <cmath>
 #include <filesystem>

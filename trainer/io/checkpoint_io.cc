@@ -1,4 +1,4 @@
-#include "trainer/checkpoint_io.h"
+#include "trainer/io/checkpoint_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/check.h"
-#include "trainer/safetensors.h"  // crc32
+#include "trainer/io/safetensors.h"  // crc32
 
 namespace gtron {
 namespace {

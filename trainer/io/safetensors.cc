@@ -1,4 +1,4 @@
-#include "trainer/safetensors.h"
+#include "trainer/io/safetensors.h"
 
 #include <algorithm>
 #include <array>
