@@ -34,6 +34,22 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+# Whether process PID still runs. A zombie does not count: a killed grandchild of the launcher is
+# reparented to PID 1, which may reap it a moment later (kill -0 still succeeds on a zombie). A
+# process signalled to death may also need a moment to be scheduled and die on a loaded machine,
+# so it gets up to 2 s; one that nobody signalled (sleep 300) still runs then.
+running() {  # running PID
+  local deadline=$((SECONDS + 2))
+  while kill -0 "$1" 2>/dev/null; do
+    local state
+    state="$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null)"
+    if [[ "$state" == "Z" || "$state" == "X" ]]; then return 1; fi
+    if ((SECONDS > deadline)); then return 0; fi
+    sleep 0.05
+  done
+  return 1
+}
+
 # Every pid listed in the files must be gone.
 expect_gone() {  # expect_gone WHAT FILE...
   local what="$1"
@@ -42,7 +58,7 @@ expect_gone() {  # expect_gone WHAT FILE...
     if [[ ! -s "$f" ]]; then fail "$what: no pid file $f"; continue; fi
     local pid
     pid="$(cat "$f")"
-    if kill -0 "$pid" 2>/dev/null; then
+    if running "$pid"; then
       fail "$what: process $pid ($f) is still running"
       kill -9 "$pid" 2>/dev/null
     fi
