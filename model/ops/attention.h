@@ -1,4 +1,5 @@
-// Causal multi-head self-attention on a packed qkv projection (GPT-2 layout).
+// Causal multi-head self-attention on a packed qkv projection: GPT-2's layout, and grouped-query
+// attention (Llama 3, Qwen3) with fewer k/v heads than query heads.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,16 @@ namespace gtron {
 // Backward accumulates into dqkv. Softmax statistics in the tensor's float type (fp32 on GPU).
 Var causal_attention(const Var& qkv, int NH);
 
+// Grouped-query attention (GQA; NKV = 1 is multi-query attention). qkv: [B, T, (NH + 2·NKV)·HS]
+// holding NH q heads, then NKV k heads, then NKV v heads, head j of a part in columns
+// [j·HS, (j+1)·HS) of the part. Query head h attends with k/v head h / (NH / NKV): consecutive
+// query heads share a k/v head, read in place (never copied per query head). Returns
+// [B, T, NH·HS] as causal_attention, scale 1/sqrt(HS); backward accumulates into dqkv, the
+// gradient of a shared k/v head summed over its query heads in a fixed order (deterministic).
+// NKV = NH is causal_attention(qkv, NH) itself (its flash path included).
+// REQUIRES: NH, NKV > 0, NH % NKV == 0, HS even (as RoPE needs).
+Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS);
+
 namespace cpu {
 // qkv: [B, Tlen, 3·NH·HS], out: [B, Tlen, NH·HS]. Also writes lse: [B, NH, Tlen], the log-sum-exp
 // of each scaled score row, from which the backward recomputes the probabilities (memory O(T),
@@ -24,6 +35,15 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, in
 template <typename T>
 void attention_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, int64_t B, int64_t Tlen,
                         int64_t NH, int64_t HS);
+// The grouped-query kernels: qkv [B, Tlen, (NH + 2·NKV)·HS], out [B, Tlen, NH·HS], lse
+// [B, NH, Tlen]. With NKV = NH they are the kernels above (which call them).
+// REQUIRES: NH % NKV == 0.
+template <typename T>
+void attention_gqa_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, int64_t NH,
+                           int64_t NKV, int64_t HS);
+template <typename T>
+void attention_gqa_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, int64_t B,
+                            int64_t Tlen, int64_t NH, int64_t NKV, int64_t HS);
 }  // namespace cpu
 
 namespace cuda {
@@ -41,6 +61,19 @@ void attention_forward(const void* qkv, void* out, float* lse, void* scratch, in
 void attention_backward(const void* qkv, const float* lse, const void* dout, void* dqkv,
                         void* scratch, int64_t B, int64_t Tlen, int64_t NH, int64_t HS, DType act,
                         void* stream);
+// The grouped-query versions (the CPU layout); the four above are their NKV = NH case. The scratch
+// holds O(B·NH·Tlen²) scores as above, plus the k/v heads of only NKV heads.
+// REQUIRES: NH % NKV == 0.
+int64_t attention_gqa_forward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t NKV,
+                                            int64_t HS, DType act);
+int64_t attention_gqa_backward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t NKV,
+                                             int64_t HS, DType act);
+void attention_gqa_forward(const void* qkv, void* out, float* lse, void* scratch, int64_t B,
+                           int64_t Tlen, int64_t NH, int64_t NKV, int64_t HS, DType act,
+                           void* stream);
+void attention_gqa_backward(const void* qkv, const float* lse, const void* dout, void* dqkv,
+                            void* scratch, int64_t B, int64_t Tlen, int64_t NH, int64_t NKV,
+                            int64_t HS, DType act, void* stream);
 
 // Flash attention (model/ops/flash_attention_cuda.cu): bf16, HS = 64 or 128, no O(T²) memory.
 // causal_attention takes it whenever flash_attention_supported(); the kernels above stay as the

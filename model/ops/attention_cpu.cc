@@ -1,7 +1,9 @@
 // CPU kernels of causal attention: per (batch, head) Eigen GEMMs over the causal (lower) triangle.
 //
 // Layout: q, k, v and the output of head h are strided [T, HS] blocks read in place from qkv
-// (row stride 3C) and written in place into out / dqkv (row stride C / 3C); nothing is copied.
+// (row stride W = (NH + 2·NKV)·HS, 3C for GPT-2's NKV = NH) and written in place into out / dqkv
+// (row stride C / W); nothing is copied. With grouped-query attention (NKV < NH), query head h
+// reads k/v head h / (NH / NKV) in place too.
 // Scores S = Q·Kᵀ (and dP = dO·Vᵀ) are formed by full GEMMs over row panels, rows [r0, r1)
 // against keys [0, r1), so only the diagonal panels spill a little above the diagonal (Eigen's
 // triangular-result product does the same work ~4x slower). Every product with P or dS uses a
@@ -12,12 +14,12 @@
 // Forward keeps only lse[t] = log Σ_{s<=t} exp(scale·S[t, s]) per row; backward recomputes
 // P = exp(scale·S − lse) (one extra T×T×HS GEMM) instead of storing B·NH·T² probabilities.
 //
-// Determinism policy: the (batch, head) pairs run in parallel, but each pair is computed by one
-// thread, start to finish, and writes only its own columns of out / dqkv. Eigen's general GEMM
-// would split itself over threads (blocking by thread count) unless it runs inside a team of more
-// than one thread; so the parallel region has no `if` clause: it is always a full team (with one
-// thread allowed, Eigen sees one thread too). Results are bit-identical run to run and whatever
-// the thread count.
+// Determinism policy: the (batch, head) pairs run in parallel (in the backward, the (batch, k/v
+// head) pairs), but each pair is computed by one thread, start to finish, and writes only its own
+// columns of out / dqkv. Eigen's general GEMM would split itself over threads (blocking by thread
+// count) unless it runs inside a team of more than one thread; so the parallel region has no `if`
+// clause: it is always a full team (with one thread allowed, Eigen sees one thread too). Results
+// are bit-identical run to run and whatever the thread count.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -38,14 +40,15 @@ using Strided = Eigen::Map<RowMat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
 template <typename T>
 using CStrided = Eigen::Map<const RowMat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
 
-// The q, k, v blocks of head h in batch row b.
+// Query head h and its k/v head g in the packed rows [Tlen, W] of one sequence, W = (NH + 2·NKV)·HS
+// (q heads, then k heads, then v heads).
 template <typename T>
 struct HeadView {
   CStrided<T> q, k, v;
-  HeadView(const T* qkv, int64_t b, int64_t h, int64_t Tlen, int64_t C, int64_t HS)
-      : q(qkv + b * Tlen * 3 * C + h * HS, Tlen, HS, Eigen::OuterStride<>(3 * C)),
-        k(qkv + b * Tlen * 3 * C + C + h * HS, Tlen, HS, Eigen::OuterStride<>(3 * C)),
-        v(qkv + b * Tlen * 3 * C + 2 * C + h * HS, Tlen, HS, Eigen::OuterStride<>(3 * C)) {}
+  HeadView(const T* rows, int64_t h, int64_t g, int64_t Tlen, int64_t NH, int64_t NKV, int64_t HS)
+      : q(rows + h * HS, Tlen, HS, Eigen::OuterStride<>((NH + 2 * NKV) * HS)),
+        k(rows + (NH + g) * HS, Tlen, HS, Eigen::OuterStride<>((NH + 2 * NKV) * HS)),
+        v(rows + (NH + NKV + g) * HS, Tlen, HS, Eigen::OuterStride<>((NH + 2 * NKV) * HS)) {}
 };
 
 // S[t, s] = a[t]·b[s] for s <= t (plus a few entries above the diagonal, which callers ignore).
@@ -124,10 +127,10 @@ void softmax_backward_rows(const RowMat<T>& P, RowMat<T>& dP, T scale) {
 }  // namespace
 
 template <typename T>
-void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, int64_t NH,
-                       int64_t HS) {
+void attention_gqa_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, int64_t NH,
+                           int64_t NKV, int64_t HS) {
   fix_eigen_blocking();
-  const int64_t C = NH * HS;
+  const int64_t C = NH * HS, G = NH / NKV, W = (NH + 2 * NKV) * HS;
   const T scale = T(1) / std::sqrt(static_cast<T>(HS));
 #pragma omp parallel
   {
@@ -135,7 +138,7 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, in
 #pragma omp for
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
-      HeadView<T> hv(qkv, b, h, Tlen, C, HS);
+      HeadView<T> hv(qkv + b * Tlen * W, h, h / G, Tlen, NH, NKV, HS);
       lower_products(hv.q, hv.k, S);
       softmax_rows(S, scale, lse + bh * Tlen);
       Strided<T> O(out + b * Tlen * C + h * HS, Tlen, HS, Eigen::OuterStride<>(C));
@@ -144,38 +147,54 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, in
   }
 }
 
-// With P the probabilities and dO the output gradient of one head:
-//   dV += Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ⊙ (dP − rowsum(P ⊙ dP)) · scale,  dQ += dS·K,  dK += dSᵀ·Q.
 template <typename T>
-void attention_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, int64_t B, int64_t Tlen,
-                        int64_t NH, int64_t HS) {
+void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, int64_t NH,
+                       int64_t HS) {
+  attention_gqa_forward(qkv, out, lse, B, Tlen, NH, NH, HS);
+}
+
+// With P the probabilities and dO the output gradient of one query head:
+//   dV += Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ⊙ (dP − rowsum(P ⊙ dP)) · scale,  dQ += dS·K,  dK += dSᵀ·Q.
+// A thread owns one (batch, k/v head) pair and runs its G query heads in order, so the shared dK
+// and dV sum the heads' contributions in a fixed order.
+template <typename T>
+void attention_gqa_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, int64_t B,
+                            int64_t Tlen, int64_t NH, int64_t NKV, int64_t HS) {
   fix_eigen_blocking();
-  const int64_t C = NH * HS;
+  const int64_t C = NH * HS, G = NH / NKV, W = (NH + 2 * NKV) * HS;
   const T scale = T(1) / std::sqrt(static_cast<T>(HS));
 #pragma omp parallel
   {
     RowMat<T> P(Tlen, Tlen);   // per-thread scratch (lower half used)
     RowMat<T> dP(Tlen, Tlen);  // dP, then dS in place
 #pragma omp for
-    for (int64_t bh = 0; bh < B * NH; ++bh) {
-      const int64_t b = bh / NH, h = bh % NH;
-      HeadView<T> hv(qkv, b, h, Tlen, C, HS);
-      const T* l = lse + bh * Tlen;
-      T* dbase = dqkv + b * Tlen * 3 * C + h * HS;
-      Strided<T> dQ(dbase, Tlen, HS, Eigen::OuterStride<>(3 * C));
-      Strided<T> dK(dbase + C, Tlen, HS, Eigen::OuterStride<>(3 * C));
-      Strided<T> dV(dbase + 2 * C, Tlen, HS, Eigen::OuterStride<>(3 * C));
-      CStrided<T> dO(dout + b * Tlen * C + h * HS, Tlen, HS, Eigen::OuterStride<>(C));
+    for (int64_t bg = 0; bg < B * NKV; ++bg) {
+      const int64_t b = bg / NKV, g = bg % NKV;
+      T* drow = dqkv + b * Tlen * W;
+      Strided<T> dK(drow + (NH + g) * HS, Tlen, HS, Eigen::OuterStride<>(W));
+      Strided<T> dV(drow + (NH + NKV + g) * HS, Tlen, HS, Eigen::OuterStride<>(W));
+      for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+        HeadView<T> hv(qkv + b * Tlen * W, h, g, Tlen, NH, NKV, HS);
+        const T* l = lse + (b * NH + h) * Tlen;
+        Strided<T> dQ(drow + h * HS, Tlen, HS, Eigen::OuterStride<>(W));
+        CStrided<T> dO(dout + b * Tlen * C + h * HS, Tlen, HS, Eigen::OuterStride<>(C));
 
-      lower_products(hv.q, hv.k, P);
-      probabilities_from_lse(P, scale, l);
-      dV.noalias() += P.template triangularView<Eigen::Lower>().transpose() * dO;
-      lower_products(dO, hv.v, dP);
-      softmax_backward_rows(P, dP, scale);
-      dQ.noalias() += dP.template triangularView<Eigen::Lower>() * hv.k;
-      dK.noalias() += dP.template triangularView<Eigen::Lower>().transpose() * hv.q;
+        lower_products(hv.q, hv.k, P);
+        probabilities_from_lse(P, scale, l);
+        dV.noalias() += P.template triangularView<Eigen::Lower>().transpose() * dO;
+        lower_products(dO, hv.v, dP);
+        softmax_backward_rows(P, dP, scale);
+        dQ.noalias() += dP.template triangularView<Eigen::Lower>() * hv.k;
+        dK.noalias() += dP.template triangularView<Eigen::Lower>().transpose() * hv.q;
+      }
     }
   }
+}
+
+template <typename T>
+void attention_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, int64_t B, int64_t Tlen,
+                        int64_t NH, int64_t HS) {
+  attention_gqa_backward(qkv, lse, dout, dqkv, B, Tlen, NH, NH, HS);
 }
 
 template void attention_forward<float>(const float*, float*, float*, int64_t, int64_t, int64_t,
@@ -186,5 +205,14 @@ template void attention_backward<float>(const float*, const float*, const float*
                                         int64_t, int64_t, int64_t);
 template void attention_backward<double>(const double*, const double*, const double*, double*,
                                          int64_t, int64_t, int64_t, int64_t);
+
+template void attention_gqa_forward<float>(const float*, float*, float*, int64_t, int64_t, int64_t,
+                                           int64_t, int64_t);
+template void attention_gqa_forward<double>(const double*, double*, double*, int64_t, int64_t,
+                                            int64_t, int64_t, int64_t);
+template void attention_gqa_backward<float>(const float*, const float*, const float*, float*,
+                                            int64_t, int64_t, int64_t, int64_t, int64_t);
+template void attention_gqa_backward<double>(const double*, const double*, const double*, double*,
+                                             int64_t, int64_t, int64_t, int64_t, int64_t);
 
 }  // namespace gtron::cpu

@@ -1,10 +1,18 @@
 // Causal attention on CUDA: batched cuBLASLt GEMMs (model/cuda/gemm.h) around fused row kernels.
 //
-// Layout: qkv rows hold [q | k | v], head h in columns h·HS.. of each part. The per-(b, h) blocks
-// are not a single stride apart (b steps T·3C, h steps HS), so they are first copied into
-// head-major scratch [B·NH, T, HS] ("heads"), one matrix per (b, h) every sHd elements; outputs
-// and gradients are copied back. sHd and sTT (the [T, T] stride) are rounded up to 8 elements so
-// that every matrix of a batch starts 16-byte aligned whatever T and HS are.
+// Layout: qkv rows hold [q | k | v], head h in columns h·HS.. of each part: NH query heads, then
+// NKV k and NKV v heads (GPT-2: NKV = NH; grouped-query attention: NKV divides NH, and query head h
+// reads k/v head h / G, G = NH / NKV). The per-(b, h) blocks are not a single stride apart (b
+// steps T·W, h steps HS), so they are first copied into head-major scratch [B·NH, T, HS]
+// ("heads"; k and v: [B·NKV, T, HS]), one matrix per (b, h) every sHd elements; outputs and
+// gradients are copied back. sHd and sTT (the [T, T] stride) are rounded up to 8 elements so that
+// every matrix of a batch starts 16-byte aligned whatever T and HS are.
+//
+// Note [grouped head GEMMs]
+// A product with one k/v operand runs as G batched GEMMs of B·NKV matrices, the j-th over query
+// heads g·G + j (no copies of K or V); dK and dV, shared by G query heads, add the G products in
+// order (beta = 1 after the first): deterministic. G = 1 is one GEMM over the B·NH heads, as
+// before grouping existed.
 //
 // Forward:  S = Q·Kᵀ (fp32)  ->  P = causal softmax(scale·S) (act), lse  ->  O = P·V (act)
 // Backward (the CPU contract: recompute P from lse instead of storing it):
@@ -21,6 +29,7 @@
 // Determinism: GEMMs pin one algorithm per shape; the row kernels reduce with xor butterflies.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "model/cuda/gemm.h"
 #include "model/cuda/kernel_util.cuh"
@@ -35,17 +44,24 @@ constexpr int kWarps = kThreads / 32;  // row kernels: one warp per row
 
 int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
 
+// C = NH·HS is the width of the q heads and of the output; W = (NH + 2·NKV)·HS the qkv row.
 struct Dims {
-  int64_t B, T, NH, HS, C, BH, sHd, sTT;
-  Dims(int64_t b, int64_t t, int64_t nh, int64_t hs)
+  int64_t B, T, NH, NKV, HS, C, W, G, BH, BKV, sHd, sTT;
+  Dims(int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs)
       : B(b),
         T(t),
         NH(nh),
+        NKV(nkv),
         HS(hs),
         C(nh * hs),
+        W((nh + 2 * nkv) * hs),
+        G(nh / nkv),
         BH(b * nh),
+        BKV(b * nkv),
         sHd(round8(t * hs)),
         sTT(round8(t * t)) {}
+  // The k (or v) heads seen as NKV plain heads: what the head-layout copies of K and V take.
+  Dims kv() const { return Dims(B, T, NKV, NKV, HS); }
 };
 
 // dst (heads) [BH, T, HS] (stride sHd) = the head blocks of src rows [B·T, src_row] (col 0.. C).
@@ -189,26 +205,53 @@ void from_heads(const S* src, D* dst, int64_t dst_row, const Dims& d, cudaStream
   CUDA_CHECK_LAUNCH();
 }
 
-// Batched row-major product over the BH heads (contract in model/cuda/gemm.h).
-void head_gemm(const void* a, bool ta, int64_t sa, const void* b, bool tb, int64_t sb, void* c,
-               int64_t sc, DType c_type, int64_t m, int64_t n, int64_t k, const Dims& d, DType act,
+// One matrix per head in the head-major scratch, every `stride` elements: one per query head
+// (B·NH of them) or, with `kv`, one per k/v head (B·NKV), standing for each of its G query heads.
+template <typename P>
+struct HeadMat {
+  P* p;
+  int64_t stride;
+  bool kv = false;
+};
+
+// The j-th of a grouped product's GEMMs takes query heads g·G + j: matrix j of each group.
+template <typename P>
+P* group_base(const HeadMat<P>& m, int64_t j, DType type) {
+  if (m.kv) return m.p;
+  using Byte = std::conditional_t<std::is_const_v<P>, const char, char>;
+  return static_cast<Byte*>(m.p) + j * m.stride * static_cast<int64_t>(dtype_size(type));
+}
+
+template <typename P>
+int64_t group_stride(const HeadMat<P>& m, const Dims& d) {
+  return m.kv ? m.stride : d.G * m.stride;
+}
+
+// C_h = op(A_h)·op(B_h) for every query head h, row-major (contract in model/cuda/gemm.h), as G
+// batched GEMMs of B·NKV matrices (Note [grouped head GEMMs]); a k/v output sums over its G query
+// heads.
+void head_gemm(HeadMat<const void> a, bool ta, HeadMat<const void> b, bool tb, HeadMat<void> c,
+               DType c_type, int64_t m, int64_t n, int64_t k, const Dims& d, DType act,
                void* stream) {
-  GemmArgs g;
-  g.a = a;
-  g.trans_a = ta;
-  g.b = b;
-  g.trans_b = tb;
-  g.c = c;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.ab = act;
-  g.c_type = c_type;
-  g.batch = d.BH;
-  g.stride_a = sa;
-  g.stride_b = sb;
-  g.stride_c = sc;
-  gemm(g, stream);
+  for (int64_t j = 0; j < d.G; ++j) {
+    GemmArgs g;
+    g.a = group_base(a, j, act);
+    g.trans_a = ta;
+    g.b = group_base(b, j, act);
+    g.trans_b = tb;
+    g.c = group_base(c, j, c_type);
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.ab = act;
+    g.c_type = c_type;
+    g.beta = c.kv && j > 0 ? 1.0f : 0.0f;
+    g.batch = d.BKV;
+    g.stride_a = group_stride(a, d);
+    g.stride_b = group_stride(b, d);
+    g.stride_c = group_stride(c, d);
+    gemm(g, stream);
+  }
 }
 
 // Scratch pieces, carved in one fixed order (ScratchCarver), for the size queries and launches.
@@ -220,8 +263,8 @@ struct ForwardScratch {
   ForwardScratch(void* base, const Dims& d) {
     ScratchCarver sc(base);
     q = sc.take<T>(d.BH * d.sHd);
-    k = sc.take<T>(d.BH * d.sHd);
-    v = sc.take<T>(d.BH * d.sHd);
+    k = sc.take<T>(d.BKV * d.sHd);
+    v = sc.take<T>(d.BKV * d.sHd);
     S = sc.take<float>(d.BH * d.sTT);
     P = sc.take<T>(d.BH * d.sTT);
     O = sc.take<T>(d.BH * d.sHd);
@@ -237,24 +280,23 @@ struct BackwardScratch {
   BackwardScratch(void* base, const Dims& d) {
     ScratchCarver sc(base);
     q = sc.take<T>(d.BH * d.sHd);
-    k = sc.take<T>(d.BH * d.sHd);
-    v = sc.take<T>(d.BH * d.sHd);
+    k = sc.take<T>(d.BKV * d.sHd);
+    v = sc.take<T>(d.BKV * d.sHd);
     dO = sc.take<T>(d.BH * d.sHd);
     S = sc.take<float>(d.BH * d.sTT);
     P = sc.take<T>(d.BH * d.sTT);
     dQ = sc.take<float>(d.BH * d.sHd);
-    dK = sc.take<float>(d.BH * d.sHd);
-    dV = sc.take<float>(d.BH * d.sHd);
+    dK = sc.take<float>(d.BKV * d.sHd);
+    dV = sc.take<float>(d.BKV * d.sHd);
     bytes = sc.bytes();
   }
 };
 
 template <typename T>
 void split_heads(const T* qkv, T* q, T* k, T* v, const Dims& d, cudaStream_t st) {
-  T* parts[3] = {q, k, v};
-  for (int p = 0; p < 3; ++p) {
-    to_heads(qkv + p * d.C, 3 * d.C, parts[p], d, st);
-  }
+  to_heads(qkv, d.W, q, d, st);
+  to_heads(qkv + d.C, d.W, k, d.kv(), st);
+  to_heads(qkv + d.C + d.NKV * d.HS, d.W, v, d.kv(), st);
 }
 
 template <typename T>
@@ -262,11 +304,12 @@ void forward(const T* qkv, T* out, float* lse, void* scratch, const Dims& d, flo
              cudaStream_t st) {
   ForwardScratch<T> s(scratch, d);
   split_heads(qkv, s.q, s.k, s.v, d, st);
-  head_gemm(s.q, false, d.sHd, s.k, true, d.sHd, s.S, d.sTT, DType::kF32, d.T, d.T, d.HS, d, act,
-            st);
+  head_gemm({s.q, d.sHd}, false, {s.k, d.sHd, true}, true, {s.S, d.sTT}, DType::kF32, d.T, d.T,
+            d.HS, d, act, st);
   causal_softmax_kernel<T><<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.S, s.P, lse, d, scale);
   CUDA_CHECK_LAUNCH();
-  head_gemm(s.P, false, d.sTT, s.v, false, d.sHd, s.O, d.sHd, act, d.T, d.HS, d.T, d, act, st);
+  head_gemm({s.P, d.sTT}, false, {s.v, d.sHd, true}, false, {s.O, d.sHd}, act, d.T, d.HS, d.T, d,
+            act, st);
   from_heads<T, T, false>(s.O, out, d.C, d, st);
 }
 
@@ -276,71 +319,101 @@ void backward(const T* qkv, const float* lse, const T* dout, T* dqkv, void* scra
   BackwardScratch<T> s(scratch, d);
   split_heads(qkv, s.q, s.k, s.v, d, st);
   to_heads(dout, d.C, s.dO, d, st);
-  head_gemm(s.q, false, d.sHd, s.k, true, d.sHd, s.S, d.sTT, DType::kF32, d.T, d.T, d.HS, d, act,
-            st);
+  head_gemm({s.q, d.sHd}, false, {s.k, d.sHd, true}, true, {s.S, d.sTT}, DType::kF32, d.T, d.T,
+            d.HS, d, act, st);
   probs_from_lse_kernel<T><<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.S, lse, s.P, d, scale);
   CUDA_CHECK_LAUNCH();
   // dV = Pᵀ·dO, then dP = dO·Vᵀ into S's buffer (S is no longer needed).
-  head_gemm(s.P, true, d.sTT, s.dO, false, d.sHd, s.dV, d.sHd, DType::kF32, d.T, d.HS, d.T, d, act,
-            st);
-  head_gemm(s.dO, false, d.sHd, s.v, true, d.sHd, s.S, d.sTT, DType::kF32, d.T, d.T, d.HS, d, act,
-            st);
+  head_gemm({s.P, d.sTT}, true, {s.dO, d.sHd}, false, {s.dV, d.sHd, true}, DType::kF32, d.T, d.HS,
+            d.T, d, act, st);
+  head_gemm({s.dO, d.sHd}, false, {s.v, d.sHd, true}, true, {s.S, d.sTT}, DType::kF32, d.T, d.T,
+            d.HS, d, act, st);
   softmax_backward_kernel<T><<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.P, s.S, d, scale);
   CUDA_CHECK_LAUNCH();
-  head_gemm(s.P, false, d.sTT, s.k, false, d.sHd, s.dQ, d.sHd, DType::kF32, d.T, d.HS, d.T, d, act,
-            st);
-  head_gemm(s.P, true, d.sTT, s.q, false, d.sHd, s.dK, d.sHd, DType::kF32, d.T, d.HS, d.T, d, act,
-            st);
-  const float* grads[3] = {s.dQ, s.dK, s.dV};
-  for (int p = 0; p < 3; ++p) from_heads<float, T, true>(grads[p], dqkv + p * d.C, 3 * d.C, d, st);
+  head_gemm({s.P, d.sTT}, false, {s.k, d.sHd, true}, false, {s.dQ, d.sHd}, DType::kF32, d.T, d.HS,
+            d.T, d, act, st);
+  head_gemm({s.P, d.sTT}, true, {s.q, d.sHd}, false, {s.dK, d.sHd, true}, DType::kF32, d.T, d.HS,
+            d.T, d, act, st);
+  from_heads<float, T, true>(s.dQ, dqkv, d.W, d, st);
+  from_heads<float, T, true>(s.dK, dqkv + d.C, d.W, d.kv(), st);
+  from_heads<float, T, true>(s.dV, dqkv + d.C + d.NKV * d.HS, d.W, d.kv(), st);
 }
 
 float score_scale(int64_t HS) { return 1.0f / sqrtf(static_cast<float>(HS)); }
 
+Dims checked_dims(int64_t B, int64_t Tlen, int64_t NH, int64_t NKV, int64_t HS) {
+  GTRON_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "causal_attention: NKV = ", NKV,
+              " k/v heads must divide NH = ", NH, " query heads");
+  return Dims(B, Tlen, NH, NKV, HS);
+}
+
 }  // namespace
 
-int64_t attention_forward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t HS,
-                                        DType act) {
+int64_t attention_gqa_forward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t NKV,
+                                            int64_t HS, DType act) {
   int64_t bytes = 0;
   dispatch_act("causal_attention", act, [&](auto tag) {
-    bytes =
-        static_cast<int64_t>(ForwardScratch<decltype(tag)>(nullptr, Dims(B, Tlen, NH, HS)).bytes);
+    bytes = static_cast<int64_t>(
+        ForwardScratch<decltype(tag)>(nullptr, checked_dims(B, Tlen, NH, NKV, HS)).bytes);
   });
   return bytes;
 }
 
-int64_t attention_backward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t HS,
-                                         DType act) {
+int64_t attention_gqa_backward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t NKV,
+                                             int64_t HS, DType act) {
   int64_t bytes = 0;
   dispatch_act("causal_attention", act, [&](auto tag) {
-    bytes =
-        static_cast<int64_t>(BackwardScratch<decltype(tag)>(nullptr, Dims(B, Tlen, NH, HS)).bytes);
+    bytes = static_cast<int64_t>(
+        BackwardScratch<decltype(tag)>(nullptr, checked_dims(B, Tlen, NH, NKV, HS)).bytes);
   });
   return bytes;
 }
 
-void attention_forward(const void* qkv, void* out, float* lse, void* scratch, int64_t B,
-                       int64_t Tlen, int64_t NH, int64_t HS, DType act, void* stream) {
+void attention_gqa_forward(const void* qkv, void* out, float* lse, void* scratch, int64_t B,
+                           int64_t Tlen, int64_t NH, int64_t NKV, int64_t HS, DType act,
+                           void* stream) {
+  const Dims d = checked_dims(B, Tlen, NH, NKV, HS);
   if (B * Tlen * NH * HS == 0) return;
   GTRON_CHECK(scratch != nullptr, "causal_attention: forward needs scratch");
   dispatch_act("causal_attention", act, [&](auto tag) {
     using T = decltype(tag);
-    forward<T>(static_cast<const T*>(qkv), static_cast<T*>(out), lse, scratch,
-               Dims(B, Tlen, NH, HS), score_scale(HS), act, static_cast<cudaStream_t>(stream));
+    forward<T>(static_cast<const T*>(qkv), static_cast<T*>(out), lse, scratch, d, score_scale(HS),
+               act, static_cast<cudaStream_t>(stream));
   });
 }
 
-void attention_backward(const void* qkv, const float* lse, const void* dout, void* dqkv,
-                        void* scratch, int64_t B, int64_t Tlen, int64_t NH, int64_t HS, DType act,
-                        void* stream) {
+void attention_gqa_backward(const void* qkv, const float* lse, const void* dout, void* dqkv,
+                            void* scratch, int64_t B, int64_t Tlen, int64_t NH, int64_t NKV,
+                            int64_t HS, DType act, void* stream) {
+  const Dims d = checked_dims(B, Tlen, NH, NKV, HS);
   if (B * Tlen * NH * HS == 0) return;
   GTRON_CHECK(scratch != nullptr, "causal_attention: backward needs scratch");
   dispatch_act("causal_attention", act, [&](auto tag) {
     using T = decltype(tag);
     backward<T>(static_cast<const T*>(qkv), lse, static_cast<const T*>(dout), static_cast<T*>(dqkv),
-                scratch, Dims(B, Tlen, NH, HS), score_scale(HS), act,
-                static_cast<cudaStream_t>(stream));
+                scratch, d, score_scale(HS), act, static_cast<cudaStream_t>(stream));
   });
+}
+
+int64_t attention_forward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t HS,
+                                        DType act) {
+  return attention_gqa_forward_scratch_bytes(B, Tlen, NH, NH, HS, act);
+}
+
+int64_t attention_backward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t HS,
+                                         DType act) {
+  return attention_gqa_backward_scratch_bytes(B, Tlen, NH, NH, HS, act);
+}
+
+void attention_forward(const void* qkv, void* out, float* lse, void* scratch, int64_t B,
+                       int64_t Tlen, int64_t NH, int64_t HS, DType act, void* stream) {
+  attention_gqa_forward(qkv, out, lse, scratch, B, Tlen, NH, NH, HS, act, stream);
+}
+
+void attention_backward(const void* qkv, const float* lse, const void* dout, void* dqkv,
+                        void* scratch, int64_t B, int64_t Tlen, int64_t NH, int64_t HS, DType act,
+                        void* stream) {
+  attention_gqa_backward(qkv, lse, dout, dqkv, scratch, B, Tlen, NH, NH, HS, act, stream);
 }
 
 }  // namespace gtron::cuda

@@ -35,6 +35,8 @@ struct RopeLlama3Scaling {
 // λ = 2π/inv_freq is rewritten: λ > original/low_freq_factor: divided by factor; λ <
 // original/high_freq_factor: kept; otherwise interpolated, (1 − s)·f/factor + s·f with
 // s = (original/λ − low_freq_factor) / (high_freq_factor − low_freq_factor).
+// Computed in double (Hugging Face computes it in fp32; rounded to fp32 by rope_table, the two may
+// differ by an ulp).
 // REQUIRES: HS even and > 0, theta > 1; with llama3, factor > 0 and high > low freq factor.
 std::vector<double> rope_inv_freq(int64_t HS, double theta,
                                   const RopeLlama3Scaling* llama3 = nullptr);
