@@ -13,9 +13,28 @@
 
 namespace gtron {
 
+LlamaDims GPTConfig::llama_dims() const {
+  LlamaDims d;
+  d.C = n_embd;
+  d.NH = n_head;
+  d.NKV = n_kv_head > 0 ? n_kv_head : n_head;
+  d.HS = head_dim > 0 ? head_dim : n_embd / n_head;
+  d.F = intermediate_size > 0 ? intermediate_size : (8 * n_embd / 3 + 63) / 64 * 64;
+  d.L = n_layer;
+  d.std = init_std;
+  d.eps = rms_norm_eps;
+  d.qk_norm = qk_norm;
+  d.qkv_bias = qkv_bias;
+  d.rope_theta = rope_theta;
+  d.llama3_scaling = rope_llama3;
+  d.llama3 = rope_scaling;
+  return d;
+}
+
 GPT::GPT(const GPTConfig& cfg, DType dtype, Device device, uint64_t seed)
     : cfg_(cfg), params_(dtype, device, seed) {
-  GTRON_CHECK(cfg.n_embd % cfg.n_head == 0, "n_embd ", cfg.n_embd, " % n_head ", cfg.n_head);
+  GTRON_CHECK(cfg.llama() || cfg.n_embd % cfg.n_head == 0, "n_embd ", cfg.n_embd, " % n_head ",
+              cfg.n_head);
   GTRON_CHECK(cfg.n_head % cfg.tp_size == 0 && cfg.padded_vocab() % cfg.tp_size == 0,
               "tensor parallelism ", cfg.tp_size, ": must divide n_head and the padded vocab");
   params_.tensor_parallel().rank = cfg.tp_rank;
@@ -32,12 +51,20 @@ GPT::GPT(const GPTConfig& cfg, DType dtype, Device device, uint64_t seed)
     Tensor pad = wte_->data.rows(std::max<int64_t>(cfg.vocab_size - v0, 0), Vl);
     pad.zero_();
   }
-  wpe_ = &params_.add("wpe.weight", {cfg.context_length, C}, Init::kNormal, cfg.init_std, false);
   const BlockDims dims{C, cfg.n_head, cfg.n_layer, cfg.init_std};
-  for (int l = 0; l < cfg.n_layer; ++l) {
-    blocks_.emplace_back(params_, "blocks." + std::to_string(l), dims);
+  const LlamaDims ldims = cfg.llama_dims();
+  if (cfg.llama()) {
+    for (int l = 0; l < cfg.n_layer; ++l) {
+      llama_blocks_.emplace_back(params_, "blocks." + std::to_string(l), ldims, device);
+    }
+    norm_f_ = RMSNormLayer(params_, "norm_f", C, cfg.rms_norm_eps);
+  } else {
+    wpe_ = &params_.add("wpe.weight", {cfg.context_length, C}, Init::kNormal, cfg.init_std, false);
+    for (int l = 0; l < cfg.n_layer; ++l) {
+      blocks_.emplace_back(params_, "blocks." + std::to_string(l), dims);
+    }
+    ln_f_ = LayerNormLayer(params_, "ln_f", C);
   }
-  ln_f_ = LayerNormLayer(params_, "ln_f", C);
   if (cfg.tied_embeddings) {
     head_ = wte_;
   } else {
@@ -49,7 +76,12 @@ GPT::GPT(const GPTConfig& cfg, DType dtype, Device device, uint64_t seed)
     }
   }
   for (int k = 1; k <= cfg.mtp_depth; ++k) {
-    mtp_.emplace_back(params_, "mtp." + std::to_string(k), dims);
+    const std::string name = "mtp." + std::to_string(k);
+    if (cfg.llama()) {
+      mtp_.emplace_back(params_, name, ldims, device);
+    } else {
+      mtp_.emplace_back(params_, name, dims);
+    }
   }
 }
 
@@ -131,7 +163,7 @@ Var GPT::embed(const Tensor& tokens) {
 
 Var GPT::head_input(const Var& h) {
   const TpContext& tp = params_.tensor_parallel();
-  Var x = ln_f_.forward(h);
+  Var x = cfg_.llama() ? norm_f_.forward(h) : ln_f_.forward(h);
   if (tp.active())
     x = tp.sequence_parallel ? tp_gather_tokens(x, *tp.group) : tp_copy(x, *tp.group);
   return x;
@@ -177,22 +209,36 @@ Var GPT::trunk(const Tensor& inputs) {
   GTRON_CHECK(T >= 1 && T <= cfg_.context_length, "sequence length ", T, " outside [1, ",
               cfg_.context_length, "]");
   const TpContext& tp = params_.tensor_parallel();
-  Var positions = Var::param(*wpe_);
-  if (tp.sequence_parallel) {  // this rank's chunk of the sequence (Note [sequence parallelism])
-    GTRON_CHECK(T % tp.size == 0, "sequence parallelism: T = ", T, " over ", tp.size, " ranks");
-    positions = slice_rows(positions, T / tp.size * tp.rank, T / tp.size * (tp.rank + 1));
+  Var x = embed(inputs);
+  if (!cfg_.llama()) {
+    Var positions = Var::param(*wpe_);
+    if (tp.sequence_parallel) {  // this rank's chunk of the sequence (Note [sequence parallelism])
+      GTRON_CHECK(T % tp.size == 0, "sequence parallelism: T = ", T, " over ", tp.size, " ranks");
+      positions = slice_rows(positions, T / tp.size * tp.rank, T / tp.size * (tp.rank + 1));
+    }
+    x = add_positions(x, positions);
   }
-  Var x = add_positions(embed(inputs), positions);
   for (int l = 0; l < num_blocks(); ++l)
     x = block_runner_ ? block_runner_(l, x) : block_forward(l, x);
   return x;
 }
 
-Var GPT::block_forward(int layer, const Var& x) { return block(layer).forward(x, *weights_); }
+Var GPT::block_forward(int layer, const Var& x) {
+  GTRON_CHECK(layer >= 0 && layer < num_blocks(), "block ", layer, " of ", num_blocks());
+  if (cfg_.llama()) return llama_blocks_[static_cast<size_t>(layer)].forward(x, *weights_);
+  return blocks_[static_cast<size_t>(layer)].forward(x, *weights_);
+}
 
 const TransformerBlock& GPT::block(int layer) const {
+  GTRON_CHECK(!cfg_.llama(), "GPT::block: GPT-2 family only (the llama family's blocks decode "
+                             "through its own path)");
   GTRON_CHECK(layer >= 0 && layer < num_blocks(), "block ", layer, " of ", num_blocks());
   return blocks_[static_cast<size_t>(layer)];
+}
+
+Parameter& GPT::position_embedding() const {
+  GTRON_CHECK(wpe_ != nullptr, "the llama family has no position table");
+  return *wpe_;
 }
 
 const MTPModule& GPT::mtp_module(int depth) const {
@@ -243,13 +289,17 @@ int64_t GPT::num_parameters() const {
 double GPT::flops_per_token(int64_t T) const {
   // N counts the weights that enter GEMMs: lookups (wpe, and wte when untied) do not; the head is
   // used once more per MTP depth.
+  // The attention term's width is NH·HS (C for GPT-2): the query heads', whatever NKV is.
   const double C = static_cast<double>(cfg_.n_embd);
   const double head = static_cast<double>(cfg_.padded_vocab()) * C;
-  double n = static_cast<double>(num_parameters()) - static_cast<double>(wpe_->data.numel());
+  double n = static_cast<double>(num_parameters());
+  if (wpe_ != nullptr) n -= static_cast<double>(wpe_->data.numel());
   if (!cfg_.tied_embeddings) n -= head;
   n += cfg_.mtp_depth * head;
   const double layers = cfg_.n_layer + cfg_.mtp_depth;
-  return 6.0 * n + 6.0 * layers * C * static_cast<double>(T);
+  const LlamaDims d = cfg_.llama_dims();
+  const double width = cfg_.llama() ? static_cast<double>(d.NH * d.HS) : C;
+  return 6.0 * n + 6.0 * layers * width * static_cast<double>(T);
 }
 
 }  // namespace gtron

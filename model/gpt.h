@@ -1,6 +1,10 @@
-// The GPT model: GPT-2 architecture (learned positions, pre-LN blocks, GELU-tanh MLP, final
-// LayerNorm, output head tied to the token embedding by default, vocab padded to a multiple of 64)
-// with D Multi-Token-Prediction depths (DeepSeek-V3) sharing the embedding, final norm and head.
+// The GPT model, of one of two families (GPTConfig::arch), with D Multi-Token-Prediction depths
+// (DeepSeek-V3) sharing the embedding, final norm and head:
+// - gpt2: learned positions, pre-LN blocks, GELU-tanh MLP, final LayerNorm;
+// - llama (Llama-3, Qwen2, Qwen3): RoPE, RMSNorm, grouped-query attention, SwiGLU, final RMSNorm
+//   (model/llama.h); no position table.
+// The output head is tied to the token embedding by default; the vocab is padded to a multiple of
+// 64. The family is chosen once, at construction: each block is of one family.
 //
 // Loss = CE_main + (λ/D)·Σ_k CE_k. Depth k (1..D) at position t combines the previous depth's
 // hidden state (k = 1: the main model's last hidden state, before the final norm) with the
@@ -14,10 +18,14 @@
 #include <vector>
 
 #include "model/layers.h"
+#include "model/llama.h"
 
 namespace gtron {
 
+enum class Arch { kGpt2, kLlama };
+
 struct GPTConfig {
+  Arch arch = Arch::kGpt2;
   int64_t vocab_size = 50257;     // V: real vocabulary
   int64_t context_length = 1024;  // Tmax: rows of the position table
   int n_layer = 12;               // L
@@ -27,6 +35,16 @@ struct GPTConfig {
   double mtp_loss_weight = 0.3;   // λ
   bool tied_embeddings = true;
   double init_std = 0.02;
+  // The llama family only (arch = kLlama); 0 means the default noted.
+  int n_kv_head = 0;              // NKV (0: n_head); divides n_head
+  int64_t head_dim = 0;           // HS (0: n_embd / n_head); even
+  int64_t intermediate_size = 0;  // F, SwiGLU width (0: 8C/3 rounded up to a multiple of 64)
+  double rope_theta = 500000;
+  bool rope_llama3 = false;  // the llama3 rewrite of the RoPE frequencies, with these factors
+  RopeLlama3Scaling rope_scaling;
+  double rms_norm_eps = 1e-5;
+  bool qk_norm = false;   // Qwen3: per-head RMSNorm of q and k before RoPE
+  bool qkv_bias = false;  // Qwen2: biases on the q, k, v projections
   // This process's place in the tensor-parallel group: the split layers hold its part
   // (Note [tensor-parallel layout] in model/tensor_parallel.h).
   int tp_size = 1;
@@ -35,6 +53,9 @@ struct GPTConfig {
   bool sequence_parallel = false;  // Note [sequence parallelism]; needs tp_size > 1
 
   int64_t padded_vocab() const { return (vocab_size + 63) / 64 * 64; }  // Vp
+  bool llama() const { return arch == Arch::kLlama; }
+  // The llama family's block dimensions, defaults resolved.
+  LlamaDims llama_dims() const;
 };
 
 struct GPTOutput {
@@ -90,15 +111,15 @@ class GPT {
   void set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
   // Main-model block l: x [B, T, C] -> [B, T, C], through the weight access.
   Var block_forward(int layer, const Var& x);
-  int num_blocks() const { return static_cast<int>(blocks_.size()); }
+  int num_blocks() const { return cfg_.n_layer; }
 
   // The modules, for code that runs them its own way (generation with key/value caches,
-  // model/generate.h). Read directly, not through the weight access.
+  // model/generate.h). Read directly, not through the weight access. GPT-2 family only.
   const TransformerBlock& block(int layer) const;
   const MTPModule& mtp_module(int depth) const;  // depth k in 1..D
   const LayerNormLayer& final_norm() const { return ln_f_; }
   Parameter& token_embedding() const { return *wte_; }     // [Vp, C]
-  Parameter& position_embedding() const { return *wpe_; }  // [Tmax, C]
+  Parameter& position_embedding() const;                    // [Tmax, C]; GPT-2 family only
   Parameter& output_head() const { return *head_; }        // [Vp, C]
 
  private:
@@ -119,8 +140,10 @@ class GPT {
   Parameter* wte_ = nullptr;   // [Vp, C] token embedding (rows >= V are zero)
   Parameter* wpe_ = nullptr;   // [Tmax, C]
   Parameter* head_ = nullptr;  // [Vp, C]: wte_ when tied
-  std::vector<TransformerBlock> blocks_;
-  LayerNormLayer ln_f_;
+  std::vector<TransformerBlock> blocks_;  // gpt2
+  std::vector<LlamaBlock> llama_blocks_;  // llama
+  LayerNormLayer ln_f_;                   // gpt2
+  RMSNormLayer norm_f_;                   // llama
   std::vector<MTPModule> mtp_;
   DirectWeights direct_;
   WeightAccess* weights_ = &direct_;

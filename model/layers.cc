@@ -4,6 +4,7 @@
 
 #include "model/env_switch.h"
 #include "model/init.h"
+#include "model/llama.h"
 #include "model/ops/add.h"
 #include "model/ops/add_norm.h"
 #include "model/ops/attention.h"
@@ -78,11 +79,12 @@ Var LayerNormLayer::forward(const Var& x) const {
   return layernorm(x, Var::param(*weight), Var::param(*bias));
 }
 
-RMSNormLayer::RMSNormLayer(ParamRegistry& reg, const std::string& name, int64_t C) {
+RMSNormLayer::RMSNormLayer(ParamRegistry& reg, const std::string& name, int64_t C, double e)
+    : eps(e) {
   weight = &reg.add(name + ".weight", {C}, Init::kOnes, 0, false);
 }
 
-Var RMSNormLayer::forward(const Var& x) const { return rmsnorm(x, Var::param(*weight)); }
+Var RMSNormLayer::forward(const Var& x) const { return rmsnorm(x, Var::param(*weight), eps); }
 
 TransformerBlock::TransformerBlock(ParamRegistry& reg, const std::string& name, const BlockDims& d)
     : NH(d.NH / reg.tensor_parallel().size) {
@@ -187,12 +189,25 @@ MTPModule::MTPModule(ParamRegistry& reg, const std::string& name, const BlockDim
   block = TransformerBlock(reg, name + ".block", d);
 }
 
+MTPModule::MTPModule(ParamRegistry& reg, const std::string& name, const LlamaDims& d,
+                     Device device) {
+  hnorm = RMSNormLayer(reg, name + ".hnorm", d.C, d.eps);
+  enorm = RMSNormLayer(reg, name + ".enorm", d.C, d.eps);
+  proj = LinearLayer(reg, name + ".proj", 2 * d.C, d.C, false, d.std, TpMode::kColumnGathered);
+  llama = std::make_shared<const LlamaBlock>(reg, name + ".block", d, device);
+}
+
 Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w) const {
+  if (llama) {  // positions 0 .. T − 1, as the main model's (DeepSeek-V3's MTP shares them)
+    return llama->forward(proj.forward(concat_features(hnorm.forward(h), enorm.forward(emb)), w),
+                          w);
+  }
   return forward(h, emb, w, causal_over(block.NH));
 }
 
 Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w,
                        const TransformerBlock::Attention& attend) const {
+  GTRON_CHECK(!llama, "MTP depth with a replaced attention (generation): not for the llama family");
   Var z = proj.forward(concat_features(hnorm.forward(h), enorm.forward(emb)), w);
   return block.forward(z, w, attend);
 }

@@ -125,8 +125,9 @@ struct LayerNormLayer {
 
 struct RMSNormLayer {
   Parameter* weight = nullptr;  // [C]
+  double eps = 1e-6;            // the MTP input norms' (kRMSNormEps); the llama family's is set
   RMSNormLayer() = default;
-  RMSNormLayer(ParamRegistry& reg, const std::string& name, int64_t C);
+  RMSNormLayer(ParamRegistry& reg, const std::string& name, int64_t C, double eps = 1e-6);
   Var forward(const Var& x) const;
 };
 
@@ -161,12 +162,19 @@ struct TransformerBlock {
 };
 
 // DeepSeek-V3 MTP depth: h' = Block(W · concat(RMSNorm(h), RMSNorm(Emb(tokens shifted by k)))).
+struct LlamaBlock;  // model/llama.h
+struct LlamaDims;
+
 struct MTPModule {
   RMSNormLayer hnorm, enorm;
   LinearLayer proj;  // [C, 2C], no bias
   TransformerBlock block;
+  std::shared_ptr<const LlamaBlock> llama;  // the llama family's block instead of `block`
   MTPModule() = default;
   MTPModule(ParamRegistry& reg, const std::string& name, const BlockDims& d);
+  // The llama family's depth: the same norms (with the family's epsilon) and projection, then
+  // one llama block (model/llama.h).
+  MTPModule(ParamRegistry& reg, const std::string& name, const LlamaDims& d, Device device);
   // h: [B, T, C] previous depth's hidden state; emb: [B, T, C] embeddings of the shifted tokens.
   Var forward(const Var& h, const Var& emb, WeightAccess& w) const;
   // The same with the block's attention replaced (TransformerBlock::forward above).

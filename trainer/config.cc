@@ -80,6 +80,7 @@ void check_structure(const json& obj, const std::string& prefix, const Origin& o
     }
     if (find_key(path)) continue;  // its value is checked in step 4
     if (is_section(path)) {
+      if (it->is_null()) continue;  // a null section keeps its defaults (model.rope_scaling)
       if (!it->is_object()) {
         fail(str_cat(show(path, *it), ": is a section in ", origin.source,
                      " and must be a JSON object"),
@@ -273,6 +274,11 @@ void check_tensor_parallel(const Config& c) {
   }
   if (tp == 1) return;
   const ModelConfig& m = c.model;
+  if (m.arch == ModelArch::kLlama) {
+    fail(str_cat("parallel.tp = ", tp, ": tensor parallelism is not implemented for model.arch = "
+                 "\"llama\" yet"),
+         "use parallel.tp = 1 (GTP and DP work with this family: parallel.gtp, more processes)");
+  }
   const auto need = [&](const char* what, int64_t n) {
     if (n % tp == 0) return;
     fail(str_cat("parallel.tp = ", tp, ": must divide ", what, " (", n, ")"),
@@ -285,9 +291,53 @@ void check_tensor_parallel(const Config& c) {
 }
 
 // Step 5: combinations of keys; those that need the world size only when it is known (> 0).
+// The llama family's keys, and the gpt2-only ones left at their defaults.
+void check_llama(const ModelConfig& m) {
+  const bool llama = m.arch == ModelArch::kLlama;
+  if (!llama) {
+    const char* set = m.n_kv_head != 0           ? "model.n_kv_head"
+                      : m.head_dim != 0          ? "model.head_dim"
+                      : m.intermediate_size != 0 ? "model.intermediate_size"
+                      : m.qk_norm                ? "model.qk_norm"
+                      : m.qkv_bias               ? "model.qkv_bias"
+                      : m.rope_scaling.type != RopeScalingType::kNone ? "model.rope_scaling.type"
+                                                                      : nullptr;
+    if (set != nullptr) {
+      fail(str_cat(set, " is set, but model.arch = \"gpt2\": it belongs to the llama family"),
+           "set model.arch = \"llama\", or remove the key");
+    }
+    return;
+  }
+  const int64_t nkv = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
+  if (m.n_head % nkv != 0) {
+    fail(str_cat("model.n_kv_head = ", nkv, ": must divide model.n_head (", m.n_head, ")"),
+         str_cat("use model.n_kv_head = ", nearby_divisors(m.n_head, nkv)));
+  }
+  if (m.head_dim == 0 && m.n_embd % m.n_head != 0) {
+    fail(str_cat("model.head_dim = 0 (n_embd / n_head): model.n_head = ", m.n_head,
+                 " does not divide model.n_embd (", m.n_embd, ")"),
+         "set model.head_dim, or change model.n_head");
+  }
+  const int64_t hs = m.head_dim > 0 ? m.head_dim : m.n_embd / m.n_head;
+  if (hs % 2 != 0) {
+    fail(str_cat("model.head_dim = ", hs, ": must be even (RoPE rotates pairs of dimensions)"),
+         str_cat("use model.head_dim = ", hs + 1));
+  }
+  if (hs > 1024) {
+    fail(str_cat("model.head_dim = ", hs, ": at most 1024"), "use a smaller head size");
+  }
+  const RopeScalingConfig& r = m.rope_scaling;
+  if (r.type == RopeScalingType::kLlama3 && r.high_freq_factor <= r.low_freq_factor) {
+    fail(str_cat("model.rope_scaling.high_freq_factor = ", r.high_freq_factor,
+                 ": must be > model.rope_scaling.low_freq_factor (", r.low_freq_factor, ")"),
+         "Llama 3.1 uses 4 and 1");
+  }
+}
+
 void check_combinations(const Config& c, int world_size) {
   const ModelConfig& m = c.model;
-  if (m.n_embd % m.n_head != 0) {
+  check_llama(m);
+  if (m.arch == ModelArch::kGpt2 && m.n_embd % m.n_head != 0) {
     fail(str_cat("model.n_head = ", m.n_head, ": must divide model.n_embd (", m.n_embd, ")"),
          str_cat("use model.n_head = ", nearby_divisors(m.n_embd, m.n_head),
                  ", or change model.n_embd"));

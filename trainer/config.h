@@ -12,7 +12,7 @@
 //   what is allowed.
 // - JSON types: int keys take JSON integers, or numbers with an exact integral value (2e6); float
 //   keys take any JSON number; bool keys take true/false; string and enum keys take JSON strings.
-//   null is never a value.
+//   null is never a value; a section given as null keeps its defaults ("rope_scaling": null).
 // - Overrides (`key.path=value`) apply after the file, in order. The value is parsed as JSON when
 //   it parses (numbers, true/false, quoted strings), else it is taken as a bare string; for string
 //   and enum keys the raw text is used whenever it is not a JSON string (`train.out_dir=2024`).
@@ -30,6 +30,8 @@ enum class DeviceChoice { kAuto, kCpu, kCuda };
 enum class PrecisionChoice { kAuto, kFp32, kBf16 };
 enum class GraphScope { kNone, kLayers, kFull };
 enum class CommBackend { kAuto, kNccl, kIpc, kGloo };
+enum class ModelArch { kGpt2, kLlama };
+enum class RopeScalingType { kNone, kLlama3 };
 
 // The names the config uses ("cosine", "cuda", ...).
 const char* to_string(ScheduleKind v);
@@ -37,11 +39,23 @@ const char* to_string(DeviceChoice v);
 const char* to_string(PrecisionChoice v);
 const char* to_string(GraphScope v);
 const char* to_string(CommBackend v);
+const char* to_string(ModelArch v);
+const char* to_string(RopeScalingType v);
 
 // The fields below are value-initialised only; the defaults live in the schema table. Start from
 // default_config() rather than from a bare `Config{}`.
 
+// Hugging Face's rope_scaling of the llama family: the llama3 frequency rewrite or none.
+struct RopeScalingConfig {
+  RopeScalingType type = RopeScalingType::kNone;
+  double factor = 0;
+  double low_freq_factor = 0;
+  double high_freq_factor = 0;
+  int64_t original_max_position_embeddings = 0;
+};
+
 struct ModelConfig {
+  ModelArch arch = ModelArch::kGpt2;  // the family: GPT-2, or Llama-3 / Qwen2 / Qwen3
   int64_t vocab_size = 0;        // V: real vocabulary size
   int64_t context_length = 0;    // Tmax: rows of the position table
   int64_t n_layer = 0;           // L: transformer blocks
@@ -49,6 +63,15 @@ struct ModelConfig {
   int64_t n_embd = 0;            // C: hidden size
   bool tied_embeddings = false;  // the output head shares the token embedding
   double init_std = 0;           // std of the normal init of weights
+  // The llama family only (0 = the default the schema names).
+  int64_t n_kv_head = 0;          // NKV: key/value heads (GQA); divides n_head
+  int64_t head_dim = 0;           // HS: head size, even
+  int64_t intermediate_size = 0;  // F: SwiGLU width
+  double rope_theta = 0;
+  RopeScalingConfig rope_scaling;
+  double rms_norm_eps = 0;
+  bool qk_norm = false;   // Qwen3: per-head RMSNorm of q and k before RoPE
+  bool qkv_bias = false;  // Qwen2: biases on the q, k, v projections
 
   // Vp: vocab_size rounded up to a multiple of 64 (rows of the embedding and head).
   int64_t padded_vocab() const;

@@ -42,6 +42,14 @@ const std::vector<std::string>& enum_names(CommBackend) {
   static const std::vector<std::string> names = {"auto", "nccl", "ipc", "gloo"};
   return names;
 }
+const std::vector<std::string>& enum_names(ModelArch) {
+  static const std::vector<std::string> names = {"gpt2", "llama"};
+  return names;
+}
+const std::vector<std::string>& enum_names(RopeScalingType) {
+  static const std::vector<std::string> names = {"none", "llama3"};
+  return names;
+}
 
 template <typename E>
 const char* enum_to_string(E v) {
@@ -55,6 +63,8 @@ const char* to_string(DeviceChoice v) { return enum_to_string(v); }
 const char* to_string(PrecisionChoice v) { return enum_to_string(v); }
 const char* to_string(GraphScope v) { return enum_to_string(v); }
 const char* to_string(CommBackend v) { return enum_to_string(v); }
+const char* to_string(ModelArch v) { return enum_to_string(v); }
+const char* to_string(RopeScalingType v) { return enum_to_string(v); }
 
 namespace config_internal {
 namespace {
@@ -138,16 +148,42 @@ std::vector<KeySpec> build_schema() {
   const Range any = any_value();
   return {
       // model
+      key(GTRON_FIELD(model.arch), ModelArch::kGpt2, any,
+          "Model family: gpt2 (learned positions, LayerNorm, GELU MLP) or llama (Llama-3 / "
+          "Qwen2 / Qwen3: RoPE, RMSNorm, grouped-query attention, SwiGLU)."),
       key(GTRON_FIELD(model.vocab_size), 50257, at_least(2),
           "Real vocabulary size V; embedding and head rows are padded to a multiple of 64."),
       key(GTRON_FIELD(model.context_length), 1024, at_least(1),
-          "Rows of the learned position table: the longest train.seq_len."),
+          "The longest train.seq_len (gpt2: rows of the learned position table)."),
       key(GTRON_FIELD(model.n_layer), 12, at_least(1), "Transformer blocks L."),
-      key(GTRON_FIELD(model.n_head), 12, at_least(1), "Attention heads; divides model.n_embd."),
+      key(GTRON_FIELD(model.n_head), 12, at_least(1),
+          "Attention (query) heads; gpt2: divides model.n_embd."),
       key(GTRON_FIELD(model.n_embd), 768, at_least(1), "Hidden size C."),
       key(GTRON_FIELD(model.tied_embeddings), true, any,
           "The output head shares the token embedding matrix."),
       key(GTRON_FIELD(model.init_std), 0.02, above(0), "Std of the normal init of weights."),
+      key(GTRON_FIELD(model.n_kv_head), 0, at_least(0),
+          "llama: key/value heads (grouped-query attention; 1 = multi-query); divides "
+          "model.n_head; 0 = model.n_head."),
+      key(GTRON_FIELD(model.head_dim), 0, at_least(0),
+          "llama: head size, even; 0 = model.n_embd / model.n_head (Qwen3 sets its own)."),
+      key(GTRON_FIELD(model.intermediate_size), 0, at_least(0),
+          "llama: SwiGLU width F; 0 = 8·n_embd/3 rounded up to a multiple of 64."),
+      key(GTRON_FIELD(model.rope_theta), 500000.0, above(1), "llama: RoPE base."),
+      key(GTRON_FIELD(model.rope_scaling.type), RopeScalingType::kNone, any,
+          "llama: none, or llama3 (Llama 3.1's rewrite of the RoPE frequencies, with the factors "
+          "below); a null model.rope_scaling means none."),
+      key(GTRON_FIELD(model.rope_scaling.factor), 8.0, above(0), "llama3 scaling: factor."),
+      key(GTRON_FIELD(model.rope_scaling.low_freq_factor), 1.0, above(0),
+          "llama3 scaling: low_freq_factor."),
+      key(GTRON_FIELD(model.rope_scaling.high_freq_factor), 4.0, above(0),
+          "llama3 scaling: high_freq_factor; > low_freq_factor."),
+      key(GTRON_FIELD(model.rope_scaling.original_max_position_embeddings), 8192, at_least(1),
+          "llama3 scaling: the context length the frequencies were trained for."),
+      key(GTRON_FIELD(model.rms_norm_eps), 1e-5, above(0), "llama: RMSNorm epsilon."),
+      key(GTRON_FIELD(model.qk_norm), false, any,
+          "llama: per-head RMSNorm of q and k before RoPE (Qwen3)."),
+      key(GTRON_FIELD(model.qkv_bias), false, any, "llama: biases on the q, k, v projections (Qwen2)."),
       // mtp
       key(GTRON_FIELD(mtp.depth), 0, closed(0, 16),
           "Multi-token-prediction depths D (0 = off); < train.seq_len."),

@@ -239,6 +239,20 @@ GPTConfig gpt_config(const Config& cfg) {
   g.mtp_loss_weight = cfg.mtp.loss_weight;
   g.tied_embeddings = cfg.model.tied_embeddings;
   g.init_std = cfg.model.init_std;
+  const ModelConfig& m = cfg.model;
+  g.arch = m.arch == ModelArch::kLlama ? Arch::kLlama : Arch::kGpt2;
+  g.n_kv_head = static_cast<int>(m.n_kv_head);
+  g.head_dim = m.head_dim;
+  g.intermediate_size = m.intermediate_size;
+  g.rope_theta = m.rope_theta;
+  g.rope_llama3 = m.rope_scaling.type == RopeScalingType::kLlama3;
+  g.rope_scaling.factor = m.rope_scaling.factor;
+  g.rope_scaling.low_freq_factor = m.rope_scaling.low_freq_factor;
+  g.rope_scaling.high_freq_factor = m.rope_scaling.high_freq_factor;
+  g.rope_scaling.original_max_position_embeddings = m.rope_scaling.original_max_position_embeddings;
+  g.rms_norm_eps = m.rms_norm_eps;
+  g.qk_norm = m.qk_norm;
+  g.qkv_bias = m.qkv_bias;
   return g;
 }
 

@@ -346,7 +346,7 @@ TEST(ConfigErrors, FilesAndOverrides) {
                     {"model.n_layer4"});
   expect_text_error("{}", {"--set model.n_layers=4", "did you mean model.n_layer?"},
                     {"model.n_layers=4"});
-  expect_text_error("{}", {"--set model=4", "is a section", "model.vocab_size=..."}, {"model=4"});
+  expect_text_error("{}", {"--set model=4", "is a section", "model.arch=..."}, {"model=4"});
   expect_text_error("{}", {"train.steps = \"abc\" (from --set)", "expected an integer"},
                     {"train.steps=abc"});
 }

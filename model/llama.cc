@@ -1,0 +1,49 @@
+#include "model/llama.h"
+
+#include <cmath>
+
+#include "model/ops/add.h"
+#include "model/ops/attention.h"
+#include "model/ops/linear.h"
+#include "model/ops/norm.h"
+#include "model/ops/qk_norm.h"
+#include "model/ops/rope.h"
+#include "model/ops/swiglu.h"
+
+namespace gtron {
+
+LlamaBlock::LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaDims& d,
+                       Device device)
+    : NH(d.NH), NKV(d.NKV), HS(d.HS), qk_norm_on(d.qk_norm) {
+  GTRON_CHECK(d.NH > 0 && d.NKV > 0 && d.NH % d.NKV == 0 && d.HS > 0 && d.HS % 2 == 0 && d.F > 0,
+              "llama block ", name, ": NH ", d.NH, ", NKV ", d.NKV, ", HS ", d.HS, ", F ", d.F);
+  GTRON_CHECK(!reg.tensor_parallel().active(), "llama block ", name,
+              ": tensor parallelism is not supported for this family yet");
+  const double resid_std = d.std / std::sqrt(2.0 * d.L);
+  const int64_t qkv_rows = (d.NH + 2 * d.NKV) * d.HS;
+  attn_norm = RMSNormLayer(reg, name + ".attn_norm", d.C, d.eps);
+  qkv = LinearLayer(reg, name + ".attn.qkv", d.C, qkv_rows, d.qkv_bias, d.std);
+  if (d.qk_norm) {
+    q_norm = RMSNormLayer(reg, name + ".attn.q_norm", d.HS, d.eps);
+    k_norm = RMSNormLayer(reg, name + ".attn.k_norm", d.HS, d.eps);
+  }
+  o_proj = LinearLayer(reg, name + ".attn.proj", d.NH * d.HS, d.C, false, resid_std);
+  mlp_norm = RMSNormLayer(reg, name + ".mlp_norm", d.C, d.eps);
+  gate_up = LinearLayer(reg, name + ".mlp.gate_up", d.C, 2 * d.F, false, d.std);
+  down = LinearLayer(reg, name + ".mlp.down", d.F, d.C, false, resid_std);
+  inv_freq = rope_table(rope_inv_freq(d.HS, d.rope_theta, d.llama3_scaling ? &d.llama3 : nullptr),
+                        device, reg.dtype());
+}
+
+Var LlamaBlock::forward(const Var& x, WeightAccess& w, int64_t pos0) const {
+  Var qkv_out = qkv.forward(attn_norm.forward(x), w);  // [B, T, (NH + 2·NKV)·HS]
+  if (qk_norm_on) {
+    qkv_out = qk_rmsnorm(qkv_out, NH, NKV, HS, Var::param(*q_norm.weight),
+                         Var::param(*k_norm.weight), q_norm.eps);
+  }
+  Var roped = rope(qkv_out, inv_freq, NH, NKV, static_cast<int>(HS), pos0);
+  Var h = add(x, o_proj.forward(causal_attention_gqa(roped, NH, NKV, static_cast<int>(HS)), w));
+  return add(h, down.forward(swiglu(gate_up.forward(mlp_norm.forward(h), w)), w));
+}
+
+}  // namespace gtron

@@ -1,0 +1,60 @@
+// The Llama-family decoder block (Llama-3, Qwen2, Qwen3), as Hugging Face's LlamaForCausalLM and
+// Qwen3ForCausalLM compute it:
+//   h = x + o_proj(attention(RoPE(qk_norm(q)), RoPE(qk_norm(k)), v))   on attn_norm(x)'s q, k, v
+//   y = h + down(silu(gate(g)) ⊙ up(g))                                 with g = mlp_norm(h)
+// RMSNorm in fp32 statistics, no biases (Qwen2's q/k/v bias and Qwen3's per-head q/k RMSNorm are
+// options), grouped-query attention (each K/V head serves NH / NKV consecutive query heads), a
+// head size HS that need not be C / NH. No positions enter anywhere but RoPE.
+//
+// Note [packed llama projections]
+// q, k and v come out of one GEMM: attn.qkv.weight is [(NH + 2·NKV)·HS, C], the rows of q_proj,
+// then k_proj, then v_proj (Hugging Face's three matrices stacked); gate and up likewise from
+// mlp.gate_up.weight [2F, C] (gate_proj's rows, then up_proj's). One GEMM reads the activations
+// once and launches once; the checkpoint names are gtron's, and the Hugging Face conversion
+// splits and stacks the rows (README "Checkpoint names").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/layers.h"
+#include "model/ops/rope.h"
+
+namespace gtron {
+
+struct LlamaDims {
+  int64_t C = 0;      // n_embd
+  int NH = 0;         // query heads
+  int NKV = 0;        // key/value heads; divides NH
+  int64_t HS = 0;     // head size (even)
+  int64_t F = 0;      // SwiGLU width (intermediate_size)
+  int L = 0;          // main-model layers (residual init scale 1/sqrt(2L))
+  double std = 0;     // init std of weights
+  double eps = 1e-5;  // RMSNorm epsilon
+  bool qk_norm = false;
+  bool qkv_bias = false;
+  double rope_theta = 500000;
+  bool llama3_scaling = false;  // rewrite the RoPE frequencies (model/ops/rope.h)
+  RopeLlama3Scaling llama3;
+};
+
+struct LlamaBlock {
+  RMSNormLayer attn_norm, mlp_norm;  // [C]
+  LinearLayer qkv;                   // [(NH + 2·NKV)·HS, C] (Note [packed llama projections])
+  RMSNormLayer q_norm, k_norm;       // [HS], qk_norm only
+  LinearLayer o_proj;                // [C, NH·HS], residual-scaled init
+  LinearLayer gate_up;               // [2F, C]
+  LinearLayer down;                  // [C, F], residual-scaled init
+  int NH = 0, NKV = 0;
+  int64_t HS = 0;
+  bool qk_norm_on = false;
+  Tensor inv_freq;  // [HS/2] RoPE frequencies (rope_table: f32 on CUDA, the model's dtype on CPU)
+
+  LlamaBlock() = default;
+  LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaDims& d, Device device);
+  // x: [B, T, C] -> [B, T, C]: causal self-attention over positions pos0 .. pos0 + T − 1.
+  Var forward(const Var& x, WeightAccess& w, int64_t pos0 = 0) const;
+};
+
+}  // namespace gtron

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""A second Llama-family decoder, in numpy (float64), over a gtron checkpoint.
+
+Usage: llama_reference.py CHECKPOINT_DIR LOGITS_FILE [--tolerance 1e-5]
+
+Reads CHECKPOINT_DIR/trainer_state.json (the resolved config's "model" keys) and
+CHECKPOINT_DIR/model.safetensors (gtron's names, README "Checkpoint names", llama family), runs
+the main model on the `tokens` tensor of LOGITS_FILE (written by `gtron logits`) and compares with
+that file's `logits`: prints {"max_abs_diff", "relative", "shape"} and exits 1 when
+max|diff| / max|reference| exceeds the tolerance.
+
+Written from the README's description of the family (Hugging Face's LlamaForCausalLM and
+Qwen3ForCausalLM): RMSNorm, packed q|k|v rows, optional q/k RMSNorm per head before RoPE, RoPE in
+the rotate-half convention (dimension i pairs with i + HS/2) with the optional llama3 frequency
+rewrite, grouped-query causal attention, SwiGLU, final RMSNorm, head (tied to the embedding unless
+untied). It shares no code with gtron.
+"""
+
+import json
+import math
+import struct
+import sys
+
+import numpy as np
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    header.pop("__metadata__", None)
+    data = blob[8 + n:]
+    types = {"F32": np.float32, "I32": np.int32}
+    out = {}
+    for name, e in header.items():
+        begin, end = e["data_offsets"]
+        out[name] = np.frombuffer(data[begin:end], dtype=types[e["dtype"]]).reshape(e["shape"])
+    return out
+
+
+def rms_norm(x, weight, eps):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * weight
+
+
+def inv_frequencies(hs, theta, scaling):
+    inv = 1.0 / theta ** (np.arange(0, hs, 2, dtype=np.float64) / hs)
+    if scaling.get("type", "none") != "llama3":
+        return inv
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    out = []
+    for f in inv:
+        wavelen = 2 * math.pi / f
+        if wavelen < original / high:  # high frequencies: kept
+            out.append(f)
+        elif wavelen > original / low:  # low frequencies: divided by the factor
+            out.append(f / factor)
+        else:  # between: interpolated
+            smooth = (original / wavelen - low) / (high - low)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return np.array(out)
+
+
+def rope(x, inv):
+    """x: [T, heads, HS]; positions 0..T-1; pairs (i, i + HS/2)."""
+    t = x.shape[0]
+    angles = np.arange(t, dtype=np.float64)[:, None] * inv[None, :]  # [T, HS/2]
+    cos = np.concatenate([np.cos(angles)] * 2, axis=-1)[:, None, :]
+    sin = np.concatenate([np.sin(angles)] * 2, axis=-1)[:, None, :]
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def block(x, w, p, m, inv):
+    nh, nkv, hs = m["n_head"], m["n_kv_head"], m["head_dim"]
+    eps = m["rms_norm_eps"]
+    t = x.shape[0]
+    h = rms_norm(x, w[p + "attn_norm.weight"], eps)
+    qkv = h @ w[p + "attn.qkv.weight"].T
+    if p + "attn.qkv.bias" in w:
+        qkv = qkv + w[p + "attn.qkv.bias"]
+    q = qkv[:, :nh * hs].reshape(t, nh, hs)
+    k = qkv[:, nh * hs:(nh + nkv) * hs].reshape(t, nkv, hs)
+    v = qkv[:, (nh + nkv) * hs:].reshape(t, nkv, hs)
+    if p + "attn.q_norm.weight" in w:
+        q = rms_norm(q, w[p + "attn.q_norm.weight"], eps)
+        k = rms_norm(k, w[p + "attn.k_norm.weight"], eps)
+    q, k = rope(q, inv), rope(k, inv)
+    group = nh // nkv
+    out = np.zeros((t, nh, hs))
+    mask = np.tril(np.ones((t, t), dtype=bool))
+    for head in range(nh):
+        kv = head // group
+        scores = q[:, head, :] @ k[:, kv, :].T / math.sqrt(hs)
+        scores = np.where(mask, scores, -np.inf)
+        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        probs = scores / scores.sum(axis=-1, keepdims=True)
+        out[:, head, :] = probs @ v[:, kv, :]
+    x = x + out.reshape(t, nh * hs) @ w[p + "attn.proj.weight"].T
+    g = rms_norm(x, w[p + "mlp_norm.weight"], eps)
+    gate_up = g @ w[p + "mlp.gate_up.weight"].T
+    f = gate_up.shape[-1] // 2
+    gate, up = gate_up[:, :f], gate_up[:, f:]
+    act = gate / (1.0 + np.exp(-gate)) * up
+    return x + act @ w[p + "mlp.down.weight"].T
+
+
+def main(argv):
+    if len(argv) < 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    ckpt, logits_file = argv[1], argv[2]
+    tol = float(argv[argv.index("--tolerance") + 1]) if "--tolerance" in argv else 1e-5
+    with open(ckpt + "/trainer_state.json") as f:
+        m = dict(json.load(f)["config"]["model"])
+    if m.get("arch") != "llama":
+        print("llama_reference: not a llama-family checkpoint", file=sys.stderr)
+        return 2
+    if m["n_kv_head"] == 0:
+        m["n_kv_head"] = m["n_head"]
+    if m["head_dim"] == 0:
+        m["head_dim"] = m["n_embd"] // m["n_head"]
+    w = {k: v.astype(np.float64) for k, v in read_safetensors(ckpt + "/model.safetensors").items()}
+    ref_file = read_safetensors(logits_file)
+    tokens, got = ref_file["tokens"], ref_file["logits"].astype(np.float64)
+    inv = inv_frequencies(m["head_dim"], m["rope_theta"], m.get("rope_scaling", {}))
+    head = w.get("lm_head.weight", w["wte.weight"])
+    want = []
+    for row in tokens:
+        x = w["wte.weight"][row]
+        for i in range(m["n_layer"]):
+            x = block(x, w, "blocks.%d." % i, m, inv)
+        want.append(rms_norm(x, w["norm_f.weight"], m["rms_norm_eps"]) @ head.T)
+    want = np.stack(want)[..., :m["vocab_size"]]  # gtron logits writes the real vocabulary
+    diff = float(np.abs(want - got).max())
+    rel = diff / float(np.abs(want).max())
+    print(json.dumps({"max_abs_diff": diff, "relative": rel, "shape": list(got.shape)}))
+    return 0 if rel <= tol else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

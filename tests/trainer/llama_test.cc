@@ -1,0 +1,150 @@
+// The llama family end to end on the CPU, through the real gtron binary: training (MTP, GQA,
+// Qwen3's q/k norms and head size, the llama3 RoPE rewrite) is deterministic and learns; the
+// logits agree with a second implementation (tests/trainer/llama_reference.py, numpy float64,
+// written from the README's description of the family); GTP=2 on two processes gives one process's
+// curve; bad llama keys exit 2 naming the key.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/trainer/cli_util.h"
+
+namespace gtron {
+namespace {
+
+using testing::CmdResult;
+using testing::metrics_loss_values;
+using testing::metrics_losses;
+using testing::run_command;
+using testing::run_gtron;
+using testing::run_launcher;
+using testing::temp_dir;
+using testing::worst_relative;
+using testing::write_text;
+
+// A small llama over the synthetic Markov source; `model` adds keys to the model section.
+std::string config(const std::string& model, int depth) {
+  return R"({
+  "model": {"arch": "llama", "vocab_size": 32, "context_length": 16, "n_layer": 2, "n_head": 4,
+            "n_embd": 32, "intermediate_size": 48)" +
+         model + R"(},
+  "mtp": {"depth": )" +
+         std::to_string(depth) + R"(},
+  "data": {"synthetic": {"vocab": 32, "tokens": 20000, "val_tokens": 2000}},
+  "optimizer": {"lr": 3e-3},
+  "schedule": {"warmup_steps": 5},
+  "train": {"steps": 20, "global_batch": 8, "micro_batch": 4, "seq_len": 16, "device": "cpu"},
+  "checkpoint": {"every": 0},
+  "log": {"every": 1}
+})";
+}
+
+struct Variant {
+  const char* name;
+  std::string model;  // extra model keys
+  int depth;
+};
+
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> all = {
+      // Llama-3 style: GQA (2 K/V heads for 4 query heads), the llama3 frequency rewrite, tied.
+      {"llama3", R"(, "n_kv_head": 2, "rope_theta": 10000,
+        "rope_scaling": {"type": "llama3", "factor": 4, "low_freq_factor": 1,
+                         "high_freq_factor": 4, "original_max_position_embeddings": 8})",
+       1},
+      // Qwen3 style: q/k norms, a head size that is not n_embd / n_head, MQA, untied head.
+      {"qwen3", R"(, "n_kv_head": 1, "head_dim": 12, "qk_norm": true, "tied_embeddings": false)",
+       2},
+      // Qwen2 style: q/k/v biases, full multi-head attention.
+      {"qwen2", R"(, "qkv_bias": true, "rope_scaling": null)", 0},
+  };
+  return all;
+}
+
+std::string train(const std::string& dir, const Variant& v, const std::string& out,
+                  const std::vector<std::string>& more = {}) {
+  write_text(dir + "/c.json", config(v.model, v.depth));
+  std::vector<std::string> args = {"train", "--config", dir + "/c.json", "--out", dir + "/" + out};
+  for (const std::string& s : more) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  const CmdResult r = run_gtron(args);
+  EXPECT_EQ(r.exit_code, 0) << v.name << "\n" << r.output;
+  return dir + "/" + out;
+}
+
+TEST(Llama, TrainsDeterministicallyAndMatchesTheReference) {
+  for (const Variant& v : variants()) {
+    const std::string dir = temp_dir(std::string("llama_") + v.name);
+    const std::string a = train(dir, v, "a");
+    const std::string b = train(dir, v, "b");
+    const std::vector<std::string> la = metrics_losses(a + "/metrics.jsonl");
+    ASSERT_EQ(la.size(), 20u) << v.name;
+    EXPECT_EQ(la, metrics_losses(b + "/metrics.jsonl")) << v.name << ": two runs differ";
+    const std::vector<double> loss = metrics_loss_values(a + "/metrics.jsonl");
+    EXPECT_LT(loss.back(), loss.front() - 0.15) << v.name << ": the loss did not fall";
+
+    const std::string ckpt = a + "/checkpoints/step_00000020";
+    const CmdResult lg = run_gtron({"logits", "--checkpoint", ckpt, "--tokens",
+                                    "1,2,3,31,0,7,7,7,20,9,4,4,12,30,2,5", "--tokens",
+                                    "8,6,7,5,3,0,9,1,1,2,2,3,3,4,4,5", "--out",
+                                    dir + "/logits.safetensors"});
+    ASSERT_EQ(lg.exit_code, 0) << lg.output;
+    const CmdResult ref = run_command("/usr/bin/python3 tests/trainer/llama_reference.py '" + ckpt +
+                                      "' '" + dir + "/logits.safetensors' --tolerance 1e-5");
+    EXPECT_EQ(ref.exit_code, 0) << v.name << ": " << ref.output;
+    EXPECT_NE(ref.output.find("\"shape\": [2, 16, 32]"), std::string::npos) << ref.output;
+    std::printf("%s: 20 steps, loss %.4f -> %.4f; reference %s", v.name, loss.front(),
+                loss.back(), ref.output.c_str());
+  }
+}
+
+// GTP=2 over two processes (Gloo) against one process, graphs layers included.
+TEST(Llama, GtpMatchesOneProcess) {
+  const Variant& v = variants()[1];  // qwen3 style: MTP D=2, untied head, q/k norms
+  const std::string dir = temp_dir("llama_gtp");
+  const std::string one = train(dir, v, "one", {"train.steps=10"});
+  for (const char* scope : {"none", "layers"}) {
+    const std::string out = dir + "/gtp2_" + scope;
+    const CmdResult r = run_launcher(
+        {"--standalone", "--nproc-per-node", "2"},
+        {"train", "--config", dir + "/c.json", "--out", out, "--set", "train.steps=10", "--set",
+         "parallel.gtp=2", "--set", std::string("graphs.scope=") + scope});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const double worst = worst_relative(metrics_loss_values(one + "/metrics.jsonl"),
+                                        metrics_loss_values(out + "/metrics.jsonl"));
+    EXPECT_LT(worst, 1e-5) << "GTP=2, graphs " << scope;
+    std::printf("GTP=2 graphs %s: worst relative loss difference %.3g over 10 steps\n", scope,
+                worst);
+  }
+}
+
+TEST(Llama, BadKeysExitTwoNamingTheKey) {
+  const std::string dir = temp_dir("llama_bad");
+  write_text(dir + "/c.json", config("", 0));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"model.n_kv_head=3", "model.n_kv_head"},
+      {"model.head_dim=7", "model.head_dim"},
+      {"model.rope_scaling.type=llama2", "model.rope_scaling.type"},
+      {"model.rope_theta=0.5", "model.rope_theta"},
+      {"parallel.tp=2", "parallel.tp"},
+  };
+  for (const auto& [set, key] : cases) {
+    const CmdResult r = run_gtron(
+        {"train", "--config", dir + "/c.json", "--out", dir + "/run", "--set", set});
+    EXPECT_EQ(r.exit_code, 2) << set << "\n" << r.output;
+    EXPECT_NE(r.output.find(key), std::string::npos) << set << "\n" << r.output;
+  }
+  // A llama-only key on the GPT-2 family.
+  write_text(dir + "/g.json", R"({"model": {"vocab_size": 32, "n_layer": 1, "n_head": 2,
+    "n_embd": 16, "context_length": 16, "qk_norm": true}, "train": {"seq_len": 16}})");
+  const CmdResult r =
+      run_gtron({"train", "--config", dir + "/g.json", "--out", dir + "/run2"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("model.qk_norm"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace gtron
