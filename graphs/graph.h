@@ -1,4 +1,4 @@
-// One captured graph, on either backend (DESIGN.md "Graphs"):
+// One captured graph, on either backend (ARCHITECTURE.md):
 // - CPU: the closures a CPU stream recorded between begin_capture() and end_capture() (every
 //   kernel, copy, event record/wait and collective submission of the region goes through
 //   Stream::run); replay runs them in order on the calling thread.

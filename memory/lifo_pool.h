@@ -1,5 +1,5 @@
 // LIFO send-buffer pool: the buffers GTP's wgrad GEMMs write full-size gradients into before the
-// reduce-scatter (DESIGN.md, "Send buffers live in a symmetric-memory LIFO pool").
+// reduce-scatter (ARCHITECTURE.md).
 //
 // Policy (the contract; the code follows it):
 // - Keys. A buffer belongs to one key (numel, dtype, group): element count, element type (an opaque

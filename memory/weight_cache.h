@@ -1,5 +1,5 @@
 // Ticket cache for GTP gather buffers: where the full (all-gathered) copy of a sharded weight lives
-// while a GEMM reads it (DESIGN.md, "Gather buffers come from a ticket cache").
+// while a GEMM reads it (ARCHITECTURE.md).
 //
 // Policy (the contract; the code follows it):
 // - Tickets. A ticket names the gather buffer of one (weight id, direction). Asking again for the

@@ -1,4 +1,4 @@
-// Error handling, one policy everywhere (STYLE.md rules 4 and 5).
+// Error handling, one policy everywhere.
 //
 // - UserError: bad configs, flags, shapes or files. Carries a message naming the thing, what was
 // got,

@@ -1,4 +1,4 @@
-// bf16 mixed precision on CUDA (DESIGN.md "Hand-written autograd"): the GEMMs and the embedding
+// bf16 mixed precision on CUDA (ARCHITECTURE.md): the GEMMs and the embedding
 // read bf16 shadow copies of the fp32 master weights; gradients land in the fp32 main_grad.
 //
 // Note [bf16 shadows]

@@ -1,7 +1,7 @@
 // The seam through which the decoder (model/decoder.h, Note [decode graphs]) captures a decoding
-// step once and replays it later, without model/ depending on graphs/ (DESIGN.md: dependencies
-// point one way, graphs depends on model). graphs/decode_graphs.h implements it on graphs::Graph
-// and a private graphs::GraphPool; a decoder given none runs every step eagerly.
+// step once and replays it later, without model/ depending on graphs/ (ARCHITECTURE.md:
+// dependencies point one way). graphs/decode_graphs.h implements it on graphs::Graph and a
+// private graphs::GraphPool; a decoder given none runs every step eagerly.
 //
 // Thread safety: one thread drives an implementation and the steps it captured.
 #pragma once

@@ -1,4 +1,4 @@
-// Collectives behind one interface (STYLE.md rule 11): NCCL on GPU, Gloo on CPU.
+// Collectives behind one interface: NCCL on GPU, Gloo on CPU.
 //
 // Contract, the same for every backend:
 // - Every rank of a communicator issues the same collectives in the same order (SPMD), from one

@@ -1,5 +1,5 @@
 // Generalized Tensor Parallelism: per-weight sharding over the GTP group, prefetched all-gathers
-// and deferred reduce-scatters (DESIGN.md, "GTP").
+// and deferred reduce-scatters (ARCHITECTURE.md).
 //
 // Sharding. A sharded weight of dim0 = n is padded with zero rows to n' (a multiple of G) and cut
 // along dim0: rank r keeps rows [r·n'/G, (r+1)·n'/G) as its Parameter::data (main_grad alike).

@@ -9,7 +9,7 @@
 //   server then answers "timeout" and the client throws a UserError that names the key.
 // - The server trusts nothing it reads: a malformed, oversized or garbage request closes that one
 //   connection (the reason goes to stderr) and the server keeps serving the others.
-// - The wire format is written down in Note [store wire format] in store.cc.
+// - The wire format is written down in Note [store wire format] in store_wire.h.
 //
 // Thread safety: StoreServer runs one serving thread of its own; its methods are thread-safe.
 // StoreClient is thread-safe; requests from several threads are serialized on its connection (a

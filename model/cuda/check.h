@@ -1,4 +1,4 @@
-// The backend call checks (STYLE.md rule 4): one generic macro, one failure policy.
+// The backend call checks: one generic macro, one failure policy.
 #pragma once
 
 #include <cuda_runtime.h>
