@@ -99,6 +99,8 @@ class GPT {
   const TpContext& tensor_parallel() const { return params_.tensor_parallel(); }
   // How p is split over TP (null: whole on every TP rank).
   const TpSlice* tp_slice(const Parameter* p) const { return params_.slice_of(p); }
+  // A whole parameter whose gradient is a partial sum over TP (ParamRegistry::mark_tp_partial_grad).
+  bool tp_partial_grad(const Parameter* p) const { return params_.tp_partial_grad(p); }
 
   // The weight access seam (GTP). Default: DirectWeights. Not owned.
   void set_weight_access(WeightAccess* w) { weights_ = w ? w : &direct_; }

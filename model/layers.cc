@@ -38,6 +38,12 @@ Parameter& ParamRegistry::add(const std::string& name, const Shape& shape, Init 
   return *order_.back();
 }
 
+bool ParamRegistry::tp_partial_grad(const Parameter* p) const {
+  for (const Parameter* q : tp_partial_)
+    if (q == p) return true;
+  return false;
+}
+
 Parameter* ParamRegistry::find(const std::string& name) const {
   for (Parameter* p : order_)
     if (p->name == name) return p;
@@ -58,6 +64,21 @@ LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in
   }
   if (mode != TpMode::kNone && reg.tensor_parallel().active()) {
     tp_mode = mode;
+    tp = &reg.tensor_parallel();
+  }
+}
+
+LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, bool has_bias,
+                         double std, const std::vector<int64_t>& group_rows) {
+  int64_t out = 0;
+  for (int64_t g : group_rows) out += g;
+  TpSlice slice{TpSplit::kRows, static_cast<int>(group_rows.size()), group_rows};
+  weight = &reg.add_split(name + ".weight", {out, in}, Init::kNormal, std, true, slice);
+  if (has_bias) {
+    bias = &reg.add_split(name + ".bias", {out}, Init::kZeros, 0, /*weight_decay=*/false, slice);
+  }
+  if (reg.tensor_parallel().active()) {
+    tp_mode = TpMode::kColumn;
     tp = &reg.tensor_parallel();
   }
 }

@@ -81,6 +81,11 @@ class ParamRegistry {
   const TpContext& tensor_parallel() const { return tp_; }
   // How p is split over TP; null when it is whole.
   const TpSlice* slice_of(const Parameter* p) const;
+  // A whole parameter whose gradient each TP rank computes from its own heads only (the llama
+  // family's q/k norms): a partial sum, reduced over the TP ranks too (Note [tensor-parallel
+  // layout]). Only while TP is active.
+  void mark_tp_partial_grad(const Parameter& p) { tp_partial_.push_back(&p); }
+  bool tp_partial_grad(const Parameter* p) const;
 
  private:
   DType dtype_;
@@ -90,6 +95,7 @@ class ParamRegistry {
   std::vector<Parameter*> order_;
   TpContext tp_;
   std::unordered_map<const Parameter*, TpSlice> slices_;
+  std::vector<const Parameter*> tp_partial_;
 };
 
 struct LinearLayer {
@@ -101,6 +107,9 @@ struct LinearLayer {
   // `groups`: equal output-row groups a column-parallel split cuts one by one (qkv: 3).
   LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, int64_t out, bool bias,
               double std, TpMode mode = TpMode::kNone, int groups = 1);
+  // Column-parallel over output-row groups of the given sizes (sum = out), each cut over TP.
+  LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, bool bias, double std,
+              const std::vector<int64_t>& group_rows);
   // `residual` (optional): residual + the layer's output, in the GEMM's epilogue when not split.
   Var forward(const Var& x, WeightAccess& w, const Var& residual = Var()) const;
   // forward() when the model is split (model/tensor_parallel.cc).

@@ -14,23 +14,34 @@ namespace gtron {
 
 LlamaBlock::LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaDims& d,
                        Device device)
-    : NH(d.NH), NKV(d.NKV), HS(d.HS), qk_norm_on(d.qk_norm) {
+    : HS(d.HS), qk_norm_on(d.qk_norm) {
+  const int tp = reg.tensor_parallel().size;
   GTRON_CHECK(d.NH > 0 && d.NKV > 0 && d.NH % d.NKV == 0 && d.HS > 0 && d.HS % 2 == 0 && d.F > 0,
               "llama block ", name, ": NH ", d.NH, ", NKV ", d.NKV, ", HS ", d.HS, ", F ", d.F);
-  GTRON_CHECK(!reg.tensor_parallel().active(), "llama block ", name,
-              ": tensor parallelism is not supported for this family yet");
+  GTRON_CHECK(d.NH % tp == 0 && d.NKV % tp == 0 && d.F % tp == 0, "llama block ", name,
+              ": tensor parallelism ", tp, " must divide NH ", d.NH, ", NKV ", d.NKV, " and F ",
+              d.F);
+  NH = d.NH / tp;  // this rank's heads (Note [tensor-parallel layout])
+  NKV = d.NKV / tp;
   const double resid_std = d.std / std::sqrt(2.0 * d.L);
-  const int64_t qkv_rows = (d.NH + 2 * d.NKV) * d.HS;
+  using M = TpMode;
   attn_norm = RMSNormLayer(reg, name + ".attn_norm", d.C, d.eps);
-  qkv = LinearLayer(reg, name + ".attn.qkv", d.C, qkv_rows, d.qkv_bias, d.std);
+  // Column-parallel over the three parts: each rank holds NH/TP query heads and the NKV/TP
+  // key/value heads they read.
+  qkv = LinearLayer(reg, name + ".attn.qkv", d.C, d.qkv_bias, d.std,
+                    {d.NH * d.HS, d.NKV * d.HS, d.NKV * d.HS});
   if (d.qk_norm) {
     q_norm = RMSNormLayer(reg, name + ".attn.q_norm", d.HS, d.eps);
     k_norm = RMSNormLayer(reg, name + ".attn.k_norm", d.HS, d.eps);
+    if (reg.tensor_parallel().active()) {  // each rank's gradient covers its own heads only
+      reg.mark_tp_partial_grad(*q_norm.weight);
+      reg.mark_tp_partial_grad(*k_norm.weight);
+    }
   }
-  o_proj = LinearLayer(reg, name + ".attn.proj", d.NH * d.HS, d.C, false, resid_std);
+  o_proj = LinearLayer(reg, name + ".attn.proj", d.NH * d.HS, d.C, false, resid_std, M::kRow);
   mlp_norm = RMSNormLayer(reg, name + ".mlp_norm", d.C, d.eps);
-  gate_up = LinearLayer(reg, name + ".mlp.gate_up", d.C, 2 * d.F, false, d.std);
-  down = LinearLayer(reg, name + ".mlp.down", d.F, d.C, false, resid_std);
+  gate_up = LinearLayer(reg, name + ".mlp.gate_up", d.C, 2 * d.F, false, d.std, M::kColumn, 2);
+  down = LinearLayer(reg, name + ".mlp.down", d.F, d.C, false, resid_std, M::kRow);
   inv_freq = rope_table(rope_inv_freq(d.HS, d.rope_theta, d.llama3_scaling ? &d.llama3 : nullptr),
                         device, reg.dtype());
 }

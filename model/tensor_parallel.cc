@@ -13,6 +13,12 @@ namespace {
 int64_t rows_of(const Shape& s) { return s.rank() == 0 ? 1 : s[0]; }
 int64_t cols_of(const Shape& s) { return s.rank() == 2 ? s[1] : 1; }
 
+// The sizes of a kRows slice's row groups over n rows.
+std::vector<int64_t> row_groups(const TpSlice& slice, int64_t n) {
+  if (!slice.group_rows.empty()) return slice.group_rows;
+  return std::vector<int64_t>(static_cast<size_t>(slice.groups), n / slice.groups);
+}
+
 // Copies between a full tensor and a part: part rows/columns are a strided block of full's. The
 // direction is `to_part`. Host memory only (checkpoints, construction).
 void copy_part(char* full, const Shape& full_shape, char* part, const TpSlice& slice, int rank,
@@ -31,9 +37,13 @@ void copy_part(char* full, const Shape& full_shape, char* part, const TpSlice& s
       move(full + (i * m + rank * loc) * elem, part + i * loc * elem, loc * elem);
     return;
   }
-  const int64_t per = n / slice.groups, loc = per / size;
-  for (int g = 0; g < slice.groups; ++g)
-    move(full + (g * per + rank * loc) * m * elem, part + g * loc * m * elem, loc * m * elem);
+  int64_t f0 = 0, p0 = 0;  // the group's first row in full and in the part
+  for (int64_t per : row_groups(slice, n)) {
+    const int64_t loc = per / size;
+    move(full + (f0 + rank * loc) * m * elem, part + p0 * m * elem, loc * m * elem);
+    f0 += per;
+    p0 += loc;
+  }
 }
 
 void check_split(const Shape& full, const TpSlice& slice, int size) {
@@ -42,6 +52,14 @@ void check_split(const Shape& full, const TpSlice& slice, int size) {
   if (slice.split == TpSplit::kColumns) {
     GTRON_CHECK(full.rank() == 2 && full[1] % size == 0, "TP: ", size, " does not split the ",
                 "columns of ", full.str());
+  } else if (!slice.group_rows.empty()) {
+    int64_t total = 0;
+    for (int64_t g : slice.group_rows) {
+      GTRON_CHECK(g % size == 0, "TP: ", size, " does not split a row group of ", g, " rows of ",
+                  full.str());
+      total += g;
+    }
+    GTRON_CHECK(total == full[0], "TP: row groups of ", total, " rows for ", full.str());
   } else {
     GTRON_CHECK(full[0] % (slice.groups * size) == 0, "TP: ", slice.groups, " groups x ", size,
                 " do not split the rows of ", full.str());

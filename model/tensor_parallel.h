@@ -49,6 +49,9 @@
 // world (DP × GTP × TP), not over the data ranks only.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "model/ops/tp_comm.h"
 #include "model/tensor.h"
 
@@ -63,6 +66,9 @@ enum class TpSplit { kNone, kRows, kColumns };
 struct TpSlice {
   TpSplit split = TpSplit::kNone;
   int groups = 1;
+  // kRows with row groups of different sizes (the llama family's packed q | k | v: NH·HS, NKV·HS,
+  // NKV·HS rows), each cut over TP; empty: `groups` equal groups.
+  std::vector<int64_t> group_rows;
 };
 
 // This process's place in the TP group; `group` is set once the group exists (the model's shapes

@@ -274,23 +274,25 @@ void check_tensor_parallel(const Config& c) {
   }
   if (tp == 1) return;
   const ModelConfig& m = c.model;
-  if (m.arch == ModelArch::kLlama) {
-    fail(str_cat("parallel.tp = ", tp, ": tensor parallelism is not implemented for model.arch = "
-                 "\"llama\" yet"),
-         "use parallel.tp = 1 (GTP and DP work with this family: parallel.gtp, more processes)");
-  }
   const auto need = [&](const char* what, int64_t n) {
     if (n % tp == 0) return;
     fail(str_cat("parallel.tp = ", tp, ": must divide ", what, " (", n, ")"),
          str_cat("use parallel.tp = ", nearby_divisors(n, tp), ", or change the model"));
   };
   need("model.n_head", m.n_head);
-  need("4 × model.n_embd, the MLP width", 4 * m.n_embd);
+  if (m.arch == ModelArch::kLlama) {
+    // Each rank holds whole key/value heads: those its query heads read.
+    need("the key/value heads (model.n_kv_head, 0 = model.n_head)",
+         m.n_kv_head > 0 ? m.n_kv_head : m.n_head);
+    need("the SwiGLU width (model.intermediate_size, 0 = 8·n_embd/3 rounded up to 64)",
+         m.intermediate_size > 0 ? m.intermediate_size : (8 * m.n_embd / 3 + 63) / 64 * 64);
+  } else {
+    need("4 × model.n_embd, the MLP width", 4 * m.n_embd);
+  }
   need("model.n_embd, the MTP projection's outputs", m.n_embd);
   need("the padded vocabulary (model.vocab_size rounded up to a multiple of 64)", m.padded_vocab());
 }
 
-// Step 5: combinations of keys; those that need the world size only when it is known (> 0).
 // The llama family's keys, and the gpt2-only ones left at their defaults.
 void check_llama(const ModelConfig& m) {
   const bool llama = m.arch == ModelArch::kLlama;
@@ -334,6 +336,7 @@ void check_llama(const ModelConfig& m) {
   }
 }
 
+// Step 5: combinations of keys; those that need the world size only when it is known (> 0).
 void check_combinations(const Config& c, int world_size) {
   const ModelConfig& m = c.model;
   check_llama(m);

@@ -93,13 +93,22 @@ void ParallelState::add_whole_parts(const std::vector<Parameter*>& whole,
     add_part(whole, comm, cfg, false, false);
     return;
   }
-  std::vector<Parameter*> split, replicated;
-  for (Parameter* p : whole) (model_.tp_slice(p) != nullptr ? split : replicated).push_back(p);
+  std::vector<Parameter*> split, replicated, partial;
+  for (Parameter* p : whole) {
+    if (model_.tp_slice(p) != nullptr) {
+      split.push_back(p);
+    } else {
+      (model_.tp_partial_grad(p) ? partial : replicated).push_back(p);
+    }
+  }
   if (!split.empty()) add_part(split, comm, cfg, false, /*tp_split=*/true);  // none at TP = 1
   // Sequence parallelism: each TP rank's replicated gradients cover its chunk of the tokens only
-  // (Note [sequence parallelism] in model/tensor_parallel.h), so they sum over the TP ranks too.
+  // (Note [sequence parallelism] in model/tensor_parallel.h), so they sum over the TP ranks too;
+  // so do those computed from a rank's own heads (the llama family's q/k norms) in any case.
   const bool sp = model_.tensor_parallel().sequence_parallel;
+  if (sp) replicated.insert(replicated.end(), partial.begin(), partial.end());
   add_part(replicated, sp ? grid_->world.get() : comm, cfg, false, false);
+  if (!sp && !partial.empty()) add_part(partial, grid_->world.get(), cfg, false, false);
 }
 
 Tensor ParallelState::tp_full(const Parameter* p, const Tensor& t) {

@@ -5,6 +5,7 @@
 // curve; bad llama keys exit 2 naming the key.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -101,22 +102,66 @@ TEST(Llama, TrainsDeterministicallyAndMatchesTheReference) {
   }
 }
 
-// GTP=2 over two processes (Gloo) against one process, graphs layers included.
-TEST(Llama, GtpMatchesOneProcess) {
-  const Variant& v = variants()[1];  // qwen3 style: MTP D=2, untied head, q/k norms
-  const std::string dir = temp_dir("llama_gtp");
-  const std::string one = train(dir, v, "one", {"train.steps=10"});
-  for (const char* scope : {"none", "layers"}) {
-    const std::string out = dir + "/gtp2_" + scope;
-    const CmdResult r = run_launcher(
-        {"--standalone", "--nproc-per-node", "2"},
-        {"train", "--config", dir + "/c.json", "--out", out, "--set", "train.steps=10", "--set",
-         "parallel.gtp=2", "--set", std::string("graphs.scope=") + scope});
-    ASSERT_EQ(r.exit_code, 0) << r.output;
+// Graphs layers and full give eager's losses bit for bit; 10 steps + --resume give 20 straight.
+TEST(Llama, GraphsAndResumeAreBitExact) {
+  const Variant& v = variants()[1];  // qwen3 style: MTP D=2, q/k norms, untied head
+  const std::string dir = temp_dir("llama_exact");
+  const std::vector<std::string> eager = metrics_losses(train(dir, v, "eager") + "/metrics.jsonl");
+  ASSERT_EQ(eager.size(), 20u);
+  for (const char* scope : {"layers", "full"}) {
+    const std::string run = train(dir, v, scope, {std::string("graphs.scope=") + scope});
+    EXPECT_EQ(metrics_losses(run + "/metrics.jsonl"), eager) << "graphs " << scope;
+  }
+  // Stopped at step 10 (only that checkpoint kept), then resumed to 20.
+  const std::string run = train(dir, v, "resumed", {"checkpoint.every=10"});
+  ASSERT_EQ(std::system(("rm -rf '" + run + "/checkpoints/step_00000020'").c_str()), 0);
+  write_text(dir + "/c.json", config(v.model, v.depth));
+  const CmdResult r = run_gtron({"train", "--config", dir + "/c.json", "--out", run, "--set",
+                                 "checkpoint.every=10", "--resume"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  EXPECT_EQ(metrics_losses(run + "/metrics.jsonl"), eager) << "resumed";
+}
+
+// Every parallel layout over processes (Gloo) against one process: DP, GTP (graphs none, layers,
+// full), TP (the q/k norms' partial gradients summed over TP), TP × GTP with sequence parallelism.
+TEST(Llama, EveryLayoutMatchesOneProcess) {
+  const std::string dir = temp_dir("llama_layouts");
+  // Qwen3 style (MTP D=2, untied head, q/k norms) with two key/value heads: one per TP rank.
+  const Variant gqa{"qwen3_gqa", R"(, "n_kv_head": 2, "head_dim": 12, "qk_norm": true,
+        "tied_embeddings": false)",
+                    2};
+  const std::string one = train(dir, gqa, "one", {"train.steps=10"});
+  struct Layout {
+    const char* name;
+    int nproc;
+    std::vector<std::string> sets;
+    double bound;
+  };
+  const std::vector<Layout> layouts = {
+      {"dp2", 2, {}, 1e-5},
+      {"gtp2", 2, {"parallel.gtp=2"}, 1e-5},
+      {"gtp2_layers", 2, {"parallel.gtp=2", "graphs.scope=layers"}, 1e-5},
+      {"gtp2_full", 2, {"parallel.gtp=2", "graphs.scope=full"}, 1e-5},
+      {"tp2", 2, {"parallel.tp=2"}, 1e-6},
+      {"tp2_gtp2_sp", 4,
+       {"parallel.tp=2", "parallel.gtp=2", "parallel.sequence_parallel=true"}, 1e-6},
+  };
+  for (const Layout& l : layouts) {
+    const std::string out = dir + "/" + l.name;
+    std::vector<std::string> args = {"train", "--config", dir + "/c.json", "--out", out,
+                                     "--set", "train.steps=10"};
+    for (const std::string& s : l.sets) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    const CmdResult r = run_launcher({"--standalone", "--nproc-per-node", std::to_string(l.nproc)},
+                                     args);
+    ASSERT_EQ(r.exit_code, 0) << l.name << "\n" << r.output;
     const double worst = worst_relative(metrics_loss_values(one + "/metrics.jsonl"),
                                         metrics_loss_values(out + "/metrics.jsonl"));
-    EXPECT_LT(worst, 1e-5) << "GTP=2, graphs " << scope;
-    std::printf("GTP=2 graphs %s: worst relative loss difference %.3g over 10 steps\n", scope,
+    EXPECT_LT(worst, l.bound) << l.name;
+    std::printf("%s: worst relative loss difference to one process %.3g over 10 steps\n", l.name,
                 worst);
   }
 }
@@ -129,7 +174,7 @@ TEST(Llama, BadKeysExitTwoNamingTheKey) {
       {"model.head_dim=7", "model.head_dim"},
       {"model.rope_scaling.type=llama2", "model.rope_scaling.type"},
       {"model.rope_theta=0.5", "model.rope_theta"},
-      {"parallel.tp=2", "parallel.tp"},
+      {"parallel.tp=3", "parallel.tp"},
   };
   for (const auto& [set, key] : cases) {
     const CmdResult r = run_gtron(
