@@ -86,7 +86,7 @@ def hf_state(w, m, nh, nkv, hs, f):
         s[h + "mlp.gate_proj.weight"] = gate_up[:f]
         s[h + "mlp.up_proj.weight"] = gate_up[f:]
         s[h + "mlp.down_proj.weight"] = w[g + "mlp.down.weight"]
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in s.items()}
+    return {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in s.items()}
 
 
 def main():
