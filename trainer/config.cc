@@ -393,7 +393,7 @@ Config parse_config(const json& j, const std::vector<std::string>& sets, const s
 }
 
 // Byte offset -> "line L, column C" is already in nlohmann's message; drop its "[json...] " tag.
-std::string parse_error_text(const json::parse_error& e) {
+std::string parse_error_text(const json::exception& e) {
   std::string what = e.what();
   size_t tag_end = what.find("] ");
   return tag_end == std::string::npos ? what : what.substr(tag_end + 2);
@@ -408,7 +408,7 @@ Config config_from_json_text(const std::string& text, const std::vector<std::str
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e999
     fail(str_cat("cannot parse ", source, ": ", parse_error_text(e)),
          "JSON needs double-quoted keys and strings, commas between entries, no trailing commas "
          "and no comments");

@@ -15,6 +15,7 @@
 
 #include "model/check.h"
 #include "model/device.h"
+#include "trainer/data/markov.h"
 #include "trainer/data/sampler.h"
 #include "trainer/data/shards.h"
 #include "trainer/io/checkpoint.h"
@@ -48,6 +49,7 @@ void with_key(const std::string& key, const std::string& value, F&& check) {
 // Train and validation shards exactly as the run will read them, and the data's tokenizer.
 // Synthetic data (data.train "") is written by the run itself and checked by the config.
 void check_data(const Config& cfg) {
+  const SyntheticDataConfig& s = cfg.data.synthetic;
   const int64_t V = cfg.model.vocab_size, T = cfg.train.seq_len;
   if (!cfg.data.train.empty()) {
     const ResolvedData d = resolve_data(cfg);  // meta.json's vocabulary; writes nothing here
@@ -67,8 +69,16 @@ void check_data(const Config& cfg) {
       EvalWindows windows(val, T);  // at least one shard holds one window
     });
   }
+  // The synthetic source's transition table (trainer/data/markov.h), before the run folder exists.
+  if (cfg.data.train.empty() &&
+      std::pow(static_cast<double>(s.vocab), static_cast<double>(s.order + 1)) >
+          static_cast<double>(kMarkovMaxTableEntries)) {
+    throw UserError(str_cat("config error: data.synthetic.order = ", s.order,
+                            " with data.synthetic.vocab = ", s.vocab, ": vocab^(order+1) ",
+                            "transition entries exceed the limit ", kMarkovMaxTableEntries,
+                            ". Hint: lower data.synthetic.order or data.synthetic.vocab"));
+  }
   // data.synthetic.tokens are written as one shard (at most INT32_MAX tokens, write_shard).
-  const SyntheticDataConfig& s = cfg.data.synthetic;
   const int64_t most = std::numeric_limits<int32_t>::max();
   if (cfg.data.train.empty() && (s.tokens > most || s.val_tokens > most)) {
     const bool train = s.tokens > most;
@@ -197,7 +207,15 @@ void clean_up(const Config& cfg, const TrainFlags& flags) {
   }
 }
 
-double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+// "12.3" style: three significant digits, no exponent below 1e15.
+std::string short_number(double x) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, x < 1e15 ? "%.3g" : "%.2e", x);
+  if (x >= 1000 && x < 1e15) std::snprintf(buf, sizeof buf, "%.0f", x);
+  return buf;
+}
+
+std::string gib(double bytes) { return short_number(bytes / (1024.0 * 1024.0 * 1024.0)); }
 
 // Physical memory, or the cgroup's limit when lower.
 double machine_memory_bytes() {
@@ -270,7 +288,7 @@ void check_cpu_memory(const Config& cfg, bool training, double extra_bytes,
   const double have = machine_memory_bytes();
   if (bytes <= have) return;
   throw UserError(str_cat(
-      what, " needs about ", gib(bytes), " GiB of memory (", params / 1e6,
+      what, " needs about ", gib(bytes), " GiB of memory (", short_number(params / 1e6),
       "M parameters from model.vocab_size ", cfg.model.vocab_size, ", model.n_embd ",
       cfg.model.n_embd, ", model.n_layer ", cfg.model.n_layer, ", model.context_length ",
       cfg.model.context_length, ", mtp.depth ", cfg.mtp.depth,
