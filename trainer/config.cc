@@ -416,8 +416,7 @@ Config config_from_json_text(const std::string& text, const std::vector<std::str
   return parse_config(j, sets, source, world_size);
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& sets,
-                   int world_size) {
+Config load_config(const std::string& path, const std::vector<std::string>& sets, int world_size) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     fail(str_cat("cannot read config file \"", path, "\": it is a directory"),

@@ -10,10 +10,10 @@
 #include "model/gpt.h"
 #include "model/ops/norm.h"
 #include "trainer/config.h"
-#include "trainer/preflight.h"
 #include "trainer/io/checkpoint.h"
 #include "trainer/io/checkpoint_io.h"
 #include "trainer/io/safetensors.h"
+#include "trainer/preflight.h"
 #include "trainer/train.h"
 
 namespace gtron {

@@ -11,10 +11,10 @@
 #include "parallel/store.h"
 #include "trainer/config.h"
 #include "trainer/hf_gpt2.h"
-#include "trainer/preflight.h"
 #include "trainer/io/checkpoint.h"
 #include "trainer/io/checkpoint_io.h"
 #include "trainer/io/safetensors.h"
+#include "trainer/preflight.h"
 #include "trainer/prepare.h"
 #include "trainer/sample.h"
 #include "trainer/text/tokenizer_commands.h"
@@ -30,7 +30,7 @@ struct Options {
   std::string out;
   bool resume = false;
   bool overwrite = false;  // train --overwrite: delete the earlier run's checkpoints and metrics
-  std::string init;  // train --init: a checkpoint's weights start the run
+  std::string init;        // train --init: a checkpoint's weights start the run
   std::string checkpoint;
   std::string hf;                       // export --hf OUT, import --hf DIR
   std::vector<std::string> token_rows;  // logits --tokens "1,2,3" (one per sequence)

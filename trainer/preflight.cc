@@ -58,9 +58,8 @@ void check_data(const Config& cfg) {
       SequenceSampler windows(train, T);  // every shard holds one window
     });
     if (!d.tokenizer_path.empty()) {
-      with_key("data.train", cfg.data.train, [&] {
-        Tokenizer::from_json_text(read_file(d.tokenizer_path), d.tokenizer_path);
-      });
+      with_key("data.train", cfg.data.train,
+               [&] { Tokenizer::from_json_text(read_file(d.tokenizer_path), d.tokenizer_path); });
     }
   }
   if (!cfg.data.val.empty() && cfg.data.val != cfg.data.train) {
@@ -82,10 +81,9 @@ void check_data(const Config& cfg) {
   const int64_t most = std::numeric_limits<int32_t>::max();
   if (cfg.data.train.empty() && (s.tokens > most || s.val_tokens > most)) {
     const bool train = s.tokens > most;
-    throw UserError(str_cat("config error: data.synthetic.", train ? "tokens" : "val_tokens",
-                            " = ", train ? s.tokens : s.val_tokens, ": must be <= ", most,
-                            " (one shard). Hint: the default is ",
-                            train ? "2000000" : "100000"));
+    throw UserError(str_cat("config error: data.synthetic.", train ? "tokens" : "val_tokens", " = ",
+                            train ? s.tokens : s.val_tokens, ": must be <= ", most,
+                            " (one shard). Hint: the default is ", train ? "2000000" : "100000"));
   }
 }
 
@@ -181,8 +179,8 @@ void clean_up(const Config& cfg, const TrainFlags& flags) {
       if (ec) throw UserError(str_cat("--overwrite: cannot delete '", e.path, "': ", ec.message()));
     }
     if (fs::exists(metrics_path(cfg), ec) && !fs::remove(metrics_path(cfg), ec)) {
-      throw UserError(str_cat("--overwrite: cannot delete '", metrics_path(cfg), "': ",
-                              ec.message()));
+      throw UserError(
+          str_cat("--overwrite: cannot delete '", metrics_path(cfg), "': ", ec.message()));
     }
     if (!earlier.empty())
       std::printf("--overwrite: deleted the earlier run's %s; starting at step 0\n",
@@ -193,17 +191,18 @@ void clean_up(const Config& cfg, const TrainFlags& flags) {
     bool stale = starts_with(name, kTmpPrefix);  // never renamed into place: incomplete
     if (starts_with(name, kOldPrefix)) {
       // A replaced checkpoint moved aside; garbage only once its successor is in place.
-      const std::string step = name.substr(std::strlen(kOldPrefix), name.rfind('-') -
-                                                                         std::strlen(kOldPrefix));
+      const std::string step =
+          name.substr(std::strlen(kOldPrefix), name.rfind('-') - std::strlen(kOldPrefix));
       std::error_code e2;
       stale = flags.overwrite || fs::exists(root + "/step_" + step, e2);
     }
     if (!stale) continue;
     std::error_code e3;
     fs::remove_all(it->path(), e3);
-    std::printf("removed leftover temporary checkpoint folder '%s' (an interrupted save, "
-                "incomplete)%s\n",
-                it->path().string().c_str(), e3 ? " FAILED" : "");
+    std::printf(
+        "removed leftover temporary checkpoint folder '%s' (an interrupted save, "
+        "incomplete)%s\n",
+        it->path().string().c_str(), e3 ? " FAILED" : "");
   }
 }
 
@@ -219,10 +218,10 @@ std::string gib(double bytes) { return short_number(bytes / (1024.0 * 1024.0 * 1
 
 // Physical memory, or the cgroup's limit when lower.
 double machine_memory_bytes() {
-  double bytes = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
-                 static_cast<double>(::sysconf(_SC_PAGESIZE));
-  for (const char* path : {"/sys/fs/cgroup/memory.max",
-                           "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+  double bytes =
+      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
     std::ifstream f(path);
     double limit = 0;
     if (f >> limit && limit > 0 && limit < bytes) bytes = limit;
@@ -240,8 +239,7 @@ std::string model_difference(const Config& a, const Config& b) {
   std::string d;
   if (a.model.padded_vocab() != b.model.padded_vocab())
     d = differ("model.vocab_size", a.model.vocab_size, b.model.vocab_size);
-  if (d.empty())
-    d = differ("model.context_length", a.model.context_length, b.model.context_length);
+  if (d.empty()) d = differ("model.context_length", a.model.context_length, b.model.context_length);
   if (d.empty()) d = differ("model.n_layer", a.model.n_layer, b.model.n_layer);
   if (d.empty()) d = differ("model.n_head", a.model.n_head, b.model.n_head);
   if (d.empty()) d = differ("model.n_embd", a.model.n_embd, b.model.n_embd);
@@ -256,8 +254,8 @@ Config checkpoint_command_config(const std::string& command, const std::string& 
                                  const std::string& config_path,
                                  const std::vector<std::string>& sets) {
   if (config_path.empty() && sets.empty()) return config_of_checkpoint(checkpoint);
-  const Config cfg = config_path.empty() ? config_of_checkpoint(checkpoint, sets)
-                                         : load_config(config_path, sets);
+  const Config cfg =
+      config_path.empty() ? config_of_checkpoint(checkpoint, sets) : load_config(config_path, sets);
   check_matches(str_cat("gtron ", command), checkpoint, cfg,
                 config_path.empty() ? std::string("--set") : "--config " + config_path);
   return cfg;
@@ -282,21 +280,21 @@ void check_cpu_memory(const Config& cfg, bool training, double extra_bytes,
     const double tokens = static_cast<double>(cfg.train.micro_batch * cfg.train.seq_len);
     const double T = static_cast<double>(cfg.train.seq_len);
     const double NH = static_cast<double>(cfg.model.n_head);
-    bytes = 16 * params + 4 * tokens * (L + D) * (20 * C + 2 * NH * T) +
-            8 * tokens * V * (D + 1) + extra_bytes;
+    bytes = 16 * params + 4 * tokens * (L + D) * (20 * C + 2 * NH * T) + 8 * tokens * V * (D + 1) +
+            extra_bytes;
   }
   const double have = machine_memory_bytes();
   if (bytes <= have) return;
-  throw UserError(str_cat(
-      what, " needs about ", gib(bytes), " GiB of memory (", short_number(params / 1e6),
-      "M parameters from model.vocab_size ", cfg.model.vocab_size, ", model.n_embd ",
-      cfg.model.n_embd, ", model.n_layer ", cfg.model.n_layer, ", model.context_length ",
-      cfg.model.context_length, ", mtp.depth ", cfg.mtp.depth,
-      training ? str_cat("; train.micro_batch ", cfg.train.micro_batch, ", train.seq_len ",
-                         cfg.train.seq_len)
-               : std::string(),
-      "), and this machine has ", gib(have), " GiB. Hint: a smaller model",
-      training ? " or train.micro_batch" : "", ", or a machine with more memory"));
+  throw UserError(
+      str_cat(what, " needs about ", gib(bytes), " GiB of memory (", short_number(params / 1e6),
+              "M parameters from model.vocab_size ", cfg.model.vocab_size, ", model.n_embd ",
+              cfg.model.n_embd, ", model.n_layer ", cfg.model.n_layer, ", model.context_length ",
+              cfg.model.context_length, ", mtp.depth ", cfg.mtp.depth,
+              training ? str_cat("; train.micro_batch ", cfg.train.micro_batch, ", train.seq_len ",
+                                 cfg.train.seq_len)
+                       : std::string(),
+              "), and this machine has ", gib(have), " GiB. Hint: a smaller model",
+              training ? " or train.micro_batch" : "", ", or a machine with more memory"));
 }
 
 void preflight_train(const Config& cfg, const TrainFlags& flags, int world_size, int rank) {
@@ -309,12 +307,11 @@ void preflight_train(const Config& cfg, const TrainFlags& flags, int world_size,
   check_data(cfg);
   check_writable_folder("train.out_dir", cfg.train.out_dir);
   check_writable_folder("checkpoint.dir", checkpoint_dir(cfg));
-  check_writable_folder("log.metrics_file",
-                        fs::path(metrics_path(cfg)).parent_path().string());
+  check_writable_folder("log.metrics_file", fs::path(metrics_path(cfg)).parent_path().string());
   const std::vector<std::string> earlier = earlier_run(cfg);
   if (!earlier.empty() && !flags.resume && !flags.overwrite) {
-    throw UserError(str_cat("train.out_dir = \"", cfg.train.out_dir, "\" holds an earlier run: ",
-                            joined(earlier),
+    throw UserError(str_cat("train.out_dir = \"", cfg.train.out_dir,
+                            "\" holds an earlier run: ", joined(earlier),
                             ". Hint: --resume continues it, --overwrite deletes its checkpoints "
                             "and metrics and starts at step 0, or --out NEW_DIR starts elsewhere"));
   }

@@ -29,7 +29,8 @@ const char kConfig[] = R"({
 std::set<std::string> listing(const std::string& dir) {
   std::set<std::string> out;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    out.insert(e.path().string() + (e.is_regular_file() ? ":" + std::to_string(e.file_size()) : ""));
+    out.insert(e.path().string() +
+               (e.is_regular_file() ? ":" + std::to_string(e.file_size()) : ""));
   }
   return out;
 }
@@ -79,21 +80,26 @@ TEST_F(BadInputs, ConfigValuesAndSizes) {
       {"inf_set", {"@train", "--set", "optimizer.lr=1e999"}, "optimizer.lr"},
       {"nan_set", {"@train", "--set", "optimizer.lr=nan"}, "optimizer.lr"},
       {"negative_steps", {"@train", "--set", "train.steps=-3"}, "train.steps"},
-      {"huge_embd", {"@train", "--set", "model.n_embd=1000000", "--set", "model.n_head=1"},
+      {"huge_embd",
+       {"@train", "--set", "model.n_embd=1000000", "--set", "model.n_head=1"},
        "model.n_embd 1000000"},
       {"huge_vocab", {"@train", "--set", "model.vocab_size=100000000000"}, "model.vocab_size"},
       {"huge_layers", {"@train", "--set", "model.n_layer=9223372036854775807"}, "model.n_layer"},
-      {"huge_context", {"@train", "--set", "model.context_length=9223372036854775807"},
+      {"huge_context",
+       {"@train", "--set", "model.context_length=9223372036854775807"},
        "model.context_length"},
       {"huge_micro_batch",
        {"@train", "--set", "train.micro_batch=100000000", "--set", "train.global_batch=100000000"},
        "train.micro_batch"},
-      {"huge_synthetic", {"@train", "--set", "data.synthetic.tokens=3000000000"},
+      {"huge_synthetic",
+       {"@train", "--set", "data.synthetic.tokens=3000000000"},
        "data.synthetic.tokens"},
       {"markov_table", {"@train", "--set", "data.synthetic.order=8"}, "data.synthetic.order"},
-      {"metrics_folder", {"@train", "--set", "log.metrics_file=/proc/gtron_no/m.jsonl"},
+      {"metrics_folder",
+       {"@train", "--set", "log.metrics_file=/proc/gtron_no/m.jsonl"},
        "log.metrics_file"},
-      {"empty_out", {"train", "--config", *dir_ + "/c.json", "--set", "train.out_dir="},
+      {"empty_out",
+       {"train", "--config", *dir_ + "/c.json", "--set", "train.out_dir="},
        "train.out_dir"},
   });
 }
@@ -108,7 +114,8 @@ TEST_F(BadInputs, FlagsShardsAndCheckpoints) {
   run_table({
       {"resume_overwrite", {"@train", "--resume", "--overwrite"}, "--overwrite"},
       {"init_missing", {"@train", "--init", *dir_ + "/no_ckpt"}, "no_ckpt"},
-      {"init_mismatch", {"@train", "--init", ckpt, "--set", "model.n_layer=2"},
+      {"init_mismatch",
+       {"@train", "--init", ckpt, "--set", "model.n_layer=2"},
        "model.n_layer: checkpoint 1, config 2"},
       {"train_vocab", {"@train", "--set", "data.train=" + *dir_ + "/vocab.bin"}, "vocab.bin"},
       {"train_empty", {"@train", "--set", "data.train=" + *dir_ + "/empty.bin"}, "empty.bin"},
@@ -116,13 +123,17 @@ TEST_F(BadInputs, FlagsShardsAndCheckpoints) {
        {"@train", "--set", "data.train=" + *dir_ + "/ok.bin", "--set",
         "data.val=" + *dir_ + "/vocab.bin"},
        "data.val"},
-      {"earlier_run", {"train", "--config", *dir_ + "/c.json", "--out", *dir_ + "/run"},
+      {"earlier_run",
+       {"train", "--config", *dir_ + "/c.json", "--out", *dir_ + "/run"},
        "holds an earlier run"},
-      {"eval_mismatch", {"eval", "--checkpoint", ckpt, "--set", "model.n_embd=32"},
+      {"eval_mismatch",
+       {"eval", "--checkpoint", ckpt, "--set", "model.n_embd=32"},
        "model.n_embd: checkpoint 16, config 32"},
-      {"eval_val", {"eval", "--checkpoint", ckpt, "--set", "data.val=" + *dir_ + "/vocab.bin"},
+      {"eval_val",
+       {"eval", "--checkpoint", ckpt, "--set", "data.val=" + *dir_ + "/vocab.bin"},
        "vocab.bin"},
-      {"logits_id", {"logits", "--checkpoint", ckpt, "--tokens", "1,64", "--out", *dir_ + "/l"},
+      {"logits_id",
+       {"logits", "--checkpoint", ckpt, "--tokens", "1,64", "--out", *dir_ + "/l"},
        "'64' is not a token id"},
       {"logits_long",
        {"logits", "--checkpoint", ckpt, "--tokens", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17",
@@ -133,8 +144,8 @@ TEST_F(BadInputs, FlagsShardsAndCheckpoints) {
 
 TEST_F(BadInputs, SamplingParameters) {
   const std::string ckpt = *dir_ + "/run/checkpoints/step_00000002";
-  const std::vector<std::string> s = {"sample", "--checkpoint", ckpt, "--print-ids", "--tokens",
-                                      "2"};
+  const std::vector<std::string> s = {"sample",      "--checkpoint", ckpt,
+                                      "--print-ids", "--tokens",     "2"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = s;
     a.insert(a.end(), extra.begin(), extra.end());
@@ -155,8 +166,8 @@ TEST_F(BadInputs, SamplingParameters) {
       {"prompt_long", with({"--prompt-ids", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16"}),
        "at most 15 tokens"},
       {"text_prompt", with({"--prompt", "hello"}), "vocab_size"},
-      {"speculative_recompute",
-       with({"--prompt-ids", "1", "--speculative", "--recompute"}), "--recompute"},
+      {"speculative_recompute", with({"--prompt-ids", "1", "--speculative", "--recompute"}),
+       "--recompute"},
       {"device", with({"--prompt-ids", "1", "--device", "tpu"}), "--device"},
   });
 }

@@ -188,12 +188,12 @@ TEST_F(SafeRuns, CheckpointCommandsTakeTheCheckpointsConfig) {
   EXPECT_TRUE(mentions(eval.output, "\"val_main_loss\": ")) << eval.output;
   auto with_config = run_gtron({"eval", "--config", config_, "--checkpoint", ckpt});
   EXPECT_EQ(with_config.exit_code, 0) << with_config.output;
-  auto wrong = run_gtron(
-      {"eval", "--config", config_, "--set", "model.n_embd=32", "--checkpoint", ckpt});
+  auto wrong =
+      run_gtron({"eval", "--config", config_, "--set", "model.n_embd=32", "--checkpoint", ckpt});
   EXPECT_EQ(wrong.exit_code, 2) << wrong.output;
   EXPECT_TRUE(mentions(wrong.output, "model.n_embd: checkpoint 16, config 32")) << wrong.output;
-  auto sample = run_gtron({"sample", "--checkpoint", ckpt, "--prompt-ids", "1,2,3", "--tokens",
-                           "4", "--print-ids", "--seed", "5"});
+  auto sample = run_gtron({"sample", "--checkpoint", ckpt, "--prompt-ids", "1,2,3", "--tokens", "4",
+                           "--print-ids", "--seed", "5"});
   EXPECT_EQ(sample.exit_code, 0) << sample.output;
   EXPECT_EQ(sample.output.rfind("1,2,3,", 0), 0u) << sample.output;
   // A prompt that fills the context: the message says how long it may be.
@@ -205,9 +205,10 @@ TEST_F(SafeRuns, CheckpointCommandsTakeTheCheckpointsConfig) {
 
 TEST_F(SafeRuns, GtpIsCheckedAgainstTheWorldBeforeTheBatch) {
   // World 2, G = 4: the batch cannot split over 4 ranks either, but G is the real problem.
-  auto r = run_command("env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 "
-                       "MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 trainer/gtron train --config '" +
-                       config_ + "' --out '" + dir_ + "/gtp' --set parallel.gtp=4");
+  auto r = run_command(
+      "env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 "
+      "MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 trainer/gtron train --config '" +
+      config_ + "' --out '" + dir_ + "/gtp' --set parallel.gtp=4");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(mentions(r.output, "parallel.gtp = 4: must divide the world size (2)")) << r.output;
   EXPECT_FALSE(fs::exists(dir_ + "/gtp"));
