@@ -125,7 +125,7 @@ train() {
   "log": {"every": $(((steps + 4) / 5))}
 }
 JSON
-    gtron train --config "$out/D$d.json" >&2
+    gtron train --config "$out/D$d.json" --overwrite >&2  # a partial earlier run: start over
   fi
   echo "$ckpt"
 }

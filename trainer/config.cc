@@ -147,6 +147,10 @@ json checked_float(const KeySpec& k, const json& v, const Origin* origin) {
     fail(str_cat(show(k.path, v, origin), ": expected a number, got a JSON ", v.type_name()),
          str_cat("write a number without quotes; ", default_hint(k)));
   }
+  // 1e999 parses as inf, which every range below would admit: a float key takes finite numbers.
+  if (!std::isfinite(v.get<double>())) {
+    fail(str_cat(show(k.path, v, origin), ": must be a finite number"), default_hint(k));
+  }
   if (!k.range.contains(v.get<double>())) fail_range(k, v, origin);
   return v.get<double>();
 }
@@ -417,9 +421,9 @@ void check_combinations(const Config& c, int world_size) {
                         : str_cat(data_ranks, " = world size / parallel.tp"));
 }
 
-// Steps 2 to 5 on a parsed JSON tree.
-Config parse_config(const json& j, const std::vector<std::string>& sets,
-                    const std::string& source) {
+// Steps 2 to 5 on a parsed JSON tree; world_size > 0 adds the checks that need it.
+Config parse_config(const json& j, const std::vector<std::string>& sets, const std::string& source,
+                    int world_size) {
   if (!j.is_object()) {
     fail(str_cat(source, ": the top level must be a JSON object, got a JSON ", j.type_name()),
          "a config looks like {\"model\": {\"n_layer\": 4}, \"train\": {\"steps\": 100}}");
@@ -437,12 +441,12 @@ Config parse_config(const json& j, const std::vector<std::string>& sets,
   for (const KeySpec& k : schema()) {
     if (const json* v = value_at(tree, k.path)) k.set(c, checked_value(k, *v, &origin));
   }
-  check_combinations(c, /*world_size=*/0);
+  check_combinations(c, world_size);
   return c;
 }
 
 // Byte offset -> "line L, column C" is already in nlohmann's message; drop its "[json...] " tag.
-std::string parse_error_text(const json::parse_error& e) {
+std::string parse_error_text(const json::exception& e) {
   std::string what = e.what();
   size_t tag_end = what.find("] ");
   return tag_end == std::string::npos ? what : what.substr(tag_end + 2);
@@ -453,19 +457,19 @@ std::string parse_error_text(const json::parse_error& e) {
 int64_t ModelConfig::padded_vocab() const { return (vocab_size + 63) / 64 * 64; }
 
 Config config_from_json_text(const std::string& text, const std::vector<std::string>& sets,
-                             const std::string& source) {
+                             const std::string& source, int world_size) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e999
     fail(str_cat("cannot parse ", source, ": ", parse_error_text(e)),
          "JSON needs double-quoted keys and strings, commas between entries, no trailing commas "
          "and no comments");
   }
-  return parse_config(j, sets, source);
+  return parse_config(j, sets, source, world_size);
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& sets) {
+Config load_config(const std::string& path, const std::vector<std::string>& sets, int world_size) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     fail(str_cat("cannot read config file \"", path, "\": it is a directory"),
@@ -483,7 +487,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& sets
     fail(str_cat("cannot read config file \"", path, "\": ", std::strerror(errno)),
          "check the file's permissions");
   }
-  return config_from_json_text(ss.str(), sets, path);
+  return config_from_json_text(ss.str(), sets, path, world_size);
 }
 
 void validate(const Config& cfg, int world_size) {

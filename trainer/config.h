@@ -177,12 +177,15 @@ Config default_config();
 
 // Reads a JSON config file, applies the overrides ("key.path=value") and runs every check that does
 // not need the world size. Throws UserError for a missing or unreadable file, malformed JSON (file
-// name, line and column), and every bad key, value or combination.
-Config load_config(const std::string& path, const std::vector<std::string>& sets = {});
+// name, line and column), and every bad key, value or combination. world_size > 0 (a run whose
+// world is known) also runs validate()'s checks, in its order: parallel.gtp against the world size
+// before the batch split, so the message names the real problem.
+Config load_config(const std::string& path, const std::vector<std::string>& sets = {},
+                   int world_size = 0);
 
 // Same as load_config() for JSON text already in memory; `source` names it in error messages.
 Config config_from_json_text(const std::string& text, const std::vector<std::string>& sets = {},
-                             const std::string& source = "config text");
+                             const std::string& source = "config text", int world_size = 0);
 
 // The checks that need the world size (DP × GTP × TP ranks): parallel.gtp × parallel.tp divides
 // it, and train.global_batch is a multiple of train.micro_batch × the data ranks (world_size /

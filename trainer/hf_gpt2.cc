@@ -13,6 +13,7 @@
 #include "trainer/io/checkpoint.h"
 #include "trainer/io/checkpoint_io.h"
 #include "trainer/io/safetensors.h"
+#include "trainer/preflight.h"
 #include "trainer/train.h"
 
 namespace gtron {
@@ -302,12 +303,12 @@ int fill_model(GPT& model, const std::map<std::string, Tensor>& hf,
 
 }  // namespace
 
-void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
+void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
+               const std::string& config_path, const std::vector<std::string>& sets) {
   require_new_folder(out_dir);
   verify_checkpoint_dir(checkpoint_dir);
   const TrainerState st = read_trainer_state(checkpoint_dir);
-  const Config cfg =
-      config_from_json_text(st.config_json, {}, checkpoint_dir + "/trainer_state.json");
+  const Config cfg = checkpoint_command_config("export", checkpoint_dir, config_path, sets);
   GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
   load_model_weights(checkpoint_dir, model);
   std::vector<NamedTensor> hf, mtp;
@@ -323,7 +324,7 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
                 {"version", 1},
                 {"step", st.step},
                 {"seed", st.seed},
-                {"config", json::parse(st.config_json)}};
+                {"config", json::parse(resolved_json(cfg))}};
   save_folder_as(out_dir, /*step=*/-1, [&](const std::string& tmp) {
     write_safetensors(tmp + "/" + kHfModel, hf, {{"format", "pt"}});
     if (!mtp.empty()) write_safetensors(tmp + "/" + kMtpFile, mtp, {{"format", "gtron"}});

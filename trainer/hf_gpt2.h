@@ -48,7 +48,10 @@ namespace gtron {
 
 // Writes the GPT-2 directory `out_dir` (must not exist; written atomically) from the verified
 // gtron checkpoint directory `checkpoint_dir`. Throws UserError.
-void export_hf(const std::string& checkpoint_dir, const std::string& out_dir);
+// config_path "" takes the checkpoint's config (trainer_state.json); a file must match its model.
+// `sets` apply on top either way.
+void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
+               const std::string& config_path = "", const std::vector<std::string>& sets = {});
 
 struct HfImportOptions {
   std::string hf_dir;             // a GPT-2 directory (config.json, model.safetensors, ...)

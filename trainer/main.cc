@@ -8,14 +8,17 @@
 #include <iostream>
 #include <sstream>
 
+#include "parallel/store.h"
 #include "trainer/config.h"
 #include "trainer/hf_gpt2.h"
 #include "trainer/io/checkpoint.h"
 #include "trainer/io/checkpoint_io.h"
 #include "trainer/io/safetensors.h"
+#include "trainer/preflight.h"
 #include "trainer/prepare.h"
 #include "trainer/sample.h"
 #include "trainer/text/tokenizer_commands.h"
+#include "trainer/threads.h"
 #include "trainer/train.h"
 
 namespace gtron {
@@ -26,7 +29,8 @@ struct Options {
   std::vector<std::string> sets;
   std::string out;
   bool resume = false;
-  std::string init;  // train --init: a checkpoint's weights start the run
+  bool overwrite = false;  // train --overwrite: delete the earlier run's checkpoints and metrics
+  std::string init;        // train --init: a checkpoint's weights start the run
   std::string checkpoint;
   std::string hf;                       // export --hf OUT, import --hf DIR
   std::vector<std::string> token_rows;  // logits --tokens "1,2,3" (one per sequence)
@@ -48,17 +52,29 @@ struct Options {
   TokenizerEncodeArgs tok_encode;
 };
 
-Config load(const Options& o) {
+Config load(const Options& o, int world_size = 0) {
   std::vector<std::string> sets = o.sets;
   if (!o.out.empty()) sets.push_back("train.out_dir=" + o.out);
-  return load_config(o.config, sets);
+  return load_config(o.config, sets, world_size);
 }
 
-int cmd_train(const Options& o) { return run_training(load(o), o.resume, nullptr, o.init); }
+// Note [preflight] in trainer/preflight.h: every check before any work.
+int cmd_train(const Options& o) {
+  const parallel::DistEnv env = parallel::dist_env_from_environment();
+  const Config cfg = load(o, env.world_size);
+  preflight_train(cfg, {o.resume, o.overwrite, o.init}, env.world_size, env.rank);
+  return run_training(cfg, o.resume, nullptr, o.init);
+}
+
+// The checkpoint's config unless --config FILE (which must match its model) is given.
+Config checkpoint_config(const char* command, const Options& o) {
+  verify_checkpoint_dir(o.checkpoint);
+  return checkpoint_command_config(command, o.checkpoint, o.config, o.sets);
+}
 
 int cmd_eval(const Options& o) {
-  Config cfg = load(o);
-  verify_checkpoint_dir(o.checkpoint);
+  Config cfg = checkpoint_config("eval", o);
+  check_cpu_memory(cfg, /*training=*/false, 0, "gtron eval of this checkpoint");
   GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
   load_model_weights(o.checkpoint, model);
   ResolvedData data = resolve_data(cfg);
@@ -77,9 +93,14 @@ int cmd_eval(const Options& o) {
 }
 
 int cmd_sample(const Options& o) {
-  verify_checkpoint_dir(o.checkpoint);
-  TrainerState st = read_trainer_state(o.checkpoint);
-  Config cfg = config_from_json_text(st.config_json, {}, o.checkpoint + "/trainer_state.json");
+  Config cfg = checkpoint_config("sample", o);
+  // The key/value caches: 2 × (blocks + depths) × batch × context × C floats at most.
+  const double cache = 8.0 * static_cast<double>(cfg.model.n_layer + cfg.mtp.depth) *
+                       static_cast<double>(o.sample.batch) *
+                       static_cast<double>(cfg.model.context_length) *
+                       static_cast<double>(cfg.model.n_embd);
+  check_cpu_memory(cfg, /*training=*/false, cache,
+                   str_cat("gtron sample --batch ", o.sample.batch, " of this checkpoint"));
   GPT model(gpt_config(cfg), DType::kF32, sample_device(o.sample.device), cfg.train.seed);
   load_model_weights(o.checkpoint, model);
   std::optional<Tokenizer> tokenizer = read_checkpoint_tokenizer(o.checkpoint);
@@ -111,9 +132,7 @@ std::vector<int32_t> parse_token_row(const std::string& row, int64_t V) {
 }
 
 int cmd_logits(const Options& o) {
-  verify_checkpoint_dir(o.checkpoint);
-  TrainerState st = read_trainer_state(o.checkpoint);
-  Config cfg = config_from_json_text(st.config_json, {}, o.checkpoint + "/trainer_state.json");
+  Config cfg = checkpoint_config("logits", o);
   const int64_t V = cfg.model.vocab_size;
   std::vector<int32_t> ids;
   int64_t T = 0;
@@ -127,6 +146,10 @@ int cmd_logits(const Options& o) {
     ids.insert(ids.end(), r.begin(), r.end());
   }
   const int64_t B = static_cast<int64_t>(o.token_rows.size());
+  // The logits of every row: B × T × padded vocab floats, twice (the model's and the cut copy).
+  check_cpu_memory(cfg, /*training=*/false,
+                   8.0 * static_cast<double>(B * T) * static_cast<double>(cfg.model.padded_vocab()),
+                   str_cat("gtron logits of ", B, " rows of ", T, " tokens"));
   GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
   load_model_weights(o.checkpoint, model);
   const Tensor tokens = Tensor::from_ints(ids, {B, T});
@@ -144,7 +167,7 @@ int cmd_logits(const Options& o) {
 }
 
 int cmd_export(const Options& o) {
-  export_hf(o.checkpoint, o.hf);
+  export_hf(o.checkpoint, o.hf, o.config, o.sets);
   std::printf("exported %s to %s (transformers GPT-2 directory)\n", o.checkpoint.c_str(),
               o.hf.c_str());
   return kExitOk;
@@ -199,6 +222,7 @@ int cmd_print_config(const Options& o) {
 }
 
 int run(int argc, char** argv) {
+  apply_default_cpu_threads();  // OMP_NUM_THREADS unset: trainer/threads.h
   Options o;
   CLI::App app{"gtron: a small C++/CUDA trainer for GPT models with GTP and MTP"};
   app.require_subcommand(1);
@@ -208,14 +232,19 @@ int run(int argc, char** argv) {
   train->add_option("--config", o.config, "JSON config file")->required();
   train->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
   train->add_option("--out", o.out, "Run directory (overrides train.out_dir)");
-  train->add_flag("--resume", o.resume, "Continue from the newest complete checkpoint");
+  train->add_flag("--resume", o.resume,
+                  "Continue from the newest complete checkpoint (none: start at step 0)");
+  train->add_flag("--overwrite", o.overwrite,
+                  "Delete the earlier run's checkpoints and metrics in the run folder first, then "
+                  "start at step 0 (without it or --resume, such a folder is refused)");
   train->add_option("--init", o.init,
                     "Start from a checkpoint's weights (fresh optimizer, step 0; with --resume: "
                     "only when there is nothing to resume)");
 
   auto* eval =
       app.add_subcommand("eval", "Validation loss (and per-depth MTP losses) of a checkpoint");
-  eval->add_option("--config", o.config, "JSON config file")->required();
+  eval->add_option("--config", o.config,
+                   "JSON config file (default: the checkpoint's own, from trainer_state.json)");
   eval->add_option("--checkpoint", o.checkpoint, "Checkpoint directory (…/step_00000100)")
       ->required();
   eval->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
@@ -224,6 +253,9 @@ int run(int argc, char** argv) {
       "sample", "Generate from a checkpoint (KV cache; MTP self-speculative decoding)");
   SampleArgs& sa = o.sample;
   sample->add_option("--checkpoint", o.checkpoint, "Checkpoint directory")->required();
+  sample->add_option("--config", o.config,
+                     "JSON config file (default: the checkpoint's own); its model must match");
+  sample->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
   auto* prompt = sample->add_option("--prompt", sa.prompt,
                                     "Prompt text (through the checkpoint's tokenizer, else bytes)");
   auto* prompt_ids =
@@ -252,6 +284,9 @@ int run(int argc, char** argv) {
   auto* logits = app.add_subcommand(
       "logits", "Next-token logits (fp32, CPU) of a checkpoint for given tokens, as safetensors");
   logits->add_option("--checkpoint", o.checkpoint, "Checkpoint directory")->required();
+  logits->add_option("--config", o.config,
+                     "JSON config file (default: the checkpoint's own); its model must match");
+  logits->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
   logits->add_option("--tokens", o.token_rows, "One sequence of token ids, e.g. 1,2,3 (repeatable)")
       ->required();
   logits->add_option("--out", o.out, "Output safetensors file (tokens [B, T], logits [B, T, V])")
@@ -260,6 +295,10 @@ int run(int argc, char** argv) {
   auto* exp = app.add_subcommand("export", "Write a checkpoint as a transformers GPT-2 directory");
   exp->add_option("--checkpoint", o.checkpoint, "Checkpoint directory")->required();
   exp->add_option("--hf", o.hf, "Output directory (must not exist)")->required();
+  exp->add_option("--config", o.config,
+                  "JSON config file recorded in gtron.json (default: the checkpoint's own); its "
+                  "model must match");
+  exp->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
 
   auto* imp =
       app.add_subcommand("import", "Read a transformers GPT-2 directory into a gtron checkpoint");

@@ -1,7 +1,11 @@
 #include "trainer/metrics.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "model/check.h"
@@ -92,22 +96,25 @@ void MetricsWriter::open(const std::string& path, bool append) {
 }
 
 void MetricsWriter::open_for_resume(const std::string& path, int64_t step) {
-  std::string kept;
+  long keep = 0;  // bytes of the records kept
   if (std::FILE* in = std::fopen(path.c_str(), "r")) {
     char buf[4096];
     std::string line;
     while (std::fgets(buf, sizeof buf, in) != nullptr) {
       line += buf;
-      if (line.empty() || line.back() != '\n') continue;
+      if (line.back() != '\n') continue;
       const size_t at = line.find("\"step\": ");
-      if (at != std::string::npos && std::atoll(line.c_str() + at + 8) <= step) kept += line;
+      if (at != std::string::npos && std::atoll(line.c_str() + at + 8) > step) break;
+      keep += static_cast<long>(line.size());
       line.clear();
     }
     std::fclose(in);
+    if (::truncate(path.c_str(), keep) != 0) {
+      throw UserError("cannot cut metrics file '" + path + "' back to step " +
+                      std::to_string(step) + ": " + std::strerror(errno));
+    }
   }
-  open(path, /*append=*/false);
-  std::fputs(kept.c_str(), f_);
-  std::fflush(f_);
+  open(path, /*append=*/true);
 }
 
 void MetricsWriter::write(const std::string& json_line) {

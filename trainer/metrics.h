@@ -42,8 +42,11 @@ class MetricsWriter {
   MetricsWriter() = default;
   // Opens `path` for append when resuming, else truncates. Throws UserError if it cannot.
   void open(const std::string& path, bool append);
-  // Resuming after step `step`: keeps the records of steps <= `step` (a run that died after its
-  // last checkpoint logged steps that will run again) and appends after them.
+  // Resuming after step `step`: keeps the file up to its first record of a later step (a run that
+  // died after its last checkpoint logged steps that will run again) or its first incomplete
+  // line, cuts it there in place (truncate(2): the kept records are never rewritten, so a crash
+  // here loses nothing kept) and appends after them. The file is in step order (each resume
+  // cuts before appending), so what stays is one consistent curve. A missing file is created.
   void open_for_resume(const std::string& path, int64_t step);
   void write(const std::string& json_line);
   ~MetricsWriter();

@@ -1,6 +1,7 @@
 #include "trainer/sample.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <ostream>
 #include <sstream>
@@ -74,13 +75,24 @@ void check_flags(const GPT& model, const SampleArgs& a, int64_t prompt_len, cons
     throw UserError(str_cat("the checkpoint's model.vocab_size ", c.vocab_size,
                             " is below its tokenizer's ", tok->vocab_size(), " tokens"));
   }
+  if (prompt_len >= c.context_length) {
+    throw UserError(str_cat(a.prompt_ids_given ? "--prompt-ids" : "--prompt", ": the prompt is ",
+                            prompt_len, " tokens", tok != nullptr ? " (after <|endoftext|>)" : "",
+                            "; it may be at most ", c.context_length - 1,
+                            " tokens, so that one new token fits the model's context length ",
+                            c.context_length, ". Hint: shorten the prompt"));
+  }
   if (prompt_len + a.tokens > c.context_length) {
     throw UserError(str_cat("--tokens ", a.tokens, ": the prompt (", prompt_len, " tokens) plus ",
                             a.tokens, " new tokens exceed the model's context length ",
                             c.context_length, ". Hint: --tokens ",
                             std::max<int64_t>(c.context_length - prompt_len, 0), " at most"));
   }
-  if (a.top_p <= 0 || a.top_p > 1) {
+  // CLI11's range checks let NaN through (every comparison with it is false).
+  if (!std::isfinite(a.temperature) || a.temperature < 0) {
+    throw UserError(str_cat("--temperature ", a.temperature, ": must be a number in [0, 100]"));
+  }
+  if (!(a.top_p > 0 && a.top_p <= 1)) {
     throw UserError(str_cat("--top-p ", a.top_p, " is outside (0, 1]"));
   }
   if (a.top_p < 1 && a.temperature <= 0) {

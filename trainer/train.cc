@@ -370,7 +370,7 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
                                                   graph_options(cfg_.graphs));
   if (is_rank0()) {
     print_header(data_);
-    if (resume && start_ > 0) {
+    if (resume) {  // start_ 0 when there was nothing to resume: the old records all go
       metrics_.open_for_resume(metrics_path(cfg_), start_);
     } else {
       metrics_.open(metrics_path(cfg_), /*append=*/false);

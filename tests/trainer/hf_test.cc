@@ -375,12 +375,14 @@ TEST_F(ImportErrors, InitChecksShapesAndNames) {
   const std::string c = *dir_ + "/c.json";
   expect_user_error({"train", "--config", c, "--out", *dir_ + "/i1", "--init", *ckpt_, "--set",
                      "model.n_embd=32", "--set", "mtp.depth=2"},
-                    "tensor 'wte.weight' is [128, 16] f32, the model expects [128, 32] f32");
+                    "model.n_embd: checkpoint 16, config 32");
+  // The checkpoint's config names the key that differs before any tensor is read.
   expect_user_error({"train", "--config", c, "--out", *dir_ + "/i2", "--init", *ckpt_},
-                    "has tensor 'mtp.1.");
+                    "mtp.depth: checkpoint 2, config 0");
   expect_user_error({"train", "--config", c, "--out", *dir_ + "/i3", "--init", *dir_ + "/hf"},
                     "MANIFEST.json");
   EXPECT_FALSE(exists(*dir_ + "/i1/metrics.jsonl"));
+  EXPECT_FALSE(exists(*dir_ + "/i1"));  // nothing created (Note [preflight])
 }
 
 TEST_F(ImportErrors, LogitsRejectsBadTokens) {

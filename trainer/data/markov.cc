@@ -11,7 +11,7 @@
 namespace gtron {
 namespace {
 
-constexpr int64_t kMaxTableEntries = int64_t{1} << 24;  // 128 MiB of doubles per table
+constexpr int64_t kMaxTableEntries = kMarkovMaxTableEntries;
 constexpr double kStationaryTolerance = 1e-13;          // L1 change between iterations
 constexpr int kMaxPowerIterations = 200000;
 

@@ -27,6 +27,10 @@
 
 namespace gtron {
 
+// The largest transition table (vocab^(order+1) entries, 128 MiB of doubles): a larger source is a
+// UserError before anything is allocated.
+constexpr int64_t kMarkovMaxTableEntries = int64_t{1} << 24;
+
 class MarkovSource {
  public:
   // Random table. REQUIRES (else UserError): order >= 1, vocab >= 2, alpha > 0 and finite,

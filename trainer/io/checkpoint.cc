@@ -1,5 +1,7 @@
 #include "trainer/io/checkpoint.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -69,6 +71,10 @@ TrainerState read_trainer_state(const std::string& dir) {
     s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
     s.seed = j.at("seed").get<uint64_t>();
     s.config_json = j.at("config").dump();
+    if (s.step < 0 || s.optimizer_steps < 0)
+      throw UserError("checkpoint state '" + path + "': step " + std::to_string(s.step) +
+                      " and optimizer_steps " + std::to_string(s.optimizer_steps) +
+                      " must be >= 0; hint: the file was edited or is not gtron's");
   } catch (const nlohmann::json::exception& e) {
     throw UserError("checkpoint state '" + path + "' is malformed: " + e.what());
   }
@@ -91,7 +97,12 @@ CheckpointTensors read_checkpoint_tensors(const std::string& dir, bool with_opti
   c.moments = by_name(f);
   auto t = f.metadata.find("t");
   if (t == f.metadata.end()) throw UserError("checkpoint '" + opt_path + "' has no step count 't'");
-  c.optimizer_steps = std::stoll(t->second);
+  char* end = nullptr;
+  errno = 0;
+  c.optimizer_steps = std::strtoll(t->second.c_str(), &end, 10);
+  if (t->second.empty() || *end != '\0' || errno != 0 || c.optimizer_steps < 0)
+    throw UserError("checkpoint '" + opt_path + "': step count 't' = \"" + t->second +
+                    "\" is not a non-negative integer");
   return c;
 }
 
