@@ -1,7 +1,7 @@
-// TensorBoardWriter against a reader of our own (tests/trainer/tfevents_reader.h): TFRecord framing with both CRCs checked,
-// the protobuf decoded field by field, the file_version event first, values float-exact, and
-// corruption caught by the CRCs. The reader computes CRC-32C bit by bit, independently of the
-// writer's table.
+// TensorBoardWriter against a reader of our own (tests/trainer/tfevents_reader.h): TFRecord framing
+// with both CRCs checked, the protobuf decoded field by field, the file_version event first, values
+// float-exact, and corruption caught by the CRCs. The reader computes CRC-32C bit by bit,
+// independently of the writer's table.
 #include "trainer/tensorboard.h"
 
 #include <gtest/gtest.h>
