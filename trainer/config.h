@@ -157,6 +157,7 @@ struct LogConfig {
   int64_t every = 0;         // steps between printed lines; >= 1
   bool comm_timing = false;  // NCCL: time collectives and the waits on them
   std::string metrics_file;  // JSON-lines file, relative to train.out_dir; see metrics_path()
+  bool tensorboard = false;  // rank 0 also writes TensorBoard events to <train.out_dir>/tensorboard
 };
 
 struct Config {

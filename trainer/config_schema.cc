@@ -287,13 +287,17 @@ std::vector<KeySpec> build_schema() {
           "Steps between checkpoints; 0 = only at the end."),
       key(GTRON_FIELD(checkpoint.keep), 3, at_least(1), "Newest checkpoints kept on disk."),
       // log
-      key(GTRON_FIELD(log.every), 1, at_least(1), "Steps between printed metric lines."),
+      key(GTRON_FIELD(log.every), 1, at_least(1),
+          "Steps between printed metric lines; step 1 and the last step are always logged."),
       key(GTRON_FIELD(log.comm_timing), false, any,
           "GPU backends (nccl, ipc): time every collective and the compute stream's waits on them "
           "(CUDA "
           "event pairs) and log comm_*_ms per step and comm_hidden_frac. Off: no events."),
       key(GTRON_FIELD(log.metrics_file), "metrics.jsonl", any,
           "JSON-lines metrics, relative to train.out_dir.", Empty::kForbidden),
+      key(GTRON_FIELD(log.tensorboard), false, any,
+          "Rank 0 also writes the logged train and val scalars as TensorBoard events under "
+          "<train.out_dir>/tensorboard."),
   };
 }
 

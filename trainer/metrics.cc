@@ -64,20 +64,21 @@ std::string format_line(const StepMetrics& m) {
     std::snprintf(b, sizeof b, "%s%.4f", k ? "," : "", m.mtp_losses[k]);
     mtp += b;
   }
-  std::snprintf(buf, sizeof buf,
-                "step %5ld/%ld | loss %.4f | main %.4f%s%s%s | lr %.3e | gnorm %.3f | %.0f tok/s | "
-                "MFU %.2f%% | mem %.3f GiB | eta %s",
-                static_cast<long>(m.step), static_cast<long>(m.total_steps), m.loss, m.main_loss,
-                mtp.empty() ? "" : " | mtp [", mtp.c_str(), mtp.empty() ? "" : "]", m.lr,
-                m.grad_norm, m.tokens_per_s, 100 * m.mfu, m.peak_mem_gib,
-                duration(m.eta_s).c_str());
+  std::snprintf(
+      buf, sizeof buf,
+      "step %5ld/%ld | objective %.4f | main %.4f%s%s%s | lr %.3e | gnorm %.3f | %.0f tok/s | "
+      "MFU %.2f%% | mem %.3f GiB | eta %s",
+      static_cast<long>(m.step), static_cast<long>(m.total_steps), m.loss, m.main_loss,
+      mtp.empty() ? "" : " | mtp [", mtp.c_str(), mtp.empty() ? "" : "]", m.lr, m.grad_norm,
+      m.tokens_per_s, 100 * m.mfu, m.peak_mem_gib, duration(m.eta_s).c_str());
   std::string s = buf;
   for (const auto& [k, v] : m.extra) s += " | " + k + " " + num(v);
   return s;
 }
 
 std::string format_json(const StepMetrics& m) {
-  std::string s = "{\"step\": " + std::to_string(m.step) + ", \"loss\": " + num(m.loss, "%.9g") +
+  std::string s = "{\"split\": \"train\", \"step\": " + std::to_string(m.step) +
+                  ", \"loss\": " + num(m.loss, "%.9g") +
                   ", \"main_loss\": " + num(m.main_loss, "%.9g") + ", \"mtp_losses\": [";
   for (size_t k = 0; k < m.mtp_losses.size(); ++k) {
     s += (k ? ", " : "") + num(m.mtp_losses[k], "%.9g");
@@ -88,6 +89,54 @@ std::string format_json(const StepMetrics& m) {
        ", \"eta_s\": " + num(m.eta_s);
   for (const auto& [k, v] : m.extra) s += ", \"" + k + "\": " + num(v);
   return s + "}";
+}
+
+std::string format_val_line(const ValMetrics& m) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "eval step %ld | val objective %.4f | val main %.4f",
+                static_cast<long>(m.step), m.loss, m.main_loss);
+  std::string s = buf;
+  for (size_t k = 0; k < m.mtp_losses.size(); ++k) {
+    std::snprintf(buf, sizeof buf, " | val mtp%zu %.4f", k + 1, m.mtp_losses[k]);
+    s += buf;
+  }
+  std::snprintf(buf, sizeof buf, " | %ld tokens", static_cast<long>(m.tokens));
+  return s + buf;
+}
+
+std::string format_val_json(const ValMetrics& m) {
+  std::string s = "{\"split\": \"val\", \"step\": " + std::to_string(m.step) +
+                  ", \"val_loss\": " + num(m.loss, "%.9g") +
+                  ", \"val_main_loss\": " + num(m.main_loss, "%.9g") + ", \"val_mtp_losses\": [";
+  for (size_t k = 0; k < m.mtp_losses.size(); ++k) {
+    s += (k ? ", " : "") + num(m.mtp_losses[k], "%.9g");
+  }
+  s += "], \"val_tokens\": " + std::to_string(m.tokens);
+  if (m.bits_per_byte >= 0) s += ", \"val_bits_per_byte\": " + num(m.bits_per_byte);
+  return s + "}";
+}
+
+std::string loss_legend(int64_t depth, double loss_weight) {
+  char buf[320];
+  if (depth == 0) {
+    std::snprintf(buf, sizeof buf,
+                  "columns: objective = main (mtp.depth 0), the loss minimized | main = "
+                  "next-token cross-entropy, nats/token (compare with the floor)");
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "columns: objective = main + %g/%ld x sum(mtp), the loss minimized | main = "
+                  "next-token cross-entropy, nats/token (compare with the floor) | mtp [k] = "
+                  "depth k's cross-entropy on the token k+1 ahead",
+                  loss_weight, static_cast<long>(depth));
+  }
+  return buf;
+}
+
+double objective(double main_loss, const std::vector<double>& mtp_losses, double loss_weight) {
+  if (mtp_losses.empty()) return main_loss;
+  double sum = 0;
+  for (double l : mtp_losses) sum += l;
+  return main_loss + loss_weight / static_cast<double>(mtp_losses.size()) * sum;
 }
 
 void MetricsWriter::open(const std::string& path, bool append) {

@@ -1,5 +1,15 @@
 // Training metrics: one human line per logged step and the same record as a JSON line in
-// metrics.jsonl. MFU is model FLOPs (GPT::flops_per_token) against a stated per-device peak.
+// metrics.jsonl, and one validation record per evaluation. MFU is model FLOPs
+// (GPT::flops_per_token) against a stated per-device peak.
+//
+// metrics.jsonl holds two kinds of records, told apart by "split":
+//   train: {"split": "train", "step": N, "loss": objective, "main_loss": ..., "mtp_losses": [...],
+//           "lr": ..., "grad_norm": ..., "tokens_per_s": ..., ...extras}
+//   val:   {"split": "val", "step": N, "val_loss": objective, "val_main_loss": ...,
+//           "val_mtp_losses": [...], "val_tokens": n[, "val_bits_per_byte": ...]}
+// "loss" and "val_loss" are the objective main + (λ/D)·Σ_k mtp_k (= main at D = 0). A val record
+// of step N follows the train record of step N. Readers that look for the text `"loss": ` (the
+// convergence script, the tests) see train records only.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +37,16 @@ struct StepMetrics {
   std::vector<std::pair<std::string, double>> extra;  // e.g. send-pool bytes (later issues)
 };
 
+// One evaluation: the mean validation losses at step `step` (see the top of this file).
+struct ValMetrics {
+  int64_t step = 0;
+  double loss = 0;  // objective: main + (λ/D)·Σ_k mtp_k
+  double main_loss = 0;
+  std::vector<double> mtp_losses;
+  int64_t tokens = 0;
+  double bits_per_byte = -1;  // < 0: unknown (the data records no byte count)
+};
+
 // Peak FLOP/s used for MFU: H100/H200 bf16 dense 989e12, fp32 67e12; CPU: cores x 3.5 GHz x 32
 // fp32 FLOPs/cycle (AVX2, two FMA pipes) at a 3.5 GHz boost clock — a nominal figure, printed
 // so nobody is misled.
@@ -35,6 +55,13 @@ std::string describe_peak(Device device, bool bf16);
 
 std::string format_line(const StepMetrics& m);
 std::string format_json(const StepMetrics& m);
+std::string format_val_line(const ValMetrics& m);
+std::string format_val_json(const ValMetrics& m);
+// The one-line legend printed before the first step: what "objective", "main" and "mtp [...]"
+// of format_line are, for `depth` MTP depths of weight `loss_weight` (λ).
+std::string loss_legend(int64_t depth, double loss_weight);
+// objective = main + (λ/D)·Σ_k mtp_k, the loss the model minimizes (GPT's loss).
+double objective(double main_loss, const std::vector<double>& mtp_losses, double loss_weight);
 
 // Appends JSON lines to a file (flushed per line so a crash keeps what was logged).
 class MetricsWriter {

@@ -22,6 +22,8 @@
 #include "trainer/optimizer.h"
 #include "trainer/parallel_state.h"
 #include "trainer/schedule.h"
+#include "trainer/stop_signal.h"
+#include "trainer/tensorboard.h"
 #include "trainer/train.h"
 
 namespace gtron::internal {
@@ -40,7 +42,18 @@ class Run {
   int train_cuda();
   // Reads the device loss rows of the steps since the last flush; pushes them to the summary,
   // stops on a non-finite value (returns false), logs when `done` is a log step.
-  bool flush_cuda(int64_t done);
+  // `stopping`: the step is logged whatever log.every says (Note [stop agreement]).
+  bool flush_cuda(int64_t done, bool stopping = false);
+  // Note [stop agreement]: called by every rank after every step; the signal number the ranks
+  // agreed to stop at after step `done`, or 0 to go on.
+  int agreed_stop(int64_t done);
+  // After an agreed stop at step `done` (checkpoint written): rank 0 says where; 128 + sig.
+  int stopped(int sig, int64_t done, const std::string& checkpoint);
+  // GTRON_TEST_KILL_RANK_AT_STEP (a test switch): SIGKILL this rank after step `done`.
+  void maybe_test_kill(int64_t done) const;
+  // An evaluation at step `done`: val record in metrics.jsonl, TensorBoard and (`console`) a
+  // console line; rank 0 only (the others return).
+  void log_eval(int64_t done, const EvalResult& ev, bool console = true);
   // After the last step: the final evaluation and summary line.
   int finish();
   // train --init: every parameter from checkpoint `dir` (shapes checked), fresh optimizer.
@@ -53,10 +66,12 @@ class Run {
   void print_header(const ResolvedData& data) const;
   // Mean over the data ranks of a few per-rank values (every rank gets the result).
   std::vector<double> world_mean(const std::vector<double>& values);
-  void save_checkpoint();
+  // Collective; returns the checkpoint's directory on rank 0 ("" elsewhere).
+  std::string save_checkpoint();
   void log_step(int64_t done, double lr, double gnorm, const std::vector<double>& losses);
+  // Step 1 too, so that a curve starts where the loss does.
   bool is_log_step(int64_t done) const {
-    return done % cfg_.log.every == 0 || done == cfg_.train.steps;
+    return done == 1 || done % cfg_.log.every == 0 || done == cfg_.train.steps;
   }
   bool is_eval_step(int64_t done) const {
     return cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0 &&
@@ -90,6 +105,15 @@ class Run {
   std::vector<std::pair<std::string, double>> comm_extra_;  // log.comm_timing, for log_step
   Schedule sched_;
   MetricsWriter metrics_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0, log.tensorboard
+  // Preemption (Note [stop agreement]): the handlers while the loop runs; with several ranks a
+  // Gloo communicator of its own for the stop votes, and the vote in flight.
+  std::unique_ptr<StopSignalScope> stop_signals_;
+  std::unique_ptr<parallel::Communicator> control_;
+  Tensor vote_;
+  parallel::Work vote_work_;
+  bool vote_pending_ = false;
+  int64_t test_kill_rank_ = -1, test_kill_step_ = -1;  // GTRON_TEST_KILL_RANK_AT_STEP
   int64_t start_ = 0;
   int64_t accum_ = 1;
   double flops_per_step_ = 0;

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +34,8 @@
 #include "trainer/prepare.h"
 #include "trainer/run.h"
 #include "trainer/schedule.h"
+#include "trainer/stop_signal.h"
+#include "trainer/tensorboard.h"
 
 namespace gtron {
 
@@ -306,6 +309,24 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
     if (grid_of_one == kGridOfOneTp && !grid_.tp) {  // a TP group of one rank
       grid_.tp = make(*rdv_.client, "grid/tp1", 0, 1);
     }
+    // The stop votes, on the host whatever the device (Note [stop agreement]).
+    if (env_.world_size > 1) {
+      control_ =
+          parallel::make_gloo_communicator(*rdv_.client, "control", env_.rank, env_.world_size, {});
+    }
+  }
+  if (const char* kill = std::getenv("GTRON_TEST_KILL_RANK_AT_STEP"); kill && *kill) {
+    long rank = -1, step = -1;
+    if (std::sscanf(kill, "%ld:%ld", &rank, &step) != 2 || rank < 0 || step < 1) {
+      throw UserError(str_cat("GTRON_TEST_KILL_RANK_AT_STEP='", kill,
+                              "': expected RANK:STEP, e.g. 1:6 (a test switch)"));
+    }
+    test_kill_rank_ = rank;
+    test_kill_step_ = step;
+    std::fprintf(stderr,
+                 "gtron: WARNING: GTRON_TEST_KILL_RANK_AT_STEP=%s: rank %ld kills itself (SIGKILL) "
+                 "after step %ld on attempt 0 (a test switch)\n",
+                 kill, rank, step);
   }
   // Rank 0 prepares the synthetic data; the others wait for it at the barrier.
   if (is_rank0()) make_dirs(cfg_.train.out_dir);
@@ -375,6 +396,11 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
     } else {
       metrics_.open(metrics_path(cfg_), /*append=*/false);
     }
+    // A resumed run adds a new event file: TensorBoard shows the steps a stopped run logged after
+    // its checkpoint and their rerun both (metrics.jsonl keeps only the rerun).
+    if (cfg_.log.tensorboard) {
+      tensorboard_ = std::make_unique<TensorBoardWriter>(cfg_.train.out_dir + "/tensorboard");
+    }
   }
   if (summary_) {
     summary_->first_step = start_ + 1;
@@ -426,7 +452,7 @@ void Run::print_header(const ResolvedData& data) const {
     std::printf(" | entropy floor %.4f nats/token, unigram %.4f", *data.entropy_rate,
                 data.unigram_entropy.value_or(NAN));
   }
-  std::printf("\n");
+  std::printf("\n%s\n", loss_legend(c.mtp.depth, c.mtp.loss_weight).c_str());
   std::fflush(stdout);
 }
 
@@ -440,17 +466,101 @@ std::vector<double> Run::world_mean(const std::vector<double>& values) {
   return out;
 }
 
-void Run::save_checkpoint() {
+std::string Run::save_checkpoint() {
   std::vector<NamedTensor> params = on_host(par_->full_parameters());
   std::vector<NamedTensor> moments = on_host(par_->full_moments(opt_->m(), opt_->v()));
+  std::string dir;
   if (is_rank0()) {
     TrainerState st{start_, opt_->steps_taken(), cfg_.train.seed, resolved_json(cfg_),
                     tokenizer_json_};
-    std::string dir = save_training_checkpoint(checkpoint_dir(cfg_), params, moments, st,
-                                               static_cast<int>(cfg_.checkpoint.keep));
+    dir = save_training_checkpoint(checkpoint_dir(cfg_), params, moments, st,
+                                   static_cast<int>(cfg_.checkpoint.keep));
     std::printf("checkpoint %s\n", dir.c_str());
   }
   if (grid_.world) grid_.world->barrier();
+  return dir;
+}
+
+// Note [stop agreement]
+// A SIGTERM or SIGINT (trainer/stop_signal.h) reaches the ranks of a job at different moments,
+// possibly in different steps, yet they must stop after the same step: the checkpoint is
+// collective. So every rank votes after every step: a max all-reduce of one number, its signal
+// or 0, on `control_`, a Gloo communicator of the world used for nothing else. It runs on the
+// host whatever the device (never a device sync, and on GPUs the compute stream does not see it),
+// and on a worker thread of its own (a vote never queues behind gradient traffic).
+// The vote is one step behind: the vote issued after step s is read after step s + 1, by when it
+// is long done, so reading it costs nothing in steady state; the ranks that read one reduced
+// value agree, and all stop after step s + 1 (a signal that arrives during step s stops the job
+// after s + 1, one step later than a single process, which reads its flag directly). A vote that
+// says stop ends voting, on every rank alike. At the last step the fresh vote is read at once,
+// so no vote stays in flight. The stop step is logged (log.every notwithstanding) and a
+// checkpoint is written through the normal, atomic path (once, if the step is a checkpoint step
+// anyway); the process exits 128 + the agreed signal (the largest number voted, SIGTERM over
+// SIGINT). The final evaluation is skipped: a preempted job has seconds, not minutes.
+int Run::agreed_stop(int64_t done) {
+  if (!control_) return stop_signal_received();
+  int agreed = 0;
+  if (vote_pending_) {
+    vote_work_.synchronize();
+    vote_pending_ = false;
+    agreed = static_cast<int>(vote_.data<float>()[0]);
+  }
+  if (agreed != 0) return agreed;
+  vote_ = Tensor::from_vector({static_cast<double>(stop_signal_received())}, {1}, DType::kF32);
+  vote_work_ = control_->all_reduce(vote_, parallel::ReduceOp::kMax);
+  vote_pending_ = true;
+  if (done == cfg_.train.steps) {
+    vote_work_.synchronize();
+    vote_pending_ = false;
+    agreed = static_cast<int>(vote_.data<float>()[0]);
+  }
+  return agreed;
+}
+
+int Run::stopped(int sig, int64_t done, const std::string& checkpoint) {
+  stop_signals_.reset();
+  if (is_rank0()) {
+    std::printf(
+        "gtron: %s: stopped after step %ld of %ld; checkpoint %s (continue with --resume)\n",
+        stop_signal_name(sig), static_cast<long>(done), static_cast<long>(cfg_.train.steps),
+        checkpoint.c_str());
+    std::fflush(stdout);
+  }
+  return 128 + sig;
+}
+
+void Run::maybe_test_kill(int64_t done) const {
+  if (done != test_kill_step_ || env_.rank != test_kill_rank_) return;
+  const char* attempt = std::getenv("GTRON_RESTART_COUNT");
+  if (attempt != nullptr && std::string(attempt) != "0") return;
+  std::fprintf(stderr, "gtron: GTRON_TEST_KILL_RANK_AT_STEP: rank %d kills itself after step %ld\n",
+               env_.rank, static_cast<long>(done));
+  std::fflush(stderr);
+  std::raise(SIGKILL);
+}
+
+void Run::log_eval(int64_t done, const EvalResult& ev, bool console) {
+  if (!is_rank0()) return;
+  ValMetrics vm;
+  vm.step = done;
+  vm.main_loss = ev.main_loss;
+  vm.mtp_losses = ev.mtp_losses;
+  vm.loss = objective(ev.main_loss, ev.mtp_losses, cfg_.mtp.loss_weight);
+  vm.tokens = ev.tokens;
+  vm.bits_per_byte = bits_per_byte(data_, ev.main_loss).value_or(-1);
+  if (console) {
+    std::printf("%s\n", format_val_line(vm).c_str());
+    std::fflush(stdout);
+  }
+  metrics_.write(format_val_json(vm));
+  if (tensorboard_) {
+    std::vector<std::pair<std::string, double>> v = {{"val/loss", vm.loss},
+                                                     {"val/main_loss", vm.main_loss}};
+    for (size_t k = 0; k < vm.mtp_losses.size(); ++k)
+      v.push_back({"val/mtp_loss_" + std::to_string(k + 1), vm.mtp_losses[k]});
+    tensorboard_->add_scalars(done, v);
+    tensorboard_->flush();
+  }
 }
 
 void Run::log_step(int64_t done, double lr, double gnorm, const std::vector<double>& losses) {
@@ -489,11 +599,24 @@ void Run::log_step(int64_t done, double lr, double gnorm, const std::vector<doub
   std::printf("%s\n", format_line(sm).c_str());
   std::fflush(stdout);
   metrics_.write(format_json(sm));
+  if (tensorboard_) {
+    std::vector<std::pair<std::string, double>> v = {{"train/loss", sm.loss},
+                                                     {"train/main_loss", sm.main_loss}};
+    for (size_t k = 0; k < sm.mtp_losses.size(); ++k)
+      v.push_back({"train/mtp_loss_" + std::to_string(k + 1), sm.mtp_losses[k]});
+    v.push_back({"train/lr", sm.lr});
+    v.push_back({"train/grad_norm", sm.grad_norm});
+    v.push_back({"train/tokens_per_s", sm.tokens_per_s});
+    tensorboard_->add_scalars(done, v);
+    tensorboard_->flush();
+  }
   t_window_ = Clock::now();
   window_steps_ = 0;
 }
 
 int Run::train() {
+  stop_signals_ = std::make_unique<StopSignalScope>();
+  t_window_ = Clock::now();  // the first window is step 1, not the set-up
   if (device_.is_cuda()) return train_cuda();
   const int64_t T = cfg_.train.seq_len, mb = cfg_.train.micro_batch;
   const size_t D = static_cast<size_t>(cfg_.mtp.depth);
@@ -534,28 +657,27 @@ int Run::train() {
     ++window_steps_;
     const int64_t done = step + 1;
     start_ = done;
-    if (is_rank0() && (done % cfg_.log.every == 0 || done == cfg_.train.steps)) {
-      log_step(done, lr, gnorm, losses);
-    }
-    if (cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0 &&
-        done != cfg_.train.steps) {
+    maybe_test_kill(done);
+    const int stop = agreed_stop(done);
+    if (is_rank0() && (is_log_step(done) || stop)) log_step(done, lr, gnorm, losses);
+    if (is_eval_step(done) && !stop) {
       par_->ensure_all_ready();
-      EvalResult ev = evaluate(*model_, cfg_, data_.val_glob);
-      if (is_rank0())
-        std::printf("eval step %ld | val main loss %.4f\n", static_cast<long>(done), ev.main_loss);
+      log_eval(done, evaluate(*model_, cfg_, data_.val_glob));
     }
-    if ((cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) ||
-        done == cfg_.train.steps) {
-      save_checkpoint();
+    if (is_checkpoint_step(done) || stop) {
+      const std::string dir = save_checkpoint();
+      if (stop) return stopped(stop, done, dir);
     }
   }
   return finish();
 }
 
 int Run::finish() {
+  stop_signals_.reset();  // the final checkpoint is written: a signal now ends the process
   par_->ensure_all_ready();
   EvalResult ev = evaluate(*model_, cfg_, data_.val_glob);
   if (summary_) summary_->val_loss = ev.main_loss;
+  log_eval(start_, ev, /*console=*/false);  // the "final:" line below says it
   if (!is_rank0()) return kExitOk;
   std::printf("final: val main loss %.4f over %ld tokens", ev.main_loss,
               static_cast<long>(ev.tokens));

@@ -89,23 +89,26 @@ int Run::train_cuda() {
     ++window_steps_;
     const int64_t done = step + 1;
     start_ = done;
-    const bool eval = is_eval_step(done), ckpt = is_checkpoint_step(done);
+    maybe_test_kill(done);
+    // Host-side and one step behind: no device sync (Note [stop agreement] in train.cc).
+    const int stop = agreed_stop(done);
+    const bool eval = is_eval_step(done) && !stop, ckpt = is_checkpoint_step(done) || stop;
     if (is_log_step(done) || eval || ckpt || static_cast<int64_t>(row_lr_.size()) == rows) {
-      if (!flush_cuda(done)) return kExitNonFinite;
+      if (!flush_cuda(done, stop != 0)) return kExitNonFinite;
     }
     if (eval) {
       par_->ensure_all_ready();
-      EvalResult ev = evaluate(*model_, cfg_, data_.val_glob);
-      if (is_rank0()) {
-        std::printf("eval step %ld | val main loss %.4f\n", static_cast<long>(done), ev.main_loss);
-      }
+      log_eval(done, evaluate(*model_, cfg_, data_.val_glob));
     }
-    if (ckpt) save_checkpoint();
+    if (ckpt) {
+      const std::string dir = save_checkpoint();
+      if (stop) return stopped(stop, done, dir);
+    }
   }
   return finish();
 }
 
-bool Run::flush_cuda(int64_t done) {
+bool Run::flush_cuda(int64_t done, bool stopping) {
   const int D = static_cast<int>(cfg_.mtp.depth);
   const int64_t width = 3 + D;
   const int64_t n = static_cast<int64_t>(row_lr_.size());
@@ -137,8 +140,9 @@ bool Run::flush_cuda(int64_t done) {
   }
   const double* last = v.data() + (n - 1) * width;
   // Every rank reads its communication timers at log steps (rank 0 prints its own).
-  if (is_log_step(done)) comm_extra_ = par_->take_comm_metrics(window_steps_);
-  if (is_rank0() && is_log_step(done)) {
+  const bool log = is_log_step(done) || stopping;
+  if (log) comm_extra_ = par_->take_comm_metrics(window_steps_);
+  if (is_rank0() && log) {
     log_step(done, row_lr_.back(), last[2 + D], std::vector<double>(last, last + 2 + D));
   }
   row_lr_.clear();

@@ -8,10 +8,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
+#include <thread>
 
 namespace gtron::testing {
 
@@ -31,6 +34,48 @@ CmdResult run_launcher(const std::vector<std::string>& launcher_args,
                        const std::vector<std::string>& args) {
   return run_command("scripts/gtronrun" + quoted(launcher_args) + " -- trainer/gtron" +
                      quoted(args));
+}
+
+pid_t spawn_command(const std::string& cmd, const std::string& log) {
+  const std::string line = "exec " + cmd + " > '" + log + "' 2>&1";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+pid_t spawn_gtron(const std::vector<std::string>& args, const std::string& log) {
+  return spawn_command("trainer/gtron" + quoted(args), log);
+}
+
+int wait_exit_code(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+bool wait_for_train_records(const std::string& path, size_t n, pid_t pid, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (metrics_losses(path).size() >= n) return true;
+    siginfo_t info{};
+    if (waitid(P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid) {
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 int free_port() {

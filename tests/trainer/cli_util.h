@@ -1,6 +1,8 @@
 // Test helpers that run the gtron binary as a user would (from the test's runfiles).
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 #include <vector>
 
@@ -19,6 +21,18 @@ CmdResult run_command(const std::string& cmd);
 // Runs `scripts/gtronrun LAUNCHER_ARGS -- trainer/gtron ARGS`.
 CmdResult run_launcher(const std::vector<std::string>& launcher_args,
                        const std::vector<std::string>& args);
+// Starts `sh -c 'exec CMD'` in the background with stdout and stderr to `log`: the pid returned
+// is CMD's own process (e.g. the real gtron), which a test can signal.
+pid_t spawn_command(const std::string& cmd, const std::string& log);
+// `trainer/gtron ARGS` in the background (spawn_command).
+pid_t spawn_gtron(const std::vector<std::string>& args, const std::string& log);
+// Waits for a spawned process; its exit code, or 128 + N when signal N killed it.
+int wait_exit_code(pid_t pid);
+// Polls until metrics.jsonl at `path` holds at least `n` train records (true), or `pid` has
+// exited or `timeout_s` passed (false). Does not reap `pid`.
+bool wait_for_train_records(const std::string& path, size_t n, pid_t pid, double timeout_s);
+// The whole file ("" when missing).
+std::string read_text(const std::string& path);
 // A TCP port that was free a moment ago (bind to port 0, read it back, close).
 int free_port();
 // Loss values from metrics.jsonl as doubles.

@@ -24,6 +24,7 @@ TEST(TrainAllocCuda, NoMissesInSteadyState) {
   std::string line;
   while (std::getline(f, line)) {
     const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("split", "train") != "train") continue;  // validation records
     ASSERT_TRUE(j.contains("alloc_misses") && j.contains("reserved_mib")) << line;
     by_step[j["step"].get<int64_t>()] = {j["alloc_misses"].get<double>(),
                                          j["reserved_mib"].get<double>()};
