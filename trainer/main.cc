@@ -3,6 +3,7 @@
 // Every user error (flags, config, data, checkpoint) prints one clear message and exits with code 2
 // before any work starts; internal invariants abort.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -222,6 +223,9 @@ int cmd_print_config(const Options& o) {
 }
 
 int run(int argc, char** argv) {
+  // A write to a dead peer's socket (Gloo, the store) fails with EPIPE and is reported as that
+  // peer's failure, instead of killing this rank with SIGPIPE (exit 141, no message).
+  std::signal(SIGPIPE, SIG_IGN);
   apply_default_cpu_threads();  // OMP_NUM_THREADS unset: trainer/threads.h
   Options o;
   CLI::App app{"gtron: a small C++/CUDA trainer for GPT models with GTP and MTP"};

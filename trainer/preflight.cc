@@ -246,6 +246,19 @@ std::string model_difference(const Config& a, const Config& b) {
   if (d.empty() && a.model.tied_embeddings != b.model.tied_embeddings)
     d = str_cat("model.tied_embeddings: checkpoint ", a.model.tied_embeddings ? "true" : "false",
                 ", config ", b.model.tied_embeddings ? "true" : "false");
+  if (d.empty() && a.model.arch != b.model.arch)
+    d = str_cat("model.arch: checkpoint ", to_string(a.model.arch), ", config ",
+                to_string(b.model.arch));
+  if (d.empty()) d = differ("model.n_kv_head", a.model.n_kv_head, b.model.n_kv_head);
+  if (d.empty()) d = differ("model.head_dim", a.model.head_dim, b.model.head_dim);
+  if (d.empty())
+    d = differ("model.intermediate_size", a.model.intermediate_size, b.model.intermediate_size);
+  if (d.empty() && a.model.qk_norm != b.model.qk_norm)
+    d = str_cat("model.qk_norm: checkpoint ", a.model.qk_norm ? "true" : "false", ", config ",
+                b.model.qk_norm ? "true" : "false");
+  if (d.empty() && a.model.qkv_bias != b.model.qkv_bias)
+    d = str_cat("model.qkv_bias: checkpoint ", a.model.qkv_bias ? "true" : "false", ", config ",
+                b.model.qkv_bias ? "true" : "false");
   if (d.empty()) d = differ("mtp.depth", a.mtp.depth, b.mtp.depth);
   return d;
 }
@@ -269,8 +282,20 @@ void check_cpu_memory(const Config& cfg, bool training, double extra_bytes,
   const double L = static_cast<double>(cfg.model.n_layer);
   const double Tmax = static_cast<double>(cfg.model.context_length);
   const double D = static_cast<double>(cfg.mtp.depth);
-  const double block = 12 * C * C + 13 * C;  // qkv, proj, fc, proj, two LayerNorms
-  double params = V * C * (cfg.model.tied_embeddings ? 1 : 2) + Tmax * C + L * block + 2 * C +
+  double block = 12 * C * C + 13 * C;  // qkv, proj, fc, proj, two LayerNorms
+  double positions = Tmax * C;
+  if (cfg.model.arch == ModelArch::kLlama) {  // q|k|v, o, gate|up, down, two RMSNorms; no table
+    const ModelConfig& m = cfg.model;
+    const double NHq = static_cast<double>(m.n_head);
+    const double NKV = static_cast<double>(m.n_kv_head > 0 ? m.n_kv_head : m.n_head);
+    const double HS = static_cast<double>(m.head_dim > 0 ? m.head_dim : m.n_embd / m.n_head);
+    const double F = static_cast<double>(m.intermediate_size > 0
+                                             ? m.intermediate_size
+                                             : (8 * m.n_embd / 3 + 63) / 64 * 64);
+    block = (NHq + 2 * NKV) * HS * C + NHq * HS * C + 3 * C * F + 2 * C;
+    positions = 0;
+  }
+  double params = V * C * (cfg.model.tied_embeddings ? 1 : 2) + positions + L * block + 2 * C +
                   D * (2 * C + 2 * C * C + block);
   double bytes = 4 * params + extra_bytes;
   if (training) {
