@@ -14,7 +14,7 @@ Tolerance policy (also written into each golden file):
               what a dropped gradient or a wrong scale does (>1e-2 within a few steps).
   * 1e-6    — tensor-parallel members (parallel.tp > 1, alone or with DP/GTP): the TP issue's
               bound, held at every step (measured ~1e-7: partial GEMM and softmax sums).
-The long run must also end within 0.1 nats/token of the data's entropy floor (meta.json).
+The long runs (GPT-2 and llama) must also end within 0.1 nats/token of the data's entropy floor (meta.json).
 Prints a table and a final line "N passed, N failed"; exits 1 on any failure. Standard library only.
 """
 import argparse
@@ -29,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 CONV = os.path.join(ROOT, "configs", "convergence.json")
 TINY = os.path.join(ROOT, "configs", "tiny.json")
+LLAMA_TINY = os.path.join(ROOT, "configs", "llama_tiny.json")
 REASSOCIATED = 1e-4
 TENSOR_PARALLEL = 1e-6
 FLOOR_GAP = 0.1
@@ -40,6 +41,11 @@ GOLDENS = {
     "mtp_d2": (CONV, ["mtp.depth=2"]),
     "mtp_d2_nh4": (CONV, ["mtp.depth=2", "model.n_head=4"]),  # heads for TP=4
     "long_tiny": (TINY, ["log.every=1", "checkpoint.every=0"]),
+    # The llama family: GQA (4 query heads, 2 key/value heads of 8), Qwen3's q/k norms, SwiGLU.
+    "llama_d2": (CONV, ["model.arch=llama", "model.n_head=4", "model.n_kv_head=2",
+                        "model.qk_norm=true", "model.intermediate_size=64", "mtp.depth=2"]),
+    "long_llama": (LLAMA_TINY, ["log.every=1", "checkpoint.every=0", "model.qk_norm=true",
+                                "mtp.depth=2"]),
 }
 
 # (name, golden, ranks, gtp, extra sets, kind): kind "exact" | "reassociated" | "tp" | "resume"
@@ -68,16 +74,27 @@ MATRIX = [
     ("TP=2 D=2 sequence-parallel", "mtp_d2", 2, 1,
      ["parallel.tp=2", "parallel.sequence_parallel=true"], "tp"),
     ("resume@20 D=2", "mtp_d2", 1, 1, [], "resume"),
+    ("llama 1proc D=2", "llama_d2", 1, 1, [], "exact"),
+    ("llama 1proc D=2 graphs=full", "llama_d2", 1, 1, ["graphs.scope=full"], "exact"),
+    ("llama GTP=2 D=2 graphs=layers", "llama_d2", 2, 2, ["graphs.scope=layers"], "reassociated"),
+    ("llama DP=2xGTP=2 D=2", "llama_d2", 4, 2, [], "reassociated"),
+    ("llama TP=2xGTP=2 D=2 sequence-parallel", "llama_d2", 4, 2,
+     ["parallel.tp=2", "parallel.sequence_parallel=true"], "tp"),
+    ("llama resume@20 D=2", "llama_d2", 1, 1, [], "resume"),
     ("long tiny (floor)", "long_tiny", 1, 1, [], "exact"),
+    ("long llama (floor)", "long_llama", 1, 1, [], "exact"),
 ]
 
 
 def read_metrics(path):
+    """The training records of a metrics.jsonl (validation records carry "split": "val")."""
     rows = []
     with open(path) as f:
         for line in f:
             if line.strip():
-                rows.append(json.loads(line))
+                row = json.loads(line)
+                if row.get("split") != "val":
+                    rows.append(row)
     return rows
 
 
@@ -222,7 +239,7 @@ def run_matrix(runner, only):
         ok, worst, msg = compare(kind, golden, got)
         bound = TENSOR_PARALLEL if kind == "tp" else REASSOCIATED
         tol = "exact" if kind in ("exact", "resume") else f"<{bound:g}"
-        if ok and gname == "long_tiny":
+        if ok and gname.startswith("long_"):
             gap = None
             for line in log.splitlines():
                 if "gap " in line:
