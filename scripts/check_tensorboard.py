@@ -3,7 +3,8 @@
 
 Usage: scripts/check_tensorboard.py RUN_DIR
 
-Loads every events.out.tfevents.* file in RUN_DIR (not its sub-folders) with TensorBoard's own
+Loads every events.out.tfevents.* file in RUN_DIR (not its sub-folders; a gtron run folder, whose
+files are in RUN_DIR/tensorboard/ (log.tensorboard), is read there) with TensorBoard's own
 EventAccumulator, keeping every point, and prints one JSON object:
   {"run": RUN_DIR, "tags": [sorted scalar tags],
    "scalars": {tag: {"points": N, "last_step": S, "last_value": V}}}
@@ -29,6 +30,11 @@ def main(argv):
     if not os.path.isdir(args.run_dir):
         print(f"check_tensorboard: no such folder: {args.run_dir}", file=sys.stderr)
         return 2
+
+    events = lambda d: [f for f in os.listdir(d) if f.startswith("events.out.tfevents.")]
+    sub = os.path.join(args.run_dir, "tensorboard")
+    if not events(args.run_dir) and os.path.isdir(sub) and events(sub):
+        args.run_dir = sub  # a gtron run folder
 
     from tensorboard.backend.event_processing import event_accumulator
 
