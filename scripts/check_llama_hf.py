@@ -15,27 +15,15 @@ max|diff| / max|hf| exceeds the tolerance. Needs torch and transformers.
 import argparse
 import inspect
 import json
-import struct
+import os
 import sys
 
 import numpy as np
 import torch
 import transformers
 
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
-    header.pop("__metadata__", None)
-    data = blob[8 + n:]
-    types = {"F32": np.float32, "I32": np.int32}
-    out = {}
-    for name, e in header.items():
-        begin, end = e["data_offsets"]
-        out[name] = np.frombuffer(data[begin:end], dtype=types[e["dtype"]]).reshape(e["shape"])
-    return out
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "trainer"))
+from gpt2_reference import read_safetensors  # noqa: E402  (the tests' numpy reader)
 
 
 def hf_config(m, vp, qwen3):

@@ -68,44 +68,38 @@ cuda::FlashBackwardArgs flash_backward_args(const Tensor& qkv, const Tensor& y, 
 
 }  // namespace
 
-Var causal_attention(const Var& qkv, int NH) {
-  GTRON_CHECK(qkv.shape().rank() == 3, "causal_attention: qkv ", qkv.shape().str(),
-              ", expected [B, T, 3C]");
-  const int64_t B = qkv.shape()[0];
-  const int64_t Tlen = qkv.shape()[1];
-  const int64_t C3 = qkv.shape()[2];
-  GTRON_CHECK(NH > 0 && C3 % (3 * static_cast<int64_t>(NH)) == 0, "causal_attention: qkv width ",
-              C3, " is not 3·NH·HS for NH = ", NH);
-  const int64_t C = C3 / 3;
-  const int64_t HS = C / NH;
+namespace {
 
+// Both entry points: the flash kernels when `flash` (NKV = NH only), else the reference kernels
+// of the grouped layout (NKV = NH is GPT-2's [q | k | v]). qkv: [B, T, (NH + 2·NKV)·HS].
+Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64_t HS,
+                 bool flash) {
   Device dev = qkv.device();
   Stream& s = current_stream(dev);
-  Tensor y = Tensor::empty(Shape{B, Tlen, C}, qkv.dtype(), dev, &s);
+  Tensor y = Tensor::empty(Shape{B, Tlen, NH * HS}, qkv.dtype(), dev, &s);
   // [B, NH, T] log-sum-exps, kept for the backward; fp32 on CUDA.
   Tensor lse =
       Tensor::empty(Shape{B, NH, Tlen}, dev.is_cuda() ? DType::kF32 : qkv.dtype(), dev, &s);
-  const bool flash = dev.is_cuda() && cuda::flash_attention_supported(HS, qkv.dtype());
   if (flash) {
     cuda::flash_attention_forward(flash_forward_args(qkv.value(), y, lse, NH), s.native());
   } else if (dev.is_cuda()) {
-    Tensor scratch =
-        scratch_bytes(cuda::attention_forward_scratch_bytes(B, Tlen, NH, HS, qkv.dtype()), s);
-    cuda::attention_forward(qkv.value().raw(), y.raw(), lse.data<float>(), scratch.raw(), B, Tlen,
-                            NH, HS, qkv.dtype(), s.native());
+    Tensor scratch = scratch_bytes(
+        cuda::attention_gqa_forward_scratch_bytes(B, Tlen, NH, NKV, HS, qkv.dtype()), s);
+    cuda::attention_gqa_forward(qkv.value().raw(), y.raw(), lse.data<float>(), scratch.raw(), B,
+                                Tlen, NH, NKV, HS, qkv.dtype(), s.native());
   } else {
     dispatch_float(qkv.dtype(), [&](auto tag) {
       using T = decltype(tag);
       const T* qp = qkv.value().data<T>();
       T* yp = y.data<T>();
       T* lp = lse.data<T>();
-      s.run([=] { cpu::attention_forward<T>(qp, yp, lp, B, Tlen, NH, HS); });
+      s.run([=] { cpu::attention_gqa_forward<T>(qp, yp, lp, B, Tlen, NH, NKV, HS); });
     });
   }
 
   Var out = Var::output(y, qkv.requires_grad());
   if (out.requires_grad()) {
-    record_backward([qkv, lse, out, B, Tlen, NH, HS, flash] {
+    record_backward([qkv, lse, out, B, Tlen, NH, NKV, HS, flash] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
       if (flash) {
@@ -128,66 +122,6 @@ Var causal_attention(const Var& qkv, int NH) {
         return;
       }
       if (out.device().is_cuda()) {
-        Tensor scratch =
-            scratch_bytes(cuda::attention_backward_scratch_bytes(B, Tlen, NH, HS, out.dtype()), s);
-        cuda::attention_backward(qkv.value().raw(), lse.data<float>(), out.grad().raw(),
-                                 qkv.grad().raw(), scratch.raw(), B, Tlen, NH, HS, out.dtype(),
-                                 s.native());
-        return;
-      }
-      dispatch_float(out.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        const T* qp = qkv.value().data<T>();
-        const T* lp = lse.data<T>();
-        const T* dyp = out.grad().data<T>();
-        T* dq = qkv.grad().data<T>();
-        s.run([=] { cpu::attention_backward<T>(qp, lp, dyp, dq, B, Tlen, NH, HS); });
-      });
-    });
-  }
-  return out;
-}
-
-Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS) {
-  GTRON_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "causal_attention_gqa: NKV = ", NKV,
-              " k/v heads must divide NH = ", NH, " query heads");
-  GTRON_CHECK(HS > 0 && HS % 2 == 0, "causal_attention_gqa: head size ", HS,
-              " must be even and > 0 (RoPE rotates pairs)");
-  GTRON_CHECK(qkv.shape().rank() == 3, "causal_attention_gqa: qkv ", qkv.shape().str(),
-              ", expected [B, T, (NH + 2·NKV)·HS]");
-  const int64_t B = qkv.shape()[0];
-  const int64_t Tlen = qkv.shape()[1];
-  check_shape("causal_attention_gqa: qkv", qkv.shape(),
-              Shape{B, Tlen, (NH + 2 * int64_t{NKV}) * HS});
-  if (NKV == NH) return causal_attention(qkv, NH);
-
-  Device dev = qkv.device();
-  Stream& s = current_stream(dev);
-  Tensor y = Tensor::empty(Shape{B, Tlen, int64_t{NH} * HS}, qkv.dtype(), dev, &s);
-  // [B, NH, T] log-sum-exps, kept for the backward; fp32 on CUDA.
-  Tensor lse =
-      Tensor::empty(Shape{B, NH, Tlen}, dev.is_cuda() ? DType::kF32 : qkv.dtype(), dev, &s);
-  if (dev.is_cuda()) {
-    Tensor scratch = scratch_bytes(
-        cuda::attention_gqa_forward_scratch_bytes(B, Tlen, NH, NKV, HS, qkv.dtype()), s);
-    cuda::attention_gqa_forward(qkv.value().raw(), y.raw(), lse.data<float>(), scratch.raw(), B,
-                                Tlen, NH, NKV, HS, qkv.dtype(), s.native());
-  } else {
-    dispatch_float(qkv.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      const T* qp = qkv.value().data<T>();
-      T* yp = y.data<T>();
-      T* lp = lse.data<T>();
-      s.run([=] { cpu::attention_gqa_forward<T>(qp, yp, lp, B, Tlen, NH, NKV, HS); });
-    });
-  }
-
-  Var out = Var::output(y, qkv.requires_grad());
-  if (out.requires_grad()) {
-    record_backward([qkv, lse, out, B, Tlen, NH, NKV, HS] {
-      if (!out.has_grad()) return;
-      Stream& s = current_stream(out.device());
-      if (out.device().is_cuda()) {
         Tensor scratch = scratch_bytes(
             cuda::attention_gqa_backward_scratch_bytes(B, Tlen, NH, NKV, HS, out.dtype()), s);
         cuda::attention_gqa_backward(qkv.value().raw(), lse.data<float>(), out.grad().raw(),
@@ -206,6 +140,34 @@ Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS) {
     });
   }
   return out;
+}
+
+}  // namespace
+
+Var causal_attention(const Var& qkv, int NH) {
+  GTRON_CHECK(qkv.shape().rank() == 3, "causal_attention: qkv ", qkv.shape().str(),
+              ", expected [B, T, 3C]");
+  const int64_t C3 = qkv.shape()[2];
+  GTRON_CHECK(NH > 0 && C3 % (3 * static_cast<int64_t>(NH)) == 0, "causal_attention: qkv width ",
+              C3, " is not 3·NH·HS for NH = ", NH);
+  const int64_t HS = C3 / 3 / NH;
+  const bool flash = qkv.device().is_cuda() && cuda::flash_attention_supported(HS, qkv.dtype());
+  return attention_of(qkv, qkv.shape()[0], qkv.shape()[1], NH, NH, HS, flash);
+}
+
+Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS) {
+  GTRON_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "causal_attention_gqa: NKV = ", NKV,
+              " k/v heads must divide NH = ", NH, " query heads");
+  GTRON_CHECK(HS > 0 && HS % 2 == 0, "causal_attention_gqa: head size ", HS,
+              " must be even and > 0 (RoPE rotates pairs)");
+  GTRON_CHECK(qkv.shape().rank() == 3, "causal_attention_gqa: qkv ", qkv.shape().str(),
+              ", expected [B, T, (NH + 2·NKV)·HS]");
+  const int64_t B = qkv.shape()[0];
+  const int64_t Tlen = qkv.shape()[1];
+  check_shape("causal_attention_gqa: qkv", qkv.shape(),
+              Shape{B, Tlen, (NH + 2 * int64_t{NKV}) * HS});
+  if (NKV == NH) return causal_attention(qkv, NH);
+  return attention_of(qkv, B, Tlen, NH, NKV, HS, /*flash=*/false);
 }
 
 }  // namespace gtron

@@ -13,30 +13,16 @@ Written from the README's description of the family (Hugging Face's LlamaForCaus
 Qwen3ForCausalLM): RMSNorm, packed q|k|v rows, optional q/k RMSNorm per head before RoPE, RoPE in
 the rotate-half convention (dimension i pairs with i + HS/2) with the optional llama3 frequency
 rewrite, grouped-query causal attention, SwiGLU, final RMSNorm, head (tied to the embedding unless
-untied). It shares no code with gtron.
+untied). It shares no code with gtron (only gpt2_reference.py's safetensors reader).
 """
 
 import json
 import math
-import struct
 import sys
 
 import numpy as np
 
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
-    header.pop("__metadata__", None)
-    data = blob[8 + n:]
-    types = {"F32": np.float32, "I32": np.int32}
-    out = {}
-    for name, e in header.items():
-        begin, end = e["data_offsets"]
-        out[name] = np.frombuffer(data[begin:end], dtype=types[e["dtype"]]).reshape(e["shape"])
-    return out
+from gpt2_reference import read_safetensors  # the same file reader (this folder)
 
 
 def rms_norm(x, weight, eps):
