@@ -32,38 +32,6 @@ std::vector<double> repeat_kv(const std::vector<double>& x, int64_t rows, int NH
   return out;
 }
 
-// Scalar causal attention on GPT-2 rows, straight from the definition.
-std::vector<double> reference_mha(const std::vector<double>& qkv, int64_t B, int64_t T, int NH,
-                                  int HS) {
-  const int64_t C = int64_t{NH} * HS;
-  std::vector<double> out(static_cast<size_t>(B * T * C), 0.0);
-  auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h, int64_t i) {
-    return qkv[static_cast<size_t>((b * T + t) * 3 * C + part * C + h * HS + i)];
-  };
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<double> w(static_cast<size_t>(t + 1));
-        double mx = -1e300, sum = 0;
-        for (int64_t s = 0; s <= t; ++s) {
-          double d = 0;
-          for (int64_t i = 0; i < HS; ++i) d += at(b, t, 0, h, i) * at(b, s, 1, h, i);
-          w[s] = d / std::sqrt(static_cast<double>(HS));
-          mx = std::max(mx, w[s]);
-        }
-        for (double& x : w) sum += (x = std::exp(x - mx));
-        for (int64_t s = 0; s <= t; ++s) {
-          for (int64_t i = 0; i < HS; ++i) {
-            out[static_cast<size_t>((b * T + t) * C + h * HS + i)] +=
-                w[s] / sum * at(b, s, 2, h, i);
-          }
-        }
-      }
-    }
-  }
-  return out;
-}
-
 TEST(CausalAttentionGqa, MatchesRepeatedKvReference) {
   const int64_t B = 2, T = 7;
   const int NH = 4, HS = 8;
@@ -72,7 +40,7 @@ TEST(CausalAttentionGqa, MatchesRepeatedKvReference) {
     std::vector<double> got =
         causal_attention_gqa(Var::constant(qkv), NH, NKV, HS).value().to_vector();
     std::vector<double> want =
-        reference_mha(repeat_kv(qkv.to_vector(), B * T, NH, NKV, HS), B, T, NH, HS);
+        testing::reference_attention(repeat_kv(qkv.to_vector(), B * T, NH, NKV, HS), B, T, NH, HS);
     EXPECT_LT(testing::rel_diff(got, want), 1e-13) << "NKV=" << NKV;
   }
 }

@@ -28,42 +28,11 @@ TEST(CausalAttention, TwoTokensOneHeadByHand) {
   EXPECT_NEAR(w0, 0.8044296, 1e-7);  // softmax([2.828427, 1.414214])[0]
 }
 
-// An independent reference: scalar loops over (b, h, t, s), straight from the definition.
-std::vector<double> reference_attention(const std::vector<double>& qkv, int64_t B, int64_t T,
-                                        int64_t NH, int64_t HS) {
-  const int64_t C = NH * HS;
-  std::vector<double> out(static_cast<size_t>(B * T * C), 0.0);
-  auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h, int64_t i) {
-    return qkv[static_cast<size_t>((b * T + t) * 3 * C + part * C + h * HS + i)];
-  };
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<double> w(static_cast<size_t>(t + 1));
-        double mx = -1e300, sum = 0;
-        for (int64_t s = 0; s <= t; ++s) {
-          double d = 0;
-          for (int64_t i = 0; i < HS; ++i) d += at(b, t, 0, h, i) * at(b, s, 1, h, i);
-          w[s] = d / std::sqrt(static_cast<double>(HS));
-          mx = std::max(mx, w[s]);
-        }
-        for (double& x : w) sum += (x = std::exp(x - mx));
-        for (int64_t s = 0; s <= t; ++s) {
-          for (int64_t i = 0; i < HS; ++i) {
-            out[static_cast<size_t>((b * T + t) * C + h * HS + i)] +=
-                w[s] / sum * at(b, s, 2, h, i);
-          }
-        }
-      }
-    }
-  }
-  return out;
-}
 
 void expect_matches_reference(int64_t B, int64_t T, int NH, int64_t HS, uint64_t seed) {
   Tensor qkv = testing::randn_tensor({B, T, 3 * NH * HS}, seed);
   std::vector<double> got = causal_attention(Var::constant(qkv), NH).value().to_vector();
-  std::vector<double> want = reference_attention(qkv.to_vector(), B, T, NH, HS);
+  std::vector<double> want = testing::reference_attention(qkv.to_vector(), B, T, NH, HS);
   EXPECT_LT(testing::rel_diff(got, want), 1e-13) << "B=" << B << " T=" << T << " NH=" << NH;
 }
 

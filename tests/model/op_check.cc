@@ -41,4 +41,35 @@ void with_threads(int n, const std::function<void()>& body) {
   omp_set_num_threads(prev);
 }
 
+std::vector<double> reference_attention(const std::vector<double>& qkv, int64_t B, int64_t T,
+                                        int64_t NH, int64_t HS) {
+  const int64_t C = NH * HS;
+  std::vector<double> out(static_cast<size_t>(B * T * C), 0.0);
+  auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h, int64_t i) {
+    return qkv[static_cast<size_t>((b * T + t) * 3 * C + part * C + h * HS + i)];
+  };
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> w(static_cast<size_t>(t + 1));
+        double mx = -1e300, sum = 0;
+        for (int64_t s = 0; s <= t; ++s) {
+          double d = 0;
+          for (int64_t i = 0; i < HS; ++i) d += at(b, t, 0, h, i) * at(b, s, 1, h, i);
+          w[s] = d / std::sqrt(static_cast<double>(HS));
+          mx = std::max(mx, w[s]);
+        }
+        for (double& x : w) sum += (x = std::exp(x - mx));
+        for (int64_t s = 0; s <= t; ++s) {
+          for (int64_t i = 0; i < HS; ++i) {
+            out[static_cast<size_t>((b * T + t) * C + h * HS + i)] +=
+                w[s] / sum * at(b, s, 2, h, i);
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace gtron::testing

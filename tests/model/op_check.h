@@ -21,6 +21,11 @@ std::vector<std::vector<double>> run_op(const std::function<Var(const std::vecto
 // Normwise relative difference ‖a − b‖ / max(‖b‖, 1e-30). REQUIRES: equal sizes.
 double rel_diff(const std::vector<double>& a, const std::vector<double>& b);
 
+// Causal multi-head attention on GPT-2's packed rows [B, T, 3·NH·HS] (q | k | v), scalar loops
+// over (b, h, t, s) straight from the definition: an independent reference, [B, T, NH·HS].
+std::vector<double> reference_attention(const std::vector<double>& qkv, int64_t B, int64_t T,
+                                        int64_t NH, int64_t HS);
+
 // Runs `body` with OpenMP limited to `n` threads, then restores the previous limit.
 void with_threads(int n, const std::function<void()>& body);
 
