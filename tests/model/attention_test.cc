@@ -28,7 +28,6 @@ TEST(CausalAttention, TwoTokensOneHeadByHand) {
   EXPECT_NEAR(w0, 0.8044296, 1e-7);  // softmax([2.828427, 1.414214])[0]
 }
 
-
 void expect_matches_reference(int64_t B, int64_t T, int NH, int64_t HS, uint64_t seed) {
   Tensor qkv = testing::randn_tensor({B, T, 3 * NH * HS}, seed);
   std::vector<double> got = causal_attention(Var::constant(qkv), NH).value().to_vector();
