@@ -230,8 +230,9 @@ Var GPT::block_forward(int layer, const Var& x) {
 }
 
 const TransformerBlock& GPT::block(int layer) const {
-  GTRON_CHECK(!cfg_.llama(), "GPT::block: GPT-2 family only (the llama family's blocks decode "
-                             "through its own path)");
+  GTRON_CHECK(!cfg_.llama(),
+              "GPT::block: GPT-2 family only (the llama family's blocks decode "
+              "through its own path)");
   GTRON_CHECK(layer >= 0 && layer < num_blocks(), "block ", layer, " of ", num_blocks());
   return blocks_[static_cast<size_t>(layer)];
 }

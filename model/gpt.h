@@ -99,7 +99,8 @@ class GPT {
   const TpContext& tensor_parallel() const { return params_.tensor_parallel(); }
   // How p is split over TP (null: whole on every TP rank).
   const TpSlice* tp_slice(const Parameter* p) const { return params_.slice_of(p); }
-  // A whole parameter whose gradient is a partial sum over TP (ParamRegistry::mark_tp_partial_grad).
+  // A whole parameter whose gradient is a partial sum over TP
+  // (ParamRegistry::mark_tp_partial_grad).
   bool tp_partial_grad(const Parameter* p) const { return params_.tp_partial_grad(p); }
 
   // The weight access seam (GTP). Default: DirectWeights. Not owned.
@@ -120,9 +121,9 @@ class GPT {
   const TransformerBlock& block(int layer) const;
   const MTPModule& mtp_module(int depth) const;  // depth k in 1..D
   const LayerNormLayer& final_norm() const { return ln_f_; }
-  Parameter& token_embedding() const { return *wte_; }     // [Vp, C]
-  Parameter& position_embedding() const;                    // [Tmax, C]; GPT-2 family only
-  Parameter& output_head() const { return *head_; }        // [Vp, C]
+  Parameter& token_embedding() const { return *wte_; }  // [Vp, C]
+  Parameter& position_embedding() const;                // [Tmax, C]; GPT-2 family only
+  Parameter& output_head() const { return *head_; }     // [Vp, C]
 
  private:
   // inputs i32 [B, T] -> last hidden state [B, T, C] (before the final norm).
@@ -139,9 +140,9 @@ class GPT {
 
   GPTConfig cfg_;
   ParamRegistry params_;
-  Parameter* wte_ = nullptr;   // [Vp, C] token embedding (rows >= V are zero)
-  Parameter* wpe_ = nullptr;   // [Tmax, C]
-  Parameter* head_ = nullptr;  // [Vp, C]: wte_ when tied
+  Parameter* wte_ = nullptr;              // [Vp, C] token embedding (rows >= V are zero)
+  Parameter* wpe_ = nullptr;              // [Tmax, C]
+  Parameter* head_ = nullptr;             // [Vp, C]: wte_ when tied
   std::vector<TransformerBlock> blocks_;  // gpt2
   std::vector<LlamaBlock> llama_blocks_;  // llama
   LayerNormLayer ln_f_;                   // gpt2

@@ -301,11 +301,11 @@ void check_tensor_parallel(const Config& c) {
 void check_llama(const ModelConfig& m) {
   const bool llama = m.arch == ModelArch::kLlama;
   if (!llama) {
-    const char* set = m.n_kv_head != 0           ? "model.n_kv_head"
-                      : m.head_dim != 0          ? "model.head_dim"
-                      : m.intermediate_size != 0 ? "model.intermediate_size"
-                      : m.qk_norm                ? "model.qk_norm"
-                      : m.qkv_bias               ? "model.qkv_bias"
+    const char* set = m.n_kv_head != 0                                ? "model.n_kv_head"
+                      : m.head_dim != 0                               ? "model.head_dim"
+                      : m.intermediate_size != 0                      ? "model.intermediate_size"
+                      : m.qk_norm                                     ? "model.qk_norm"
+                      : m.qkv_bias                                    ? "model.qkv_bias"
                       : m.rope_scaling.type != RopeScalingType::kNone ? "model.rope_scaling.type"
                                                                       : nullptr;
     if (set != nullptr) {

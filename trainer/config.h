@@ -56,13 +56,13 @@ struct RopeScalingConfig {
 
 struct ModelConfig {
   ModelArch arch = ModelArch::kGpt2;  // the family: GPT-2, or Llama-3 / Qwen2 / Qwen3
-  int64_t vocab_size = 0;        // V: real vocabulary size
-  int64_t context_length = 0;    // Tmax: rows of the position table
-  int64_t n_layer = 0;           // L: transformer blocks
-  int64_t n_head = 0;            // NH: attention heads; divides n_embd
-  int64_t n_embd = 0;            // C: hidden size
-  bool tied_embeddings = false;  // the output head shares the token embedding
-  double init_std = 0;           // std of the normal init of weights
+  int64_t vocab_size = 0;             // V: real vocabulary size
+  int64_t context_length = 0;         // Tmax: rows of the position table
+  int64_t n_layer = 0;                // L: transformer blocks
+  int64_t n_head = 0;                 // NH: attention heads; divides n_embd
+  int64_t n_embd = 0;                 // C: hidden size
+  bool tied_embeddings = false;       // the output head shares the token embedding
+  double init_std = 0;                // std of the normal init of weights
   // The llama family only (0 = the default the schema names).
   int64_t n_kv_head = 0;          // NKV: key/value heads (GQA); divides n_head
   int64_t head_dim = 0;           // HS: head size, even

@@ -183,7 +183,8 @@ std::vector<KeySpec> build_schema() {
       key(GTRON_FIELD(model.rms_norm_eps), 1e-5, above(0), "llama: RMSNorm epsilon."),
       key(GTRON_FIELD(model.qk_norm), false, any,
           "llama: per-head RMSNorm of q and k before RoPE (Qwen3)."),
-      key(GTRON_FIELD(model.qkv_bias), false, any, "llama: biases on the q, k, v projections (Qwen2)."),
+      key(GTRON_FIELD(model.qkv_bias), false, any,
+          "llama: biases on the q, k, v projections (Qwen2)."),
       // mtp
       key(GTRON_FIELD(mtp.depth), 0, closed(0, 16),
           "Multi-token-prediction depths D (0 = off); < train.seq_len."),

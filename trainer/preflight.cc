@@ -289,9 +289,8 @@ void check_cpu_memory(const Config& cfg, bool training, double extra_bytes,
     const double NHq = static_cast<double>(m.n_head);
     const double NKV = static_cast<double>(m.n_kv_head > 0 ? m.n_kv_head : m.n_head);
     const double HS = static_cast<double>(m.head_dim > 0 ? m.head_dim : m.n_embd / m.n_head);
-    const double F = static_cast<double>(m.intermediate_size > 0
-                                             ? m.intermediate_size
-                                             : (8 * m.n_embd / 3 + 63) / 64 * 64);
+    const double F = static_cast<double>(
+        m.intermediate_size > 0 ? m.intermediate_size : (8 * m.n_embd / 3 + 63) / 64 * 64);
     block = (NHq + 2 * NKV) * HS * C + NHq * HS * C + 3 * C * F + 2 * C;
     positions = 0;
   }

@@ -72,8 +72,7 @@ namespace {
 
 // Both entry points: the flash kernels when `flash` (NKV = NH only), else the reference kernels
 // of the grouped layout (NKV = NH is GPT-2's [q | k | v]). qkv: [B, T, (NH + 2·NKV)·HS].
-Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64_t HS,
-                 bool flash) {
+Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64_t HS, bool flash) {
   Device dev = qkv.device();
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(Shape{B, Tlen, NH * HS}, qkv.dtype(), dev, &s);

@@ -6,8 +6,8 @@
 
 namespace gtron {
 
-Var qk_rmsnorm(const Var& qkv, int NH, int NKV, int64_t HS, const Var& gamma_q,
-               const Var& gamma_k, double eps) {
+Var qk_rmsnorm(const Var& qkv, int NH, int NKV, int64_t HS, const Var& gamma_q, const Var& gamma_k,
+               double eps) {
   GTRON_CHECK(NH > 0 && NKV > 0 && HS > 0, "qk_rmsnorm: NH ", NH, ", NKV ", NKV, ", HS ", HS);
   const int64_t W = (NH + 2 * NKV) * HS;
   GTRON_CHECK(qkv.shape().rank() >= 1 && qkv.shape()[qkv.shape().rank() - 1] == W,
@@ -39,8 +39,8 @@ Var qk_rmsnorm(const Var& qkv, int NH, int NKV, int64_t HS, const Var& gamma_q,
     });
   }
 
-  Var out = Var::output(y, qkv.requires_grad() || gamma_q.requires_grad() ||
-                               gamma_k.requires_grad());
+  Var out =
+      Var::output(y, qkv.requires_grad() || gamma_q.requires_grad() || gamma_k.requires_grad());
   if (out.requires_grad()) {
     record_backward([qkv, gamma_q, gamma_k, rrms, out, N, NH, NKV, HS] {
       if (!out.has_grad()) return;
@@ -48,11 +48,11 @@ Var qk_rmsnorm(const Var& qkv, int NH, int NKV, int64_t HS, const Var& gamma_q,
       if (out.device().is_cuda()) {
         const bool dg = gamma_q.requires_grad() || gamma_k.requires_grad();
         Tensor scratch;
-        if (dg) scratch = scratch_floats(cuda::qk_rmsnorm_backward_scratch_floats(N, NH, NKV, HS), s);
+        if (dg)
+          scratch = scratch_floats(cuda::qk_rmsnorm_backward_scratch_floats(N, NH, NKV, HS), s);
         cuda::qk_rmsnorm_backward(
             qkv.value().raw(), gamma_q.value().raw(), gamma_k.value().raw(), gamma_q.dtype(),
-            rrms.data<float>(), out.grad().raw(),
-            qkv.requires_grad() ? qkv.grad().raw() : nullptr,
+            rrms.data<float>(), out.grad().raw(), qkv.requires_grad() ? qkv.grad().raw() : nullptr,
             gamma_q.requires_grad() ? f32_grad("qk_rmsnorm gamma_q", gamma_q.grad()) : nullptr,
             gamma_k.requires_grad() ? f32_grad("qk_rmsnorm gamma_k", gamma_k.grad()) : nullptr,
             dg ? scratch.data<float>() : nullptr, N, NH, NKV, HS, out.dtype(), s.native());

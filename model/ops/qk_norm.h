@@ -14,8 +14,8 @@ namespace gtron {
 //   y = x / sqrt(mean(x²) + eps) · gamma.
 // Statistics in the tensor's float type on the CPU, fp32 on CUDA. Backward accumulates into dqkv
 // (the value heads' gradient passes through), dgamma_q and dgamma_k.
-Var qk_rmsnorm(const Var& qkv, int NH, int NKV, int64_t HS, const Var& gamma_q,
-               const Var& gamma_k, double eps);
+Var qk_rmsnorm(const Var& qkv, int NH, int NKV, int64_t HS, const Var& gamma_q, const Var& gamma_k,
+               double eps);
 
 namespace cpu {
 // N rows of (NH + 2·NKV)·HS; rrms [N, NH + NKV]: 1 / sqrt(mean(x²) + eps) of each q and k head.

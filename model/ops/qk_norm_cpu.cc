@@ -63,11 +63,11 @@ void qk_rmsnorm_backward(const T* x, const T* gq, const T* gk, const T* rrms, co
   }
 }
 
-#define GTRON_QK_NORM(T)                                                                     \
-  template void qk_rmsnorm_forward<T>(const T*, const T*, const T*, T*, T*, int64_t, int, int, \
-                                      int64_t, double);                                      \
-  template void qk_rmsnorm_backward<T>(const T*, const T*, const T*, const T*, const T*, T*,   \
-                                       T*, T*, int64_t, int, int, int64_t);
+#define GTRON_QK_NORM(T)                                                                         \
+  template void qk_rmsnorm_forward<T>(const T*, const T*, const T*, T*, T*, int64_t, int, int,   \
+                                      int64_t, double);                                          \
+  template void qk_rmsnorm_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*, \
+                                       T*, int64_t, int, int, int64_t);
 GTRON_QK_NORM(float)
 GTRON_QK_NORM(double)
 #undef GTRON_QK_NORM

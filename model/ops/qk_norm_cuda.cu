@@ -40,8 +40,8 @@ __global__ void forward_kernel(const T* __restrict__ x, const P* __restrict__ gq
 
 // The value heads: y = x (forward) or dx += dy (backward), over N rows of 2·NKV·HS columns.
 template <typename T, bool kAccumulate>
-__global__ void value_kernel(const T* __restrict__ src, T* __restrict__ dst, int64_t N,
-                             int64_t W, int64_t first) {
+__global__ void value_kernel(const T* __restrict__ src, T* __restrict__ dst, int64_t N, int64_t W,
+                             int64_t first) {
   const int64_t cols = W - first;
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= N * cols) return;
@@ -56,8 +56,8 @@ __global__ void value_kernel(const T* __restrict__ src, T* __restrict__ dst, int
 template <typename T, typename P>
 __global__ void dx_kernel(const T* __restrict__ x, const P* __restrict__ gq,
                           const P* __restrict__ gk, const float* __restrict__ rrms,
-                          const T* __restrict__ dy, T* __restrict__ dx, int64_t N, int NH,
-                          int NKV, int64_t HS) {
+                          const T* __restrict__ dy, T* __restrict__ dx, int64_t N, int NH, int NKV,
+                          int64_t HS) {
   const int normed = NH + NKV;
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (task >= N * normed) return;
@@ -129,8 +129,8 @@ unsigned head_blocks(int64_t N, int NH, int NKV) {
 void qk_rmsnorm_forward(const void* x, const void* gq, const void* gk, DType param, void* y,
                         float* rrms, int64_t N, int NH, int NKV, int64_t HS, double eps, DType act,
                         void* stream) {
-  GTRON_CHECK(N >= 0 && NH > 0 && NKV > 0 && HS > 0 && HS <= 1024, "qk_rmsnorm: N ", N, ", NH ",
-              NH, ", NKV ", NKV, ", HS ", HS);
+  GTRON_CHECK(N >= 0 && NH > 0 && NKV > 0 && HS > 0 && HS <= 1024, "qk_rmsnorm: N ", N, ", NH ", NH,
+              ", NKV ", NKV, ", HS ", HS);
   if (N == 0) return;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int64_t W = (NH + 2 * NKV) * HS, first = (NH + NKV) * HS;

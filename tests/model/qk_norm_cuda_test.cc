@@ -27,9 +27,8 @@ OpCase qk_case(int NH, int NKV, int64_t HS, int64_t N, ParamDtype pd) {
 TEST(QkRmsNormCuda, MatchesCpu) {
   GTRON_REQUIRE_GPU();
   // Odd sizes (HS 6: lanes idle; 130 rows: a partial chunk), MQA, GQA, and head size 128.
-  for (auto [NH, NKV, HS, N] : {std::tuple<int, int, int64_t, int64_t>{4, 1, 6, 130},
-                                {4, 2, 10, 37},
-                                {2, 2, 128, 67}}) {
+  for (auto [NH, NKV, HS, N] :
+       {std::tuple<int, int, int64_t, int64_t>{4, 1, 6, 130}, {4, 2, 10, 37}, {2, 2, 128, 67}}) {
     testing::expect_cuda_matches_cpu(qk_case(NH, NKV, HS, N, ParamDtype::kAct), DType::kF32,
                                      testing::kF32Tol);
     testing::expect_cuda_matches_cpu(qk_case(NH, NKV, HS, N, ParamDtype::kF32), DType::kBF16,

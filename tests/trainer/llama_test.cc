@@ -88,17 +88,16 @@ TEST(Llama, TrainsDeterministicallyAndMatchesTheReference) {
     EXPECT_LT(loss.back(), loss.front() - 0.15) << v.name << ": the loss did not fall";
 
     const std::string ckpt = a + "/checkpoints/step_00000020";
-    const CmdResult lg = run_gtron({"logits", "--checkpoint", ckpt, "--tokens",
-                                    "1,2,3,31,0,7,7,7,20,9,4,4,12,30,2,5", "--tokens",
-                                    "8,6,7,5,3,0,9,1,1,2,2,3,3,4,4,5", "--out",
-                                    dir + "/logits.safetensors"});
+    const CmdResult lg = run_gtron(
+        {"logits", "--checkpoint", ckpt, "--tokens", "1,2,3,31,0,7,7,7,20,9,4,4,12,30,2,5",
+         "--tokens", "8,6,7,5,3,0,9,1,1,2,2,3,3,4,4,5", "--out", dir + "/logits.safetensors"});
     ASSERT_EQ(lg.exit_code, 0) << lg.output;
     const CmdResult ref = run_command("/usr/bin/python3 tests/trainer/llama_reference.py '" + ckpt +
                                       "' '" + dir + "/logits.safetensors' --tolerance 1e-5");
     EXPECT_EQ(ref.exit_code, 0) << v.name << ": " << ref.output;
     EXPECT_NE(ref.output.find("\"shape\": [2, 16, 32]"), std::string::npos) << ref.output;
-    std::printf("%s: 20 steps, loss %.4f -> %.4f; reference %s", v.name, loss.front(),
-                loss.back(), ref.output.c_str());
+    std::printf("%s: 20 steps, loss %.4f -> %.4f; reference %s", v.name, loss.front(), loss.back(),
+                ref.output.c_str());
   }
 }
 
@@ -144,19 +143,21 @@ TEST(Llama, EveryLayoutMatchesOneProcess) {
       {"gtp2_layers", 2, {"parallel.gtp=2", "graphs.scope=layers"}, 1e-5},
       {"gtp2_full", 2, {"parallel.gtp=2", "graphs.scope=full"}, 1e-5},
       {"tp2", 2, {"parallel.tp=2"}, 1e-6},
-      {"tp2_gtp2_sp", 4,
-       {"parallel.tp=2", "parallel.gtp=2", "parallel.sequence_parallel=true"}, 1e-6},
+      {"tp2_gtp2_sp",
+       4,
+       {"parallel.tp=2", "parallel.gtp=2", "parallel.sequence_parallel=true"},
+       1e-6},
   };
   for (const Layout& l : layouts) {
     const std::string out = dir + "/" + l.name;
-    std::vector<std::string> args = {"train", "--config", dir + "/c.json", "--out", out,
-                                     "--set", "train.steps=10"};
+    std::vector<std::string> args = {"train", "--config", dir + "/c.json", "--out",
+                                     out,     "--set",    "train.steps=10"};
     for (const std::string& s : l.sets) {
       args.push_back("--set");
       args.push_back(s);
     }
-    const CmdResult r = run_launcher({"--standalone", "--nproc-per-node", std::to_string(l.nproc)},
-                                     args);
+    const CmdResult r =
+        run_launcher({"--standalone", "--nproc-per-node", std::to_string(l.nproc)}, args);
     ASSERT_EQ(r.exit_code, 0) << l.name << "\n" << r.output;
     const double worst = worst_relative(metrics_loss_values(one + "/metrics.jsonl"),
                                         metrics_loss_values(out + "/metrics.jsonl"));
@@ -177,16 +178,15 @@ TEST(Llama, BadKeysExitTwoNamingTheKey) {
       {"parallel.tp=3", "parallel.tp"},
   };
   for (const auto& [set, key] : cases) {
-    const CmdResult r = run_gtron(
-        {"train", "--config", dir + "/c.json", "--out", dir + "/run", "--set", set});
+    const CmdResult r =
+        run_gtron({"train", "--config", dir + "/c.json", "--out", dir + "/run", "--set", set});
     EXPECT_EQ(r.exit_code, 2) << set << "\n" << r.output;
     EXPECT_NE(r.output.find(key), std::string::npos) << set << "\n" << r.output;
   }
   // A llama-only key on the GPT-2 family.
   write_text(dir + "/g.json", R"({"model": {"vocab_size": 32, "n_layer": 1, "n_head": 2,
     "n_embd": 16, "context_length": 16, "qk_norm": true}, "train": {"seq_len": 16}})");
-  const CmdResult r =
-      run_gtron({"train", "--config", dir + "/g.json", "--out", dir + "/run2"});
+  const CmdResult r = run_gtron({"train", "--config", dir + "/g.json", "--out", dir + "/run2"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("model.qk_norm"), std::string::npos) << r.output;
 }

@@ -12,7 +12,7 @@ namespace gtron {
 namespace {
 
 constexpr int64_t kMaxTableEntries = kMarkovMaxTableEntries;
-constexpr double kStationaryTolerance = 1e-13;          // L1 change between iterations
+constexpr double kStationaryTolerance = 1e-13;  // L1 change between iterations
 constexpr int kMaxPowerIterations = 200000;
 
 // Uniform in (0, 1]: never 0, so its log and its powers are safe.
