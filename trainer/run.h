@@ -28,6 +28,16 @@
 
 namespace gtron::internal {
 
+struct DevicePlan {
+  Device device;
+  bool bf16 = false;  // bf16 mixed precision (Note [bf16 shadows] in model/mixed_precision.h)
+};
+
+// The device and precision of a run (train_setup.cc). UserError where the config cannot work.
+DevicePlan pick_device(const Config& cfg, const parallel::DistEnv& env);
+// The communicators of a multi-process run on `device` (pick_device chose it for the backend).
+parallel::CommunicatorFactory communicator_factory(const Config& cfg, Device device);
+
 using Clock = std::chrono::steady_clock;
 
 // One training run: the process group, model, data-parallel buffers, optimizer and data.

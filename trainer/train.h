@@ -20,6 +20,9 @@ constexpr int kExitNonFinite = 3;  // NaN/inf loss or gradient: training stopped
 
 GPTConfig gpt_config(const Config& cfg);
 
+// Creates `path` and its missing parents (mkdir -p); UserError naming the folder that failed.
+void make_dirs(const std::string& path);
+
 // Where a run's data comes from: configured globs, or the embedded synthetic Markov source written
 // to <out_dir>/data (idempotent), whose meta.json gives the entropy floor.
 struct ResolvedData {
