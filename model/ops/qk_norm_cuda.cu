@@ -12,30 +12,19 @@ namespace {
 constexpr int kWarps = 8;  // warps per block of the per-head kernels
 constexpr int kChunkRows = 64;
 
-// This warp's (row, q or k head): task = row·(NH + NKV) + head, and the head's first element.
-struct HeadTask {
-  int64_t task = 0, offset = 0;
-  int head = 0;
-  bool valid = false;
-  __device__ HeadTask(int64_t N, int NH, int NKV, int64_t HS) {
-    const int normed = NH + NKV;
-    task = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-    valid = task < N * normed;
-    head = static_cast<int>(task % normed);
-    offset = task / normed * (NH + 2 * NKV) * HS + head * HS;
-  }
-};
-
 template <typename T, typename P>
 __global__ void forward_kernel(const T* __restrict__ x, const P* __restrict__ gq,
                                const P* __restrict__ gk, T* __restrict__ y,
                                float* __restrict__ rrms, int64_t N, int NH, int NKV, int64_t HS,
                                float eps) {
-  const HeadTask t(N, NH, NKV, HS);
-  if (!t.valid) return;
+  const int normed = NH + NKV;
+  const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (task >= N * normed) return;
   const int lane = threadIdx.x % 32;
-  const int64_t task = t.task, o = t.offset;
-  const P* g = t.head < NH ? gq : gk;
+  const int64_t i = task / normed;
+  const int h = static_cast<int>(task % normed);
+  const int64_t o = i * (NH + 2 * NKV) * HS + h * HS;
+  const P* g = h < NH ? gq : gk;
   float ss = 0;
   for (int64_t c = lane; c < HS; c += 32) {
     const float v = to_float(x[o + c]);
@@ -69,11 +58,14 @@ __global__ void dx_kernel(const T* __restrict__ x, const P* __restrict__ gq,
                           const P* __restrict__ gk, const float* __restrict__ rrms,
                           const T* __restrict__ dy, T* __restrict__ dx, int64_t N, int NH, int NKV,
                           int64_t HS) {
-  const HeadTask t(N, NH, NKV, HS);
-  if (!t.valid) return;
+  const int normed = NH + NKV;
+  const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (task >= N * normed) return;
   const int lane = threadIdx.x % 32;
-  const int64_t task = t.task, o = t.offset;
-  const P* g = t.head < NH ? gq : gk;
+  const int64_t i = task / normed;
+  const int h = static_cast<int>(task % normed);
+  const int64_t o = i * (NH + 2 * NKV) * HS + h * HS;
+  const P* g = h < NH ? gq : gk;
   const float r = rrms[task];
   float sum = 0;
   for (int64_t c = lane; c < HS; c += 32) {
