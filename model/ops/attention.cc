@@ -23,46 +23,51 @@ float score_scale(int64_t HS) {
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(HS)));
 }
 
-// The flash kernels' view of causal_attention's tensors: qkv [B, T, 3C] packed, y [B, T, C].
-cuda::FlashForwardArgs flash_forward_args(const Tensor& qkv, Tensor& y, Tensor& lse, int NH) {
+// The flash kernels' view of the attention's tensors: qkv [B, T, W] packed (NH q heads, NKV k
+// heads, NKV v heads of HS; W = (NH + 2·NKV)·HS), y [B, T, NH·HS].
+cuda::FlashForwardArgs flash_forward_args(const Tensor& qkv, Tensor& y, Tensor& lse, int NH,
+                                          int NKV, int64_t HS) {
   cuda::FlashForwardArgs a;
-  const int64_t T = qkv.shape()[1], C = qkv.shape()[2] / 3;
-  a.q = qkv.raw();
-  a.k = static_cast<const char*>(qkv.raw()) + C * dtype_size(qkv.dtype());
-  a.v = static_cast<const char*>(qkv.raw()) + 2 * C * dtype_size(qkv.dtype());
+  const int64_t T = qkv.shape()[1], W = qkv.shape()[2], Cq = NH * HS;
+  const char* base = static_cast<const char*>(qkv.raw());
+  a.q = base;
+  a.k = base + Cq * dtype_size(qkv.dtype());
+  a.v = base + (Cq + NKV * HS) * dtype_size(qkv.dtype());
   a.o = y.raw();
   a.lse = lse.data<float>();
-  a.q_ld = a.kv_ld = 3 * C;
-  a.o_ld = C;
-  a.q_batch = a.kv_batch = T * 3 * C;
-  a.o_batch = T * C;
+  a.q_ld = a.kv_ld = W;
+  a.o_ld = Cq;
+  a.q_batch = a.kv_batch = T * W;
+  a.o_batch = T * Cq;
   a.B = static_cast<int>(qkv.shape()[0]);
   a.NH = NH;
-  a.HS = static_cast<int>(C / NH);
+  a.NKV = NKV;
+  a.HS = static_cast<int>(HS);
   a.Tq = a.Tk = static_cast<int>(T);
-  a.scale = score_scale(a.HS);
+  a.scale = score_scale(HS);
   return a;
 }
 
 cuda::FlashBackwardArgs flash_backward_args(const Tensor& qkv, const Tensor& y, const Tensor& dy,
-                                            const Tensor& lse, Tensor& dqkv, int NH) {
+                                            const Tensor& lse, Tensor& dqkv, int NH, int NKV,
+                                            int64_t HS) {
   cuda::FlashBackwardArgs a;
-  const int64_t T = qkv.shape()[1], C = qkv.shape()[2] / 3;
+  const int64_t T = qkv.shape()[1], W = qkv.shape()[2], Cq = NH * HS;
   a.qkv = qkv.raw();
   a.o = y.raw();
   a.dout = dy.raw();
   a.lse = lse.data<float>();
   a.dqkv = dqkv.raw();
-  a.qkv_ld = 3 * C;
-  a.qkv_batch = T * 3 * C;
-  a.o_ld = C;
-  a.o_batch = T * C;
-  a.C = C;
+  a.qkv_ld = W;
+  a.qkv_batch = T * W;
+  a.o_ld = Cq;
+  a.o_batch = T * Cq;
   a.B = static_cast<int>(qkv.shape()[0]);
   a.NH = NH;
-  a.HS = static_cast<int>(C / NH);
+  a.NKV = NKV;
+  a.HS = static_cast<int>(HS);
   a.T = static_cast<int>(T);
-  a.scale = score_scale(a.HS);
+  a.scale = score_scale(HS);
   return a;
 }
 
@@ -70,8 +75,8 @@ cuda::FlashBackwardArgs flash_backward_args(const Tensor& qkv, const Tensor& y, 
 
 namespace {
 
-// Both entry points: the flash kernels when `flash` (NKV = NH only), else the reference kernels
-// of the grouped layout (NKV = NH is GPT-2's [q | k | v]). qkv: [B, T, (NH + 2·NKV)·HS].
+// Both entry points: the flash kernels when `flash`, else the reference kernels of the grouped
+// layout (NKV = NH is GPT-2's [q | k | v]). qkv: [B, T, (NH + 2·NKV)·HS].
 Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64_t HS, bool flash) {
   Device dev = qkv.device();
   Stream& s = current_stream(dev);
@@ -80,7 +85,7 @@ Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64
   Tensor lse =
       Tensor::empty(Shape{B, NH, Tlen}, dev.is_cuda() ? DType::kF32 : qkv.dtype(), dev, &s);
   if (flash) {
-    cuda::flash_attention_forward(flash_forward_args(qkv.value(), y, lse, NH), s.native());
+    cuda::flash_attention_forward(flash_forward_args(qkv.value(), y, lse, NH, NKV, HS), s.native());
   } else if (dev.is_cuda()) {
     Tensor scratch = scratch_bytes(
         cuda::attention_gqa_forward_scratch_bytes(B, Tlen, NH, NKV, HS, qkv.dtype()), s);
@@ -107,13 +112,13 @@ Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64
         bool overwrite = false;
         Tensor& dqkv = qkv.grad_for_write(&overwrite);
         cuda::FlashBackwardArgs a =
-            flash_backward_args(qkv.value(), out.value(), out.grad(), lse, dqkv, NH);
+            flash_backward_args(qkv.value(), out.value(), out.grad(), lse, dqkv, NH, NKV, HS);
         a.accumulate = !overwrite;
         // Note [qkv bias partials]: the linear that made qkv finishes its bias gradient from them.
         Tensor partials;
         const int64_t chunks = cuda::flash_column_chunks(B, Tlen);
         if (qkv.col_partials_requested() && qkv_bias_partials()) {
-          partials = column_scratch(chunks * 3 * NH * HS, s);
+          partials = column_scratch(chunks * (NH + 2 * NKV) * HS, s);
           a.col_partial = partials.data<float>();
         }
         cuda::flash_attention_backward(a, scratch.data<float>(), s.native());
@@ -165,8 +170,8 @@ Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS) {
   const int64_t Tlen = qkv.shape()[1];
   check_shape("causal_attention_gqa: qkv", qkv.shape(),
               Shape{B, Tlen, (NH + 2 * int64_t{NKV}) * HS});
-  if (NKV == NH) return causal_attention(qkv, NH);
-  return attention_of(qkv, B, Tlen, NH, NKV, HS, /*flash=*/false);
+  const bool flash = qkv.device().is_cuda() && cuda::flash_attention_supported(HS, qkv.dtype());
+  return attention_of(qkv, B, Tlen, NH, NKV, HS, flash);
 }
 
 }  // namespace gtron

@@ -20,7 +20,8 @@ Var causal_attention(const Var& qkv, int NH);
 // query heads share a k/v head, read in place (never copied per query head). Returns
 // [B, T, NH·HS] as causal_attention, scale 1/sqrt(HS); backward accumulates into dqkv, the
 // gradient of a shared k/v head summed over its query heads in a fixed order (deterministic).
-// NKV = NH is causal_attention(qkv, NH) itself (its flash path included).
+// On CUDA in bf16 at HS = 64 or 128 it runs the flash kernels (any NKV), else the reference
+// kernels below; NKV = NH is causal_attention(qkv, NH)'s computation.
 // REQUIRES: NH, NKV > 0, NH % NKV == 0, HS even (as RoPE needs).
 Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS);
 
@@ -75,16 +76,19 @@ void attention_gqa_backward(const void* qkv, const float* lse, const void* dout,
                             void* scratch, int64_t B, int64_t Tlen, int64_t NH, int64_t NKV,
                             int64_t HS, DType act, void* stream);
 
-// Flash attention (model/ops/flash_attention_cuda.cu): bf16, HS = 64 or 128, no O(T²) memory.
-// causal_attention takes it whenever flash_attention_supported(); the kernels above stay as the
-// reference for every other case (fp32, other head sizes) and for the tests.
+// Flash attention (model/ops/flash_attention_cuda.cu): bf16, HS = 64 or 128, no O(T²) memory,
+// grouped-query attention included (NKV k/v heads, each read in place by NH / NKV query heads).
+// causal_attention and causal_attention_gqa take it whenever flash_attention_supported(); the
+// kernels above stay as the reference for every other case (fp32, other head sizes) and for the
+// tests.
 bool flash_attention_supported(int64_t HS, DType act);
 
-// q rows [B, Tq] and k, v rows [B, Tk] (Tk >= Tq), head h in columns [h·HS, (h+1)·HS) of each
-// row; element strides between rows (`*_ld`) and batches (`*_batch`), multiples of 8, pointers
-// 16-byte aligned. Query i attends to keys j <= i + (Tk − Tq) (causal, aligned to the last query).
-// Writes o rows [B, Tq] (same head layout) and lse [B, NH, Tq] (natural-log log-sum-exp of each
-// row's scaled scores).
+// q rows [B, Tq] with NH heads and k, v rows [B, Tk] (Tk >= Tq) with NKV heads (0: NH; NKV
+// divides NH), head h in columns [h·HS, (h+1)·HS) of each row; query head h reads k/v head
+// h / (NH / NKV). Element strides between rows (`*_ld`) and batches (`*_batch`), multiples of 8,
+// pointers 16-byte aligned. Query i attends to keys j <= i + (Tk − Tq) (causal, aligned to the
+// last query). Writes o rows [B, Tq] (NH heads) and lse [B, NH, Tq] (natural-log log-sum-exp of
+// each row's scaled scores).
 struct FlashForwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -94,13 +98,15 @@ struct FlashForwardArgs {
   int64_t q_ld = 0, kv_ld = 0, o_ld = 0;
   int64_t q_batch = 0, kv_batch = 0, o_batch = 0;
   int B = 0, NH = 0, HS = 0, Tq = 0, Tk = 0;
+  int NKV = 0;         // k/v heads; 0 means NH
   float scale = 0.0f;  // multiplies q·k
 };
 void flash_attention_forward(const FlashForwardArgs& a, void* stream);
 
-// Self-attention backward (Tq = Tk = T) on the packed qkv rows [B, T, 3C] (q at column 0, k at C,
-// v at 2C): accumulates dqkv (same layout, bf16) += the gradient, given o and dout rows [B, T]
-// and the forward's lse. Deterministic (no atomics). `scratch`:
+// Self-attention backward (Tq = Tk = T) on the packed qkv rows [B, T, (NH + 2·NKV)·HS] (NH q
+// heads at column 0, then NKV k heads, then NKV v heads): accumulates dqkv (same layout, bf16) +=
+// the gradient, given o and dout rows [B, T] (NH heads) and the forward's lse. Deterministic (no
+// atomics; a shared k/v head's gradient is summed over its query heads in head order). `scratch`:
 // flash_attention_backward_scratch_floats floats.
 struct FlashBackwardArgs {
   const void* qkv = nullptr;
@@ -108,12 +114,13 @@ struct FlashBackwardArgs {
   const void* dout = nullptr;
   const float* lse = nullptr;
   void* dqkv = nullptr;
-  int64_t qkv_ld = 0, qkv_batch = 0, o_ld = 0, o_batch = 0, C = 0;
+  int64_t qkv_ld = 0, qkv_batch = 0, o_ld = 0, o_batch = 0;
   int B = 0, NH = 0, HS = 0, T = 0;
+  int NKV = 0;  // k/v heads; 0 means NH
   float scale = 0.0f;
   bool accumulate = true;  // false: dqkv is written, not added to (every element is covered)
-  // When set: flash_column_chunks(B, T) × 3C floats that get the fixed-chunk column partials of
-  // the stored dqkv (Note [qkv bias partials] in model/ops/flash_common.cuh).
+  // When set: flash_column_chunks(B, T) × (NH + 2·NKV)·HS floats that get the fixed-chunk column
+  // partials of the stored dqkv (Note [qkv bias partials] in model/ops/flash_common.cuh).
   float* col_partial = nullptr;
 };
 // Row chunks of FlashBackwardArgs::col_partial: one per 64-row tile of each sequence.

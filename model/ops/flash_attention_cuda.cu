@@ -75,11 +75,12 @@ __global__ void __launch_bounds__(kThreadsFa) flash_forward_kernel(FlashForwardA
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int qb = gridDim.x - 1 - blockIdx.x;  // the longest rows first
   const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
+  const int hk = h / (a.NH / a.NKV);  // Note [grouped-query flash attention]
   const int q0 = qb * kBM;
   const int off = a.Tk - a.Tq;
   const bf16* gq = static_cast<const bf16*>(a.q) + b * a.q_batch + h * HS;
-  const bf16* gk = static_cast<const bf16*>(a.k) + b * a.kv_batch + h * HS;
-  const bf16* gv = static_cast<const bf16*>(a.v) + b * a.kv_batch + h * HS;
+  const bf16* gk = static_cast<const bf16*>(a.k) + b * a.kv_batch + hk * HS;
+  const bf16* gv = static_cast<const bf16*>(a.v) + b * a.kv_batch + hk * HS;
 
   load_tile<HS, kBM, kThreadsFa>(sQ, gq, a.q_ld, q0, a.Tq);
   const int kv_end = min(a.Tk, q0 + kBM + off);
@@ -173,7 +174,8 @@ constexpr int bwd_kv_smem_bytes() {
   return (2 * kRows + 4 * kQ) * HS * 2 + 4 * kQ * 4;  // K, V, Q[2], dO[2], lse[2], Δ[2]
 }
 
-// dK and dV of 64 keys of one (b, h), over the query tiles from the diagonal on.
+// dK and dV of 64 keys of one (b, k/v head), over the query tiles from the diagonal on of each
+// query head that reads it (Note [grouped-query flash attention]).
 template <int HS, int kQ>
 __global__ void __launch_bounds__(kThreadsFa)
     flash_backward_kv_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
@@ -187,22 +189,21 @@ __global__ void __launch_bounds__(kThreadsFa)
   float* sD = sL + 2 * kQ;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const BackwardHead<HS> head(a, delta);
-  const int b = head.b, h = head.h;
   const int k0 = blockIdx.x * kRows;  // the longest columns first: key tile 0 sees every query
+  const KeyWalk walk(a, k0, kQ);
+  const int b = walk.b, hk = walk.hk;
   const int64_t ld = a.qkv_ld;
-  const bf16 *gq = head.q, *gk = head.k, *gv = head.v, *gdo = head.dout;
-  const float *lse = head.lse, *dl = head.delta;
+  const bf16* row = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch;
 
-  auto load_q_tile = [&](int qt, int buf) {
-    load_query_tile<HS, kQ>(sQ, sO, sL, sD, gq, gdo, ld, a.o_ld, lse, dl, qt, buf, a.T);
+  auto load_q_tile = [&](int i, int buf) {
+    const BackwardHead<HS> head(a, delta, b, walk.head(i));
+    load_query_tile<HS, kQ>(sQ, sO, sL, sD, head.q, head.dout, ld, a.o_ld, head.lse, head.delta,
+                            walk.tile(i), buf, a.T);
   };
 
-  load_tile<HS, kRows, kThreadsFa>(sK, gk, ld, k0, a.T);
-  load_tile<HS, kRows, kThreadsFa>(sV, gv, ld, k0, a.T);
-  const int qt0 = k0 / kQ;
-  const int n_qt = (a.T + kQ - 1) / kQ;
-  load_q_tile(qt0, 0);
+  load_tile<HS, kRows, kThreadsFa>(sK, row + k_column(a, hk), ld, k0, a.T);
+  load_tile<HS, kRows, kThreadsFa>(sV, row + v_column(a, hk), ld, k0, a.T);
+  load_q_tile(0, 0);
   cp_async_commit();
 
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
@@ -210,10 +211,10 @@ __global__ void __launch_bounds__(kThreadsFa)
   const int key_base = k0 + warp * 16 + (lane >> 2);
   uint32_t kf[HS / 16][4], vf[HS / 16][4];
 
-  for (int qt = qt0, it = 0; qt < n_qt; ++qt, ++it) {
+  for (int it = 0; it < walk.n; ++it) {
     const int buf = it & 1;
-    if (qt + 1 < n_qt) {
-      load_q_tile(qt + 1, buf ^ 1);
+    if (it + 1 < walk.n) {
+      load_q_tile(it + 1, buf ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -233,7 +234,7 @@ __global__ void __launch_bounds__(kThreadsFa)
     mma_abt<HS, NT>(p, kf, qtile, lane);
     float ds[NT][4] = {};  // dPᵀ, then dSᵀ
     mma_abt<HS, NT>(ds, vf, otile, lane);
-    const int qs0 = qt * kQ;
+    const int qs0 = walk.tile(it) * kQ;
     // Only the tile on the diagonal and the tails see dead (query, key) pairs.
     const bool masked = qs0 < k0 + kRows || qs0 + kQ > a.T || k0 + kRows > a.T;
     key_tile_grads<NT>(p, ds, L, D, sl2, qs0, key_base, masked, a.T, lane);
@@ -243,13 +244,12 @@ __global__ void __launch_bounds__(kThreadsFa)
   }
 
   const float one[2] = {1.0f, 1.0f}, sc[2] = {a.scale, a.scale};
-  bf16* dbase = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * HS;
+  bf16* dbase = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch;
   __shared__ float red[4 * HS];  // Note [qkv bias partials]
   const int tile = static_cast<int>(blockIdx.x);
-  store_grad_rows<HS>(dk, dbase + a.C, a, b, tile, a.C + h * HS, k0 + warp * 16, lane, warp, sc,
-                      red);
-  store_grad_rows<HS>(dv, dbase + 2 * a.C, a, b, tile, 2 * a.C + h * HS, k0 + warp * 16, lane, warp,
-                      one, red);
+  const int64_t kc = k_column(a, hk), vc = v_column(a, hk);
+  store_grad_rows<HS>(dk, dbase + kc, a, b, tile, kc, k0 + warp * 16, lane, warp, sc, red);
+  store_grad_rows<HS>(dv, dbase + vc, a, b, tile, vc, k0 + warp * 16, lane, warp, one, red);
 }
 
 template <int HS, int kN>
@@ -257,7 +257,7 @@ constexpr int bwd_q_smem_bytes() {
   return (2 * kRows + 4 * kN) * HS * 2;  // Q, dO, K[2], V[2]
 }
 
-// dQ of 64 queries of one (b, h), over the key tiles up to the diagonal.
+// dQ of 64 queries of one (b, h), over the key tiles (of its k/v head) up to the diagonal.
 template <int HS, int kN>
 __global__ void __launch_bounds__(kThreadsFa)
     flash_backward_q_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kThreadsFa)
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int qb = gridDim.x - 1 - blockIdx.x;
-  const BackwardHead<HS> head(a, delta);
+  const BackwardHead<HS> head = query_cta_head<HS>(a, delta);
   const int b = head.b, h = head.h;
   const int q0 = qb * kRows;
   const int64_t ld = a.qkv_ld;
@@ -360,11 +360,12 @@ void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
   flash_delta_kernel<HS>
       <<<static_cast<unsigned>(ceil_div<int64_t>(rows * (HS / 8), 256)), 256, 0, st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
-  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows)),
-                  static_cast<unsigned>(a.B * a.NH));
-  flash_backward_kv_kernel<HS, kT><<<grid, kThreadsFa, smem_kv, st>>>(a, delta);
+  const unsigned row_tiles = static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows));
+  const dim3 kv_grid(row_tiles, static_cast<unsigned>(a.B * a.NKV));
+  flash_backward_kv_kernel<HS, kT><<<kv_grid, kThreadsFa, smem_kv, st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
-  flash_backward_q_kernel<HS, kT><<<grid, kThreadsFa, smem_q, st>>>(a, delta);
+  const dim3 q_grid(row_tiles, static_cast<unsigned>(a.B * a.NH));
+  flash_backward_q_kernel<HS, kT><<<q_grid, kThreadsFa, smem_q, st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -374,8 +375,12 @@ bool flash_attention_supported(int64_t HS, DType act) {
   return act == DType::kBF16 && (HS == 64 || HS == 128);
 }
 
-void flash_attention_forward(const FlashForwardArgs& a, void* stream) {
+void flash_attention_forward(const FlashForwardArgs& args, void* stream) {
+  FlashForwardArgs a = args;
+  if (a.NKV == 0) a.NKV = a.NH;
   GTRON_CHECK(a.HS == 64 || a.HS == 128, "flash_attention: head size ", a.HS, ", expected 64/128");
+  GTRON_CHECK(a.NKV > 0 && a.NH % a.NKV == 0, "flash_attention: ", a.NKV,
+              " k/v heads do not divide ", a.NH, " query heads");
   GTRON_CHECK(a.Tk >= a.Tq && a.Tq >= 0, "flash_attention: key length ", a.Tk,
               " below query length ", a.Tq);
   GTRON_CHECK(a.q_ld % 8 == 0 && a.kv_ld % 8 == 0 && a.o_ld % 8 == 0 && a.q_batch % 8 == 0 &&
@@ -399,10 +404,13 @@ int64_t flash_attention_backward_scratch_floats(int64_t B, int64_t T, int64_t NH
   return B * NH * T;
 }
 
-void flash_attention_backward(const FlashBackwardArgs& a, float* scratch, void* stream) {
+void flash_attention_backward(const FlashBackwardArgs& args, float* scratch, void* stream) {
+  FlashBackwardArgs a = args;
+  if (a.NKV == 0) a.NKV = a.NH;
   GTRON_CHECK(a.HS == 64 || a.HS == 128, "flash_attention: head size ", a.HS, ", expected 64/128");
-  GTRON_CHECK(a.qkv_ld % 8 == 0 && a.o_ld % 8 == 0 && a.qkv_batch % 8 == 0 && a.o_batch % 8 == 0 &&
-                  a.C % 8 == 0,
+  GTRON_CHECK(a.NKV > 0 && a.NH % a.NKV == 0, "flash_attention: ", a.NKV,
+              " k/v heads do not divide ", a.NH, " query heads");
+  GTRON_CHECK(a.qkv_ld % 8 == 0 && a.o_ld % 8 == 0 && a.qkv_batch % 8 == 0 && a.o_batch % 8 == 0,
               "flash_attention: row and batch strides must be multiples of 8 elements");
   GTRON_CHECK(is_aligned(a.qkv, 16) && is_aligned(a.dqkv, 16) && is_aligned(a.o, 16) &&
                   is_aligned(a.dout, 16),

@@ -125,7 +125,8 @@ __device__ __forceinline__ void store_grad_rows(const float (&acc)[HS / 8][4], b
   float cs[HS / 8][2] = {};
   store_rows<HS, true>(acc, dst, a.qkv_ld, r0, a.T, lane, mul, a.accumulate, cs);
   const int64_t chunk = static_cast<int64_t>(b) * ((a.T + kRows - 1) / kRows) + tile;
-  write_column_partials<HS>(cs, lane, warp, red, a.col_partial + chunk * 3 * a.C + col0);
+  const int64_t width = static_cast<int64_t>(a.NH + 2 * a.NKV) * HS;
+  write_column_partials<HS>(cs, lane, warp, red, a.col_partial + chunk * width + col0);
 }
 
 // The causal mask and the online-softmax update of one 16-row accumulator tile (rows row_base
@@ -174,22 +175,68 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[HS 
   }
 }
 
-// The slices of one (b, h) = blockIdx.y that a backward CTA reads: its q, k, v columns of the
-// packed qkv rows, its dO columns, and (key kernel) its lse and Δ rows.
+// Note [grouped-query flash attention]
+// With NKV < NH k/v heads (GQA; NKV = 1 is multi-query attention), query head h reads k/v head
+// hk = h / G, G = NH / NKV, in place: the forward and the query kernel just point their K and V
+// tiles at head hk. The key kernel owns the gradient of one k/v head: a CTA takes 64 keys of
+// (b, hk) and walks, one after the other, the query tiles of each of the G query heads that read
+// it (heads hk·G .. hk·G + G − 1, in that order, each from its diagonal tile on), accumulating
+// dK and dV of all G in the same registers. So a shared head's gradient is summed in a fixed
+// order without atomics or a separate reduction (deterministic), and K and V are loaded once for
+// the G heads. The grid has B·NKV·⌈T/64⌉ key CTAs, each G times the work of a GPT-2 one.
+
+// Column offsets of the parts of the packed rows [q (NH heads) | k (NKV) | v (NKV)].
+__device__ __forceinline__ int64_t k_column(const FlashBackwardArgs& a, int hk) {
+  return static_cast<int64_t>(a.NH + hk) * a.HS;
+}
+__device__ __forceinline__ int64_t v_column(const FlashBackwardArgs& a, int hk) {
+  return static_cast<int64_t>(a.NH + a.NKV + hk) * a.HS;
+}
+
+// The slices that a backward CTA reads for batch b and query head h: the q columns of head h and
+// the k, v columns of its k/v head hk of the packed qkv rows, head h's dO columns, and its lse and
+// Δ rows (Note [grouped-query flash attention]).
 template <int HS>
 struct BackwardHead {
-  int b, h;
+  int b, h, hk;
   const bf16 *q, *k, *v, *dout;
   const float *lse, *delta;
-  __device__ __forceinline__ BackwardHead(const FlashBackwardArgs& a, const float* d)
-      : b(blockIdx.y / a.NH), h(blockIdx.y % a.NH) {
-    q = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch + h * HS;
-    k = q + a.C;
-    v = q + 2 * a.C;
+  __device__ __forceinline__ BackwardHead(const FlashBackwardArgs& a, const float* d, int b_,
+                                          int h_)
+      : b(b_), h(h_), hk(h_ / (a.NH / a.NKV)) {
+    const bf16* row = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch;
+    q = row + h * HS;
+    k = row + k_column(a, hk);
+    v = row + v_column(a, hk);
     dout = static_cast<const bf16*>(a.dout) + b * a.o_batch + h * HS;
-    lse = a.lse + static_cast<int64_t>(blockIdx.y) * a.T;
-    delta = d + static_cast<int64_t>(blockIdx.y) * a.T;
+    const int64_t bh = static_cast<int64_t>(b) * a.NH + h;
+    lse = a.lse + bh * a.T;
+    delta = d + bh * a.T;
   }
+};
+
+// The query kernel's (b, h) = blockIdx.y.
+template <int HS>
+__device__ __forceinline__ BackwardHead<HS> query_cta_head(const FlashBackwardArgs& a,
+                                                           const float* d) {
+  return BackwardHead<HS>(a, d, blockIdx.y / a.NH, blockIdx.y % a.NH);
+}
+
+// The key kernel's walk (Note [grouped-query flash attention]): step i of n = G·per takes query
+// tile qt0 + i % per of the group's query head i / per, per = n_qt − qt0 tiles each. blockIdx.y
+// is (b, hk).
+struct KeyWalk {
+  int b, hk, group, qt0, per, n;
+  __device__ __forceinline__ KeyWalk(const FlashBackwardArgs& a, int k0, int kq) {
+    b = blockIdx.y / a.NKV;
+    hk = blockIdx.y % a.NKV;
+    group = a.NH / a.NKV;
+    qt0 = k0 / kq;
+    per = (a.T + kq - 1) / kq - qt0;
+    n = group * per;
+  }
+  __device__ __forceinline__ int head(int i) const { return hk * group + i / per; }
+  __device__ __forceinline__ int tile(int i) const { return qt0 + i % per; }
 };
 
 // The key kernel's query tile qt into buffer `buf`: Q and dO rows by cp.async (the caller commits)

@@ -102,11 +102,12 @@ __global__ void __launch_bounds__(kThreadsFa) wg_forward_kernel(FlashForwardArgs
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int qb = gridDim.x - 1 - blockIdx.x;  // the longest rows first
   const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
+  const int hk = h / (a.NH / a.NKV);  // Note [grouped-query flash attention]
   const int q0 = qb * kRows;
   const int off = a.Tk - a.Tq;
   const bf16* gq = static_cast<const bf16*>(a.q) + b * a.q_batch + h * kHs;
-  const bf16* gk = static_cast<const bf16*>(a.k) + b * a.kv_batch + h * kHs;
-  const bf16* gv = static_cast<const bf16*>(a.v) + b * a.kv_batch + h * kHs;
+  const bf16* gk = static_cast<const bf16*>(a.k) + b * a.kv_batch + hk * kHs;
+  const bf16* gv = static_cast<const bf16*>(a.v) + b * a.kv_batch + hk * kHs;
 
   load_tile<kHs, kRows, kThreadsFa>(sQ, gq, a.q_ld, q0, a.Tq);
   const int kv_end = min(a.Tk, q0 + kRows + off);
@@ -169,7 +170,8 @@ constexpr int bwd_kv_smem() {  // K, V, Q[2], dO[2], lse[2], Δ[2]
   return 6 * kTileElems * 2 + 4 * kTile * 4 + kAlignPad;
 }
 
-// dK and dV of 64 keys of one (b, h), over the query tiles from the diagonal on.
+// dK and dV of 64 keys of one (b, k/v head), over the query tiles from the diagonal on of each
+// query head that reads it (Note [grouped-query flash attention]).
 __global__ void __launch_bounds__(kThreadsFa)
     wg_backward_kv_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
   constexpr int NT = kTile / 8;
@@ -182,32 +184,31 @@ __global__ void __launch_bounds__(kThreadsFa)
   float* sD = sL + 2 * kTile;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const BackwardHead<kHs> head(a, delta);
-  const int b = head.b, h = head.h;
   const int k0 = blockIdx.x * kRows;  // key tile 0 sees every query: the longest first
+  const KeyWalk walk(a, k0, kTile);
+  const int b = walk.b, hk = walk.hk;
   const int64_t ld = a.qkv_ld;
-  const bf16 *gq = head.q, *gk = head.k, *gv = head.v, *gdo = head.dout;
-  const float *lse = head.lse, *dl = head.delta;
+  const bf16* row = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch;
 
-  auto load_q_tile = [&](int qt, int buf) {
-    load_query_tile<kHs, kTile>(sQ, sO, sL, sD, gq, gdo, ld, a.o_ld, lse, dl, qt, buf, a.T);
+  auto load_q_tile = [&](int i, int buf) {
+    const BackwardHead<kHs> head(a, delta, b, walk.head(i));
+    load_query_tile<kHs, kTile>(sQ, sO, sL, sD, head.q, head.dout, ld, a.o_ld, head.lse, head.delta,
+                                walk.tile(i), buf, a.T);
   };
 
-  load_tile<kHs, kRows, kThreadsFa>(sK, gk, ld, k0, a.T);
-  load_tile<kHs, kRows, kThreadsFa>(sV, gv, ld, k0, a.T);
-  const int qt0 = k0 / kTile;
-  const int n_qt = (a.T + kTile - 1) / kTile;
-  load_q_tile(qt0, 0);
+  load_tile<kHs, kRows, kThreadsFa>(sK, row + k_column(a, hk), ld, k0, a.T);
+  load_tile<kHs, kRows, kThreadsFa>(sV, row + v_column(a, hk), ld, k0, a.T);
+  load_q_tile(0, 0);
   cp_async_commit();
 
   float dk[kHs / 8][4] = {}, dv[kHs / 8][4] = {};
   const float sl2 = a.scale * kLog2e;
   const int key_base = k0 + warp * 16 + (lane >> 2);
 
-  for (int qt = qt0, it = 0; qt < n_qt; ++qt, ++it) {
+  for (int it = 0; it < walk.n; ++it) {
     const int buf = it & 1;
-    if (qt + 1 < n_qt) {
-      load_q_tile(qt + 1, buf ^ 1);
+    if (it + 1 < walk.n) {
+      load_q_tile(it + 1, buf ^ 1);
       cp_async_commit();
       tiles_landed<1>();
     } else {
@@ -227,7 +228,7 @@ __global__ void __launch_bounds__(kThreadsFa)
     wg::wait<0>();
     wg::hold(p);
     wg::hold(ds);
-    const int qs0 = qt * kTile;
+    const int qs0 = walk.tile(it) * kTile;
     const bool masked = qs0 < k0 + kRows || qs0 + kTile > a.T || k0 + kRows > a.T;
     key_tile_grads<NT>(p, ds, L, D, sl2, qs0, key_base, masked, a.T, lane);
     uint32_t pa[4][4], dsa[4][4];
@@ -244,18 +245,17 @@ __global__ void __launch_bounds__(kThreadsFa)
   }
 
   const float one[2] = {1.0f, 1.0f}, sc[2] = {a.scale, a.scale};
-  bf16* dbase = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * kHs;
+  bf16* dbase = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch;
   __shared__ float red[4 * kHs];  // Note [qkv bias partials]
   const int tile = static_cast<int>(blockIdx.x);
-  store_grad_rows<kHs>(dk, dbase + a.C, a, b, tile, a.C + h * kHs, k0 + warp * 16, lane, warp, sc,
-                       red);
-  store_grad_rows<kHs>(dv, dbase + 2 * a.C, a, b, tile, 2 * a.C + h * kHs, k0 + warp * 16, lane,
-                       warp, one, red);
+  const int64_t kc = k_column(a, hk), vc = v_column(a, hk);
+  store_grad_rows<kHs>(dk, dbase + kc, a, b, tile, kc, k0 + warp * 16, lane, warp, sc, red);
+  store_grad_rows<kHs>(dv, dbase + vc, a, b, tile, vc, k0 + warp * 16, lane, warp, one, red);
 }
 
 constexpr int bwd_q_smem() { return 6 * kTileElems * 2 + kAlignPad; }  // Q, dO, K[2], V[2]
 
-// dQ of 64 queries of one (b, h), over the key tiles up to the diagonal.
+// dQ of 64 queries of one (b, h), over the key tiles (of its k/v head) up to the diagonal.
 __global__ void __launch_bounds__(kThreadsFa)
     wg_backward_q_kernel(FlashBackwardArgs a, float* __restrict__ delta) {
   constexpr int NT = kTile / 8;
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kThreadsFa)
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int qb = gridDim.x - 1 - blockIdx.x;
-  const BackwardHead<kHs> head(a, delta);
+  const BackwardHead<kHs> head = query_cta_head<kHs>(a, delta);
   const int b = head.b, h = head.h;
   const int q0 = qb * kRows;
   const int64_t ld = a.qkv_ld;
@@ -394,11 +394,12 @@ void flash_wgmma_backward(const FlashBackwardArgs& a, float* delta, void* stream
                             allow_smem(wg_backward_q_kernel, bwd_q_smem()), true);
   (void)once;
   const auto st = static_cast<cudaStream_t>(stream);
-  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows)),
-                  static_cast<unsigned>(a.B * a.NH));
-  wg_backward_q_kernel<<<grid, kThreadsFa, bwd_q_smem(), st>>>(a, delta);  // writes Δ
+  const unsigned row_tiles = static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows));
+  const dim3 q_grid(row_tiles, static_cast<unsigned>(a.B * a.NH));
+  wg_backward_q_kernel<<<q_grid, kThreadsFa, bwd_q_smem(), st>>>(a, delta);  // writes Δ
   CUDA_CHECK_LAUNCH();
-  wg_backward_kv_kernel<<<grid, kThreadsFa, bwd_kv_smem(), st>>>(a, delta);
+  const dim3 kv_grid(row_tiles, static_cast<unsigned>(a.B * a.NKV));
+  wg_backward_kv_kernel<<<kv_grid, kThreadsFa, bwd_kv_smem(), st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
 }
 

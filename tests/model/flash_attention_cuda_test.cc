@@ -1,6 +1,7 @@
 // Flash attention (model/ops/flash_attention_cuda.cu) against the CPU kernel in f64 and against
-// the reference CUDA path, at odd lengths and head sizes 64 and 128; key length above query
-// length; bit-identical reruns; no O(T²) memory (GPU test; skipped without a GPU).
+// the reference CUDA path, at odd lengths and head sizes 64 and 128, with as many k/v heads as
+// query heads (GPT-2) and with fewer (grouped-query, multi-query); key length above query length;
+// bit-identical reruns; no O(T²) memory (GPU test; skipped without a GPU).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -52,7 +53,10 @@ double rel_diff(const std::vector<double>& a, const std::vector<double>& b, int6
 
 struct Problem {
   int64_t B, T, NH, HS;
-  int64_t C() const { return NH * HS; }
+  int64_t NKV = 0;  // 0: NH
+  int64_t kv() const { return NKV > 0 ? NKV : NH; }
+  int64_t C() const { return NH * HS; }               // q and output width
+  int64_t W() const { return (NH + 2 * kv()) * HS; }  // packed qkv width
 };
 
 struct Result {
@@ -60,19 +64,20 @@ struct Result {
 };
 
 cuda::FlashForwardArgs forward_args(const Problem& p, const Tensor& qkv, Tensor& out, Tensor& lse) {
-  const int64_t C = p.C();
+  const int64_t C = p.C(), W = p.W();
   cuda::FlashForwardArgs a;
   a.q = qkv.raw();
   a.k = static_cast<const char*>(qkv.raw()) + C * 2;
-  a.v = static_cast<const char*>(qkv.raw()) + 2 * C * 2;
+  a.v = static_cast<const char*>(qkv.raw()) + (C + p.kv() * p.HS) * 2;
   a.o = out.raw();
   a.lse = lse.data<float>();
-  a.q_ld = a.kv_ld = 3 * C;
+  a.q_ld = a.kv_ld = W;
   a.o_ld = C;
-  a.q_batch = a.kv_batch = p.T * 3 * C;
+  a.q_batch = a.kv_batch = p.T * W;
   a.o_batch = p.T * C;
   a.B = static_cast<int>(p.B);
   a.NH = static_cast<int>(p.NH);
+  a.NKV = static_cast<int>(p.NKV);
   a.HS = static_cast<int>(p.HS);
   a.Tq = a.Tk = static_cast<int>(p.T);
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.HS)));
@@ -82,11 +87,11 @@ cuda::FlashForwardArgs forward_args(const Problem& p, const Tensor& qkv, Tensor&
 // Flash forward + backward on the GPU; dqkv starts from `dqkv0` (the accumulate contract).
 Result run_flash(const Problem& p, const std::vector<double>& qkv, const std::vector<double>& dout,
                  const std::vector<double>& dqkv0) {
-  const int64_t C = p.C();
+  const int64_t C = p.C(), W = p.W();
   Stream& s = current_stream(Device::cuda(0));
-  Tensor tq = to_gpu_bf16(qkv, {p.B, p.T, 3 * C});
+  Tensor tq = to_gpu_bf16(qkv, {p.B, p.T, W});
   Tensor tdo = to_gpu_bf16(dout, {p.B, p.T, C});
-  Tensor tdq = to_gpu_bf16(dqkv0, {p.B, p.T, 3 * C});
+  Tensor tdq = to_gpu_bf16(dqkv0, {p.B, p.T, W});
   Tensor out = Tensor::empty({p.B, p.T, C}, DType::kBF16, Device::cuda(0), &s);
   Tensor lse = Tensor::empty({p.B, p.NH, p.T}, DType::kF32, Device::cuda(0), &s);
   cuda::flash_attention_forward(forward_args(p, tq, out, lse), s.native());
@@ -96,13 +101,13 @@ Result run_flash(const Problem& p, const std::vector<double>& qkv, const std::ve
   b.dout = tdo.raw();
   b.lse = lse.data<float>();
   b.dqkv = tdq.raw();
-  b.qkv_ld = 3 * C;
-  b.qkv_batch = p.T * 3 * C;
+  b.qkv_ld = W;
+  b.qkv_batch = p.T * W;
   b.o_ld = C;
   b.o_batch = p.T * C;
-  b.C = C;
   b.B = static_cast<int>(p.B);
   b.NH = static_cast<int>(p.NH);
+  b.NKV = static_cast<int>(p.NKV);
   b.HS = static_cast<int>(p.HS);
   b.T = static_cast<int>(p.T);
   b.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.HS)));
@@ -111,24 +116,24 @@ Result run_flash(const Problem& p, const std::vector<double>& qkv, const std::ve
   return {to_host(out), to_host(lse), to_host(tdq)};
 }
 
-// The reference CUDA path (batched GEMMs + row kernels) in bf16.
+// The reference CUDA path (batched GEMMs + row kernels, the grouped layout) in bf16.
 Result run_reference_cuda(const Problem& p, const std::vector<double>& qkv,
                           const std::vector<double>& dout, const std::vector<double>& dqkv0) {
-  const int64_t C = p.C();
+  const int64_t C = p.C(), W = p.W(), NKV = p.kv();
   Stream& s = current_stream(Device::cuda(0));
-  Tensor tq = to_gpu_bf16(qkv, {p.B, p.T, 3 * C});
+  Tensor tq = to_gpu_bf16(qkv, {p.B, p.T, W});
   Tensor tdo = to_gpu_bf16(dout, {p.B, p.T, C});
-  Tensor tdq = to_gpu_bf16(dqkv0, {p.B, p.T, 3 * C});
+  Tensor tdq = to_gpu_bf16(dqkv0, {p.B, p.T, W});
   Tensor out = Tensor::empty({p.B, p.T, C}, DType::kBF16, Device::cuda(0), &s);
   Tensor lse = Tensor::empty({p.B, p.NH, p.T}, DType::kF32, Device::cuda(0), &s);
-  Tensor fs =
-      scratch_bytes(cuda::attention_forward_scratch_bytes(p.B, p.T, p.NH, p.HS, DType::kBF16), s);
-  cuda::attention_forward(tq.raw(), out.raw(), lse.data<float>(), fs.raw(), p.B, p.T, p.NH, p.HS,
-                          DType::kBF16, s.native());
-  Tensor bs =
-      scratch_bytes(cuda::attention_backward_scratch_bytes(p.B, p.T, p.NH, p.HS, DType::kBF16), s);
-  cuda::attention_backward(tq.raw(), lse.data<float>(), tdo.raw(), tdq.raw(), bs.raw(), p.B, p.T,
-                           p.NH, p.HS, DType::kBF16, s.native());
+  Tensor fs = scratch_bytes(
+      cuda::attention_gqa_forward_scratch_bytes(p.B, p.T, p.NH, NKV, p.HS, DType::kBF16), s);
+  cuda::attention_gqa_forward(tq.raw(), out.raw(), lse.data<float>(), fs.raw(), p.B, p.T, p.NH, NKV,
+                              p.HS, DType::kBF16, s.native());
+  Tensor bs = scratch_bytes(
+      cuda::attention_gqa_backward_scratch_bytes(p.B, p.T, p.NH, NKV, p.HS, DType::kBF16), s);
+  cuda::attention_gqa_backward(tq.raw(), lse.data<float>(), tdo.raw(), tdq.raw(), bs.raw(), p.B,
+                               p.T, p.NH, NKV, p.HS, DType::kBF16, s.native());
   return {to_host(out), to_host(lse), to_host(tdq)};
 }
 
@@ -139,45 +144,60 @@ Result run_cpu_f64(const Problem& p, const std::vector<double>& qkv,
   r.out.assign(p.B * p.T * p.C(), 0.0);
   r.lse.assign(p.B * p.NH * p.T, 0.0);
   r.dqkv = dqkv0;
-  cpu::attention_forward<double>(qkv.data(), r.out.data(), r.lse.data(), p.B, p.T, p.NH, p.HS);
-  cpu::attention_backward<double>(qkv.data(), r.lse.data(), dout.data(), r.dqkv.data(), p.B, p.T,
-                                  p.NH, p.HS);
+  cpu::attention_gqa_forward<double>(qkv.data(), r.out.data(), r.lse.data(), p.B, p.T, p.NH, p.kv(),
+                                     p.HS);
+  cpu::attention_gqa_backward<double>(qkv.data(), r.lse.data(), dout.data(), r.dqkv.data(), p.B,
+                                      p.T, p.NH, p.kv(), p.HS);
   return r;
 }
 
 void expect_close(const Result& got, const Result& ref, const Problem& p, double tol,
                   const char* what) {
-  const int64_t C = p.C();
-  EXPECT_LT(rel_diff(got.out, ref.out), tol) << what << " out, T = " << p.T << " HS = " << p.HS;
+  const int64_t C = p.C(), W = p.W(), KV = p.kv() * p.HS;
+  EXPECT_LT(rel_diff(got.out, ref.out), tol)
+      << what << " out, T = " << p.T << " HS = " << p.HS << " NKV = " << p.kv();
   double lse_err = 0;
   for (size_t i = 0; i < ref.lse.size(); ++i) {
     lse_err = std::max(lse_err, std::abs(got.lse[i] - ref.lse[i]));
   }
   EXPECT_LT(lse_err, 1e-3) << what << " lse, T = " << p.T << " HS = " << p.HS;
   const char* parts[3] = {"dq", "dk", "dv"};
+  const int64_t begin[3] = {0, C, C + KV}, end[3] = {C, C + KV, W};
   for (int part = 0; part < 3; ++part) {
-    EXPECT_LT(rel_diff(got.dqkv, ref.dqkv, part * C, (part + 1) * C, 3 * C, 2), tol)
-        << what << " " << parts[part] << ", T = " << p.T << " HS = " << p.HS;
+    EXPECT_LT(rel_diff(got.dqkv, ref.dqkv, begin[part], end[part], W, 2), tol)
+        << what << " " << parts[part] << ", T = " << p.T << " HS = " << p.HS << " NKV = " << p.kv();
   }
 }
 
 // The gradient slot starts from small values, so the check sees the accumulated gradient itself.
-std::vector<double> grad_init(const Problem& p) {
-  return bf16_values(p.B * p.T * 3 * p.C(), 99, 1e-3);
+std::vector<double> grad_init(const Problem& p) { return bf16_values(p.B * p.T * p.W(), 99, 1e-3); }
+
+// Flash forward + backward against the f64 CPU kernel and the reference CUDA path.
+void expect_flash_matches(const Problem& p) {
+  const auto qkv = bf16_values(p.B * p.T * p.W(), 1 + p.T + p.HS + 7 * p.kv());
+  const auto dout = bf16_values(p.B * p.T * p.C(), 2 + p.T + p.HS);
+  const auto g0 = grad_init(p);
+  const Result flash = run_flash(p, qkv, dout, g0);
+  expect_close(flash, run_cpu_f64(p, qkv, dout, g0), p, testing::kBF16Tol, "vs cpu f64");
+  expect_close(flash, run_reference_cuda(p, qkv, dout, g0), p, testing::kBF16Tol,
+               "vs reference cuda");
 }
 
 TEST(FlashAttentionCuda, MatchesCpuF64AndReferenceAtOddLengths) {
   GTRON_REQUIRE_GPU();
   for (int64_t HS : {64, 128}) {
-    for (int64_t T : {1, 7, 63, 129, 1000}) {
-      const Problem p{2, T, 2, HS};
-      const auto qkv = bf16_values(p.B * T * 3 * p.C(), 1 + T + HS);
-      const auto dout = bf16_values(p.B * T * p.C(), 2 + T + HS);
-      const auto g0 = grad_init(p);
-      const Result flash = run_flash(p, qkv, dout, g0);
-      expect_close(flash, run_cpu_f64(p, qkv, dout, g0), p, testing::kBF16Tol, "vs cpu f64");
-      expect_close(flash, run_reference_cuda(p, qkv, dout, g0), p, testing::kBF16Tol,
-                   "vs reference cuda");
+    for (int64_t T : {1, 7, 63, 129, 1000}) expect_flash_matches(Problem{2, T, 2, HS});
+  }
+}
+
+// Grouped-query attention (Note [grouped-query flash attention]): 4 query heads per k/v head,
+// and multi-query (one k/v head for all 4).
+TEST(FlashAttentionCuda, GroupedQueryMatchesCpuF64AndReference) {
+  GTRON_REQUIRE_GPU();
+  for (int64_t HS : {64, 128}) {
+    for (int64_t T : {1, 7, 129, 1000}) {
+      expect_flash_matches(Problem{2, T, 8, HS, 2});
+      expect_flash_matches(Problem{1, T, 4, HS, 1});
     }
   }
 }
@@ -185,57 +205,63 @@ TEST(FlashAttentionCuda, MatchesCpuF64AndReferenceAtOddLengths) {
 TEST(FlashAttentionCuda, RerunsAreBitIdentical) {
   GTRON_REQUIRE_GPU();
   for (int64_t HS : {64, 128}) {
-    const Problem p{3, 333, 4, HS};
-    const auto qkv = bf16_values(p.B * p.T * 3 * p.C(), 5);
-    const auto dout = bf16_values(p.B * p.T * p.C(), 6);
-    const auto g0 = grad_init(p);
-    const Result a = run_flash(p, qkv, dout, g0);
-    const Result b = run_flash(p, qkv, dout, g0);
-    EXPECT_EQ(a.out, b.out);
-    EXPECT_EQ(a.lse, b.lse);
-    EXPECT_EQ(a.dqkv, b.dqkv);
+    for (int64_t NKV : {4, 2, 1}) {
+      const Problem p{3, 333, 4, HS, NKV};
+      const auto qkv = bf16_values(p.B * p.T * p.W(), 5);
+      const auto dout = bf16_values(p.B * p.T * p.C(), 6);
+      const auto g0 = grad_init(p);
+      const Result a = run_flash(p, qkv, dout, g0);
+      const Result b = run_flash(p, qkv, dout, g0);
+      EXPECT_EQ(a.out, b.out);
+      EXPECT_EQ(a.lse, b.lse);
+      EXPECT_EQ(a.dqkv, b.dqkv);
+    }
   }
 }
 
 TEST(FlashAttentionCuda, KeyLengthAboveQueryLengthAlignsToTheLastQuery) {
-  // The last Tq queries of a Tk-long causal attention, with q given separately from k and v.
+  // The last Tq queries of a Tk-long causal attention, with q given separately from k and v;
+  // with as many k/v heads as query heads, and with one for all three.
   GTRON_REQUIRE_GPU();
   for (int64_t HS : {64, 128}) {
-    for (int64_t Tq : {1, 5, 70}) {
-      const Problem full{2, 200, 3, HS};
-      const int64_t C = full.C();
-      const auto qkv = bf16_values(full.B * full.T * 3 * C, 7 + Tq);
-      const Result ref = run_cpu_f64(full, qkv, std::vector<double>(full.B * full.T * C, 0.0),
-                                     std::vector<double>(full.B * full.T * 3 * C, 0.0));
-      // q: its own [B, Tq, C] tensor; k, v: the packed rows of the whole sequence.
-      std::vector<double> q(full.B * Tq * C);
-      for (int64_t b = 0; b < full.B; ++b)
-        for (int64_t t = 0; t < Tq; ++t)
-          for (int64_t c = 0; c < C; ++c)
-            q[(b * Tq + t) * C + c] = qkv[(b * full.T + full.T - Tq + t) * 3 * C + c];
-      Stream& s = current_stream(Device::cuda(0));
-      Tensor tq = to_gpu_bf16(q, {full.B, Tq, C});
-      Tensor tkv = to_gpu_bf16(qkv, {full.B, full.T, 3 * C});
-      Tensor out = Tensor::empty({full.B, Tq, C}, DType::kBF16, Device::cuda(0), &s);
-      Tensor lse = Tensor::empty({full.B, full.NH, Tq}, DType::kF32, Device::cuda(0), &s);
-      cuda::FlashForwardArgs a = forward_args(full, tkv, out, lse);
-      a.q = tq.raw();
-      a.q_ld = C;
-      a.q_batch = Tq * C;
-      a.o_batch = Tq * C;
-      a.Tq = static_cast<int>(Tq);
-      cuda::flash_attention_forward(a, s.native());
-      const auto got = to_host(out);
-      const auto got_lse = to_host(lse);
-      std::vector<double> want(got.size());
-      for (int64_t b = 0; b < full.B; ++b)
-        for (int64_t t = 0; t < Tq; ++t)
-          for (int64_t c = 0; c < C; ++c)
-            want[(b * Tq + t) * C + c] = ref.out[(b * full.T + full.T - Tq + t) * C + c];
-      EXPECT_LT(rel_diff(got, want), testing::kBF16Tol) << "Tq = " << Tq << " HS = " << HS;
-      for (int64_t bh = 0; bh < full.B * full.NH; ++bh)
-        for (int64_t t = 0; t < Tq; ++t)
-          EXPECT_NEAR(got_lse[bh * Tq + t], ref.lse[bh * full.T + full.T - Tq + t], 1e-3);
+    for (int64_t NKV : {3, 1}) {
+      for (int64_t Tq : {1, 5, 70}) {
+        const Problem full{2, 200, 3, HS, NKV};
+        const int64_t C = full.C(), W = full.W();
+        const auto qkv = bf16_values(full.B * full.T * W, 7 + Tq);
+        const Result ref = run_cpu_f64(full, qkv, std::vector<double>(full.B * full.T * C, 0.0),
+                                       std::vector<double>(full.B * full.T * W, 0.0));
+        // q: its own [B, Tq, C] tensor; k, v: the packed rows of the whole sequence.
+        std::vector<double> q(full.B * Tq * C);
+        for (int64_t b = 0; b < full.B; ++b)
+          for (int64_t t = 0; t < Tq; ++t)
+            for (int64_t c = 0; c < C; ++c)
+              q[(b * Tq + t) * C + c] = qkv[(b * full.T + full.T - Tq + t) * W + c];
+        Stream& s = current_stream(Device::cuda(0));
+        Tensor tq = to_gpu_bf16(q, {full.B, Tq, C});
+        Tensor tkv = to_gpu_bf16(qkv, {full.B, full.T, W});
+        Tensor out = Tensor::empty({full.B, Tq, C}, DType::kBF16, Device::cuda(0), &s);
+        Tensor lse = Tensor::empty({full.B, full.NH, Tq}, DType::kF32, Device::cuda(0), &s);
+        cuda::FlashForwardArgs a = forward_args(full, tkv, out, lse);
+        a.q = tq.raw();
+        a.q_ld = C;
+        a.q_batch = Tq * C;
+        a.o_batch = Tq * C;
+        a.Tq = static_cast<int>(Tq);
+        cuda::flash_attention_forward(a, s.native());
+        const auto got = to_host(out);
+        const auto got_lse = to_host(lse);
+        std::vector<double> want(got.size());
+        for (int64_t b = 0; b < full.B; ++b)
+          for (int64_t t = 0; t < Tq; ++t)
+            for (int64_t c = 0; c < C; ++c)
+              want[(b * Tq + t) * C + c] = ref.out[(b * full.T + full.T - Tq + t) * C + c];
+        EXPECT_LT(rel_diff(got, want), testing::kBF16Tol)
+            << "Tq = " << Tq << " HS = " << HS << " NKV = " << NKV;
+        for (int64_t bh = 0; bh < full.B * full.NH; ++bh)
+          for (int64_t t = 0; t < Tq; ++t)
+            EXPECT_NEAR(got_lse[bh * Tq + t], ref.lse[bh * full.T + full.T - Tq + t], 1e-3);
+      }
     }
   }
 }
