@@ -52,8 +52,8 @@ Var LlamaBlock::forward(const Var& x, WeightAccess& w, int64_t pos0) const {
     qkv_out = qk_rmsnorm(qkv_out, NH, NKV, HS, Var::param(*q_norm.weight),
                          Var::param(*k_norm.weight), q_norm.eps);
   }
-  Var roped = rope(qkv_out, inv_freq, NH, NKV, static_cast<int>(HS), pos0);
-  Var h = add(x, o_proj.forward(causal_attention_gqa(roped, NH, NKV, static_cast<int>(HS)), w));
+  const Var att = causal_attention_gqa_rope(qkv_out, inv_freq, NH, NKV, static_cast<int>(HS), pos0);
+  Var h = add(x, o_proj.forward(att, w));
   return add(h, down.forward(swiglu(gate_up.forward(mlp_norm.forward(h), w)), w));
 }
 

@@ -5,6 +5,7 @@
 #include "model/env_switch.h"
 #include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
+#include "model/ops/rope.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
 
@@ -75,17 +76,37 @@ cuda::FlashBackwardArgs flash_backward_args(const Tensor& qkv, const Tensor& y, 
 
 namespace {
 
-// Both entry points: the flash kernels when `flash`, else the reference kernels of the grouped
-// layout (NKV = NH is GPT-2's [q | k | v]). qkv: [B, T, (NH + 2·NKV)·HS].
-Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64_t HS, bool flash) {
+// RoPE before the flash kernels (causal_attention_gqa_rope): the f32 [HS/2] table and the first
+// position.
+struct FlashRope {
+  Tensor inv_freq;
+  int64_t pos0 = 0;
+};
+
+// Every entry point: the flash kernels when `flash`, else the reference kernels of the grouped
+// layout (NKV = NH is GPT-2's [q | k | v]). qkv: [B, T, (NH + 2·NKV)·HS]. With `rope` (flash
+// only), q and k are rotated into a tensor of their own first, which the kernels read, and the
+// backward delivers the gradient of the un-rotated qkv (Note [RoPE in the flash backward]).
+Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64_t HS, bool flash,
+                 const FlashRope* rope = nullptr) {
   Device dev = qkv.device();
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(Shape{B, Tlen, NH * HS}, qkv.dtype(), dev, &s);
   // [B, NH, T] log-sum-exps, kept for the backward; fp32 on CUDA.
   Tensor lse =
       Tensor::empty(Shape{B, NH, Tlen}, dev.is_cuda() ? DType::kF32 : qkv.dtype(), dev, &s);
+  GTRON_CHECK(rope == nullptr || flash,
+              "attention: RoPE inside the attention needs the flash path");
+  Tensor in = qkv.value();  // what the kernels read: qkv, or its rotation
+  if (rope != nullptr) {
+    in = Tensor::empty(qkv.shape(), qkv.dtype(), dev, &s);
+    cuda::rope_forward(qkv.value().raw(), rope->inv_freq.data<float>(), in.raw(), B, Tlen, NH, NKV,
+                       HS, rope->pos0, qkv.dtype(), s.native());
+  }
+  const FlashRope rope_copy = rope != nullptr ? *rope : FlashRope{};
+  const bool roped = rope != nullptr;
   if (flash) {
-    cuda::flash_attention_forward(flash_forward_args(qkv.value(), y, lse, NH, NKV, HS), s.native());
+    cuda::flash_attention_forward(flash_forward_args(in, y, lse, NH, NKV, HS), s.native());
   } else if (dev.is_cuda()) {
     Tensor scratch = scratch_bytes(
         cuda::attention_gqa_forward_scratch_bytes(B, Tlen, NH, NKV, HS, qkv.dtype()), s);
@@ -103,7 +124,7 @@ Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64
 
   Var out = Var::output(y, qkv.requires_grad());
   if (out.requires_grad()) {
-    record_backward([qkv, lse, out, B, Tlen, NH, NKV, HS, flash] {
+    record_backward([qkv, in, lse, out, B, Tlen, NH, NKV, HS, flash, roped, rope_copy] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
       if (flash) {
@@ -112,8 +133,12 @@ Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64
         bool overwrite = false;
         Tensor& dqkv = qkv.grad_for_write(&overwrite);
         cuda::FlashBackwardArgs a =
-            flash_backward_args(qkv.value(), out.value(), out.grad(), lse, dqkv, NH, NKV, HS);
+            flash_backward_args(in, out.value(), out.grad(), lse, dqkv, NH, NKV, HS);
         a.accumulate = !overwrite;
+        if (roped) {
+          a.rope_inv_freq = rope_copy.inv_freq.data<float>();
+          a.rope_pos0 = rope_copy.pos0;
+        }
         // Note [qkv bias partials]: the linear that made qkv finishes its bias gradient from them.
         Tensor partials;
         const int64_t chunks = cuda::flash_column_chunks(B, Tlen);
@@ -172,6 +197,27 @@ Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS) {
               Shape{B, Tlen, (NH + 2 * int64_t{NKV}) * HS});
   const bool flash = qkv.device().is_cuda() && cuda::flash_attention_supported(HS, qkv.dtype());
   return attention_of(qkv, B, Tlen, NH, NKV, HS, flash);
+}
+
+Var causal_attention_gqa_rope(const Var& qkv, const Tensor& inv_freq, int NH, int NKV, int HS,
+                              int64_t pos0) {
+  const bool flash = qkv.device().is_cuda() && qkv.shape().rank() == 3 &&
+                     cuda::flash_attention_supported(HS, qkv.dtype());
+  if (!flash) return causal_attention_gqa(rope(qkv, inv_freq, NH, NKV, HS, pos0), NH, NKV, HS);
+  GTRON_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "causal_attention_gqa_rope: NKV = ", NKV,
+              " k/v heads must divide NH = ", NH, " query heads");
+  const int64_t B = qkv.shape()[0];
+  const int64_t Tlen = qkv.shape()[1];
+  check_shape("causal_attention_gqa_rope: qkv", qkv.shape(),
+              Shape{B, Tlen, (NH + 2 * int64_t{NKV}) * HS});
+  check_shape("causal_attention_gqa_rope: inv_freq", inv_freq.shape(), Shape{HS / 2});
+  GTRON_CHECK(inv_freq.device() == qkv.device() && inv_freq.dtype() == DType::kF32,
+              "causal_attention_gqa_rope: inv_freq must be rope_table's f32 table on ",
+              qkv.device().str());
+  GTRON_CHECK(pos0 >= 0 && pos0 + Tlen <= (int64_t{1} << 24),
+              "causal_attention_gqa_rope: positions up to ", pos0 + Tlen, " are not exact in fp32");
+  const FlashRope r{inv_freq, pos0};
+  return attention_of(qkv, B, Tlen, NH, NKV, HS, /*flash=*/true, &r);
 }
 
 }  // namespace gtron

@@ -25,6 +25,13 @@ Var causal_attention(const Var& qkv, int NH);
 // REQUIRES: NH, NKV > 0, NH % NKV == 0, HS even (as RoPE needs).
 Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS);
 
+// causal_attention_gqa(rope(qkv, inv_freq, NH, NKV, HS, pos0), NH, NKV, HS) (model/ops/rope.h),
+// as one op. On the flash path the backward writes the gradient of the un-rotated q and k
+// straight from the attention kernels (Note [RoPE in the flash backward]): no rotated gradient is
+// stored and rotated back by a separate pass. Elsewhere it is the two ops composed.
+Var causal_attention_gqa_rope(const Var& qkv, const Tensor& inv_freq, int NH, int NKV, int HS,
+                              int64_t pos0);
+
 namespace cpu {
 // qkv: [B, Tlen, 3·NH·HS], out: [B, Tlen, NH·HS]. Also writes lse: [B, NH, Tlen], the log-sum-exp
 // of each scaled score row, from which the backward recomputes the probabilities (memory O(T),
@@ -119,6 +126,11 @@ struct FlashBackwardArgs {
   int NKV = 0;  // k/v heads; 0 means NH
   float scale = 0.0f;
   bool accumulate = true;  // false: dqkv is written, not added to (every element is covered)
+  // When set ([HS/2] f32, rope_table's): q and k were rotated by RoPE at positions rope_pos0 + t
+  // before the forward, and the dQ and dK stored are rotated back, the gradient of the
+  // un-rotated q and k (Note [RoPE in the flash backward] in model/ops/flash_common.cuh).
+  const float* rope_inv_freq = nullptr;
+  int64_t rope_pos0 = 0;
   // When set: flash_column_chunks(B, T) × (NH + 2·NKV)·HS floats that get the fixed-chunk column
   // partials of the stored dqkv (Note [qkv bias partials] in model/ops/flash_common.cuh).
   float* col_partial = nullptr;

@@ -248,8 +248,8 @@ __global__ void __launch_bounds__(kThreadsFa)
   __shared__ float red[4 * HS];  // Note [qkv bias partials]
   const int tile = static_cast<int>(blockIdx.x);
   const int64_t kc = k_column(a, hk), vc = v_column(a, hk);
-  store_grad_rows<HS>(dk, dbase + kc, a, b, tile, kc, k0 + warp * 16, lane, warp, sc, red);
-  store_grad_rows<HS>(dv, dbase + vc, a, b, tile, vc, k0 + warp * 16, lane, warp, one, red);
+  store_grad_rows<HS>(dk, dbase + kc, a, b, tile, kc, k0 + warp * 16, lane, warp, sc, red, true);
+  store_grad_rows<HS>(dv, dbase + vc, a, b, tile, vc, k0 + warp * 16, lane, warp, one, red, false);
 }
 
 template <int HS, int kN>
@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(kThreadsFa)
   const float sc[2] = {a.scale, a.scale};
   bf16* dq_base = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * HS;
   __shared__ float red[4 * HS];  // Note [qkv bias partials]
-  store_grad_rows<HS>(dq, dq_base, a, b, qb, h * HS, q0 + warp * 16, lane, warp, sc, red);
+  store_grad_rows<HS>(dq, dq_base, a, b, qb, h * HS, q0 + warp * 16, lane, warp, sc, red, true);
 }
 
 template <typename Kernel>

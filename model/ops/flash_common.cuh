@@ -111,13 +111,53 @@ __device__ __forceinline__ void write_column_partials(const float (&cs)[HS / 8][
   __syncthreads();  // red is reused by the next call
 }
 
+// Note [RoPE in the flash backward]
+// The llama family rotates q and k (Note [rotate-half RoPE] in model/ops/rope.h) right before the
+// attention, whose backward then yields the gradient of the rotated q and k. Composed, a rope
+// backward pass reads that gradient back and rotates it by −angle. Here the key and query kernels
+// rotate their dK and dQ accumulators before the store instead: in the accumulator layout a
+// lane's column c = dt·8 + (lane & 3)·2 + j and its rotation partner c + HS/2 sit in the same
+// lane, in acc[dt] and acc[dt + HS/16], rows lane/4 and lane/4 + 8, so the rotation is register
+// arithmetic; angle = float(pos0 + row)·inv_freq[c] and fp32 sincosf as the rope kernel computes
+// it. One pass over [B·T, (NH + 2·NKV)·HS] gradients less per block, and no rotated-gradient
+// buffer.
+template <int HS>
+__device__ __forceinline__ void unrotate_rows(float (&acc)[HS / 8][4], const float* inv_freq,
+                                              int64_t pos0, int r0, int lane) {
+#pragma unroll
+  for (int dt = 0; dt < HS / 16; ++dt) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float f = inv_freq[dt * 8 + (lane & 3) * 2 + j];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const float pos = static_cast<float>(pos0 + r0 + (lane >> 2) + rr * 8);
+        float sn, cs;
+        sincosf(pos * f, &sn, &cs);
+        const float lo = acc[dt][2 * rr + j], hi = acc[dt + HS / 16][2 * rr + j];
+        acc[dt][2 * rr + j] = lo * cs + hi * sn;
+        acc[dt + HS / 16][2 * rr + j] = hi * cs - lo * sn;
+      }
+    }
+  }
+}
+
 // Stores acc like store_rows and, when a.col_partial is set, writes the CTA's column partials of
 // the stored rows at qkv column `col0` (Note [qkv bias partials]); `tile`: the CTA's 64-row tile.
+// `rotated`: acc is dQ or dK, rotated back first when a.rope_inv_freq is set.
 template <int HS>
-__device__ __forceinline__ void store_grad_rows(const float (&acc)[HS / 8][4], bf16* dst,
+__device__ __forceinline__ void store_grad_rows(const float (&acc_in)[HS / 8][4], bf16* dst,
                                                 const FlashBackwardArgs& a, int b, int tile,
                                                 int64_t col0, int r0, int lane, int warp,
-                                                const float (&mul)[2], float* red) {
+                                                const float (&mul)[2], float* red, bool rotated) {
+  float acc[HS / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < HS / 8; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[dt][e] = acc_in[dt][e];
+  if (rotated && a.rope_inv_freq != nullptr) {
+    unrotate_rows<HS>(acc, a.rope_inv_freq, a.rope_pos0, r0, lane);
+  }
   if (a.col_partial == nullptr) {
     store_rows<HS>(acc, dst, a.qkv_ld, r0, a.T, lane, mul, a.accumulate);
     return;

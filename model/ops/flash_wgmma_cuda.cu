@@ -249,8 +249,8 @@ __global__ void __launch_bounds__(kThreadsFa)
   __shared__ float red[4 * kHs];  // Note [qkv bias partials]
   const int tile = static_cast<int>(blockIdx.x);
   const int64_t kc = k_column(a, hk), vc = v_column(a, hk);
-  store_grad_rows<kHs>(dk, dbase + kc, a, b, tile, kc, k0 + warp * 16, lane, warp, sc, red);
-  store_grad_rows<kHs>(dv, dbase + vc, a, b, tile, vc, k0 + warp * 16, lane, warp, one, red);
+  store_grad_rows<kHs>(dk, dbase + kc, a, b, tile, kc, k0 + warp * 16, lane, warp, sc, red, true);
+  store_grad_rows<kHs>(dv, dbase + vc, a, b, tile, vc, k0 + warp * 16, lane, warp, one, red, false);
 }
 
 constexpr int bwd_q_smem() { return 6 * kTileElems * 2 + kAlignPad; }  // Q, dO, K[2], V[2]
@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(kThreadsFa)
   const float sc[2] = {a.scale, a.scale};
   bf16* dq_base = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * kHs;
   __shared__ float red[4 * kHs];  // Note [qkv bias partials]
-  store_grad_rows<kHs>(dq, dq_base, a, b, qb, h * kHs, q0 + warp * 16, lane, warp, sc, red);
+  store_grad_rows<kHs>(dq, dq_base, a, b, qb, h * kHs, q0 + warp * 16, lane, warp, sc, red, true);
 }
 
 template <typename Kernel>
