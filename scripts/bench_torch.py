@@ -8,10 +8,23 @@ final norm and head; loss = CE_main + (λ/D)·Σ CE_k, unreachable targets ignor
 step: bf16 autocast forward, backward, gradient-norm clip at 1.0, fused AdamW, on random tokens.
 Attention is F.scaled_dot_product_attention (flash on the H200). `--mode eager` or `compile`
 (torch.compile of the model's forward + loss). Prints one JSON line like bench_gpu:
-{tokens_per_s, ms_per_step, peak_mem_gib, system, mode, D, ...}.
+{tokens_per_s, ms_per_step, peak_mem_gib, system, mode, D, arch, ...}.
+
+`--arch llama`: the Llama-3 / Qwen3 family as Hugging Face's LlamaForCausalLM and
+Qwen3ForCausalLM compute it, in plain PyTorch: RMSNorm with fp32 statistics (eps 1e-5, gtron's
+default), q/k/v projections without bias, optional per-head q/k RMSNorm (`--qk-norm 1`), RoPE in
+the rotate-half convention with base `--rope-theta` (no position table), SDPA with
+enable_gqa=True on the un-repeated `--NKV` key/value heads of head size `--HS`, o_proj, residual,
+RMSNorm, SwiGLU down(silu(gate(x)) * up(x)) of width `--F`, residual; final RMSNorm; the head
+tied to the embedding or not (`--tied 0|1`). Its MTP depths are gtron's for the family
+(model/layers.h MTPModule): RMSNorm of h and of the shifted tokens' embedding, the [C, 2C]
+projection without bias, one llama block. The flags and their defaults are bench_gpu's (NKV: NH,
+HS: C / NH, F: 8C/3 rounded up to a multiple of 64). The GPT-2 model (`--arch gpt2`, the
+default) is tied and takes none of these flags.
 
 Runs on the GPU machine (PyTorch is there; gtron itself never needs Python):
   python3 scripts/bench_torch.py --mode compile --D 1
+  python3 scripts/bench_torch.py --arch llama --L 16 --C 2048 --NH 32 --NKV 8 --HS 64 --F 8192 --B 8
 """
 import argparse
 import json
@@ -78,21 +91,134 @@ class GPT(nn.Module):
                                ignore_index=-1)
 
     def forward(self, tokens, targets):
-        B, T = tokens.shape
+        T = tokens.shape[1]
         pos = torch.arange(T, device=tokens.device)
         h = self.wte(tokens) + self.wpe(pos)
         for blk in self.blocks:
             h = blk(h)
-        loss = self.head_loss(h, targets)
-        ignore = torch.full((B, 1), -1, dtype=targets.dtype, device=targets.device)
-        shifted_tokens, shifted_targets = tokens, targets
-        for k, depth in enumerate(self.mtp, start=1):
-            # Depth k embeds the token k ahead and predicts the one k + 1 ahead.
-            shifted_tokens = torch.cat([shifted_tokens[:, 1:], tokens[:, :1] * 0], dim=1)
-            shifted_targets = torch.cat([shifted_targets[:, 1:], ignore], dim=1)
-            h = depth(h, self.wte(shifted_tokens))
-            loss = loss + self.mtp_weight / self.D * self.head_loss(h, shifted_targets)
-        return loss
+        return with_mtp_losses(self, h, tokens, targets)
+
+
+def with_mtp_losses(model, h, tokens, targets, *rope):
+    """The main head's loss on h plus the D depths' (weighted λ/D): depth k embeds the token k
+    ahead and predicts the one k + 1 ahead; `rope` goes to each depth (the llama family's)."""
+    loss = model.head_loss(h, targets)
+    ignore = torch.full((tokens.shape[0], 1), -1, dtype=targets.dtype, device=targets.device)
+    shifted_tokens, shifted_targets = tokens, targets
+    for k, depth in enumerate(model.mtp, start=1):
+        shifted_tokens = torch.cat([shifted_tokens[:, 1:], tokens[:, :1] * 0], dim=1)
+        shifted_targets = torch.cat([shifted_targets[:, 1:], ignore], dim=1)
+        h = depth(h, model.wte(shifted_tokens), *rope)
+        loss = loss + model.mtp_weight / model.D * model.head_loss(h, shifted_targets)
+    return loss
+
+
+class RMSNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm: statistics in fp32, the result cast back, then the weight."""
+
+    def __init__(self, C, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(C))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    """Hugging Face's LlamaDecoderLayer (Qwen3DecoderLayer with qk_norm)."""
+
+    def __init__(self, C, NH, NKV, HS, F_, qk_norm, eps):
+        super().__init__()
+        self.NH, self.NKV, self.HS = NH, NKV, HS
+        self.attn_norm = RMSNorm(C, eps)
+        self.q_proj = nn.Linear(C, NH * HS, bias=False)
+        self.k_proj = nn.Linear(C, NKV * HS, bias=False)
+        self.v_proj = nn.Linear(C, NKV * HS, bias=False)
+        self.q_norm = RMSNorm(HS, eps) if qk_norm else None
+        self.k_norm = RMSNorm(HS, eps) if qk_norm else None
+        self.o_proj = nn.Linear(NH * HS, C, bias=False)
+        self.mlp_norm = RMSNorm(C, eps)
+        self.gate_proj = nn.Linear(C, F_, bias=False)
+        self.up_proj = nn.Linear(C, F_, bias=False)
+        self.down_proj = nn.Linear(F_, C, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        a = self.attn_norm(x)
+        q = self.q_proj(a).view(B, T, self.NH, self.HS)
+        k = self.k_proj(a).view(B, T, self.NKV, self.HS)
+        v = self.v_proj(a).view(B, T, self.NKV, self.HS).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, heads, T, HS]
+        q = q * cos + rotate_half(q) * sin  # cos, sin: [T, HS], fp32 as Hugging Face's
+        k = k * cos + rotate_half(k) * sin
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.o_proj(y.transpose(1, 2).reshape(B, T, self.NH * self.HS))
+        g = self.mlp_norm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(g)) * self.up_proj(g))
+
+
+class LlamaMTPDepth(nn.Module):
+    """gtron's MTP depth of the llama family: the norms with the family's eps, the projection,
+    one llama block at positions 0 .. T-1."""
+
+    def __init__(self, C, NH, NKV, HS, F_, qk_norm, eps):
+        super().__init__()
+        self.hnorm = RMSNorm(C, eps)
+        self.enorm = RMSNorm(C, eps)
+        self.proj = nn.Linear(2 * C, C, bias=False)
+        self.block = LlamaBlock(C, NH, NKV, HS, F_, qk_norm, eps)
+
+    def forward(self, h, emb, cos, sin):
+        return self.block(self.proj(torch.cat([self.hnorm(h), self.enorm(emb)], dim=-1)), cos, sin)
+
+
+class Llama(nn.Module):
+    def __init__(self, V, T, L, C, NH, NKV, HS, F_, qk_norm, tied, rope_theta, D, mtp_weight,
+                 eps=1e-5):
+        super().__init__()
+        self.Vp = (V + 63) // 64 * 64
+        self.D, self.mtp_weight = D, mtp_weight
+        self.wte = nn.Embedding(self.Vp, C)
+        dims = (C, NH, NKV, HS, F_, qk_norm, eps)
+        self.blocks = nn.ModuleList(LlamaBlock(*dims) for _ in range(L))
+        self.norm_f = RMSNorm(C, eps)
+        self.lm_head = None if tied else nn.Linear(C, self.Vp, bias=False)
+        self.mtp = nn.ModuleList(LlamaMTPDepth(*dims) for _ in range(D))
+        # Hugging Face's rotary table: inv_freq in fp32, angles = position * inv_freq, both halves.
+        inv_freq = 1.0 / rope_theta ** (torch.arange(0, HS, 2, dtype=torch.int64).float() / HS)
+        angles = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
+        emb = torch.cat([angles, angles], dim=-1)  # [T, HS]
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                resid = name.endswith(("o_proj.weight", "down_proj.weight"))
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L) if resid else 0.02)
+
+    def head_loss(self, h, targets):
+        head = self.wte.weight if self.lm_head is None else self.lm_head.weight
+        logits = F.linear(self.norm_f(h), head)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1),
+                               ignore_index=-1)
+
+    def forward(self, tokens, targets):
+        T = tokens.shape[1]
+        cos, sin = self.cos[:T], self.sin[:T]
+        h = self.wte(tokens)
+        for blk in self.blocks:
+            h = blk(h, cos, sin)
+        return with_mtp_losses(self, h, tokens, targets, cos, sin)
 
 
 def main():
@@ -106,6 +232,17 @@ def main():
     ap.add_argument("--B", type=int, default=16)
     ap.add_argument("--D", type=int, default=0)
     ap.add_argument("--mtp-weight", type=float, default=0.3)
+    ap.add_argument("--arch", choices=["gpt2", "llama"], default="gpt2")
+    # The llama family's shape (bench_gpu's flags); None: not given (the family's default).
+    ap.add_argument("--NKV", type=int, default=None, help="key/value heads (llama; default NH)")
+    ap.add_argument("--HS", type=int, default=None, help="head size (llama; default C / NH)")
+    ap.add_argument("--F", type=int, default=None,
+                    help="SwiGLU width (llama; default 8C/3 rounded up to a multiple of 64)")
+    ap.add_argument("--qk-norm", type=int, choices=[0, 1], default=None,
+                    help="per-head q/k RMSNorm (llama, Qwen3)")
+    ap.add_argument("--rope-theta", type=float, default=None, help="RoPE base (llama; 500000)")
+    ap.add_argument("--tied", type=int, choices=[0, 1], default=1,
+                    help="head tied to the embedding (0: llama only)")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1337)
@@ -113,11 +250,17 @@ def main():
                     help="after the timed steps, N more steps under torch.profiler (CUDA "
                          "activity); prints the 40 costliest kernels in ms per step to stderr")
     a = ap.parse_args()
+    family = resolve_family(ap, a)
 
     torch.manual_seed(a.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
     dev = torch.device("cuda")
-    model = GPT(a.V, a.T, a.L, a.C, a.NH, a.D, a.mtp_weight).to(dev)
+    if a.arch == "llama":
+        model = Llama(a.V, a.T, a.L, a.C, a.NH, family["NKV"], family["HS"], family["F"],
+                      family["qk_norm"] == 1, family["tied"] == 1, family["rope_theta"], a.D,
+                      a.mtp_weight).to(dev)
+    else:
+        model = GPT(a.V, a.T, a.L, a.C, a.NH, a.D, a.mtp_weight).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() == 2 and not n.startswith("w")]
     no_decay = [p for n, p in model.named_parameters() if p.dim() != 2 or n.startswith("w")]
@@ -159,9 +302,33 @@ def main():
         "system": "torch", "mode": a.mode, "torch": torch.__version__,
         "L": a.L, "C": a.C, "NH": a.NH, "T": a.T, "B": a.B, "V": a.V, "D": a.D,
         "steps": a.steps, "warmup": a.warmup, "loss": round(loss.item(), 4), "params": n_params,
+        **family,
     }), flush=True)
     if a.profile > 0:
         profile_kernels(step, a.profile)
+
+
+def resolve_family(ap, a):
+    """The family's JSON fields (bench_gpu's keys), defaults resolved; a usage error (exit 2) for
+    a llama flag with --arch gpt2 or a shape gtron's llama refuses."""
+    llama_flags = {"NKV": a.NKV, "HS": a.HS, "F": a.F, "qk-norm": a.qk_norm,
+                   "rope-theta": a.rope_theta}
+    if a.arch == "gpt2":
+        given = [name for name, v in llama_flags.items() if v is not None]
+        if given:
+            ap.error(f"--{given[0]} is a flag of --arch llama")
+        if a.tied != 1:
+            ap.error("--tied 0 is for --arch llama (the GPT-2 reference is tied)")
+        return {"arch": "gpt2", "tied": 1}
+    nkv = a.NKV or a.NH  # 0, as bench_gpu's default, too
+    hs = a.HS or a.C // a.NH
+    f = a.F or (8 * a.C // 3 + 63) // 64 * 64
+    theta = a.rope_theta if a.rope_theta is not None else 500000.0
+    if nkv <= 0 or a.NH % nkv != 0 or hs <= 0 or hs % 2 != 0 or f <= 0 or theta <= 0:
+        ap.error(f"llama shape NH {a.NH}, NKV {nkv}, HS {hs}, F {f}, rope-theta {theta}: NKV must "
+                 "divide NH, HS be even and positive, F and rope-theta positive")
+    return {"arch": "llama", "NKV": nkv, "HS": hs, "F": f, "qk_norm": a.qk_norm or 0,
+            "tied": a.tied, "rope_theta": theta}
 
 
 def profile_kernels(step, n):

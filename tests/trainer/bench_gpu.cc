@@ -4,6 +4,11 @@
 // over a SelfCommunicator on cuda:0, Bf16Weights, a pinned token buffer copied with
 // cudaMemcpyAsync. Nothing reads back to the host inside the timed region; the host waits for the
 // GPU only before and after it. Prints one JSON line. Used by scripts/bench_gpu.sh; never a test.
+//
+// `--arch gpt2` (default) or `llama`; the llama family's shape flags map to GPTConfig's fields:
+// --NKV (n_kv_head), --HS (head_dim), --F (intermediate_size; each 0: the family's default),
+// --qk-norm 0|1, --rope-theta, --tied 0|1 (tied_embeddings; GPT-2 stays tied). The same flags
+// drive scripts/bench_torch.py's reference model.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -35,23 +40,93 @@ int64_t arg(int argc, char** argv, const std::string& name, int64_t def) {
   return std::atoll(flag(argc, argv, name, std::to_string(def)).c_str());
 }
 
-}  // namespace
+bool given(int argc, char** argv, const std::string& name) {
+  for (int i = 1; i < argc; ++i)
+    if (argv[i] == "--" + name) return true;
+  return false;
+}
 
-int main(int argc, char** argv) {
-  using namespace gtron;
-  if (cuda_device_count() == 0) {
-    std::fprintf(stderr, "bench_gpu: no CUDA device\n");
-    return 1;
+// A 0|1 flag; anything else is a usage error (exit 2).
+bool switch_arg(int argc, char** argv, const std::string& name, bool def) {
+  const std::string v = flag(argc, argv, name, def ? "1" : "0");
+  if (v != "0" && v != "1") {
+    std::fprintf(stderr, "bench_gpu: --%s is 0 or 1, got '%s'\n", name.c_str(), v.c_str());
+    std::exit(2);
   }
-  GPTConfig c;
+  return v == "1";
+}
+
+// The model's family and shape from the flags; exits 2 on a bad value.
+gtron::GPTConfig model_config(int argc, char** argv, int64_t T) {
+  using gtron::Arch;
+  gtron::GPTConfig c;
+  const std::string arch = flag(argc, argv, "arch", "gpt2");
+  if (arch != "gpt2" && arch != "llama") {
+    std::fprintf(stderr, "bench_gpu: --arch is gpt2 or llama, got '%s'\n", arch.c_str());
+    std::exit(2);
+  }
+  c.arch = arch == "llama" ? Arch::kLlama : Arch::kGpt2;
   c.n_layer = static_cast<int>(arg(argc, argv, "L", 12));
   c.n_embd = arg(argc, argv, "C", 768);
   c.n_head = static_cast<int>(arg(argc, argv, "NH", 12));
   c.vocab_size = arg(argc, argv, "V", 50257);  // padded to 50304
-  const int64_t T = arg(argc, argv, "T", 1024);
-  const int64_t B = arg(argc, argv, "B", 16);
   c.mtp_depth = static_cast<int>(arg(argc, argv, "D", 0));
   c.context_length = T;
+  c.tied_embeddings = switch_arg(argc, argv, "tied", true);
+  if (!c.llama()) {  // the GPT-2 shape of scripts/bench_torch.py's reference: tied
+    for (const char* name : {"NKV", "HS", "F", "qk-norm", "rope-theta"}) {
+      if (given(argc, argv, name)) {
+        std::fprintf(stderr, "bench_gpu: --%s is a flag of --arch llama\n", name);
+        std::exit(2);
+      }
+    }
+    if (!c.tied_embeddings) {
+      std::fprintf(stderr, "bench_gpu: --tied 0 is for --arch llama (GPT-2 is tied)\n");
+      std::exit(2);
+    }
+    return c;
+  }
+  c.n_kv_head = static_cast<int>(arg(argc, argv, "NKV", 0));
+  c.head_dim = arg(argc, argv, "HS", 0);
+  c.intermediate_size = arg(argc, argv, "F", 0);
+  c.qk_norm = switch_arg(argc, argv, "qk-norm", false);
+  c.rope_theta = std::atof(flag(argc, argv, "rope-theta", "500000").c_str());
+  const gtron::LlamaDims d = c.llama_dims();
+  if (d.NH <= 0 || d.NKV <= 0 || d.NH % d.NKV != 0 || d.HS <= 0 || d.HS % 2 != 0 || d.F <= 0 ||
+      !(c.rope_theta > 0)) {
+    std::fprintf(stderr,
+                 "bench_gpu: llama shape NH %d, NKV %d, HS %ld, F %ld, rope-theta %g: NKV must "
+                 "divide NH, HS be even and positive, F and rope-theta positive\n",
+                 d.NH, d.NKV, static_cast<long>(d.HS), static_cast<long>(d.F), c.rope_theta);
+    std::exit(2);
+  }
+  return c;
+}
+
+// The JSON fields of the family and its shape beyond L, C and NH (resolved defaults).
+std::string family_fields(const gtron::GPTConfig& c) {
+  if (!c.llama()) return "\"arch\": \"gpt2\", \"tied\": 1";
+  const gtron::LlamaDims d = c.llama_dims();
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "\"arch\": \"llama\", \"NKV\": %d, \"HS\": %ld, \"F\": %ld, \"qk_norm\": %d, "
+                "\"tied\": %d, \"rope_theta\": %g",
+                d.NKV, static_cast<long>(d.HS), static_cast<long>(d.F), c.qk_norm ? 1 : 0,
+                c.tied_embeddings ? 1 : 0, c.rope_theta);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace gtron;
+  const int64_t T = arg(argc, argv, "T", 1024);
+  const int64_t B = arg(argc, argv, "B", 16);
+  const GPTConfig c = model_config(argc, argv, T);
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "bench_gpu: no CUDA device\n");
+    return 1;
+  }
   const int steps = static_cast<int>(arg(argc, argv, "steps", 50));
   const int warmup = static_cast<int>(arg(argc, argv, "warmup", 5));
   const std::string precision = flag(argc, argv, "precision", "bf16");
@@ -136,12 +211,13 @@ int main(int argc, char** argv) {
       "\"precision\": \"%s\", \"graphs\": \"%s\", \"L\": %d, \"C\": %ld, \"NH\": %d, \"T\": %ld, "
       "\"B\": %ld, "
       "\"V\": %ld, \"Vp\": %ld, \"D\": %d, \"steps\": %d, \"warmup\": %d, \"loss\": %.4f, "
-      "\"params\": %ld}\n",
+      "\"params\": %ld, %s}\n",
       tps, 1e3 * sec / steps, mfu, static_cast<double>(st.peak_allocated) / (1ull << 30),
       static_cast<unsigned long long>(st.misses - misses0),
       static_cast<long long>(st.reserved) - static_cast<long long>(reserved0), precision.c_str(),
       graphs_flag.c_str(), c.n_layer, static_cast<long>(c.n_embd), c.n_head, static_cast<long>(T),
       static_cast<long>(B), static_cast<long>(c.vocab_size), static_cast<long>(c.padded_vocab()),
-      c.mtp_depth, steps, warmup, last_loss.item(), static_cast<long>(model.num_parameters()));
+      c.mtp_depth, steps, warmup, last_loss.item(), static_cast<long>(model.num_parameters()),
+      family_fields(c).c_str());
   return 0;
 }
