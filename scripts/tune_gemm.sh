@@ -10,20 +10,33 @@
 #   2. one JSON line per distinct problem (shape, flags, µs of every candidate, calls per step);
 #   3. the entries to paste into model/cuda/gemm_tuned.inc (problems whose choice is not 0).
 # Runs GPT-2 124M (B=16, T=1024, bf16) at MTP D=0 and D=1, eager (graphs none), one warmup and
-# one timed step; `--with-350m` adds GPT-2 350M (L=24, C=1024, NH=16, B=8). Other flags pass
+# one timed step; `--with-350m` adds GPT-2 350M (L=24, C=1024, NH=16, B=8); `--with-llama` adds
+# the llama family's two bench shapes (Llama-3.2-1B: L=16, C=2048, 32 heads, 8 k/v heads of 64,
+# SwiGLU 8192; Qwen3-0.6B: L=28, C=1024, 16 heads, 8 k/v heads of 128, SwiGLU 3072, q/k norms;
+# both B=8, D=0) and `--only-llama` runs those alone. Other flags pass
 # through to bench_gpu. The binary: scripts/bench_gpu_bin.sh (prebuilt next to this script or in
 # .gpubin/, else Bazel). GPU machine only.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="$("$here/bench_gpu_bin.sh")"
 with_350m=0
+llama=0  # 1: --with-llama, 2: --only-llama
 extra=()
 for a in "$@"; do
-  if [[ "$a" == "--with-350m" ]]; then with_350m=1; else extra+=("$a"); fi
+  case "$a" in
+    --with-350m) with_350m=1 ;;
+    --with-llama) llama=1 ;;
+    --only-llama) llama=2 ;;
+    *) extra+=("$a") ;;
+  esac
 done
 steps=(--warmup 1 --steps 1 --graphs none)  # every step eager: the calls per step are counted
 runs=("124M_D0|--L 12 --C 768 --NH 12 --B 16 --D 0" "124M_D1|--L 12 --C 768 --NH 12 --B 16 --D 1")
 if [[ $with_350m -eq 1 ]]; then runs+=("350M_D0|--L 24 --C 1024 --NH 16 --B 8 --D 0"); fi
+llama_runs=("llama1B_D0|--arch llama --L 16 --C 2048 --NH 32 --NKV 8 --HS 64 --F 8192 --B 8 --D 0"
+  "qwen3_D0|--arch llama --L 28 --C 1024 --NH 16 --NKV 8 --HS 128 --F 3072 --qk-norm 1 --B 8 --D 0")
+if [[ $llama -eq 2 ]]; then runs=(); fi
+if [[ $llama -ge 1 ]]; then runs+=("${llama_runs[@]}"); fi
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 for r in "${runs[@]}"; do
