@@ -176,7 +176,7 @@ constexpr int bwd_kv_smem_bytes() {
 
 // dK and dV of 64 keys of one (b, k/v head), over the query tiles from the diagonal on of each
 // query head that reads it (Note [grouped-query flash attention]).
-template <int HS, int kQ>
+template <int HS, int kQ, bool kRope>
 __global__ void __launch_bounds__(kThreadsFa)
     flash_backward_kv_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
   constexpr int NT = kQ / 8;
@@ -248,8 +248,10 @@ __global__ void __launch_bounds__(kThreadsFa)
   __shared__ float red[4 * HS];  // Note [qkv bias partials]
   const int tile = static_cast<int>(blockIdx.x);
   const int64_t kc = k_column(a, hk), vc = v_column(a, hk);
-  store_grad_rows<HS>(dk, dbase + kc, a, b, tile, kc, k0 + warp * 16, lane, warp, sc, red, true);
-  store_grad_rows<HS>(dv, dbase + vc, a, b, tile, vc, k0 + warp * 16, lane, warp, one, red, false);
+  store_grad_rows<HS, kRope>(dk, dbase + kc, a, b, tile, kc, k0 + warp * 16, lane, warp, sc, red,
+                             true);
+  store_grad_rows<HS, kRope>(dv, dbase + vc, a, b, tile, vc, k0 + warp * 16, lane, warp, one, red,
+                             false);
 }
 
 template <int HS, int kN>
@@ -258,7 +260,7 @@ constexpr int bwd_q_smem_bytes() {
 }
 
 // dQ of 64 queries of one (b, h), over the key tiles (of its k/v head) up to the diagonal.
-template <int HS, int kN>
+template <int HS, int kN, bool kRope>
 __global__ void __launch_bounds__(kThreadsFa)
     flash_backward_q_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
   constexpr int NT = kN / 8;
@@ -318,7 +320,8 @@ __global__ void __launch_bounds__(kThreadsFa)
   const float sc[2] = {a.scale, a.scale};
   bf16* dq_base = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * HS;
   __shared__ float red[4 * HS];  // Note [qkv bias partials]
-  store_grad_rows<HS>(dq, dq_base, a, b, qb, h * HS, q0 + warp * 16, lane, warp, sc, red, true);
+  store_grad_rows<HS, kRope>(dq, dq_base, a, b, qb, h * HS, q0 + warp * 16, lane, warp, sc, red,
+                             true);
 }
 
 template <typename Kernel>
@@ -344,13 +347,13 @@ constexpr int bwd_tile() {
   return HS == 64 ? 64 : 32;
 }
 
-template <int HS>
+template <int HS, bool kRope>
 void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
   constexpr int kT = bwd_tile<HS>();
   constexpr int smem_kv = bwd_kv_smem_bytes<HS, kT>();
   constexpr int smem_q = bwd_q_smem_bytes<HS, kT>();
-  static const bool once = (set_smem(flash_backward_kv_kernel<HS, kT>, smem_kv),
-                            set_smem(flash_backward_q_kernel<HS, kT>, smem_q), true);
+  static const bool once = (set_smem(flash_backward_kv_kernel<HS, kT, kRope>, smem_kv),
+                            set_smem(flash_backward_q_kernel<HS, kT, kRope>, smem_q), true);
   (void)once;
   if (flash_wgmma_usable(HS)) {
     flash_wgmma_backward(a, delta, st);  // forms Δ itself
@@ -362,10 +365,10 @@ void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
   CUDA_CHECK_LAUNCH();
   const unsigned row_tiles = static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows));
   const dim3 kv_grid(row_tiles, static_cast<unsigned>(a.B * a.NKV));
-  flash_backward_kv_kernel<HS, kT><<<kv_grid, kThreadsFa, smem_kv, st>>>(a, delta);
+  flash_backward_kv_kernel<HS, kT, kRope><<<kv_grid, kThreadsFa, smem_kv, st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
   const dim3 q_grid(row_tiles, static_cast<unsigned>(a.B * a.NH));
-  flash_backward_q_kernel<HS, kT><<<q_grid, kThreadsFa, smem_q, st>>>(a, delta);
+  flash_backward_q_kernel<HS, kT, kRope><<<q_grid, kThreadsFa, smem_q, st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -418,10 +421,11 @@ void flash_attention_backward(const FlashBackwardArgs& args, float* scratch, voi
   if (static_cast<int64_t>(a.B) * a.NH * a.T == 0) return;
   GTRON_CHECK(scratch != nullptr, "flash_attention: backward needs scratch");
   const auto st = static_cast<cudaStream_t>(stream);
+  const bool rope = a.rope_inv_freq != nullptr;
   if (a.HS == 64) {
-    backward_hs<64>(a, scratch, st);
+    rope ? backward_hs<64, true>(a, scratch, st) : backward_hs<64, false>(a, scratch, st);
   } else {
-    backward_hs<128>(a, scratch, st);
+    rope ? backward_hs<128, true>(a, scratch, st) : backward_hs<128, false>(a, scratch, st);
   }
 }
 

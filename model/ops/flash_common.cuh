@@ -19,17 +19,35 @@ constexpr int kRows = 64;        // rows of a CTA's own tile (16 per warp)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// Rows [row0, row0 + ROWS) of a head's [len, HS] slice into a shared tile (load_tile's
+// contract). kPanels: as HS/64 panels of [ROWS, 64], each 128-byte swizzled, panel p (columns
+// 64p ..) at element p·ROWS·64: the operand layout of the wgmma kernels (Note [wgmma operands]
+// in model/cuda/wgmma.cuh), which describe a panel, not a wider row. For HS = 64 both layouts
+// are the same tile.
+template <int HS, int ROWS, bool kPanels>
+__device__ __forceinline__ void load_rows(bf16* tile, const bf16* g, int64_t ld, int row0,
+                                          int len) {
+  if constexpr (kPanels) {
+#pragma unroll
+    for (int p = 0; p < HS / 64; ++p) {
+      load_tile<64, ROWS, kThreadsFa>(tile + p * ROWS * 64, g + p * 64, ld, row0, len);
+    }
+  } else {
+    load_tile<HS, ROWS, kThreadsFa>(tile, g, ld, row0, len);
+  }
+}
+
 // The key/value double buffer of a CTA walking key tiles 0 .. n_tiles − 1: issues tile j + 1's
 // loads into the other buffer (when there is one), then waits until tile j's have landed and
-// every thread sees them (with kAsync, wgmma's async proxy too). Tile j sits in buffer j % 2.
-// Called by all threads.
+// every thread sees them (with kAsync, wgmma's async proxy too, and tiles in panels). Tile j sits
+// in buffer j % 2. Called by all threads.
 template <int HS, int kN, bool kAsync = false>
 __device__ __forceinline__ void next_kv_tile(bf16* sK, bf16* sV, const bf16* gk, const bf16* gv,
                                              int64_t ld, int j, int n_tiles, int len) {
   if (j + 1 < n_tiles) {
     const int nb = (j + 1) & 1;
-    load_tile<HS, kN, kThreadsFa>(sK + nb * kN * HS, gk, ld, (j + 1) * kN, len);
-    load_tile<HS, kN, kThreadsFa>(sV + nb * kN * HS, gv, ld, (j + 1) * kN, len);
+    load_rows<HS, kN, kAsync>(sK + nb * kN * HS, gk, ld, (j + 1) * kN, len);
+    load_rows<HS, kN, kAsync>(sV + nb * kN * HS, gv, ld, (j + 1) * kN, len);
     cp_async_commit();
     cp_async_wait<1>();
   } else {
@@ -144,8 +162,9 @@ __device__ __forceinline__ void unrotate_rows(float (&acc)[HS / 8][4], const flo
 
 // Stores acc like store_rows and, when a.col_partial is set, writes the CTA's column partials of
 // the stored rows at qkv column `col0` (Note [qkv bias partials]); `tile`: the CTA's 64-row tile.
-// `rotated`: acc is dQ or dK, rotated back first when a.rope_inv_freq is set.
-template <int HS>
+// `rotated`: acc is dQ or dK, rotated back first in kernels built with kRope (those launched when
+// a.rope_inv_freq is set; the others carry no rotation code and its registers).
+template <int HS, bool kRope>
 __device__ __forceinline__ void store_grad_rows(const float (&acc_in)[HS / 8][4], bf16* dst,
                                                 const FlashBackwardArgs& a, int b, int tile,
                                                 int64_t col0, int r0, int lane, int warp,
@@ -155,8 +174,8 @@ __device__ __forceinline__ void store_grad_rows(const float (&acc_in)[HS / 8][4]
   for (int dt = 0; dt < HS / 8; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[dt][e] = acc_in[dt][e];
-  if (rotated && a.rope_inv_freq != nullptr) {
-    unrotate_rows<HS>(acc, a.rope_inv_freq, a.rope_pos0, r0, lane);
+  if constexpr (kRope) {
+    if (rotated) unrotate_rows<HS>(acc, a.rope_inv_freq, a.rope_pos0, r0, lane);
   }
   if (a.col_partial == nullptr) {
     store_rows<HS>(acc, dst, a.qkv_ld, r0, a.T, lane, mul, a.accumulate);
@@ -279,15 +298,15 @@ struct KeyWalk {
   __device__ __forceinline__ int tile(int i) const { return qt0 + i % per; }
 };
 
-// The key kernel's query tile qt into buffer `buf`: Q and dO rows by cp.async (the caller commits)
-// and the tile's log2-unit log-sum-exps and Δ by plain stores (0 past T).
-template <int HS, int kQ>
+// The key kernel's query tile qt into buffer `buf`: Q and dO rows by cp.async (the caller commits;
+// kPanels as load_rows) and the tile's log2-unit log-sum-exps and Δ by plain stores (0 past T).
+template <int HS, int kQ, bool kPanels = false>
 __device__ __forceinline__ void load_query_tile(bf16* sQ, bf16* sO, float* sL, float* sD,
                                                 const bf16* gq, const bf16* gdo, int64_t ld,
                                                 int64_t o_ld, const float* lse, const float* dl,
                                                 int qt, int buf, int T) {
-  load_tile<HS, kQ, kThreadsFa>(sQ + buf * kQ * HS, gq, ld, qt * kQ, T);
-  load_tile<HS, kQ, kThreadsFa>(sO + buf * kQ * HS, gdo, o_ld, qt * kQ, T);
+  load_rows<HS, kQ, kPanels>(sQ + buf * kQ * HS, gq, ld, qt * kQ, T);
+  load_rows<HS, kQ, kPanels>(sO + buf * kQ * HS, gdo, o_ld, qt * kQ, T);
   for (int i = threadIdx.x; i < kQ; i += kThreadsFa) {
     const int q = qt * kQ + i;
     sL[buf * kQ + i] = q < T ? lse[q] * kLog2e : 0.0f;

@@ -1,7 +1,7 @@
 // Flash attention with Hopper's warpgroup MMA (model/ops/flash_wgmma_cuda.cu, built for sm_90a):
 // the same algorithm, tiles and results contract as the mma.sync kernels of
-// flash_attention_cuda.cu, for head size 64. flash_attention_forward/backward take it by
-// themselves when flash_wgmma_usable().
+// flash_attention_cuda.cu, for head sizes 64 and 128. flash_attention_forward/backward take it
+// by themselves when flash_wgmma_usable().
 #pragma once
 
 #include <cstdint>
@@ -10,7 +10,7 @@
 
 namespace gtron::cuda {
 
-// True for HS = 64 on a compute-capability 9.0 device, unless the environment sets
+// True for HS = 64 or 128 on a compute-capability 9.0 device, unless the environment sets
 // GTRON_FLASH_WGMMA=0 (the mma.sync kernels then run: an A/B switch for benchmarks and tests).
 bool flash_wgmma_usable(int64_t HS);
 

@@ -1,4 +1,4 @@
-// Flash attention for head size 64 with warpgroup MMA (wgmma), built for sm_90a only: the
+// Flash attention for head sizes 64 and 128 with warpgroup MMA (wgmma), built for sm_90a only: the
 // kernels of flash_attention_cuda.cu (Note [flash attention tiling]) with every tile product
 // issued by the CTA's one warpgroup instead of per warp. Contract in model/ops/flash_wgmma.h.
 //
@@ -57,10 +57,46 @@ namespace gtron::cuda {
 
 namespace {
 
-constexpr int kHs = 64;
-constexpr int kTile = 64;  // keys (forward, query kernel) or queries (key kernel) per step
-constexpr int kTileElems = kTile * kHs;
+constexpr int kTile = 64;        // keys (forward, query kernel) or queries (key kernel) per step
 constexpr int kAlignPad = 1024;  // wgmma's 128-byte swizzle wants 1024-byte aligned tiles
+
+// Elements of a [64, HS] tile (HS/64 panels of [64, 64]: load_rows<HS, 64, true>).
+template <int HS>
+__host__ __device__ constexpr int tile_elems() {
+  return kTile * HS;
+}
+
+// Note [wgmma at head size 128]
+// A wgmma operand in shared memory is a 128-byte swizzled tile of 64 bf16 columns, so a
+// [64, 128] tile is held as two [64, 64] panels (load_rows). S = Q·Kᵀ reduces over both panels
+// (8 products instead of 4) into one accumulator; a product with a [64, 128] B (P·V, Pᵀ·dO,
+// dSᵀ·Q, dS·K) is two m64n64 products, one per panel, into the two 64-column halves of the
+// [64, 128] accumulator, whose registers are laid out as two 64-column accumulators side by side
+// (acc[dt], dt < 8: columns 8dt.., then dt >= 8: 64 + ..). Everything downstream (softmax, masks,
+// stores) is the head-size-generic code of flash_common.cuh. The key kernel then holds dK and dV
+// of 64 keys × 128 columns in registers, 128 fp32 a thread.
+
+// d (+)= A·Bᵀ over HS columns of two [64, HS] panel tiles (scores). The caller fences, commits
+// and waits.
+template <int HS>
+__device__ __forceinline__ void abt_hs(float (&d)[8][4], const bf16* a, const bf16* b,
+                                       bool accumulate) {
+#pragma unroll
+  for (int p = 0; p < HS / 64; ++p) {
+    wg::abt_ss(d, a + p * kTile * 64, b + p * kTile * 64, accumulate || p > 0);
+  }
+}
+
+// d[64, HS] += A·B, A as to_a's operands over a reduced length of 64 and B a [64 (k), HS (n)]
+// panel tile (MN-major): one 64-column product per panel.
+template <int HS, int KT>
+__device__ __forceinline__ void pv_hs(float (&d)[HS / 8][4], const uint32_t (&a)[KT][4],
+                                      const bf16* b) {
+#pragma unroll
+  for (int p = 0; p < HS / 64; ++p) {
+    wg::pv_rs(*reinterpret_cast<float(*)[8][4]>(&d[p * 8]), a, b + p * kTile * 64);
+  }
+}
 
 // The first 1024-byte aligned address (in the shared window) of the dynamic shared memory.
 __device__ __forceinline__ bf16* aligned_tiles(unsigned char* raw) {
@@ -78,11 +114,12 @@ __device__ __forceinline__ void tiles_landed() {
 }
 
 // Key/value tile j (rows j·64 ..) into buffer j % 2, as one cp.async group.
+template <int HS>
 __device__ __forceinline__ void load_kv(bf16* sK, bf16* sV, const bf16* gk, const bf16* gv,
                                         int64_t ld, int j, int len) {
   const int nb = j & 1;
-  load_tile<kHs, kTile, kThreadsFa>(sK + nb * kTileElems, gk, ld, j * kTile, len);
-  load_tile<kHs, kTile, kThreadsFa>(sV + nb * kTileElems, gv, ld, j * kTile, len);
+  load_rows<HS, kTile, true>(sK + nb * tile_elems<HS>(), gk, ld, j * kTile, len);
+  load_rows<HS, kTile, true>(sV + nb * tile_elems<HS>(), gv, ld, j * kTile, len);
   cp_async_commit();
 }
 
@@ -90,14 +127,18 @@ __device__ __forceinline__ void load_kv(bf16* sK, bf16* sV, const bf16* gk, cons
 // two warpgroups sharing the key/value tiles (128 queries, 127 registers, 2 CTAs per SM) 1.45 ms
 // per step against 1.39 for one (117 registers, 4 CTAs per SM); key tiles of 128 (m64n128 score
 // products, 184 registers, 2 CTAs per SM) 1.59 against 1.40 for 64.
-constexpr int fwd_smem() { return 5 * kTileElems * 2 + kAlignPad; }  // Q, K[2], V[2]
+template <int HS>
+constexpr int fwd_smem() {  // Q, K[2], V[2]
+  return 5 * tile_elems<HS>() * 2 + kAlignPad;
+}
 
+template <int HS>
 __global__ void __launch_bounds__(kThreadsFa) wg_forward_kernel(FlashForwardArgs a) {
   constexpr int NT = kTile / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sQ = aligned_tiles(smem_raw);
-  bf16* sK = sQ + kTileElems;
-  bf16* sV = sK + 2 * kTileElems;
+  bf16* sK = sQ + tile_elems<HS>();
+  bf16* sV = sK + 2 * tile_elems<HS>();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int qb = gridDim.x - 1 - blockIdx.x;  // the longest rows first
@@ -105,18 +146,18 @@ __global__ void __launch_bounds__(kThreadsFa) wg_forward_kernel(FlashForwardArgs
   const int hk = h / (a.NH / a.NKV);  // Note [grouped-query flash attention]
   const int q0 = qb * kRows;
   const int off = a.Tk - a.Tq;
-  const bf16* gq = static_cast<const bf16*>(a.q) + b * a.q_batch + h * kHs;
-  const bf16* gk = static_cast<const bf16*>(a.k) + b * a.kv_batch + hk * kHs;
-  const bf16* gv = static_cast<const bf16*>(a.v) + b * a.kv_batch + hk * kHs;
+  const bf16* gq = static_cast<const bf16*>(a.q) + b * a.q_batch + h * HS;
+  const bf16* gk = static_cast<const bf16*>(a.k) + b * a.kv_batch + hk * HS;
+  const bf16* gv = static_cast<const bf16*>(a.v) + b * a.kv_batch + hk * HS;
 
-  load_tile<kHs, kRows, kThreadsFa>(sQ, gq, a.q_ld, q0, a.Tq);
+  load_rows<HS, kRows, true>(sQ, gq, a.q_ld, q0, a.Tq);
   const int kv_end = min(a.Tk, q0 + kRows + off);
   const int n_tiles = (kv_end + kTile - 1) / kTile;
-  load_tile<kHs, kTile, kThreadsFa>(sK, gk, a.kv_ld, 0, a.Tk);
-  load_tile<kHs, kTile, kThreadsFa>(sV, gv, a.kv_ld, 0, a.Tk);
+  load_rows<HS, kTile, true>(sK, gk, a.kv_ld, 0, a.Tk);
+  load_rows<HS, kTile, true>(sV, gv, a.kv_ld, 0, a.Tk);
   cp_async_commit();
 
-  float o[kHs / 8][4] = {};
+  float o[HS / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float sl2 = a.scale * kLog2e;
   const int warp_row0 = q0 + warp * 16;
@@ -128,24 +169,24 @@ __global__ void __launch_bounds__(kThreadsFa) wg_forward_kernel(FlashForwardArgs
   int j = 0;
   do {
     tiles_landed<0>();
-    const bf16* kt = sK + (j & 1) * kTileElems;
-    const bf16* vt = sV + (j & 1) * kTileElems;
+    const bf16* kt = sK + (j & 1) * tile_elems<HS>();
+    const bf16* vt = sV + (j & 1) * tile_elems<HS>();
     float s[NT][4];
     wg::fence();
-    wg::abt_ss(s, sQ, kt, false);
+    abt_hs<HS>(s, sQ, kt, false);
     wg::commit();
     wg::wait<0>();  // also retires the previous tile's P·V
     wg::hold(s);
     wg::hold(o);
     wg::hold(pa);
     __syncthreads();  // no product of tile j − 1 reads the buffers tile j + 1 goes to
-    if (j + 1 < n_tiles) load_kv(sK, sV, gk, gv, a.kv_ld, j + 1, a.Tk);
+    if (j + 1 < n_tiles) load_kv<HS>(sK, sV, gk, gv, a.kv_ld, j + 1, a.Tk);
     const int k0 = j * kTile;
     const bool masked = k0 + kTile - 1 > warp_row0 + off || k0 + kTile > a.Tk;
-    online_softmax<kHs, NT>(s, o, m, l, warp_row0 + (lane >> 2), k0, masked, a, lane, sl2);
+    online_softmax<HS, NT>(s, o, m, l, warp_row0 + (lane >> 2), k0, masked, a, lane, sl2);
     wg::to_a(s, pa);
     wg::fence();
-    wg::pv_rs(o, pa, vt);
+    pv_hs<HS>(o, pa, vt);
     wg::commit();  // runs while the next tile's scores are issued
   } while (++j < n_tiles);
   wg::wait<0>();
@@ -162,25 +203,27 @@ __global__ void __launch_bounds__(kThreadsFa) wg_forward_kernel(FlashForwardArgs
       a.lse[static_cast<int64_t>(blockIdx.y) * a.Tq + row] = (m[rr] + log2f(lt)) * kLn2;
     }
   }
-  bf16* go = static_cast<bf16*>(a.o) + b * a.o_batch + h * kHs;
-  store_rows<kHs>(o, go, a.o_ld, warp_row0, a.Tq, lane, inv, false);
+  bf16* go = static_cast<bf16*>(a.o) + b * a.o_batch + h * HS;
+  store_rows<HS>(o, go, a.o_ld, warp_row0, a.Tq, lane, inv, false);
 }
 
+template <int HS>
 constexpr int bwd_kv_smem() {  // K, V, Q[2], dO[2], lse[2], Δ[2]
-  return 6 * kTileElems * 2 + 4 * kTile * 4 + kAlignPad;
+  return 6 * tile_elems<HS>() * 2 + 4 * kTile * 4 + kAlignPad;
 }
 
 // dK and dV of 64 keys of one (b, k/v head), over the query tiles from the diagonal on of each
 // query head that reads it (Note [grouped-query flash attention]).
+template <int HS, bool kRope>
 __global__ void __launch_bounds__(kThreadsFa)
     wg_backward_kv_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
   constexpr int NT = kTile / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sK = aligned_tiles(smem_raw);
-  bf16* sV = sK + kTileElems;
-  bf16* sQ = sV + kTileElems;
-  bf16* sO = sQ + 2 * kTileElems;  // dO tiles
-  float* sL = reinterpret_cast<float*>(sO + 2 * kTileElems);
+  bf16* sV = sK + tile_elems<HS>();
+  bf16* sQ = sV + tile_elems<HS>();
+  bf16* sO = sQ + 2 * tile_elems<HS>();  // dO tiles
+  float* sL = reinterpret_cast<float*>(sO + 2 * tile_elems<HS>());
   float* sD = sL + 2 * kTile;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -191,17 +234,17 @@ __global__ void __launch_bounds__(kThreadsFa)
   const bf16* row = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch;
 
   auto load_q_tile = [&](int i, int buf) {
-    const BackwardHead<kHs> head(a, delta, b, walk.head(i));
-    load_query_tile<kHs, kTile>(sQ, sO, sL, sD, head.q, head.dout, ld, a.o_ld, head.lse, head.delta,
-                                walk.tile(i), buf, a.T);
+    const BackwardHead<HS> head(a, delta, b, walk.head(i));
+    load_query_tile<HS, kTile, true>(sQ, sO, sL, sD, head.q, head.dout, ld, a.o_ld, head.lse,
+                                     head.delta, walk.tile(i), buf, a.T);
   };
 
-  load_tile<kHs, kRows, kThreadsFa>(sK, row + k_column(a, hk), ld, k0, a.T);
-  load_tile<kHs, kRows, kThreadsFa>(sV, row + v_column(a, hk), ld, k0, a.T);
+  load_rows<HS, kRows, true>(sK, row + k_column(a, hk), ld, k0, a.T);
+  load_rows<HS, kRows, true>(sV, row + v_column(a, hk), ld, k0, a.T);
   load_q_tile(0, 0);
   cp_async_commit();
 
-  float dk[kHs / 8][4] = {}, dv[kHs / 8][4] = {};
+  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   const float sl2 = a.scale * kLog2e;
   const int key_base = k0 + warp * 16 + (lane >> 2);
 
@@ -214,16 +257,16 @@ __global__ void __launch_bounds__(kThreadsFa)
     } else {
       tiles_landed<0>();
     }
-    const bf16* qtile = sQ + buf * kTileElems;
-    const bf16* otile = sO + buf * kTileElems;
+    const bf16* qtile = sQ + buf * tile_elems<HS>();
+    const bf16* otile = sO + buf * tile_elems<HS>();
     const float* L = sL + buf * kTile;
     const float* D = sD + buf * kTile;
 
     float p[NT][4];   // Sᵀ, then Pᵀ: [64 keys, 64 queries]
     float ds[NT][4];  // dPᵀ, then dSᵀ
     wg::fence();
-    wg::abt_ss(p, sK, qtile, false);
-    wg::abt_ss(ds, sV, otile, false);
+    abt_hs<HS>(p, sK, qtile, false);
+    abt_hs<HS>(ds, sV, otile, false);
     wg::commit();
     wg::wait<0>();
     wg::hold(p);
@@ -235,8 +278,8 @@ __global__ void __launch_bounds__(kThreadsFa)
     wg::to_a(p, pa);
     wg::to_a(ds, dsa);
     wg::fence();
-    wg::pv_rs(dv, pa, otile);
-    wg::pv_rs(dk, dsa, qtile);
+    pv_hs<HS>(dv, pa, otile);
+    pv_hs<HS>(dk, dsa, qtile);
     wg::commit();
     wg::wait<0>();
     wg::hold(dv);
@@ -246,41 +289,47 @@ __global__ void __launch_bounds__(kThreadsFa)
 
   const float one[2] = {1.0f, 1.0f}, sc[2] = {a.scale, a.scale};
   bf16* dbase = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch;
-  __shared__ float red[4 * kHs];  // Note [qkv bias partials]
+  __shared__ float red[4 * HS];  // Note [qkv bias partials]
   const int tile = static_cast<int>(blockIdx.x);
   const int64_t kc = k_column(a, hk), vc = v_column(a, hk);
-  store_grad_rows<kHs>(dk, dbase + kc, a, b, tile, kc, k0 + warp * 16, lane, warp, sc, red, true);
-  store_grad_rows<kHs>(dv, dbase + vc, a, b, tile, vc, k0 + warp * 16, lane, warp, one, red, false);
+  store_grad_rows<HS, kRope>(dk, dbase + kc, a, b, tile, kc, k0 + warp * 16, lane, warp, sc, red,
+                             true);
+  store_grad_rows<HS, kRope>(dv, dbase + vc, a, b, tile, vc, k0 + warp * 16, lane, warp, one, red,
+                             false);
 }
 
-constexpr int bwd_q_smem() { return 6 * kTileElems * 2 + kAlignPad; }  // Q, dO, K[2], V[2]
+template <int HS>
+constexpr int bwd_q_smem() {  // Q, dO, K[2], V[2]
+  return 6 * tile_elems<HS>() * 2 + kAlignPad;
+}
 
 // dQ of 64 queries of one (b, h), over the key tiles (of its k/v head) up to the diagonal.
+template <int HS, bool kRope>
 __global__ void __launch_bounds__(kThreadsFa)
     wg_backward_q_kernel(FlashBackwardArgs a, float* __restrict__ delta) {
   constexpr int NT = kTile / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sQ = aligned_tiles(smem_raw);
-  bf16* sO = sQ + kTileElems;
-  bf16* sK = sO + kTileElems;
-  bf16* sV = sK + 2 * kTileElems;
+  bf16* sO = sQ + tile_elems<HS>();
+  bf16* sK = sO + tile_elems<HS>();
+  bf16* sV = sK + 2 * tile_elems<HS>();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int qb = gridDim.x - 1 - blockIdx.x;
-  const BackwardHead<kHs> head = query_cta_head<kHs>(a, delta);
+  const BackwardHead<HS> head = query_cta_head<HS>(a, delta);
   const int b = head.b, h = head.h;
   const int q0 = qb * kRows;
   const int64_t ld = a.qkv_ld;
   const bf16 *gq = head.q, *gk = head.k, *gv = head.v, *gdo = head.dout;
 
   // O's rows go to the second value buffer, which tile 1 overwrites only after Δ is formed.
-  const bf16* go = static_cast<const bf16*>(a.o) + b * a.o_batch + h * kHs;
-  bf16* sOut = sV + kTileElems;
-  load_tile<kHs, kRows, kThreadsFa>(sQ, gq, ld, q0, a.T);
-  load_tile<kHs, kRows, kThreadsFa>(sO, gdo, a.o_ld, q0, a.T);
-  load_tile<kHs, kRows, kThreadsFa>(sOut, go, a.o_ld, q0, a.T);
-  load_tile<kHs, kTile, kThreadsFa>(sK, gk, ld, 0, a.T);
-  load_tile<kHs, kTile, kThreadsFa>(sV, gv, ld, 0, a.T);
+  const bf16* go = static_cast<const bf16*>(a.o) + b * a.o_batch + h * HS;
+  bf16* sOut = sV + tile_elems<HS>();
+  load_rows<HS, kRows, true>(sQ, gq, ld, q0, a.T);
+  load_rows<HS, kRows, true>(sO, gdo, a.o_ld, q0, a.T);
+  load_rows<HS, kRows, true>(sOut, go, a.o_ld, q0, a.T);
+  load_rows<HS, kTile, true>(sK, gk, ld, 0, a.T);
+  load_rows<HS, kTile, true>(sV, gv, ld, 0, a.T);
   cp_async_commit();
   const int n_tiles = (min(a.T, q0 + kRows) + kTile - 1) / kTile;
 
@@ -295,17 +344,19 @@ __global__ void __launch_bounds__(kThreadsFa)
   cp_async_wait<0>();
   __syncthreads();
   // Δ = rowsum(dO ⊙ O) of this lane's two rows (Note [Δ in the query kernel]): the quad's lanes
-  // take 16 columns each, then a quad sum. The key kernel, launched next, reads it.
+  // take HS/4 columns each (16-byte chunks of the panels), then a quad sum. The key kernel,
+  // launched next, reads it.
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int r = warp * 16 + (lane >> 2) + rr * 8;
     float sum = 0.0f;
 #pragma unroll
-    for (int cc = 0; cc < 2; ++cc) {
-      const int chunk = 2 * (lane & 3) + cc;
+    for (int cc = 0; cc < HS / 32; ++cc) {
+      const int chunk = (HS / 32) * (lane & 3) + cc;  // of the row's HS/8 chunks
+      const int at = (chunk / 8) * kTile * 64 + swz<64>(r, chunk % 8);
       float x[8], y[8];
-      load_floats<8>(sO + swz<kHs>(r, chunk), x);
-      load_floats<8>(sOut + swz<kHs>(r, chunk), y);
+      load_floats<8>(sO + at, x);
+      load_floats<8>(sOut + at, y);
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum += x[e] * y[e];
     }
@@ -315,17 +366,17 @@ __global__ void __launch_bounds__(kThreadsFa)
     if ((lane & 3) == 0 && row < a.T) delta[static_cast<int64_t>(blockIdx.y) * a.T + row] = sum;
   }
   __syncthreads();  // tile 1's loads overwrite O's rows
-  float dq[kHs / 8][4] = {};
+  float dq[HS / 8][4] = {};
   const float sl2 = a.scale * kLog2e;
 
   for (int j = 0; j < n_tiles; ++j) {
-    next_kv_tile<kHs, kTile, true>(sK, sV, gk, gv, ld, j, n_tiles, a.T);
-    const bf16* kt = sK + (j & 1) * kTileElems;
-    const bf16* vt = sV + (j & 1) * kTileElems;
+    next_kv_tile<HS, kTile, true>(sK, sV, gk, gv, ld, j, n_tiles, a.T);
+    const bf16* kt = sK + (j & 1) * tile_elems<HS>();
+    const bf16* vt = sV + (j & 1) * tile_elems<HS>();
     float p[NT][4], ds[NT][4];
     wg::fence();
-    wg::abt_ss(p, sQ, kt, false);
-    wg::abt_ss(ds, sO, vt, false);
+    abt_hs<HS>(p, sQ, kt, false);
+    abt_hs<HS>(ds, sO, vt, false);
     wg::commit();
     wg::wait<0>();
     wg::hold(p);
@@ -336,16 +387,17 @@ __global__ void __launch_bounds__(kThreadsFa)
     uint32_t dsa[4][4];
     wg::to_a(ds, dsa);
     wg::fence();
-    wg::pv_rs(dq, dsa, kt);  // dQ += dS · K, K read with keys as the reduced index
+    pv_hs<HS>(dq, dsa, kt);  // dQ += dS · K, K read with keys as the reduced index
     wg::commit();
     wg::wait<0>();
     wg::hold(dq);
     __syncthreads();
   }
   const float sc[2] = {a.scale, a.scale};
-  bf16* dq_base = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * kHs;
-  __shared__ float red[4 * kHs];  // Note [qkv bias partials]
-  store_grad_rows<kHs>(dq, dq_base, a, b, qb, h * kHs, q0 + warp * 16, lane, warp, sc, red, true);
+  bf16* dq_base = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * HS;
+  __shared__ float red[4 * HS];  // Note [qkv bias partials]
+  store_grad_rows<HS, kRope>(dq, dq_base, a, b, qb, h * HS, q0 + warp * 16, lane, warp, sc, red,
+                             true);
 }
 
 template <typename Kernel>
@@ -364,7 +416,7 @@ bool wgmma_enabled() {
 }  // namespace
 
 bool flash_wgmma_usable(int64_t HS) {
-  if (HS != kHs || !wgmma_enabled()) return false;
+  if ((HS != 64 && HS != 128) || !wgmma_enabled()) return false;
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   static std::array<std::atomic<int>, 64> verdict{};  // 0 unknown, 1 usable, 2 not
@@ -380,27 +432,51 @@ bool flash_wgmma_usable(int64_t HS) {
   return v == 1;
 }
 
-void flash_wgmma_forward(const FlashForwardArgs& a, void* stream) {
-  static const bool once = (allow_smem(wg_forward_kernel, fwd_smem()), true);
+namespace {
+
+template <int HS>
+void forward_hs(const FlashForwardArgs& a, cudaStream_t st) {
+  static const bool once = (allow_smem(wg_forward_kernel<HS>, fwd_smem<HS>()), true);
   (void)once;
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.Tq, kRows)),
                   static_cast<unsigned>(a.B * a.NH));
-  wg_forward_kernel<<<grid, kThreadsFa, fwd_smem(), static_cast<cudaStream_t>(stream)>>>(a);
+  wg_forward_kernel<HS><<<grid, kThreadsFa, fwd_smem<HS>(), st>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
-void flash_wgmma_backward(const FlashBackwardArgs& a, float* delta, void* stream) {
-  static const bool once = (allow_smem(wg_backward_kv_kernel, bwd_kv_smem()),
-                            allow_smem(wg_backward_q_kernel, bwd_q_smem()), true);
+template <int HS, bool kRope>
+void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
+  static const bool once = (allow_smem(wg_backward_kv_kernel<HS, kRope>, bwd_kv_smem<HS>()),
+                            allow_smem(wg_backward_q_kernel<HS, kRope>, bwd_q_smem<HS>()), true);
   (void)once;
-  const auto st = static_cast<cudaStream_t>(stream);
   const unsigned row_tiles = static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows));
   const dim3 q_grid(row_tiles, static_cast<unsigned>(a.B * a.NH));
-  wg_backward_q_kernel<<<q_grid, kThreadsFa, bwd_q_smem(), st>>>(a, delta);  // writes Δ
+  wg_backward_q_kernel<HS, kRope><<<q_grid, kThreadsFa, bwd_q_smem<HS>(), st>>>(a, delta);  // Δ
   CUDA_CHECK_LAUNCH();
   const dim3 kv_grid(row_tiles, static_cast<unsigned>(a.B * a.NKV));
-  wg_backward_kv_kernel<<<kv_grid, kThreadsFa, bwd_kv_smem(), st>>>(a, delta);
+  wg_backward_kv_kernel<HS, kRope><<<kv_grid, kThreadsFa, bwd_kv_smem<HS>(), st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void flash_wgmma_forward(const FlashForwardArgs& a, void* stream) {
+  const auto st = static_cast<cudaStream_t>(stream);
+  if (a.HS == 64) {
+    forward_hs<64>(a, st);
+  } else {
+    forward_hs<128>(a, st);
+  }
+}
+
+void flash_wgmma_backward(const FlashBackwardArgs& a, float* delta, void* stream) {
+  const auto st = static_cast<cudaStream_t>(stream);
+  const bool rope = a.rope_inv_freq != nullptr;
+  if (a.HS == 64) {
+    rope ? backward_hs<64, true>(a, delta, st) : backward_hs<64, false>(a, delta, st);
+  } else {
+    rope ? backward_hs<128, true>(a, delta, st) : backward_hs<128, false>(a, delta, st);
+  }
 }
 
 }  // namespace gtron::cuda

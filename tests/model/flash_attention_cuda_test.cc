@@ -186,7 +186,7 @@ void expect_flash_matches(const Problem& p) {
 TEST(FlashAttentionCuda, MatchesCpuF64AndReferenceAtOddLengths) {
   GTRON_REQUIRE_GPU();
   for (int64_t HS : {64, 128}) {
-    for (int64_t T : {1, 7, 63, 129, 1000}) expect_flash_matches(Problem{2, T, 2, HS});
+    for (int64_t T : {1, 7, 63, 129, 1000, 2048}) expect_flash_matches(Problem{2, T, 2, HS});
   }
 }
 
