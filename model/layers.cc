@@ -119,14 +119,7 @@ TransformerBlock::TransformerBlock(ParamRegistry& reg, const std::string& name, 
   mlp_proj = LinearLayer(reg, name + ".mlp.proj", 4 * d.C, d.C, true, resid_std, M::kRow);
 }
 
-namespace {
-
-// GTRON_RESIDUAL_GEMM=0 adds the residuals in separate passes (A/B measurements; the TP code at
-// one rank, which adds them after the TP seams, compares bit for bit against that): the
-// attention's with the fused add + LayerNorm, the MLP's after mlp.proj.
 bool residual_in_gemm() { return env_switch_on("GTRON_RESIDUAL_GEMM"); }
-
-}  // namespace
 
 Var TransformerBlock::mlp(const Var& x, const Var& residual, WeightAccess& w) const {
   if (!fused_mlp_supported(x)) return add(residual, mlp_proj.forward(gelu(fc.forward(x, w)), w));

@@ -140,6 +140,13 @@ struct RMSNormLayer {
   Var forward(const Var& x) const;
 };
 
+// Whether a block's residual adds ride in the epilogue of the GEMM before them on CUDA when the
+// layer is not split (linear's `residual`: one rounding). GTRON_RESIDUAL_GEMM=0 adds them in
+// separate passes (A/B measurements; the TP code at one rank, which adds them after the TP seams,
+// compares bit for bit against that): the attention's with the fused add + norm
+// (model/ops/add_norm.h), the MLP's after its down projection. Read at each call.
+bool residual_in_gemm();
+
 struct BlockDims {
   int64_t C = 0;   // n_embd
   int NH = 0;      // heads

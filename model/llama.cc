@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "model/ops/add.h"
+#include "model/ops/add_norm.h"
 #include "model/ops/attention.h"
 #include "model/ops/linear.h"
 #include "model/ops/norm.h"
@@ -52,9 +53,23 @@ Var LlamaBlock::forward(const Var& x, WeightAccess& w, int64_t pos0) const {
     qkv_out = qk_rmsnorm(qkv_out, NH, NKV, HS, Var::param(*q_norm.weight),
                          Var::param(*k_norm.weight), q_norm.eps);
   }
-  const Var att = causal_attention_gqa_rope(qkv_out, inv_freq, NH, NKV, static_cast<int>(HS), pos0);
-  Var h = add(x, o_proj.forward(att, w));
-  return add(h, down.forward(swiglu(gate_up.forward(mlp_norm.forward(h), w)), w));
+  const Var attn =
+      causal_attention_gqa_rope(qkv_out, inv_freq, NH, NKV, static_cast<int>(HS), pos0);
+  if (x.device().is_cuda() && o_proj.tp == nullptr && residual_in_gemm()) {
+    Var h = o_proj.forward(attn, w, x);  // x + o_proj(attn), the residual in the GEMM's epilogue
+    return mlp(mlp_norm.forward(h), h, w);
+  }
+  const AddNorm hn =
+      add_rmsnorm(x, o_proj.forward(attn, w), Var::param(*mlp_norm.weight), mlp_norm.eps);
+  return mlp(hn.y, hn.h, w);
+}
+
+Var LlamaBlock::mlp(const Var& g, const Var& residual, WeightAccess& w) const {
+  Var act = swiglu(gate_up.forward(g, w));
+  if (g.device().is_cuda() && down.tp == nullptr && residual_in_gemm()) {
+    return down.forward(act, w, residual);
+  }
+  return add(residual, down.forward(act, w));
 }
 
 }  // namespace gtron

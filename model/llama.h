@@ -6,6 +6,18 @@
 // options), grouped-query attention (each K/V head serves NH / NKV consecutive query heads), a
 // head size HS that need not be C / NH. No positions enter anywhere but RoPE.
 //
+// Note [llama block residuals]
+// The two residual adds are placed as GPT-2's block places them (model/layers.cc): on CUDA, with
+// o_proj and down not split over TP, each rides in the epilogue of the GEMM before it (linear's
+// `residual`: h = x + o_proj(·) and y = h + down(·) rounded once, no [N, C] pass of their own, and
+// in the backward the sum's gradient is the GEMM's dy itself). Where it cannot (a row-parallel
+// o_proj reduces its partial sums after the GEMM; GTRON_RESIDUAL_GEMM=0), h = x + o_proj(·) and
+// g = mlp_norm(h) are one op, add_rmsnorm (model/ops/add_norm.h: one row pass instead of add's
+// and rmsnorm's, bit for bit the composed ops), and y = h + down(·) is add's. On the CPU both are
+// the composed ops (add_rmsnorm's CPU path is add then rmsnorm), node for node the tape the CPU
+// goldens were made with. The block's last add is not fused with the next block's attn_norm:
+// GPT-2 does not chain blocks that way either (the graph runner's block seam passes one tensor).
+//
 // Note [packed llama projections]
 // q, k and v come out of one GEMM: attn.qkv.weight is [(NH + 2·NKV)·HS, C], the rows of q_proj,
 // then k_proj, then v_proj (Hugging Face's three matrices stacked); gate and up likewise from
@@ -55,6 +67,9 @@ struct LlamaBlock {
   LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaDims& d, Device device);
   // x: [B, T, C] -> [B, T, C]: causal self-attention over positions pos0 .. pos0 + T − 1.
   Var forward(const Var& x, WeightAccess& w, int64_t pos0 = 0) const;
+  // residual + down(silu(gate(g)) ⊙ up(g)) for g = mlp_norm(residual) (Note [llama block
+  // residuals]).
+  Var mlp(const Var& g, const Var& residual, WeightAccess& w) const;
 };
 
 }  // namespace gtron

@@ -1,4 +1,5 @@
-// The residual add and the LayerNorm that reads it, as one op: h = x + a, y = layernorm(h).
+// The residual add and the norm that reads it, as one op: h = x + a, y = layernorm(h) (GPT-2) or
+// y = rmsnorm(h) (the llama family).
 //
 // Note [fused residual add and LayerNorm]
 // A pre-LN block adds the attention output to the residual stream and normalizes the sum at once
@@ -25,6 +26,11 @@
 // the two composed kernels (the pack width must match layernorm's); where the second gradient
 // slot is unaligned under 16-byte packs, it is written by a second pass. On the CPU the op is
 // add then layernorm (the reference).
+// RMSNorm (add_rmsnorm) is the same op without the centring and beta: the kernels are the
+// LayerNorm ones with their kLN flag off (the forward's SumRow stores h on its first visit, the
+// sum of squares; the backward's kAlso rides in rmsnorm's dx kernels), so everything above holds
+// with rmsnorm's kernels in place of layernorm's: bit for bit the composed add → rmsnorm on CUDA,
+// add then rmsnorm on the CPU.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +51,10 @@ struct AddNorm {
 AddNorm add_layernorm(const Var& x, const Var& a, const Var& gamma, const Var& beta,
                       double eps = kLayerNormEps);
 
+// h = x + a, y = rmsnorm(h, gamma, eps): add_layernorm's contract without beta. x, a: [.., C];
+// gamma: [C] (f32, or x's dtype). Backward accumulates into x, a and gamma like add then rmsnorm.
+AddNorm add_rmsnorm(const Var& x, const Var& a, const Var& gamma, double eps = kRMSNormEps);
+
 namespace cuda {
 // h = x + a and y = layernorm(h) over N rows of C; the other arguments as layernorm_forward's.
 void add_layernorm_forward(const void* x, const void* a, const void* gamma, const void* beta,
@@ -57,6 +67,14 @@ void add_layernorm_backward(const void* h, const void* gamma, DType param, const
                             const float* rstd, const void* dy, void* dh, void* also, bool also_add,
                             float* dgamma, float* dbeta, float* scratch, int64_t N, int64_t C,
                             DType act, void* stream);
+// The same two for RMSNorm: rrms[N] as rmsnorm_forward's; scratch:
+// rmsnorm_backward_scratch_floats(N, C). REQUIRES: also != dh.
+void add_rmsnorm_forward(const void* x, const void* a, const void* gamma, DType param, void* h,
+                         void* y, float* rrms, int64_t N, int64_t C, double eps, DType act,
+                         void* stream);
+void add_rmsnorm_backward(const void* h, const void* gamma, DType param, const float* rrms,
+                          const void* dy, void* dh, void* also, bool also_add, float* dgamma,
+                          float* scratch, int64_t N, int64_t C, DType act, void* stream);
 }  // namespace cuda
 
 }  // namespace gtron

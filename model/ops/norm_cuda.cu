@@ -2,8 +2,8 @@
 // RMSNorm is LayerNorm without centering, so one kernel template (kLN) serves both.
 //
 // Rows: one warp per row, 8 rows per block; a lane's columns as the forward's (16-byte packs where
-// C and every pointer allow, else one element). The residual add before a LayerNorm rides in the
-// same row pass (Note [fused residual add and LayerNorm], model/ops/add_norm.h).
+// C and every pointer allow, else one element). The residual add before a LayerNorm or an RMSNorm
+// rides in the same row pass (Note [fused residual add and LayerNorm], model/ops/add_norm.h).
 // Parameter gradients: fixed-order sums, never atomics — in the same pass as dx where the row fits
 // a warp's registers (Note [one-pass norm backward]), else two-pass column sums
 // (model/cuda/column_sum.cuh).
@@ -478,23 +478,28 @@ bool layernorm_backward(const void* x, const void* gamma, DType param, const flo
   return summed;
 }
 
-void add_layernorm_backward(const void* h, const void* gamma, DType param, const float* mean,
-                            const float* rstd, const void* dy, void* dh, void* also, bool also_add,
-                            float* dgamma, float* dbeta, float* scratch, int64_t N, int64_t C,
-                            DType act, void* stream) {
-  check_norm_sizes("add_layernorm", N, C);
+namespace {
+
+// The backward of the fused residual add and LayerNorm (kLN) or RMSNorm (Note [fused residual add
+// and LayerNorm]): the norm's dx added into dh in place, the sum stored into (added into) `also`.
+template <bool kLN>
+void add_norm_backward(const char* op, const void* h, const void* gamma, DType param,
+                       const float* mean, const float* rstd, const void* dy, void* dh, void* also,
+                       bool also_add, float* dgamma, float* dbeta, float* scratch, int64_t N,
+                       int64_t C, DType act, void* stream) {
+  check_norm_sizes(op, N, C);
   if (N == 0 || C == 0) return;
-  GTRON_CHECK(dh != nullptr && dh != also, "add_layernorm backward: dh must be its own buffer");
-  dispatch_act_param("add_layernorm", act, param, [&](auto t, auto p) {
+  GTRON_CHECK(dh != nullptr && dh != also, op, " backward: dh must be its own buffer");
+  dispatch_act_param(op, act, param, [&](auto t, auto p) {
     using T = decltype(t);
     using P = decltype(p);
     // Folded where the pack width allows (an unaligned `also` under 16-byte packs: a second pass).
     if (also != nullptr && (is_aligned(also, 16) || !packed_backward<T, P>(h, dy, dh, gamma, C))) {
-      launch_backward<T, P, true, true>(h, gamma, mean, rstd, dy, dh, dgamma, dbeta, scratch, N, C,
-                                        stream, DxAlso<T>{static_cast<T*>(also), also_add});
+      launch_backward<T, P, kLN, true>(h, gamma, mean, rstd, dy, dh, dgamma, dbeta, scratch, N, C,
+                                       stream, DxAlso<T>{static_cast<T*>(also), also_add});
       return;
     }
-    launch_backward<T, P, true>(h, gamma, mean, rstd, dy, dh, dgamma, dbeta, scratch, N, C, stream);
+    launch_backward<T, P, kLN>(h, gamma, mean, rstd, dy, dh, dgamma, dbeta, scratch, N, C, stream);
     if (also == nullptr) return;
     if (also_add) {
       accumulate(also, dh, N * C, act, stream);
@@ -503,6 +508,23 @@ void add_layernorm_backward(const void* h, const void* gamma, DType param, const
                                  cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
     }
   });
+}
+
+}  // namespace
+
+void add_layernorm_backward(const void* h, const void* gamma, DType param, const float* mean,
+                            const float* rstd, const void* dy, void* dh, void* also, bool also_add,
+                            float* dgamma, float* dbeta, float* scratch, int64_t N, int64_t C,
+                            DType act, void* stream) {
+  add_norm_backward<true>("add_layernorm", h, gamma, param, mean, rstd, dy, dh, also, also_add,
+                          dgamma, dbeta, scratch, N, C, act, stream);
+}
+
+void add_rmsnorm_backward(const void* h, const void* gamma, DType param, const float* rrms,
+                          const void* dy, void* dh, void* also, bool also_add, float* dgamma,
+                          float* scratch, int64_t N, int64_t C, DType act, void* stream) {
+  add_norm_backward<false>("add_rmsnorm", h, gamma, param, nullptr, rrms, dy, dh, also, also_add,
+                           dgamma, nullptr, scratch, N, C, act, stream);
 }
 
 void rmsnorm_backward(const void* x, const void* gamma, DType param, const float* rrms,

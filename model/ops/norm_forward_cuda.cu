@@ -4,8 +4,9 @@
 // Rows: one warp per row, 8 rows per block. A lane walks its columns in packs (16-byte loads when
 // C is a multiple of the pack and every pointer is aligned, else one element): columns
 // (lane + 32·j)·kV + e for pack j. Statistics are fp32, the variance two-pass as on the CPU, and
-// the warp sums are xor butterflies (deterministic). The residual add before a LayerNorm rides in
-// the same row pass (Note [fused residual add and LayerNorm], model/ops/add_norm.h).
+// the warp sums are xor butterflies (deterministic). The residual add before a LayerNorm or an
+// RMSNorm rides in the same row pass (Note [fused residual add and LayerNorm],
+// model/ops/add_norm.h).
 //
 // Note [register-resident norm forward]
 // The streaming kernel (kPacks = 0, the reference and the path of wide rows) reads the row three
@@ -209,8 +210,8 @@ __global__ void norm_forward_kernel(const T* __restrict__ x, const P* __restrict
                                   eps);
 }
 
-// h = x + a and y = layernorm(h) (Note [fused residual add and LayerNorm]). Streaming.
-template <typename T, typename P, int kV>
+// h = x + a and y = norm(h) (Note [fused residual add and LayerNorm]). Streaming.
+template <typename T, typename P, int kV, bool kLN>
 __global__ void add_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ a,
                                         T* __restrict__ h, const P* __restrict__ gamma,
                                         const P* __restrict__ beta, T* __restrict__ y,
@@ -218,8 +219,8 @@ __global__ void add_norm_forward_kernel(const T* __restrict__ x, const T* __rest
                                         int64_t N, int C, float eps) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= N) return;
-  normalize_row<T, P, kV, 0, true>(SumRow<T, kV>{x + row * C, a + row * C, h + row * C}, gamma,
-                                   beta, y, mean, rstd, row, C, eps);
+  normalize_row<T, P, kV, 0, kLN>(SumRow<T, kV>{x + row * C, a + row * C, h + row * C}, gamma, beta,
+                                  y, mean, rstd, row, C, eps);
 }
 
 // Rows (warps) per block of the register-resident kernels: at ~50 registers a thread (bf16 C = 768)
@@ -238,7 +239,7 @@ __global__ void norm_resident_kernel(const T* __restrict__ x, const P* __restric
                                        row, C, eps);
 }
 
-template <typename T, typename P, int kV, int kPacks>
+template <typename T, typename P, int kV, int kPacks, bool kLN>
 __global__ void add_norm_resident_kernel(const T* __restrict__ x, const T* __restrict__ a,
                                          T* __restrict__ h, const P* __restrict__ gamma,
                                          const P* __restrict__ beta, T* __restrict__ y,
@@ -246,13 +247,13 @@ __global__ void add_norm_resident_kernel(const T* __restrict__ x, const T* __res
                                          int64_t N, int C, float eps) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kResidentRows + threadIdx.x / 32;
   if (row >= N) return;
-  normalize_row<T, P, kV, kPacks, true>(SumRow<T, kV>{x + row * C, a + row * C, h + row * C}, gamma,
-                                        beta, y, mean, rstd, row, C, eps);
+  normalize_row<T, P, kV, kPacks, kLN>(SumRow<T, kV>{x + row * C, a + row * C, h + row * C}, gamma,
+                                       beta, y, mean, rstd, row, C, eps);
 }
 
-// y = norm(x); or, with `a` (LN only), h = x + a and y = layernorm(h). The pack width is the one
-// the plain norm takes on its rows (x, or h: so the statistics sum in the same order, Note [fused
-// residual add and LayerNorm]); x or a unaligned where h is not: add's kernel, then the norm's.
+// y = norm(x); or, with `a`, h = x + a and y = norm(h). The pack width is the one the plain norm
+// takes on its rows (x, or h: so the statistics sum in the same order, Note [fused residual add
+// and LayerNorm]); x or a unaligned where h is not: add's kernel, then the norm's.
 template <typename T, typename P, bool kLN>
 void launch_forward(const void* x, const void* gamma, const void* beta, void* y, float* mean,
                     float* rstd, int64_t N, int64_t C, double eps, void* stream,
@@ -280,18 +281,15 @@ void launch_forward(const void* x, const void* gamma, const void* beta, void* y,
     constexpr dim3 kBlock(kRowsPerBlock * 32), kResident(kResidentRows * 32);
     const T* ap = static_cast<const T*>(a);
     T* hp = static_cast<T*>(h);
-    if constexpr (kLN && kP == 0) {
-      if (a != nullptr) {
-        add_norm_forward_kernel<T, P, kW>
+    if (a != nullptr) {
+      if constexpr (kP == 0) {
+        add_norm_forward_kernel<T, P, kW, kLN>
             <<<blocks, kBlock, 0, st>>>(xp, ap, hp, gp, bp, yp, mean, rstd, N, c, e);
-        return;
-      }
-    } else if constexpr (kLN) {
-      if (a != nullptr) {
-        add_norm_resident_kernel<T, P, kW, kP>
+      } else {
+        add_norm_resident_kernel<T, P, kW, kP, kLN>
             <<<resident_blocks, kResident, 0, st>>>(xp, ap, hp, gp, bp, yp, mean, rstd, N, c, e);
-        return;
       }
+      return;
     }
     if constexpr (kP == 0) {
       norm_forward_kernel<T, P, kW, kLN>
@@ -354,6 +352,17 @@ void add_layernorm_forward(const void* x, const void* a, const void* gamma, cons
   dispatch_act_param("add_layernorm", act, param, [&](auto t, auto p) {
     launch_forward<decltype(t), decltype(p), true>(x, gamma, beta, y, mean, rstd, N, C, eps, stream,
                                                    a, h);
+  });
+}
+
+void add_rmsnorm_forward(const void* x, const void* a, const void* gamma, DType param, void* h,
+                         void* y, float* rrms, int64_t N, int64_t C, double eps, DType act,
+                         void* stream) {
+  check_norm_sizes("add_rmsnorm", N, C);
+  if (N == 0 || C == 0) return;
+  dispatch_act_param("add_rmsnorm", act, param, [&](auto t, auto p) {
+    launch_forward<decltype(t), decltype(p), false>(x, gamma, nullptr, y, nullptr, rrms, N, C, eps,
+                                                    stream, a, h);
   });
 }
 

@@ -1,13 +1,15 @@
-// add_layernorm (model/ops/add_norm.h) on the GPU (GPU test; skipped without a GPU).
+// add_layernorm and add_rmsnorm (model/ops/add_norm.h) on the GPU (GPU test; skipped without a
+// GPU). Every case runs for both norms: add_rmsnorm is the same kernels with their kLN flag off.
 //
-// Against add → layernorm on the GPU: h, y, the consumer's output and the gradients of x, a, gamma
-// and beta bit for bit. Exact equality is the right bar here, not a tolerance: the fused kernels
-// do the composed kernels' arithmetic in the composed kernels' order (Note [fused residual add and
-// LayerNorm]): h is x + a in fp32 rounded once, the statistics sum the rounded h with layernorm's
-// pack width and lanes, and the backward is layernorm's kernel, whose in-place dx sum is stored
-// once more into the second gradient slot (a copy, or the add kernel's rounding of slot + dh).
-// Against the CPU (f32 reference, composed ops): within the CUDA-vs-CPU tolerances by dtype
-// (kF32Tol, kBF16Tol of tests/model/cuda_op_check.h), since there the summation order differs.
+// Against add → layernorm (add → rmsnorm) on the GPU: h, y, the consumer's output and the
+// gradients of x, a, gamma and beta (LayerNorm) bit for bit. Exact equality is the right bar here,
+// not a tolerance: the fused kernels do the composed kernels' arithmetic in the composed kernels'
+// order (Note [fused residual add and LayerNorm]): h is x + a in fp32 rounded once, the statistics
+// sum the rounded h with layernorm's pack width and lanes, and the backward is layernorm's kernel,
+// whose in-place dx sum is stored once more into the second gradient slot (a copy, or the add
+// kernel's rounding of slot + dh). Against the CPU (f32 reference, composed ops): within the
+// CUDA-vs-CPU tolerances by dtype (kF32Tol, kBF16Tol of tests/model/cuda_op_check.h), since there
+// the summation order differs.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -24,10 +26,13 @@
 namespace gtron {
 namespace {
 
+constexpr double kEps = 1e-5;  // the llama family's RMSNorm epsilon (rms_norm_eps)
+
 // What consumes h and y: both (the block: h + f(y)), only the norm, only the residual path.
 enum class Use { kBoth, kNormOnly, kResidualOnly };
 
 struct Case {
+  bool rms = false;  // add_rmsnorm (else add_layernorm)
   int64_t N = 45, C = 64;
   DType act = DType::kBF16;
   DType param = DType::kF32;  // gamma and beta values (their gradients are f32)
@@ -41,8 +46,9 @@ struct Case {
   bool unaligned_da = false;  // a's pre-filled slot at an odd offset: the backward's second pass
 
   std::string str() const {
-    return "N=" + std::to_string(N) + " C=" + std::to_string(C) + " " + dtype_name(act) + "/" +
-           dtype_name(param) + (x_prefilled ? " dx+" : "") + (a_prefilled ? " da+" : "") +
+    return std::string(rms ? "add_rmsnorm" : "add_layernorm") + " N=" + std::to_string(N) +
+           " C=" + std::to_string(C) + " " + dtype_name(act) + "/" + dtype_name(param) +
+           (x_prefilled ? " dx+" : "") + (a_prefilled ? " da+" : "") +
            (params_learn ? "" : " const-params") + (inputs_learn ? "" : " const-inputs") +
            " use=" + std::to_string(static_cast<int>(use)) + (same_input ? " x+x" : "") +
            (unaligned_x ? " x-unaligned" : "") + (unaligned_da ? " da-unaligned" : "");
@@ -83,13 +89,13 @@ Results run(const Case& s, bool fused) {
   Var h, y;
   const size_t tape_before = tape_size();
   if (fused) {
-    const AddNorm r = add_layernorm(x, a, gamma, beta);
+    const AddNorm r = s.rms ? add_rmsnorm(x, a, gamma, kEps) : add_layernorm(x, a, gamma, beta);
     h = r.h;
     y = r.y;
     EXPECT_EQ(tape_size(), tape_before + 1) << "one backward node for the add and the norm";
   } else {
     h = add(x, a);
-    y = layernorm(h, gamma, beta);
+    y = s.rms ? rmsnorm(h, gamma, kEps) : layernorm(h, gamma, beta);
   }
   Var out = s.use == Use::kBoth ? add(h, gelu(y)) : s.use == Use::kNormOnly ? gelu(y) : gelu(h);
   backward_with(out, gpu_values(out.shape(), 6, 1.0, s.act));
@@ -104,32 +110,37 @@ Results run(const Case& s, bool fused) {
   if (s.inputs_learn && !s.same_input) keep("da", a.grad());
   if (s.params_learn) {
     keep("dgamma", gamma.grad());
-    keep("dbeta", beta.grad());
+    if (!s.rms) keep("dbeta", beta.grad());
   }
   return r;
 }
 
-void expect_equal_to_composed(const Case& s) {
-  SCOPED_TRACE(s.str());
-  const Results fused = run(s, true);
-  const Results composed = run(s, false);
-  ASSERT_EQ(fused.size(), composed.size());
-  for (size_t i = 0; i < fused.size(); ++i) {
-    EXPECT_EQ(fused[i].second, composed[i].second) << fused[i].first;
+void expect_equal_to_composed(Case s) {
+  for (bool rms : {false, true}) {
+    s.rms = rms;
+    SCOPED_TRACE(s.str());
+    const Results fused = run(s, true);
+    const Results composed = run(s, false);
+    ASSERT_EQ(fused.size(), composed.size());
+    for (size_t i = 0; i < fused.size(); ++i) {
+      EXPECT_EQ(fused[i].second, composed[i].second) << fused[i].first;
+    }
   }
 }
 
-// The one-pass backward at 16-byte packs (C = 64, 768, 1000) and one element a lane (C = 67 and
-// 250, not multiples of the pack), the two-pass fallback of wide rows (C = 1536), for each
-// activation/parameter dtype pair the kernels take; x's slot empty (it takes dh's buffer) and a's
-// slot written by the norm kernel.
-TEST(AddLayerNormCuda, EqualsAddThenLayerNormBitForBit) {
+// The one-pass backward at 16-byte packs (C = 64, 768, 1000, 1024) and one element a lane (C = 67
+// and 250, not multiples of the pack), the two-pass fallback of wide rows (C = 1536, 2048), for
+// each activation/parameter dtype pair the kernels take; x's slot empty (it takes dh's buffer) and
+// a's slot written by the norm kernel. C = 1024 and 2048 are the llama shapes' widths (Qwen3-0.6B,
+// Llama-3.2-1B): the forward's 4 and 8 bf16 packs a lane.
+TEST(AddNormCuda, EqualsAddThenNormBitForBit) {
   GTRON_REQUIRE_GPU();
   struct Shape2 {
     int64_t N, C;
   };
-  for (const Shape2 sh : {Shape2{45, 64}, Shape2{37, 67}, Shape2{4101, 768}, Shape2{1029, 1000},
-                          Shape2{333, 250}, Shape2{517, 1536}}) {
+  for (const Shape2 sh :
+       {Shape2{45, 64}, Shape2{37, 67}, Shape2{4101, 768}, Shape2{1029, 1000}, Shape2{333, 250},
+        Shape2{517, 1536}, Shape2{1031, 1024}, Shape2{261, 2048}}) {
     Case s;
     s.N = sh.N;
     s.C = sh.C;
@@ -145,7 +156,7 @@ TEST(AddLayerNormCuda, EqualsAddThenLayerNormBitForBit) {
 
 // Slots already holding gradient are added into (the norm kernel's second output, or add's
 // kernel after it for a third), in every combination.
-TEST(AddLayerNormCuda, PrefilledGradientSlotsAccumulate) {
+TEST(AddNormCuda, PrefilledGradientSlotsAccumulate) {
   GTRON_REQUIRE_GPU();
   for (int64_t C : {768, 67}) {
     for (DType act : {DType::kF32, DType::kBF16}) {
@@ -164,9 +175,9 @@ TEST(AddLayerNormCuda, PrefilledGradientSlotsAccumulate) {
 
 // y unused (no norm backward: add's delivery alone), h unused past the norm (the residual
 // gradient starts from zeros), gamma and beta constant (the dx-only kernel with its second
-// output), x and a constant (gamma and beta only: layernorm's backward without dx), and
+// output), x and a constant (gamma and beta only: the norm's backward without dx), and
 // add_layernorm(x, x) (the second delivery lands in dh's own buffer: no fold).
-TEST(AddLayerNormCuda, OtherConsumersAndInputs) {
+TEST(AddNormCuda, OtherConsumersAndInputs) {
   GTRON_REQUIRE_GPU();
   for (DType act : {DType::kF32, DType::kBF16}) {
     for (int64_t C : {768, 67}) {
@@ -191,10 +202,10 @@ TEST(AddLayerNormCuda, OtherConsumersAndInputs) {
   }
 }
 
-// An unaligned x (the forward falls back to add's and layernorm's kernels, which layernorm's
-// pack width on the aligned h requires) and an unaligned pre-filled slot of a (the kernel cannot
-// store 16-byte packs there: add's kernel adds dh after it).
-TEST(AddLayerNormCuda, UnalignedOperandsTakeTheComposedPasses) {
+// An unaligned x (the forward falls back to add's and the norm's kernels, which the norm's pack
+// width on the aligned h requires) and an unaligned pre-filled slot of a (the kernel cannot store
+// 16-byte packs there: add's kernel adds dh after it).
+TEST(AddNormCuda, UnalignedOperandsTakeTheComposedPasses) {
   GTRON_REQUIRE_GPU();
   for (DType act : {DType::kF32, DType::kBF16}) {
     Case s;
@@ -239,6 +250,38 @@ TEST(AddLayerNormCuda, MatchesCpu) {
                                      testing::kBF16Tol);
     testing::expect_cuda_matches_cpu(block_case(N, C, ParamDtype::kF32), DType::kBF16,
                                      testing::kBF16Tol);
+  }
+}
+
+// The llama block's use (h = x + attn_out; y = mlp_norm(h); h and the MLP of y both feed the
+// next residual) against the CPU's add → rmsnorm, at odd sizes (C = 67, 250: one element a lane;
+// N = 37, 1025: no whole block), a 16-byte-pack width (64, 768) and the llama widths (1024, 2048:
+// the two-pass parameter sums of wide rows), f32 and bf16, gamma in the activation dtype or f32;
+// and a second GPU run bit-identical to the first.
+TEST(AddRMSNormCuda, MatchesCpu) {
+  GTRON_REQUIRE_GPU();
+  using testing::ParamDtype;
+  for (int64_t C : {67, 64, 250, 768, 1024, 2048}) {
+    SCOPED_TRACE("C = " + std::to_string(C));
+    const int64_t N = C >= 768 ? 1025 : 37;
+    auto rms_case = [&](ParamDtype pd) {
+      testing::OpCase c;
+      c.f = [](const std::vector<Var>& in, const std::vector<Var>& p) {
+        const AddNorm r = add_rmsnorm(in[0], in[1], p[0], kEps);
+        return add(r.h, gelu(r.y));
+      };
+      std::vector<double> x = testing::randn(static_cast<size_t>(N * C), 1, 2.0);
+      for (double& v : x) v += 0.5;  // a non-zero mean: RMSNorm does not centre it away
+      c.inputs = {Tensor::from_vector(x, {N, C}, DType::kF64), testing::randn_tensor({N, C}, 2)};
+      std::vector<double> g = testing::randn(static_cast<size_t>(C), 3, 0.3);
+      for (double& v : g) v += 1.0;
+      c.params = {Tensor::from_vector(g, {C}, DType::kF64)};
+      c.param_dtypes = {pd};
+      return c;
+    };
+    testing::expect_cuda_matches_cpu(rms_case(ParamDtype::kAct), DType::kF32, testing::kF32Tol);
+    testing::expect_cuda_matches_cpu(rms_case(ParamDtype::kAct), DType::kBF16, testing::kBF16Tol);
+    testing::expect_cuda_matches_cpu(rms_case(ParamDtype::kF32), DType::kBF16, testing::kBF16Tol);
   }
 }
 

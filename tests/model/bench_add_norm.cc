@@ -1,9 +1,10 @@
 // GPU benchmark of the residual add + LayerNorm of one block (Note [fused residual add and
 // LayerNorm]): add → layernorm against add_layernorm, forward alone and forward + backward, on
-// [N, C] bf16 rows with f32 gamma and beta (GPT-2 124M at B·T = 16k by default). The backward
+// [N, C] bf16 rows with f32 gamma and beta (GPT-2 124M at B·T = 16k by default); with --rms 1,
+// add → rmsnorm against add_rmsnorm (the llama block's, e.g. --N 8192 --C 2048). The backward
 // runs the block's pattern: out = h + y, so h gets the residual gradient and y the norm's, and x
 // and a start with empty gradient slots. Prints one JSON line per path and one with the ratios.
-// Never a test: run it where there is a GPU (flags --N, --C, --iters).
+// Never a test: run it where there is a GPU (flags --N, --C, --iters, --rms).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,18 +26,20 @@ using bench::filled;
 struct Bench {
   Var x, a, gamma, beta;
   Tensor dout;
+  bool rms = false;  // RMSNorm (beta unused) instead of LayerNorm
 };
 
 // One forward (+ backward) of the pattern through the fused op or the composed ops.
 void step(const Bench& b, bool fused, bool with_backward) {
   Var h, y;
   if (fused) {
-    const AddNorm r = add_layernorm(b.x, b.a, b.gamma, b.beta);
+    const AddNorm r =
+        b.rms ? add_rmsnorm(b.x, b.a, b.gamma) : add_layernorm(b.x, b.a, b.gamma, b.beta);
     h = r.h;
     y = r.y;
   } else {
     h = add(b.x, b.a);
-    y = layernorm(h, b.gamma, b.beta);
+    y = b.rms ? rmsnorm(h, b.gamma) : layernorm(h, b.gamma, b.beta);
   }
   if (!with_backward) return;
   backward_with(add(h, y), b.dout);
@@ -75,11 +78,16 @@ int main(int argc, char** argv) {
   const int64_t C = arg(argc, argv, "C", 768);
   const int iters = static_cast<int>(arg(argc, argv, "iters", 200));
   const Shape rows{N, C};
-  Bench b{Var::leaf(filled(rows, DType::kBF16, 0.1)), Var::leaf(filled(rows, DType::kBF16, 0.2)),
+  Bench b{Var::leaf(filled(rows, DType::kBF16, 0.1)),
+          Var::leaf(filled(rows, DType::kBF16, 0.2)),
           Var::external(filled(Shape{C}, DType::kF32, 0.05)),
-          Var::external(filled(Shape{C}, DType::kF32, 0.01)), filled(rows, DType::kBF16, 0.03)};
+          Var::external(filled(Shape{C}, DType::kF32, 0.01)),
+          filled(rows, DType::kBF16, 0.03),
+          arg(argc, argv, "rms", 0) != 0};
   b.gamma.set_grad(Tensor::zeros(Shape{C}, DType::kF32).to(Device::cuda(0)));
   b.beta.set_grad(Tensor::zeros(Shape{C}, DType::kF32).to(Device::cuda(0)));
+  const char* fused_name = b.rms ? "add_rmsnorm" : "add_layernorm";
+  const char* composed_name = b.rms ? "add+rmsnorm" : "add+layernorm";
   double ms[2][2];
   for (int fused = 0; fused < 2; ++fused) {
     ms[fused][0] = time_ms(b, fused != 0, false, iters);
@@ -87,8 +95,8 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"path\": \"%s\", \"N\": %lld, \"C\": %lld, \"dtype\": \"bf16\", \"forward_ms\": %.4f, "
         "\"forward_backward_ms\": %.4f}\n",
-        fused ? "add_layernorm" : "add+layernorm", static_cast<long long>(N),
-        static_cast<long long>(C), ms[fused][0], ms[fused][1]);
+        fused ? fused_name : composed_name, static_cast<long long>(N), static_cast<long long>(C),
+        ms[fused][0], ms[fused][1]);
   }
   std::printf(
       "{\"forward_saved_ms\": %.4f, \"forward_backward_saved_ms\": %.4f, \"forward_ratio\": %.3f, "

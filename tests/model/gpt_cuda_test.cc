@@ -1,12 +1,14 @@
 // The whole GPT + MTP (D = 2) model on CUDA against the CPU, on a tiny config with odd sizes:
 // the loss and every parameter gradient after one forward + backward, in fp32 (tight) and in bf16
 // mixed precision (Bf16Weights: bf16 shadows, bf16 activations, fp32 main_grad). Also the device
-// window path (shifted inputs and targets cut on the GPU) against the host one.
+// window path (shifted inputs and targets cut on the GPU) against the host one, and the llama
+// family's tiny model the same way.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -166,6 +168,54 @@ TEST(GptCuda, Bf16MatchesCpu) {
   bf16.refresh();
   run(gpu, window);
   EXPECT_EQ(bf16.casts(), 2 * weights);
+}
+
+// The llama config c on CUDA against the CPU (LlamaMatchesCpuWithEitherResidualPath below).
+void expect_llama_matches_cpu(const GPTConfig& c) {
+  const Tensor window = random_window(3, 11, c.vocab_size, 3);
+  GPT cpu(c, DType::kF32, Device::cpu(), 5);
+  const Result ref = run(cpu, window);
+  for (bool in_gemm : {true, false}) {
+    if (!in_gemm) setenv("GTRON_RESIDUAL_GEMM", "0", 1);
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(std::string(in_gemm ? "residual in GEMM" : "add_rmsnorm") +
+                   (bf16 ? ", bf16" : ", fp32") + ", HS " + std::to_string(c.head_dim));
+      TinyModel tiny(c, Device::cuda(0), bf16);
+      const Result got = run(tiny.model, window.to(Device::cuda(0)));
+      if (bf16) {
+        expect_close(got, ref, 1e-2, 0.1);
+      } else {
+        expect_close(got, ref, 1e-5, 1e-4);
+      }
+      const Result again = run(tiny.model, window.to(Device::cuda(0)));
+      EXPECT_EQ(again.losses, got.losses) << "a rerun repeats the losses bit for bit";
+      for (size_t i = 0; i < got.grads.size(); ++i) EXPECT_EQ(again.grads[i], got.grads[i]);
+    }
+    unsetenv("GTRON_RESIDUAL_GEMM");
+  }
+}
+
+// The llama family (GQA, Qwen3's q/k norms, a head size that is not C / NH, an untied head, MTP
+// D = 2) on CUDA against the CPU, with the block's residuals in the GEMM epilogues (the default)
+// and with GTRON_RESIDUAL_GEMM=0 (h = x + o_proj(·) and mlp_norm(h) as add_rmsnorm, the MLP's add
+// after down; Note [llama block residuals] in model/llama.h): fp32 and bf16, held to the GPT-2
+// tests' bounds. The two CUDA paths round the residual differently (once in the epilogue, twice
+// when added after), so they agree to within those bounds too, not bit for bit. Head size 12 takes
+// the composed attention, 64 the flash kernels in bf16.
+TEST(GptCuda, LlamaMatchesCpuWithEitherResidualPath) {
+  GTRON_REQUIRE_GPU();
+  for (int64_t HS : {12, 64}) {
+    GPTConfig c = tiny_config();
+    c.arch = Arch::kLlama;
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.head_dim = HS;
+    c.intermediate_size = 56;
+    c.qk_norm = true;
+    c.tied_embeddings = false;
+    c.rope_theta = 10000;
+    expect_llama_matches_cpu(c);
+  }
 }
 
 // The trainer's promise (GPT::set_loss_seed): the heads' cross-entropies write their gradient in

@@ -1,8 +1,9 @@
 // The fast norm kernels against the reference kernels, bit for bit (GPU test; skipped without a
 // GPU). Note [register-resident norm forward] and Note [staged norm backward] promise the same
 // bits as the streaming forward and the register backward (GTRON_NORM_FAST=0): every case runs
-// layernorm, rmsnorm and add_layernorm forward and backward once with cuda::set_norm_fast(false)
-// and once with (true) on the same inputs, and compares every output and gradient byte for byte.
+// layernorm, rmsnorm, add_layernorm and add_rmsnorm forward and backward once with
+// cuda::set_norm_fast(false) and once with (true) on the same inputs, and compares every output
+// and gradient byte for byte.
 // Shapes: the GPT-2 widths (C = 768, 3 bf16 packs a lane; 1024, 4 packs; 1536 and 2048, the
 // forward's 6 and 8 packs, the backward's two-pass fallback), small rows (C = 64: lanes without
 // columns), C not a multiple of the pack (67, 250: one element a lane; 3000: past every resident
@@ -39,7 +40,12 @@ TEST(NormFastSwitch, EnvironmentAndOverride) {
   ASSERT_EQ(unsetenv("GTRON_NORM_FAST"), 0);
 }
 
-enum class Op { kLayerNorm, kRMSNorm, kAddLayerNorm };
+enum class Op { kLayerNorm, kRMSNorm, kAddLayerNorm, kAddRMSNorm };
+
+bool fused_add(Op op) { return op == Op::kAddLayerNorm || op == Op::kAddRMSNorm; }
+bool has_beta(Op op) { return op == Op::kLayerNorm || op == Op::kAddLayerNorm; }
+
+constexpr Op kOps[] = {Op::kLayerNorm, Op::kRMSNorm, Op::kAddLayerNorm, Op::kAddRMSNorm};
 
 struct Case {
   Op op = Op::kLayerNorm;
@@ -51,7 +57,7 @@ struct Case {
   bool unaligned_x = false;  // x one element into its buffer
 
   std::string str() const {
-    const char* names[] = {"layernorm", "rmsnorm", "add_layernorm"};
+    const char* names[] = {"layernorm", "rmsnorm", "add_layernorm", "add_rmsnorm"};
     return std::string(names[static_cast<int>(op)]) + " N=" + std::to_string(N) +
            " C=" + std::to_string(C) + " " + dtype_name(act) + "/" + dtype_name(param) +
            (inputs_learn ? "" : " const-inputs") + (prefilled ? " prefilled" : "") +
@@ -99,8 +105,9 @@ Results run(const Case& s, bool fast) {
     r.emplace_back(name, std::vector<unsigned char>(p, p + host.nbytes()));
   };
   Var out;
-  if (s.op == Op::kAddLayerNorm) {
-    const AddNorm n = add_layernorm(x, a, gamma, beta);
+  if (fused_add(s.op)) {
+    const AddNorm n =
+        s.op == Op::kAddLayerNorm ? add_layernorm(x, a, gamma, beta) : add_rmsnorm(x, a, gamma);
     out = add(n.h, gelu(n.y));  // both consumers: the kernel's second gradient output
     keep("h", n.h.value());
     keep("y", n.y.value());
@@ -111,9 +118,9 @@ Results run(const Case& s, bool fast) {
   }
   backward_with(out, gpu_values(out.shape(), 6, 1.0, s.act));
   if (s.inputs_learn) keep("dx", x.grad());
-  if (s.inputs_learn && s.op == Op::kAddLayerNorm) keep("da", a.grad());
+  if (s.inputs_learn && fused_add(s.op)) keep("da", a.grad());
   keep("dgamma", gamma.grad());
-  if (s.op != Op::kRMSNorm) keep("dbeta", beta.grad());
+  if (has_beta(s.op)) keep("dbeta", beta.grad());
   return r;
 }
 
@@ -142,7 +149,7 @@ const Shape2 kShapes[] = {{4101, 768}, {1029, 1024}, {333, 64},  {517, 67}, {77,
 
 TEST(NormFastCuda, BitIdenticalToReferenceBf16) {
   GTRON_REQUIRE_GPU();
-  for (Op op : {Op::kLayerNorm, Op::kRMSNorm, Op::kAddLayerNorm}) {
+  for (Op op : kOps) {
     for (const Shape2 sh : kShapes) {
       Case s;
       s.op = op;
@@ -159,7 +166,7 @@ TEST(NormFastCuda, BitIdenticalToReferenceBf16) {
 // from the reference in dx on the H200): both switch values give the same bits.
 TEST(NormFastCuda, F32RowsKeepTheReferenceKernels) {
   GTRON_REQUIRE_GPU();
-  for (Op op : {Op::kLayerNorm, Op::kRMSNorm, Op::kAddLayerNorm}) {
+  for (Op op : kOps) {
     for (const Shape2 sh : {Shape2{1029, 512}, Shape2{301, 768}, Shape2{333, 64}, Shape2{77, 67}}) {
       Case s;
       s.op = op;
@@ -173,10 +180,10 @@ TEST(NormFastCuda, F32RowsKeepTheReferenceKernels) {
 
 // The GPT-2 124M shape of one training step (N = B·T = 16384), and the slot variants: gradients
 // added into (the staged dx and second-slot reads), parameter gradients only (no dx staged), an
-// unaligned x (the one-element forward; for add_layernorm, the composed kernels).
+// unaligned x (the one-element forward; for the fused adds, the composed kernels).
 TEST(NormFastCuda, BitIdenticalAtGpt2AndSlotVariants) {
   GTRON_REQUIRE_GPU();
-  for (Op op : {Op::kLayerNorm, Op::kRMSNorm, Op::kAddLayerNorm}) {
+  for (Op op : kOps) {
     Case s;
     s.op = op;
     s.N = 16384;
