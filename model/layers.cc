@@ -69,10 +69,11 @@ LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in
 }
 
 LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, bool has_bias,
-                         double std, const std::vector<int64_t>& group_rows) {
+                         double std, const std::vector<int64_t>& group_rows,
+                         const std::vector<int>& group_replicas) {
   int64_t out = 0;
   for (int64_t g : group_rows) out += g;
-  TpSlice slice{TpSplit::kRows, static_cast<int>(group_rows.size()), group_rows};
+  TpSlice slice{TpSplit::kRows, static_cast<int>(group_rows.size()), group_rows, group_replicas};
   weight = &reg.add_split(name + ".weight", {out, in}, Init::kNormal, std, true, slice);
   if (has_bias) {
     bias = &reg.add_split(name + ".bias", {out}, Init::kZeros, 0, /*weight_decay=*/false, slice);

@@ -107,9 +107,10 @@ struct LinearLayer {
   // `groups`: equal output-row groups a column-parallel split cuts one by one (qkv: 3).
   LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, int64_t out, bool bias,
               double std, TpMode mode = TpMode::kNone, int groups = 1);
-  // Column-parallel over output-row groups of the given sizes (sum = out), each cut over TP.
+  // Column-parallel over output-row groups of the given sizes (sum = out), each cut over TP, or
+  // replicated over `group_replicas[g]` consecutive ranks (TpSlice; empty: none replicated).
   LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, bool bias, double std,
-              const std::vector<int64_t>& group_rows);
+              const std::vector<int64_t>& group_rows, const std::vector<int>& group_replicas = {});
   // `residual` (optional): residual + the layer's output, in the GEMM's epilogue when not split.
   Var forward(const Var& x, WeightAccess& w, const Var& residual = Var()) const;
   // forward() when the model is split (model/tensor_parallel.cc).

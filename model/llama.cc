@@ -19,22 +19,27 @@ LlamaBlock::LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaD
   const int tp = reg.tensor_parallel().size;
   GTRON_CHECK(d.NH > 0 && d.NKV > 0 && d.NH % d.NKV == 0 && d.HS > 0 && d.HS % 2 == 0 && d.F > 0,
               "llama block ", name, ": NH ", d.NH, ", NKV ", d.NKV, ", HS ", d.HS, ", F ", d.F);
-  GTRON_CHECK(d.NH % tp == 0 && d.NKV % tp == 0 && d.F % tp == 0, "llama block ", name,
-              ": tensor parallelism ", tp, " must divide NH ", d.NH, ", NKV ", d.NKV, " and F ",
-              d.F);
+  GTRON_CHECK(d.NH % tp == 0 && (d.NKV % tp == 0 || tp % d.NKV == 0) && d.F % tp == 0,
+              "llama block ", name, ": tensor parallelism ", tp, " must divide NH ", d.NH,
+              " and F ", d.F, ", and divide or be a multiple of NKV ", d.NKV);
+  // Each rank's key/value heads: NKV/TP of them, or one held by TP/NKV ranks (Note [replicated
+  // key/value heads] in model/tensor_parallel.h).
+  const int kv_replicas = tp > d.NKV ? tp / d.NKV : 1;
   NH = d.NH / tp;  // this rank's heads (Note [tensor-parallel layout])
-  NKV = d.NKV / tp;
+  NKV = d.NKV * kv_replicas / tp;
   const double resid_std = d.std / std::sqrt(2.0 * d.L);
   using M = TpMode;
   attn_norm = RMSNormLayer(reg, name + ".attn_norm", d.C, d.eps);
-  // Column-parallel over the three parts: each rank holds NH/TP query heads and the NKV/TP
-  // key/value heads they read.
+  // Column-parallel over the three parts: each rank holds NH/TP query heads and the key/value
+  // heads they read.
   qkv = LinearLayer(reg, name + ".attn.qkv", d.C, d.qkv_bias, d.std,
-                    {d.NH * d.HS, d.NKV * d.HS, d.NKV * d.HS});
+                    {d.NH * d.HS, d.NKV * d.HS, d.NKV * d.HS}, {1, kv_replicas, kv_replicas});
   if (d.qk_norm) {
     q_norm = RMSNormLayer(reg, name + ".attn.q_norm", d.HS, d.eps);
     k_norm = RMSNormLayer(reg, name + ".attn.k_norm", d.HS, d.eps);
-    if (reg.tensor_parallel().active()) {  // each rank's gradient covers its own heads only
+    // Each rank's gradient covers its own query heads only (and their share of a replicated
+    // key/value head's): summed over TP it is the whole one.
+    if (reg.tensor_parallel().active()) {
       reg.mark_tp_partial_grad(*q_norm.weight);
       reg.mark_tp_partial_grad(*k_norm.weight);
     }

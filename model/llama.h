@@ -58,7 +58,7 @@ struct LlamaBlock {
   LinearLayer o_proj;                // [C, NH·HS], residual-scaled init
   LinearLayer gate_up;               // [2F, C]
   LinearLayer down;                  // [C, F], residual-scaled init
-  int NH = 0, NKV = 0;
+  int NH = 0, NKV = 0;               // this rank's query and key/value heads
   int64_t HS = 0;
   bool qk_norm_on = false;
   Tensor inv_freq;  // [HS/2] RoPE frequencies (rope_table: f32 on CUDA, the model's dtype on CPU)

@@ -13,35 +13,65 @@ namespace {
 int64_t rows_of(const Shape& s) { return s.rank() == 0 ? 1 : s[0]; }
 int64_t cols_of(const Shape& s) { return s.rank() == 2 ? s[1] : 1; }
 
-// The sizes of a kRows slice's row groups over n rows.
-std::vector<int64_t> row_groups(const TpSlice& slice, int64_t n) {
-  if (!slice.group_rows.empty()) return slice.group_rows;
-  return std::vector<int64_t>(static_cast<size_t>(slice.groups), n / slice.groups);
+// A kRows slice's row groups: their full rows and how many consecutive ranks share each piece.
+struct RowGroup {
+  int64_t rows = 0;
+  int replicas = 1;
+};
+
+std::vector<RowGroup> row_groups(const TpSlice& slice, int64_t n) {
+  std::vector<RowGroup> out;
+  if (slice.group_rows.empty()) {
+    out.assign(static_cast<size_t>(slice.groups), RowGroup{n / slice.groups, 1});
+    return out;
+  }
+  GTRON_CHECK(
+      slice.group_replicas.empty() || slice.group_replicas.size() == slice.group_rows.size(),
+      "TP: ", slice.group_replicas.size(), " replica counts for ", slice.group_rows.size(),
+      " row groups");
+  for (size_t g = 0; g < slice.group_rows.size(); ++g) {
+    out.push_back(
+        {slice.group_rows[g], slice.group_replicas.empty() ? 1 : slice.group_replicas[g]});
+  }
+  return out;
 }
 
+// Rows of a group's piece on one rank: the group is cut into size / replicas pieces.
+int64_t piece_rows(const RowGroup& g, int size) { return g.rows / (size / g.replicas); }
+
 // Copies between a full tensor and a part: part rows/columns are a strided block of full's. The
-// direction is `to_part`. Host memory only (checkpoints, construction).
+// direction is `to_part`; towards full, a copy of replicated rows that is not the first (rank % R
+// != 0) is compared with the rows the first one wrote instead. Host memory only (checkpoints,
+// construction).
 void copy_part(char* full, const Shape& full_shape, char* part, const TpSlice& slice, int rank,
                int size, size_t elem, bool to_part) {
   const int64_t n = rows_of(full_shape), m = cols_of(full_shape);
-  auto move = [&](char* f, char* p, size_t bytes) {
-    if (to_part) {
-      std::memcpy(p, f, bytes);
-    } else {
-      std::memcpy(f, p, bytes);
-    }
-  };
   if (slice.split == TpSplit::kColumns) {
     const int64_t loc = m / size;
-    for (int64_t i = 0; i < n; ++i)
-      move(full + (i * m + rank * loc) * elem, part + i * loc * elem, loc * elem);
+    for (int64_t i = 0; i < n; ++i) {
+      char* f = full + (i * m + rank * loc) * elem;
+      char* p = part + i * loc * elem;
+      std::memcpy(to_part ? p : f, to_part ? f : p, loc * elem);
+    }
     return;
   }
   int64_t f0 = 0, p0 = 0;  // the group's first row in full and in the part
-  for (int64_t per : row_groups(slice, n)) {
-    const int64_t loc = per / size;
-    move(full + (f0 + rank * loc) * m * elem, part + p0 * m * elem, loc * m * elem);
-    f0 += per;
+  for (const RowGroup& g : row_groups(slice, n)) {
+    const int64_t loc = piece_rows(g, size);
+    char* f = full + (f0 + (rank / g.replicas) * loc) * m * elem;
+    char* p = part + p0 * m * elem;
+    const size_t bytes = static_cast<size_t>(loc * m) * elem;
+    if (to_part) {
+      std::memcpy(p, f, bytes);
+    } else if (rank % g.replicas == 0) {
+      std::memcpy(f, p, bytes);
+    } else {
+      GTRON_CHECK(std::memcmp(f, p, bytes) == 0, "TP: rank ", rank, "'s copy of rows [",
+                  f0 + (rank / g.replicas) * loc, ", ", f0 + (rank / g.replicas + 1) * loc, ") of ",
+                  full_shape.str(), " differs from rank ", rank - rank % g.replicas,
+                  "'s (replicated rows must stay bit-identical)");
+    }
+    f0 += g.rows;
     p0 += loc;
   }
 }
@@ -54,10 +84,11 @@ void check_split(const Shape& full, const TpSlice& slice, int size) {
                 "columns of ", full.str());
   } else if (!slice.group_rows.empty()) {
     int64_t total = 0;
-    for (int64_t g : slice.group_rows) {
-      GTRON_CHECK(g % size == 0, "TP: ", size, " does not split a row group of ", g, " rows of ",
-                  full.str());
-      total += g;
+    for (const RowGroup& g : row_groups(slice, full[0])) {
+      GTRON_CHECK(g.replicas >= 1 && size % g.replicas == 0 && g.rows % (size / g.replicas) == 0,
+                  "TP: ", size, " ranks in groups of ", g.replicas, " do not split a row group of ",
+                  g.rows, " rows of ", full.str());
+      total += g.rows;
     }
     GTRON_CHECK(total == full[0], "TP: row groups of ", total, " rows for ", full.str());
   } else {
@@ -66,12 +97,26 @@ void check_split(const Shape& full, const TpSlice& slice, int size) {
   }
 }
 
+// Rows of a rank's part of a kRows tensor of n full rows.
+int64_t part_rows(const TpSlice& slice, int64_t n, int size) {
+  int64_t rows = 0;
+  for (const RowGroup& g : row_groups(slice, n)) rows += piece_rows(g, size);
+  return rows;
+}
+
 }  // namespace
 
 Shape tp_full_shape(const Shape& local, const TpSlice& slice, int size) {
   std::vector<int64_t> d = local.vec();
   if (slice.split == TpSplit::kColumns) d[1] *= size;
-  if (slice.split == TpSplit::kRows) d[0] *= size;
+  if (slice.split == TpSplit::kRows && slice.group_rows.empty()) d[0] *= size;
+  if (slice.split == TpSplit::kRows && !slice.group_rows.empty()) {
+    int64_t n = 0;
+    for (int64_t g : slice.group_rows) n += g;
+    GTRON_CHECK(part_rows(slice, n, size) == d[0], "TP: ", local.str(), " is not a part of ", n,
+                " rows over ", size, " ranks");
+    d[0] = n;
+  }
   return Shape(d);
 }
 
@@ -80,7 +125,11 @@ Tensor tp_local_of(const Tensor& full, const TpSlice& slice, int rank, int size)
   if (slice.split == TpSplit::kNone || size == 1) return full.clone();
   check_split(full.shape(), slice, size);
   std::vector<int64_t> d = full.shape().vec();
-  d[slice.split == TpSplit::kColumns ? 1 : 0] /= size;
+  if (slice.split == TpSplit::kColumns) {
+    d[1] /= size;
+  } else {
+    d[0] = part_rows(slice, d[0], size);
+  }
   Tensor part = Tensor::empty(Shape(d), full.dtype());
   copy_part(static_cast<char*>(full.raw()), full.shape(), static_cast<char*>(part.raw()), slice,
             rank, size, dtype_size(full.dtype()), /*to_part=*/true);
@@ -100,6 +149,18 @@ Tensor tp_full_of(const Tensor& parts, const Shape& local, const TpSlice& slice,
               /*to_part=*/false);
   }
   return full;
+}
+
+std::vector<TpReplicatedRows> tp_replicated_rows(const TpSlice& slice, int size) {
+  std::vector<TpReplicatedRows> out;
+  if (slice.split != TpSplit::kRows || slice.group_rows.empty() || size == 1) return out;
+  int64_t p0 = 0;  // the group's first row in the part
+  for (const RowGroup& g : row_groups(slice, 0)) {
+    const int64_t loc = piece_rows(g, size);
+    if (g.replicas > 1) out.push_back({p0, p0 + loc, g.replicas});
+    p0 += loc;
+  }
+  return out;
 }
 
 Parameter& ParamRegistry::add_split(const std::string& name, const Shape& full, Init init,

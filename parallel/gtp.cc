@@ -127,6 +127,12 @@ GtpWeights::Info& GtpWeights::info(const Parameter* p) {
 
 int64_t GtpWeights::full_rows(const Parameter* p) const { return info_.at(p)->rows; }
 
+std::pair<int64_t, int64_t> GtpWeights::shard_rows(const Parameter* p) const {
+  const Info& in = *info_.at(p);
+  const int64_t lo = gtp_->rank() * in.shard_rows;
+  return {std::min(lo, in.rows), std::min(lo + in.shard_rows, in.rows)};
+}
+
 size_t GtpWeights::pool_buffers_of(const Parameter* p) const {
   const memory::PoolKey& key = info_.at(p)->key;
   for (const memory::PoolKeyStats& k : pool_.stats().keys) {
@@ -139,8 +145,7 @@ Tensor GtpWeights::shard_of(const Parameter* p, const Tensor& full) const {
   const Info& in = *info_.at(p);
   GTRON_CHECK(full.numel() == in.rows * in.cols, "shard_of ", p->name, ": ", full.shape().str());
   Tensor shard = Tensor::zeros({in.shard_rows, in.cols}, DType::kF32, device_);
-  const int64_t lo = gtp_->rank() * in.shard_rows;
-  const int64_t hi = std::min(lo + in.shard_rows, in.rows);
+  const auto [lo, hi] = shard_rows(p);
   if (hi > lo) {
     Tensor dst = shard.rows(0, hi - lo);
     dst.copy_from(full.view({in.rows, in.cols}).rows(lo, hi));

@@ -72,6 +72,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "memory/lifo_pool.h"
@@ -129,6 +130,9 @@ class GtpWeights : public WeightAccess {
 
   bool is_sharded(const Parameter* p) const { return info_.count(p) > 0; }
   int64_t full_rows(const Parameter* p) const;
+  // Rows [first, second) of the full weight that this rank's shard holds in its first rows (the
+  // rest of the shard is zero padding).
+  std::pair<int64_t, int64_t> shard_rows(const Parameter* p) const;
   // The full [n, cols] value of a sharded tensor laid out like p's shard (data, or optimizer
   // state of the same shape): all-gather over the group. Collective.
   Tensor gather_full(const Parameter* p, const Tensor& shard);

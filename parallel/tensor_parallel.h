@@ -9,6 +9,8 @@
 // Thread safety: one thread (the training thread) drives it.
 #pragma once
 
+#include <vector>
+
 #include "model/tensor_parallel.h"
 #include "parallel/communicator.h"
 
@@ -27,6 +29,15 @@ class CommTensorParallel final : public TensorParallelGroup {
   // The full CPU tensor of which `local` (shape of this rank's part) is this rank's part, split
   // as `slice` says. Collective over the group.
   Tensor gather_full(const Tensor& local, const TpSlice& slice);
+
+  // Sums copies of replicated rows' gradients over the `replicas` consecutive ranks holding them
+  // (Note [replicated key/value heads] in model/tensor_parallel.h): afterwards each of `copies`
+  // holds the sum of the R ranks' copies, bit-identical on all of them. One all-reduce over the
+  // group, each rank's copies at its head's slot r / R of a zeroed buffer, so the sum is the
+  // group's fixed reduction order. REQUIRES: every rank passes copies of the same sizes in the
+  // same order, f32 on the communicator's device; R > 1 divides size(). Collective; ordered on
+  // the current stream (no host sync).
+  void sum_replicated(const std::vector<Tensor>& copies, int replicas);
 
  private:
   Communicator* comm_;

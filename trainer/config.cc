@@ -285,9 +285,16 @@ void check_tensor_parallel(const Config& c) {
   };
   need("model.n_head", m.n_head);
   if (m.arch == ModelArch::kLlama) {
-    // Each rank holds whole key/value heads: those its query heads read.
-    need("the key/value heads (model.n_kv_head, 0 = model.n_head)",
-         m.n_kv_head > 0 ? m.n_kv_head : m.n_head);
+    // Each rank holds whole key/value heads, those its query heads read: NKV/TP of them, or one
+    // shared with TP/NKV - 1 other ranks (Note [replicated key/value heads] in
+    // model/tensor_parallel.h).
+    const int64_t nkv = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
+    if (nkv % tp != 0 && tp % nkv != 0) {
+      fail(str_cat("parallel.tp = ", tp, ": must divide the key/value heads (model.n_kv_head = ",
+                   nkv, ", 0 = model.n_head) or be a multiple of them"),
+           str_cat("use parallel.tp = ", nearby_divisors(nkv, tp), ", a multiple of ", nkv,
+                   " that divides model.n_head (", m.n_head, "), or change model.n_kv_head"));
+    }
     need("the SwiGLU width (model.intermediate_size, 0 = 8·n_embd/3 rounded up to 64)",
          m.intermediate_size > 0 ? m.intermediate_size : (8 * m.n_embd / 3 + 63) / 64 * 64);
   } else {

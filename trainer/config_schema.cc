@@ -252,7 +252,8 @@ std::vector<KeySpec> build_schema() {
           "GTP group size G (per-weight sharding); divides the world size."),
       key(GTRON_FIELD(parallel.tp), 1, at_least(1),
           "Tensor-parallel group size TP (Megatron-style split layers, consecutive ranks); "
-          "gtp × tp divides the world size; divides n_head and the padded vocab."),
+          "gtp × tp divides the world size; divides n_head and the padded vocab; llama: divides "
+          "n_kv_head or is a multiple of it (key/value heads replicated)."),
       key(GTRON_FIELD(parallel.sequence_parallel), false, any,
           "Sequence parallelism (needs tp > 1; tp divides train.seq_len): norms and the residual "
           "stream hold T/tp of the sequence; all-gather / reduce-scatter replace the all-reduces."),

@@ -75,7 +75,9 @@ void AdamW::set_norm_reduction(NormReduction r) {
               "AdamW::set_norm_reduction: a CUDA optimizer before its first step");
   reduction_ = std::move(r);
   reduces_ = false;
-  for (const NormReduction::Group& g : reduction_.groups) reduces_ = reduces_ || !g.comms.empty();
+  for (const NormReduction::Group& g : reduction_.groups) {
+    reduces_ = reduces_ || !g.comms.empty() || !g.counted;
+  }
 }
 
 void AdamW::set_bf16_shadows(ShadowFor shadow_for) {
@@ -148,6 +150,7 @@ void AdamW::clip_on_device(const std::vector<parallel::OwnedSegment>& segments, 
                              s.native());
     for (int64_t j = 0; j < n; ++j) {
       Tensor part = sums_.rows(j, j + 1);
+      if (!reduction_.groups[j].counted) part.zero_(&s);
       for (parallel::Communicator* comm : reduction_.groups[j].comms)
         comm->all_reduce(part).wait(s);
     }

@@ -14,9 +14,10 @@
 // reads it (the training loop does on log steps). Owned segments must stay at fixed addresses
 // (DataParallel's flat buffers never move): the chunk table is built from them once. The norm
 // covers this rank's owned segments, unless set_norm_reduction() says how ranks combine: then the
-// Σ g² of each group of consecutive segments (one per data-parallel part: trainer/parallel_state.h)
-// is summed in a fixed order and all-reduced over the group's communicators on the device, and the
-// group sums add up before the square root. The CPU path (step()) is unchanged.
+// Σ g² of each group of consecutive segments (one or two per data-parallel part:
+// trainer/parallel_state.h) is summed in a fixed order and all-reduced over the group's
+// communicators on the device, and the group sums add up before the square root (a group this
+// rank does not count enters as zero). The CPU path (step()) is unchanged.
 // With set_bf16_shadows(), the update also writes the bf16 shadows of the parameters it updates
 // whole (Note [fused shadow refresh] in trainer/optimizer_cuda.h).
 #pragma once
@@ -52,6 +53,10 @@ struct NormReduction {
   struct Group {
     size_t segments = 0;                         // consecutive owned segments
     std::vector<parallel::Communicator*> comms;  // all-reduced over each, in this order
+    // false: this rank's elements of the group are copies that another rank of the comms counts
+    // (rows replicated over TP ranks: Note [replicated key/value heads] in
+    // model/tensor_parallel.h); this rank adds zero, and still joins the all-reduces.
+    bool counted = true;
   };
   std::vector<Group> groups;  // REQUIRES (if any): their segments add up to the owned segments
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "parallel/ipc_communicator.h"
 #include "parallel/nccl_communicator.h"
@@ -12,6 +13,34 @@ namespace {
 
 // Sharded under GTP: every matrix except the positions (linear weights, embedding, output head).
 bool is_sharded_kind(const Parameter* p) { return p->data.rank() == 2 && p->name != "wpe.weight"; }
+
+// Cuts owned segment `s`, which starts at element `begin` of its parameter, at the parameter's
+// replicated element ranges `ranges` (in order): the pieces inside them go to `copies`, the
+// others to `plain`.
+void cut_copies(const parallel::OwnedSegment& s, int64_t begin,
+                const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                std::vector<parallel::OwnedSegment>& plain,
+                std::vector<parallel::OwnedSegment>& copies) {
+  const int64_t end = begin + s.n;
+  int64_t at = begin;
+  auto cut = [&](int64_t to, std::vector<parallel::OwnedSegment>& into) {
+    if (to <= at) return;
+    parallel::OwnedSegment piece = s;
+    const int64_t d = at - begin;
+    piece.w += d;
+    piece.g += d;
+    piece.n = to - at;
+    piece.state_offset += d;
+    piece.flat_offset += d;
+    into.push_back(piece);
+    at = to;
+  };
+  for (const auto& [a, b] : ranges) {
+    cut(std::min(a, end), plain);
+    cut(std::min(b, end), copies);
+  }
+  cut(end, plain);
+}
 
 parallel::DdpOptions ddp_options(const Config& cfg) {
   return parallel::DdpOptions{cfg.parallel.distributed_optimizer, cfg.parallel.overlap_param_gather,
@@ -66,14 +95,7 @@ ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid
       if (auto* gpu = dynamic_cast<parallel::CudaCommunicator*>(c)) gpu->set_timing(true);
     }
   }
-  for (Part& part : parts_) {
-    part.state_offset = owned_numel_;
-    for (parallel::OwnedSegment s : part.dp->owned()) {
-      s.state_offset += part.state_offset;
-      owned_.push_back(s);
-    }
-    owned_numel_ += part.dp->owned_numel();
-  }
+  for (Part& part : parts_) add_owned(part);
 }
 
 ParallelState::~ParallelState() {
@@ -111,6 +133,69 @@ void ParallelState::add_whole_parts(const std::vector<Parameter*>& whole,
   if (!sp && !partial.empty()) add_part(partial, grid_->world.get(), cfg, false, false);
 }
 
+std::vector<std::pair<int64_t, int64_t>> ParallelState::replicated_elements(
+    const Parameter* p) const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const TpSlice* slice = tp_ ? model_.tp_slice(p) : nullptr;
+  if (slice == nullptr) return out;
+  const int64_t cols = p->data.rank() == 2 ? p->data.dim(1) : 1;
+  int64_t lo = 0, hi = p->data.dim(0);  // the rows of p's TP part that p->data holds
+  if (gtp_ && gtp_->is_sharded(p)) std::tie(lo, hi) = gtp_->shard_rows(p);
+  for (const TpReplicatedRows& r : tp_replicated_rows(*slice, tp_->size())) {
+    const int64_t a = std::max(r.begin, lo), b = std::min(r.end, hi);
+    if (a < b) out.push_back({(a - lo) * cols, (b - lo) * cols});
+  }
+  return out;
+}
+
+void ParallelState::add_owned(Part& part) {
+  part.state_offset = owned_numel_;
+  // Whether the part has copies is a property of its parameters' slices, the same on every rank
+  // (a GTP shard or a DP slice may hold none of them): every rank makes the same norm groups.
+  bool replicated = false;
+  for (const Parameter* p : part.params) {
+    const TpSlice* slice = tp_ ? model_.tp_slice(p) : nullptr;
+    for (const TpReplicatedRows& r :
+         slice ? tp_replicated_rows(*slice, tp_->size()) : std::vector<TpReplicatedRows>{}) {
+      GTRON_CHECK(kv_replicas_ == 1 || kv_replicas_ == r.replicas, p->name,
+                  " replicates rows over ", r.replicas, " TP ranks, another parameter over ",
+                  kv_replicas_);
+      kv_replicas_ = r.replicas;
+      replicated = true;
+    }
+  }
+  std::vector<parallel::OwnedSegment> plain, copies;
+  for (parallel::OwnedSegment s : part.dp->owned()) {
+    s.state_offset += part.state_offset;
+    cut_copies(s, s.flat_offset - part.dp->flat_offset(s.param), replicated_elements(s.param),
+               plain, copies);
+  }
+  // A part's Σ g² covers this rank's DP slice (distributed optimizer), GTP shards and TP parts of
+  // its elements: the ranks holding the other ones add theirs. A one-rank group adds nothing (and
+  // its DataParallel owns everything: Note [one-rank DP group] in parallel/ddp.h).
+  std::vector<parallel::Communicator*> comms;
+  if (grid_ != nullptr) {
+    for (auto [split, comm] : {std::make_pair(distributed_, part.dp->communicator()),
+                               std::make_pair(part.gtp_sharded, grid_->gtp.get()),
+                               std::make_pair(part.tp_split, grid_->tp.get())}) {
+      if (split && comm->size() > 1) comms.push_back(comm);
+    }
+  }
+  norm_groups_.push_back({plain.size(), comms, true});
+  owned_.insert(owned_.end(), plain.begin(), plain.end());
+  if (replicated) {
+    // Each copy counts once: on the first of the R ranks holding it.
+    norm_groups_.push_back({copies.size(), comms, grid_->layout.tp_rank % kv_replicas_ == 0});
+    for (const parallel::OwnedSegment& c : copies) {
+      // The DataParallel's reduced gradient: finish_grads() completes it before anyone reads it.
+      copy_grads_.push_back(
+          Tensor::from_blob(const_cast<float*>(c.g), {c.n}, DType::kF32, part.dp->device()));
+    }
+    owned_.insert(owned_.end(), copies.begin(), copies.end());
+  }
+  owned_numel_ += part.dp->owned_numel();
+}
+
 Tensor ParallelState::tp_full(const Parameter* p, const Tensor& t) {
   const TpSlice* slice = tp_ ? model_.tp_slice(p) : nullptr;
   return slice ? tp_->gather_full(t, *slice) : t;
@@ -135,17 +220,25 @@ void ParallelState::finish_backward() {
 
 void ParallelState::finish_grads() {
   for (Part& part : parts_) part.dp->finish_grads();
+  // Note [replicated key/value heads]: every TP rank of the group lists the same copies (same
+  // DP and GTP place, same shapes), so the collective matches.
+  if (!copy_grads_.empty()) tp_->sum_replicated(copy_grads_, kv_replicas_);
 }
 
 double ParallelState::grad_norm() {
+  GTRON_CHECK(self_.device().is_cpu(), "grad_norm reads gradients on the host; on ",
+              self_.device().str(), " the optimizer computes the norm (AdamW::clip_on_device)");
   double total = 0;
-  for (Part& part : parts_) {
-    double s = part.dp->grad_square_sum();
-    // A sharded part's sum covers this rank's shards (parts): add the other GTP (TP) ranks' ones.
-    for (auto [sharded, comm] :
-         {std::make_pair(part.gtp_sharded, grid_ ? grid_->gtp.get() : nullptr),
-          std::make_pair(part.tp_split, grid_ ? grid_->tp.get() : nullptr)}) {
-      if (!sharded) continue;
+  size_t next = 0;
+  for (const NormGroup& g : norm_groups_) {
+    double s = 0;  // fixed order, double accumulation
+    for (size_t i = next; i < next + g.segments; ++i) {
+      const parallel::OwnedSegment& seg = owned_[i];
+      for (int64_t k = 0; k < seg.n; ++k) s += static_cast<double>(seg.g[k]) * seg.g[k];
+    }
+    next += g.segments;
+    if (!g.counted) s = 0;
+    for (parallel::Communicator* comm : g.comms) {
       Tensor t = Tensor::from_vector({s}, {1}, DType::kF64);
       comm->all_reduce(t, parallel::ReduceOp::kSum).synchronize();
       s = t.item();
@@ -179,20 +272,7 @@ std::vector<std::pair<std::string, double>> ParallelState::take_comm_metrics(int
 NormReduction ParallelState::norm_reduction() const {
   NormReduction r;
   if (grid_ == nullptr) return r;  // one process: the owned segments are everything
-  // grad_norm()'s rule, one group per part (owned_ lays the parts out in order): a part's Σ g²
-  // covers this rank's DP slice (distributed optimizer), GTP shards and TP parts of its elements;
-  // the ranks holding the other ones add theirs. A one-rank group adds nothing (and its
-  // DataParallel owns everything: Note [one-rank DP group] in parallel/ddp.h).
-  for (const Part& part : parts_) {
-    NormReduction::Group g;
-    g.segments = part.dp->owned().size();
-    for (auto [split, comm] : {std::make_pair(distributed_, part.dp->communicator()),
-                               std::make_pair(part.gtp_sharded, grid_->gtp.get()),
-                               std::make_pair(part.tp_split, grid_->tp.get())}) {
-      if (split && comm->size() > 1) g.comms.push_back(comm);
-    }
-    r.groups.push_back(std::move(g));
-  }
+  for (const NormGroup& g : norm_groups_) r.groups.push_back({g.segments, g.comms, g.counted});
   return r;
 }
 

@@ -10,7 +10,12 @@
 //   parts: those split over TP (column-parallel biases) and those replicated on the TP peers; the
 //   gradient norm sums the split ones' squares over TP as well. With sequence parallelism the
 //   replicated ones reduce over the world (their gradients are partial over TP).
-// The optimizer sees the owned segments of every part, with state offsets laid end to end.
+// - TP above the llama family's key/value heads: the qkv rows a few TP ranks hold copies of
+//   (Note [replicated key/value heads] in model/tensor_parallel.h) get their gradients summed
+//   over those ranks after the data-parallel reduction, and count once in the gradient norm.
+// The optimizer sees the owned segments of every part, with state offsets laid end to end; a
+// part with replicated rows lists the segments of its other elements first, then those of the
+// copies (the two norm groups of the part).
 #pragma once
 
 #include <memory>
@@ -44,12 +49,13 @@ class ParallelState {
   void set_last_microbatch(bool last);
   // After each micro-batch's backward: drains GTP's pending reduce-scatters.
   void finish_backward();
-  // After the last micro-batch: waits for every DP reduction.
+  // After the last micro-batch: waits for every DP reduction, then sums the replicated rows'
+  // gradients over the TP ranks holding them (collective over TP).
   void finish_grads();
   // The global gradient norm (the same on every rank). CPU.
   double grad_norm();
   // How the owned segments' Σ g² combine across ranks (the device norm, AdamW::clip_on_device):
-  // one group per part, summed over the groups grad_norm() sums it over.
+  // the groups grad_norm() sums over.
   NormReduction norm_reduction() const;
   const std::vector<parallel::OwnedSegment>& owned() const { return owned_; }
   int64_t owned_numel() const { return owned_numel_; }
@@ -80,6 +86,12 @@ class ParallelState {
     bool gtp_sharded = false;  // its Σ g² is over this rank's GTP shards
     bool tp_split = false;     // its Σ g² is over this rank's TP parts
   };
+  // Consecutive owned segments whose Σ g² reduce together (NormReduction::Group's rule).
+  struct NormGroup {
+    size_t segments = 0;
+    std::vector<parallel::Communicator*> comms;
+    bool counted = true;
+  };
   Part* part_of(const Parameter* p);
   void add_part(std::vector<Parameter*> params, parallel::Communicator* comm, const Config& cfg,
                 bool gtp_sharded, bool tp_split);
@@ -92,6 +104,12 @@ class ParallelState {
   Tensor tp_local(const Parameter* p, const Tensor& full) const;
   // The full (unsharded) value of p's view of a flat state tensor of `part`'s layout.
   Tensor full_of(Part& part, const Parameter* p, const Tensor& flat);
+  // The element ranges of p's data (its TP part, or its GTP shard of it) that are copies of rows
+  // replicated over TP ranks, in order; none when p's slice replicates no rows.
+  std::vector<std::pair<int64_t, int64_t>> replicated_elements(const Parameter* p) const;
+  // Appends part's owned segments to owned_ and its norm groups (a part with replicated rows:
+  // the segments of its other elements, then those of the copies).
+  void add_owned(Part& part);
 
   GPT& model_;
   parallel::Grid* grid_;
@@ -101,6 +119,9 @@ class ParallelState {
   std::vector<Part> parts_;
   std::vector<parallel::OwnedSegment> owned_;
   int64_t owned_numel_ = 0;
+  std::vector<NormGroup> norm_groups_;
+  std::vector<Tensor> copy_grads_;  // [n] each: the owned gradients of replicated rows
+  int kv_replicas_ = 1;             // R: TP ranks holding each copy (1: nothing replicated)
   bool distributed_ = false;
   bool comm_timing_ = false;
 };

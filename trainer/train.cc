@@ -167,7 +167,8 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
   }
   model_ = std::make_unique<GPT>(gc, DType::kF32, device_, cfg_.train.seed);
   // FLOPs of the full model, before GTP shards its weights (TP: this rank's part × TP, which
-  // counts the replicated norms and biases TP times: O(L·C) of N).
+  // counts the replicated norms and biases TP times: O(L·C) of N; and key/value rows replicated
+  // over R ranks R times, as each of them computes them: O(L·R·NKV·HS·C)).
   flops_per_step_ = model_->flops_per_token(cfg_.train.seq_len) * static_cast<double>(gc.tp_size) *
                     static_cast<double>(cfg_.train.global_batch * cfg_.train.seq_len);
   const std::unordered_set<const Parameter*> decayed = decayed_parameters(*model_, cfg_.optimizer);

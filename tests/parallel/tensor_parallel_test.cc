@@ -80,6 +80,79 @@ TEST(TpSlicing, PartsOfRowGroupsAndColumnsRoundTrip) {
   EXPECT_EQ(part.to_vector()[3 * 6], full.to_vector()[9 * 6]);
 }
 
+// Note [replicated key/value heads]: a packed q | k | v of NH = 4 query heads and NKV key/value
+// heads of HS = 2 rows, at TP a multiple of NKV: rank r holds k and v head r / (TP/NKV).
+TEST(TpSlicing, ReplicatedRowGroupsHoldTheirHeadAndRoundTrip) {
+  const int64_t HS = 2, q_rows = 4 * HS;
+  for (auto [nkv, size] : {std::make_pair(1, 2), std::make_pair(1, 4), std::make_pair(2, 4)}) {
+    const int R = size / nkv;
+    const int64_t kv_rows = nkv * HS, n = q_rows + 2 * kv_rows;
+    const Tensor full = iota({n, 3});
+    const std::vector<double> f = full.to_vector();
+    const TpSlice slice{TpSplit::kRows, 3, {q_rows, kv_rows, kv_rows}, {1, R, R}};
+    const int64_t ql = q_rows / size;  // the part: ql query rows, then HS rows of k, HS of v
+    std::vector<double> stacked;
+    Shape local;
+    for (int r = 0; r < size; ++r) {
+      Tensor part = tp_local_of(full, slice, r, size);
+      local = part.shape();
+      ASSERT_EQ(local, Shape({ql + 2 * HS, 3})) << nkv << " kv heads, TP " << size;
+      const std::vector<double> v = part.to_vector();
+      const int64_t head = r / R;
+      for (int64_t i = 0; i < HS * 3; ++i) {
+        EXPECT_EQ(v[ql * 3 + i], f[(q_rows + head * HS) * 3 + i]) << "k of rank " << r;
+        EXPECT_EQ(v[(ql + HS) * 3 + i], f[(q_rows + kv_rows + head * HS) * 3 + i])
+            << "v of rank " << r;
+      }
+      EXPECT_EQ(v[0], f[r * ql * 3]) << "q of rank " << r;
+      stacked.insert(stacked.end(), v.begin(), v.end());
+    }
+    EXPECT_EQ(tp_full_shape(local, slice, size), full.shape());
+    const Tensor back = tp_full_of(
+        Tensor::from_vector(stacked, {local.numel() * size}, DType::kF64), local, slice, size);
+    EXPECT_EQ(back.to_vector(), f) << nkv << " kv heads, TP " << size;
+    const std::vector<TpReplicatedRows> rows = tp_replicated_rows(slice, size);
+    ASSERT_EQ(rows.size(), 2u);
+    EXPECT_EQ(rows[0].begin, ql);
+    EXPECT_EQ(rows[0].end, ql + HS);
+    EXPECT_EQ(rows[1].begin, ql + HS);
+    EXPECT_EQ(rows[1].end, ql + 2 * HS);
+    EXPECT_EQ(rows[1].replicas, R);
+    // A bias [n] is cut the same way.
+    const Tensor bias = iota({n});
+    EXPECT_EQ(tp_local_of(bias, slice, size - 1, size).to_vector()[static_cast<size_t>(ql)],
+              bias.to_vector()[static_cast<size_t>(q_rows + (size - 1) / R * HS)]);
+  }
+  // Nothing replicated when TP divides NKV, nor at one rank.
+  EXPECT_TRUE(tp_replicated_rows(TpSlice{TpSplit::kRows, 3, {8, 4, 4}, {1, 1, 1}}, 2).empty());
+  EXPECT_TRUE(tp_replicated_rows(TpSlice{TpSplit::kRows, 3, {8, 2, 2}, {1, 2, 2}}, 1).empty());
+}
+
+TEST(TpOps, SumReplicatedAddsTheCopiesOfEachHead) {
+  // Four ranks; copies shared by pairs (R = 2: ranks 0, 1 and 2, 3) and by all (R = 4).
+  const int P = 4;
+  run_ranks(P, [&](int rank, StoreClient& store) {
+    GlooCommunicator comm(store, "rep", rank, P);
+    CommTensorParallel g(&comm);
+    for (int R : {2, 4}) {
+      auto value = [](int r, int i) { return 0.25 * (r + 1) + 0.125 * i; };
+      std::vector<double> a(3), b(2);
+      for (int i = 0; i < 3; ++i) a[i] = value(rank, i);
+      for (int i = 0; i < 2; ++i) b[i] = value(rank, 3 + i);
+      Tensor ta = Tensor::from_vector(a, {3}, DType::kF32);
+      Tensor tb = Tensor::from_vector(b, {1, 2}, DType::kF32);
+      g.sum_replicated({ta, tb}, R);
+      const int first = rank - rank % R;
+      for (int i = 0; i < 5; ++i) {
+        double want = 0;
+        for (int r = first; r < first + R; ++r) want += value(r, i);
+        const double got = i < 3 ? ta.to_vector()[i] : tb.to_vector()[i - 3];
+        EXPECT_EQ(got, want) << "rank " << rank << ", R " << R << ", element " << i;
+      }
+    }
+  });
+}
+
 // The vocab-parallel embedding and cross-entropy, and the gathered features, at P ranks against
 // the full ops (f64): values and gradients. Padded vocab (V < Vp) and masked rows included.
 void check_vocab_parallel(int P) {
@@ -242,6 +315,80 @@ void check_tp2_gtp2_gradients(bool sequence_parallel, bool tied = true) {
       "|ref| %.3g\n",
       sequence_parallel ? " with sequence parallelism" : "", tied ? "" : ", untied head", worst,
       worst_name.c_str(), worst_max);
+}
+
+// A Qwen-style llama (q/k norms, qkv bias, MTP D=1) with NKV key/value heads at TP = P, a
+// multiple of NKV: every gradient, once the replicated rows' copies are summed over the ranks
+// sharing them (what ParallelState::finish_grads does), gathered, vs one process; the copies of
+// each head come out bit-identical (tp_full_of checks it).
+void check_replicated_kv_gradients(int nkv, int P) {
+  GPTConfig c;
+  c.arch = Arch::kLlama;
+  c.vocab_size = 50;
+  c.context_length = 8;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 24;
+  c.n_kv_head = nkv;
+  c.head_dim = 6;
+  c.intermediate_size = 32;
+  c.qk_norm = true;
+  c.qkv_bias = true;
+  c.mtp_depth = 1;
+  GPT ref(c, DType::kF32, Device::cpu(), 7);
+  GPTOutput ro = ref.forward(window(1));
+  backward(ro.loss);
+  const double ref_loss = ro.loss.value().item();
+  std::mutex mu;
+  double worst = 0;
+  std::string worst_name;
+  run_ranks(P, [&](int rank, StoreClient& store) {
+    Grid grid = make_gloo_grid(store, rank, P, 1, P);
+    GPTConfig pc = c;
+    pc.tp_size = P;
+    pc.tp_rank = grid.layout.tp_rank;
+    GPT model(pc, DType::kF32, Device::cpu(), 7);
+    CommTensorParallel tp(grid.tp.get());
+    model.set_tensor_parallel(&tp);
+    GPTOutput o = model.forward(window(1));
+    backward(o.loss);
+    const double loss = o.loss.value().item();
+    for (Parameter* p : model.parameters()) {
+      Tensor g = p->main_grad.clone();
+      const TpSlice* s = model.tp_slice(p);
+      if (s != nullptr) {
+        const int64_t cols = g.rank() == 2 ? g.dim(1) : 1;
+        Tensor flat = g.view({g.numel()});
+        std::vector<Tensor> copies;
+        int R = 1;
+        for (const TpReplicatedRows& r : tp_replicated_rows(*s, P)) {
+          copies.push_back(flat.rows(r.begin * cols, r.end * cols));
+          R = r.replicas;
+        }
+        if (!copies.empty()) tp.sum_replicated(copies, R);
+        g = tp.gather_full(g, *s);
+      } else if (model.tp_partial_grad(p)) {  // the q/k norms: partial over TP
+        grid.tp->all_reduce(g).synchronize();
+      }
+      const double d = norm_rel_diff(g.to_vector(), ref.find(p->name)->main_grad.to_vector());
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_LT(d, 1e-6) << p->name << " on rank " << rank;
+      if (d > worst) worst_name = p->name;
+      worst = std::max(worst, d);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_LT(std::abs(loss - ref_loss) / ref_loss, 1e-6) << rank;
+  });
+  std::printf(
+      "llama NKV=%d at TP=%d (key/value heads replicated on %d ranks): worst gradient "
+      "difference |diff| / |ref| %.3g (%s)\n",
+      nkv, P, P / nkv, worst, worst_name.c_str());
+}
+
+TEST(TpGradients, ReplicatedKeyValueHeadsGradientsEqualOneProcess) {
+  check_replicated_kv_gradients(1, 2);  // MQA
+  check_replicated_kv_gradients(1, 4);
+  check_replicated_kv_gradients(2, 4);
 }
 
 TEST(TpGradients, Tp2Gtp2GradientsGatheredEqualOneProcess) { check_tp2_gtp2_gradients(false); }

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "model/check.h"
@@ -334,6 +335,30 @@ TEST(ConfigErrors, TensorParallelChecks) {
   expect_user_error([&] { validate(c, 6); }, {"parallel.tp = 2", "(4)", "world size (6)"});
   expect_user_error([&] { validate(c, 16); },
                     {"train.global_batch = 8", "8 = world size / parallel.tp"});
+}
+
+TEST(ConfigErrors, LlamaTensorParallelKeyValueHeads) {
+  // Llama: parallel.tp divides model.n_kv_head (NKV/TP heads a rank), or is a multiple of it (one
+  // head a rank, replicated on TP/NKV ranks: Note [replicated key/value heads]).
+  const auto llama = [](int n_head, int n_kv_head, int tp) {
+    return str_cat(R"({"model": {"arch": "llama", "vocab_size": 64, "n_embd": 48, "n_head": )",
+                   n_head, R"(, "head_dim": 8, "n_kv_head": )", n_kv_head,
+                   R"(, "intermediate_size": 96}, "parallel": {"tp": )", tp, "}}");
+  };
+  for (auto [nh, nkv, tp] :
+       {std::make_tuple(8, 4, 2), std::make_tuple(8, 2, 2), std::make_tuple(8, 2, 4),
+        std::make_tuple(8, 2, 8), std::make_tuple(8, 1, 2), std::make_tuple(8, 1, 8),
+        std::make_tuple(4, 2, 4)}) {
+    const Config c = from_text(llama(nh, nkv, tp));
+    EXPECT_EQ(c.parallel.tp, tp) << nh << " heads, " << nkv << " kv heads";
+    EXPECT_EQ(c.model.n_kv_head, nkv);
+  }
+  // Neither a divisor nor a multiple of the key/value heads: exit 2 naming both keys.
+  expect_text_error(llama(6, 2, 3), {"parallel.tp = 3", "model.n_kv_head = 2", "or be a multiple",
+                                     "use parallel.tp = 2", "divides model.n_head (6)"});
+  expect_text_error(llama(12, 4, 6), {"parallel.tp = 6", "model.n_kv_head = 4"});
+  // A multiple of the key/value heads must still divide the query heads.
+  expect_text_error(llama(4, 1, 8), {"parallel.tp = 8", "model.n_head (4)"});
 }
 
 TEST(ConfigErrors, FilesAndOverrides) {

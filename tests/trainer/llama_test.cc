@@ -2,9 +2,13 @@
 // Qwen3's q/k norms and head size, the llama3 RoPE rewrite) is deterministic and learns; the
 // logits agree with a second implementation (tests/trainer/llama_reference.py, numpy float64,
 // written from the README's description of the family); GTP=2 on two processes gives one process's
-// curve; bad llama keys exit 2 naming the key.
+// curve; TP above n_kv_head (key/value heads replicated: MQA at TP=2, TP=2 × GTP=2 with sequence
+// parallelism, NKV=2 at TP=4 with the qkv bias) gives one process's curve, and its checkpoints
+// resume at one process and back; bad llama keys exit 2 naming the key.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -167,6 +171,106 @@ TEST(Llama, EveryLayoutMatchesOneProcess) {
   }
 }
 
+// Note [replicated key/value heads]: TP a multiple of n_kv_head, each rank holding one key/value
+// head shared with the TP/NKV ranks whose query heads read it.
+TEST(Llama, ReplicatedKeyValueHeadsMatchOneProcess) {
+  const std::string dir = temp_dir("llama_kv_replicated");
+  const auto launch = [&](const std::string& cfg, const std::string& out, int nproc,
+                          const std::vector<std::string>& sets, bool resume = false) {
+    std::vector<std::string> args = {"train", "--config", cfg, "--out", out};
+    if (resume) args.push_back("--resume");
+    for (const std::string& s : sets) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    if (nproc == 1) return run_gtron(args);
+    return run_launcher({"--standalone", "--nproc-per-node", std::to_string(nproc)}, args);
+  };
+  struct Layout {
+    const char* name;
+    int nproc;
+    std::vector<std::string> sets;
+  };
+  struct Case {
+    const char* name;
+    Variant variant;
+    std::vector<Layout> layouts;
+  };
+  const std::vector<Case> cases = {
+      // Qwen3 style with multi-query attention: the one key/value head on every TP rank.
+      {"mqa",
+       {"qwen3_mqa", R"(, "n_kv_head": 1, "head_dim": 12, "qk_norm": true,
+        "tied_embeddings": false)",
+        2},
+       {{"tp2", 2, {"parallel.tp=2"}},
+        {"tp2_gtp2_sp",
+         4,
+         {"parallel.tp=2", "parallel.gtp=2", "parallel.sequence_parallel=true"}}}},
+      // Two key/value heads over four ranks (ranks 0, 1 hold head 0; 2, 3 head 1), Qwen2's qkv
+      // bias and Qwen3's q/k norms: one query head a rank.
+      {"gqa",
+       {"qwen_gqa", R"(, "n_kv_head": 2, "head_dim": 12, "qk_norm": true, "qkv_bias": true)", 1},
+       {{"tp4", 4, {"parallel.tp=4"}}}},
+  };
+  double worst_all = 0;
+  for (const Case& c : cases) {
+    const std::string cdir = dir + "/" + c.name;
+    ASSERT_EQ(std::system(("mkdir -p '" + cdir + "'").c_str()), 0);
+    const std::string one = train(cdir, c.variant, "one", {"train.steps=10"});
+    const std::vector<double> want = metrics_loss_values(one + "/metrics.jsonl");
+    ASSERT_EQ(want.size(), 10u) << c.name;
+    for (const Layout& l : c.layouts) {
+      const std::string out = cdir + "/" + l.name;
+      std::vector<std::string> sets = l.sets;
+      sets.push_back("train.steps=10");
+      const CmdResult r = launch(cdir + "/c.json", out, l.nproc, sets);
+      ASSERT_EQ(r.exit_code, 0) << c.name << " " << l.name << "\n" << r.output;
+      const double worst = worst_relative(want, metrics_loss_values(out + "/metrics.jsonl"));
+      worst_all = std::max(worst_all, worst);
+      EXPECT_LT(worst, 1e-6) << c.name << " " << l.name;
+      std::printf("%s %s: worst relative loss difference to one process %.3g over 10 steps\n",
+                  c.name, l.name, worst);
+    }
+  }
+  std::printf("worst of all replicated layouts: %.3g\n", worst_all);
+
+  // Checkpoints hold each key/value head once: a TP=2 (MQA, replicated) step-5 checkpoint
+  // continues its curve at one process, and a one-process one continues its curve at TP=2.
+  const std::string cdir = dir + "/resume";
+  ASSERT_EQ(std::system(("mkdir -p '" + cdir + "'").c_str()), 0);
+  const std::vector<std::string> every5 = {"train.steps=10", "checkpoint.every=5"};
+  const std::string one = train(cdir, cases[0].variant, "one", every5);
+  const std::string cfg = cdir + "/c.json";
+  std::vector<std::string> tp2 = every5;
+  tp2.push_back("parallel.tp=2");
+  const CmdResult rt = launch(cfg, cdir + "/tp2", 2, tp2);
+  ASSERT_EQ(rt.exit_code, 0) << rt.output;
+  struct Resume {
+    const char* from;
+    const char* to;
+    int nproc;
+    std::vector<std::string> sets;
+  };
+  for (const Resume& m :
+       {Resume{"tp2", "tp2_to_one", 1, every5}, Resume{"one", "one_to_tp2", 2, tp2}}) {
+    const std::string from = cdir + "/" + m.from, to = cdir + "/" + m.to;
+    const CmdResult cp = run_command("mkdir -p '" + to + "/checkpoints' && cp -r '" + from +
+                                     "/checkpoints/step_00000005' '" + to +
+                                     "/checkpoints/' && cp -r '" + from + "/data' '" + to + "/'");
+    ASSERT_EQ(cp.exit_code, 0) << cp.output;
+    const CmdResult r = launch(cfg, to, m.nproc, m.sets, /*resume=*/true);
+    ASSERT_EQ(r.exit_code, 0) << m.to << "\n" << r.output;
+    const std::vector<double> full = metrics_loss_values(from + "/metrics.jsonl");
+    ASSERT_EQ(full.size(), 10u) << m.from;
+    const std::vector<double> got = metrics_loss_values(to + "/metrics.jsonl");
+    ASSERT_EQ(got.size(), 5u) << m.to;
+    const double worst = worst_relative(std::vector<double>(full.begin() + 5, full.end()), got);
+    EXPECT_LT(worst, 1e-6) << m.to;
+    std::printf("%s -> %s: worst relative loss difference over steps 6..10 %.3g\n", m.from, m.to,
+                worst);
+  }
+}
+
 TEST(Llama, BadKeysExitTwoNamingTheKey) {
   const std::string dir = temp_dir("llama_bad");
   write_text(dir + "/c.json", config("", 0));
@@ -176,6 +280,7 @@ TEST(Llama, BadKeysExitTwoNamingTheKey) {
       {"model.rope_scaling.type=llama2", "model.rope_scaling.type"},
       {"model.rope_theta=0.5", "model.rope_theta"},
       {"parallel.tp=3", "parallel.tp"},
+      {"parallel.tp=8", "parallel.tp"},  // a multiple of n_kv_head, but not a divisor of n_head
   };
   for (const auto& [set, key] : cases) {
     const CmdResult r =
@@ -183,6 +288,14 @@ TEST(Llama, BadKeysExitTwoNamingTheKey) {
     EXPECT_EQ(r.exit_code, 2) << set << "\n" << r.output;
     EXPECT_NE(r.output.find(key), std::string::npos) << set << "\n" << r.output;
   }
+  // TP neither a divisor nor a multiple of the key/value heads (6 query heads, 2 key/value heads,
+  // TP 3): exit 2 naming both keys.
+  const CmdResult kv = run_gtron({"train", "--config", dir + "/c.json", "--out", dir + "/run3",
+                                  "--set", "model.n_head=6", "--set", "model.head_dim=8", "--set",
+                                  "model.n_kv_head=2", "--set", "parallel.tp=3"});
+  EXPECT_EQ(kv.exit_code, 2) << kv.output;
+  EXPECT_NE(kv.output.find("parallel.tp = 3"), std::string::npos) << kv.output;
+  EXPECT_NE(kv.output.find("model.n_kv_head = 2"), std::string::npos) << kv.output;
   // A llama-only key on the GPT-2 family.
   write_text(dir + "/g.json", R"({"model": {"vocab_size": 32, "n_layer": 1, "n_head": 2,
     "n_embd": 16, "context_length": 16, "qk_norm": true}, "train": {"seq_len": 16}})");
