@@ -85,7 +85,7 @@ struct FlashRope {
 
 // Every entry point: the flash kernels when `flash`, else the reference kernels of the grouped
 // layout (NKV = NH is GPT-2's [q | k | v]). qkv: [B, T, (NH + 2·NKV)·HS]. With `rope` (flash
-// only), q and k are rotated into a tensor of their own first, which the kernels read, and the
+// only), q and k are first rotated in place in qkv's value, which the kernels read, and the
 // backward delivers the gradient of the un-rotated qkv (Note [RoPE in the flash backward]).
 Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64_t HS, bool flash,
                  const FlashRope* rope = nullptr) {
@@ -97,11 +97,10 @@ Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64
       Tensor::empty(Shape{B, NH, Tlen}, dev.is_cuda() ? DType::kF32 : qkv.dtype(), dev, &s);
   GTRON_CHECK(rope == nullptr || flash,
               "attention: RoPE inside the attention needs the flash path");
-  Tensor in = qkv.value();  // what the kernels read: qkv, or its rotation
+  Tensor in = qkv.value();  // what the kernels read: qkv, rotated in place with `rope`
   if (rope != nullptr) {
-    in = Tensor::empty(qkv.shape(), qkv.dtype(), dev, &s);
-    cuda::rope_forward(qkv.value().raw(), rope->inv_freq.data<float>(), in.raw(), B, Tlen, NH, NKV,
-                       HS, rope->pos0, qkv.dtype(), s.native());
+    cuda::rope_forward_inplace(in.raw(), rope->inv_freq.data<float>(), B, Tlen, NH, NKV, HS,
+                               rope->pos0, qkv.dtype(), s.native());
   }
   const FlashRope rope_copy = rope != nullptr ? *rope : FlashRope{};
   const bool roped = rope != nullptr;

@@ -26,9 +26,13 @@ Var causal_attention(const Var& qkv, int NH);
 Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS);
 
 // causal_attention_gqa(rope(qkv, inv_freq, NH, NKV, HS, pos0), NH, NKV, HS) (model/ops/rope.h),
-// as one op. On the flash path the backward writes the gradient of the un-rotated q and k
-// straight from the attention kernels (Note [RoPE in the flash backward]): no rotated gradient is
-// stored and rotated back by a separate pass. Elsewhere it is the two ops composed.
+// as one op. On the flash path q and k are rotated in place in qkv's value, which the kernels
+// then read, and the backward writes the gradient of the un-rotated q and k straight from the
+// attention kernels (Note [RoPE in the flash backward]): no second [B, T, W] tensor is kept and
+// no rotated gradient is stored and rotated back by a separate pass. Elsewhere it is the two ops
+// composed, and qkv's value is left as it is.
+// REQUIRES: nothing else reads qkv's value after this op (the llama block's q|k|v projection or
+// q/k-norm output, whose own backwards read their inputs, not it).
 Var causal_attention_gqa_rope(const Var& qkv, const Tensor& inv_freq, int NH, int NKV, int HS,
                               int64_t pos0);
 

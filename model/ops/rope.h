@@ -73,6 +73,9 @@ void rope_forward(const void* x, const float* inv_freq, void* y, int64_t B, int6
 void rope_backward(const void* dy, const float* inv_freq, void* dx, int64_t B, int64_t Tlen,
                    int64_t NH, int64_t NKV, int64_t HS, int64_t pos0, DType act, void* stream,
                    bool overwrite = false);
+// rope_forward's rotation of the q and k heads of x in place; the v columns are not touched.
+void rope_forward_inplace(void* x, const float* inv_freq, int64_t B, int64_t Tlen, int64_t NH,
+                          int64_t NKV, int64_t HS, int64_t pos0, DType act, void* stream);
 }  // namespace cuda
 
 }  // namespace gtron

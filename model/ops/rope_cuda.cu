@@ -160,6 +160,15 @@ void rope_forward(const void* x, const float* inv_freq, void* y, int64_t B, int6
   launch<1, false>(x, inv_freq, y, d, act, stream);
 }
 
+void rope_forward_inplace(void* x, const float* inv_freq, int64_t B, int64_t Tlen, int64_t NH,
+                          int64_t NKV, int64_t HS, int64_t pos0, DType act, void* stream) {
+  RopeDims d = rope_dims(B, Tlen, NH, NKV, HS, pos0);
+  if (d.rows == 0) return;
+  d.slots = d.rotated_slots;  // a row's q/k pairs only: the v columns stay as they are
+  // Each pair is read and written by one thread, so the rotation may overwrite its input.
+  launch<1, false>(x, inv_freq, x, d, act, stream);
+}
+
 void rope_backward(const void* dy, const float* inv_freq, void* dx, int64_t B, int64_t Tlen,
                    int64_t NH, int64_t NKV, int64_t HS, int64_t pos0, DType act, void* stream,
                    bool overwrite) {

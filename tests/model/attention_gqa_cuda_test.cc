@@ -83,8 +83,9 @@ TEST(AttentionGqaCuda, FlashWithRopeMatchesTheComposedOps) {
       testing::randn_tensor({B, T, (NH + 2 * int64_t{NKV}) * HS}, 4).to(DType::kBF16).to(dev);
   const Tensor dy = testing::randn_tensor({B, T, NH * int64_t{HS}}, 5).to(DType::kBF16).to(dev);
   const Tensor table = rope_table(rope_inv_freq(HS, 500000.0), dev, DType::kBF16);
-  // One tape at a time: a backward runs (and clears) every node recorded so far.
-  Var a = Var::leaf(x), b = Var::leaf(x);
+  // One tape at a time: a backward runs (and clears) every node recorded so far. The fused op
+  // rotates its input in place, so each side gets its own copy.
+  Var a = Var::leaf(x.clone()), b = Var::leaf(x.clone());
   Var ya = causal_attention_gqa_rope(a, table, NH, NKV, HS, 0);
   backward_with(ya, dy);
   Var yb = causal_attention_gqa(rope(b, table, NH, NKV, HS, 0), NH, NKV, HS);
