@@ -1,6 +1,7 @@
 // qk_rmsnorm on CUDA against the CPU kernels (GPU test; skipped without a GPU).
 #include <gtest/gtest.h>
 
+#include <string>
 #include <tuple>
 
 #include "model/ops/qk_norm.h"
@@ -33,6 +34,26 @@ TEST(QkRmsNormCuda, MatchesCpu) {
                                      testing::kF32Tol);
     testing::expect_cuda_matches_cpu(qk_case(NH, NKV, HS, N, ParamDtype::kF32), DType::kBF16,
                                      testing::kBF16Tol);
+  }
+}
+
+// The packed kernels (Note [packed q/k norm]): HS = 32·kPer with kPer = 1, 2, 4 and 8, GQA and
+// equal heads, a row count that leaves some warps of the fused backward's grid without a task,
+// gamma in f32 and in the activation dtype.
+TEST(QkRmsNormCuda, PackedKernelsMatchCpu) {
+  GTRON_REQUIRE_GPU();
+  for (auto [NH, NKV, HS, N] : {std::tuple<int, int, int64_t, int64_t>{4, 2, 64, 74},
+                                {4, 4, 128, 37},
+                                {2, 1, 32, 9},
+                                {2, 1, 256, 5},
+                                {16, 8, 128, 300}}) {
+    SCOPED_TRACE("NH " + std::to_string(NH) + " NKV " + std::to_string(NKV) + " HS " +
+                 std::to_string(HS) + " N " + std::to_string(N));
+    for (ParamDtype pd : {ParamDtype::kAct, ParamDtype::kF32}) {
+      testing::expect_cuda_matches_cpu(qk_case(NH, NKV, HS, N, pd), DType::kF32, testing::kF32Tol);
+      testing::expect_cuda_matches_cpu(qk_case(NH, NKV, HS, N, pd), DType::kBF16,
+                                       testing::kBF16Tol);
+    }
   }
 }
 
