@@ -59,8 +59,9 @@ ls -1 .gpubin .gpubin/lib
 if [[ "${GTRON_GPU_PACK:-0}" == "1" ]]; then
   rm -rf .gpupack
   mkdir -p .gpupack
-  # xz -9: a 64 MiB window, so the copies of the CUDA fatbin that every binary carries (~6 MB
-  # each) compress against each other (the default 8 MiB window lost them once they grew).
-  XZ_OPT=-9 tar cJf .gpupack/gpubin.tar.xz .gpubin
+  # A 512 MiB window, one thread: the copies of the CUDA fatbin that every binary carries (~9 MB
+  # each) compress against each other across the whole set (a 64 MiB window stopped reaching
+  # them once the set passed it). 462 MB -> 14 MB in about 4.5 minutes here (2026-12-04).
+  XZ_OPT="-6 --lzma2=dict=512MiB -T1" tar cJf .gpupack/gpubin.tar.xz .gpubin
   ls -l .gpupack/gpubin.tar.xz
 fi
