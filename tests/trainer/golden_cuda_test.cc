@@ -64,15 +64,19 @@ TEST(GoldenCuda, Bf16FollowsTheCpuGoldens) {
 // llama_d2's model with head size 64 (4 query heads, 2 k/v heads, q/k norms, MTP D = 2): in bf16
 // on CUDA its attention runs on the flash kernels with grouped-query attention (Note
 // [grouped-query flash attention]), which the golden's head size 8 never reaches. The reference
-// is the same config trained on the CPU in fp32, here; two GPU runs are bit-identical.
+// is the same config trained on the CPU in fp32, here; two GPU runs are bit-identical, and so are
+// runs with graphs layers and full (the RoPE rotation happens in place inside the captured
+// attention op: Note [RoPE in the flash backward]).
 TEST(GoldenCuda, LlamaOnTheFlashPathFollowsTheCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
   std::ifstream f("tests/golden/llama_d2.json");
   ASSERT_TRUE(f.good()) << "run from the repository root: tests/golden/llama_d2.json";
   const nlohmann::json golden = nlohmann::json::parse(f);
-  auto run_on = [&](const std::string& device, const std::string& precision, const char* tag) {
+  auto run_on = [&](const std::string& device, const std::string& precision, const char* tag,
+                    const std::string& graphs = "none") {
     return testing::train_ok(golden_config(
         golden, {"model.head_dim=64", "train.device=" + device, "train.precision=" + precision,
+                 "graphs.scope=" + graphs,
                  "train.out_dir=" + testing::fresh_dir(std::string("llama_hs64_") + tag)}));
   };
   const TrainSummary cpu = run_on("cpu", "fp32", "cpu");
@@ -80,6 +84,10 @@ TEST(GoldenCuda, LlamaOnTheFlashPathFollowsTheCpu) {
   const TrainSummary again = run_on("cuda", "bf16", "gpu_again");
   expect_follows(gpu.losses, cpu.losses, "llama_d2 head_dim 64");
   EXPECT_EQ(gpu.losses, again.losses) << "bf16 reruns must be bit-identical";
+  for (const char* graphs : {"layers", "full"}) {
+    const TrainSummary g = run_on("cuda", "bf16", graphs, graphs);
+    EXPECT_EQ(gpu.losses, g.losses) << "graphs " << graphs << " must match graphs none bit for bit";
+  }
 }
 
 }  // namespace
