@@ -10,6 +10,7 @@
 #include "model/gpt.h"
 #include "model/ops/norm.h"
 #include "trainer/config.h"
+#include "trainer/hf_llama.h"
 #include "trainer/io/checkpoint.h"
 #include "trainer/io/checkpoint_io.h"
 #include "trainer/io/safetensors.h"
@@ -91,25 +92,15 @@ Shape hf_shape(const Shape& shape, Conv conv, int64_t V) {
 
 Tensor to_hf(const std::string& name, const Tensor& t, Conv conv, int64_t V) {
   if (conv == Conv::kTranspose) return transposed(t);
-  if (conv != Conv::kVocabRows) return t;
-  const Tensor pad = t.rows(V, t.dim(0));
-  const float* p = pad.data<float>();
-  for (int64_t i = 0; i < pad.numel(); ++i) {
-    if (p[i] != 0.0f)  // gtron keeps them zero: a nonzero one would be lost by the export
-      throw UserError(str_cat("checkpoint tensor '", name,
-                              "' has a nonzero padded row (rows >= ", "model.vocab_size = ", V,
-                              " must be zero); it cannot be exported ", "bit-exactly"));
-  }
-  return t.rows(0, V).clone();
+  if (conv == Conv::kVocabRows) return vocab_rows_to_hf(name, t, V);
+  return t;
 }
 
 void from_hf(const Tensor& hf, Conv conv, Tensor& dst) {
   if (conv == Conv::kTranspose) {
     dst.copy_from(transposed(hf));
   } else if (conv == Conv::kVocabRows) {
-    dst.zero_();
-    Tensor head = dst.rows(0, hf.dim(0));
-    head.copy_from(hf);
+    vocab_rows_from_hf(hf, dst);
   } else {
     dst.copy_from(hf);
   }
@@ -164,9 +155,9 @@ struct HfArch {
 
 [[noreturn]] void arch_fail(const std::string& path, const std::string& field,
                             const std::string& got, const std::string& want) {
-  throw UserError(str_cat("Hugging Face config '", path, "': field '", field, "' is ", got,
-                          ", gtron's GPT-2 needs ", want,
-                          "; hint: gtron imports GPT-2 (GPT2LMHeadModel) directories only"));
+  throw UserError(str_cat(
+      "Hugging Face config '", path, "': field '", field, "' is ", got, ", gtron's GPT-2 needs ",
+      want, "; hint: gtron imports GPT-2 (GPT2LMHeadModel) and llama-family directories only"));
 }
 
 int64_t positive_field(const json& j, const std::string& path, const char* field) {
@@ -185,7 +176,9 @@ json field_or(const json& j, const char* field, const json& fallback) {
 HfArch check_gpt2_config(const json& j, const std::string& path) {
   if (!j.is_object()) arch_fail(path, "(top level)", j.type_name(), "a JSON object");
   const json type = field_or(j, "model_type", nullptr);
-  if (type != "gpt2") arch_fail(path, "model_type", type.dump(), "\"gpt2\"");
+  if (type != "gpt2")
+    arch_fail(path, "model_type", type.dump(),
+              "\"gpt2\" (or the llama family's \"llama\", \"qwen2\", \"qwen3\")");
   HfArch a{};
   a.vocab_size = positive_field(j, path, "vocab_size");
   a.n_positions = positive_field(j, path, "n_positions");
@@ -214,8 +207,16 @@ HfArch check_gpt2_config(const json& j, const std::string& path) {
   return a;
 }
 
-// The gtron config of an import: the base config text, the overrides, then config.json's shape.
-Config import_config(const HfImportOptions& o, const HfArch& a, const json& gtron) {
+// The gtron model.* keys a GPT-2 config.json fixes.
+json gpt2_model_keys(const HfArch& a) {
+  return {{"vocab_size", a.vocab_size}, {"context_length", a.n_positions},
+          {"n_layer", a.n_layer},       {"n_head", a.n_head},
+          {"n_embd", a.n_embd},         {"tied_embeddings", a.tied}};
+}
+
+// The gtron config of an import: the base config text, the overrides, then config.json's model.*
+// keys (`model_keys`).
+Config import_config(const HfImportOptions& o, const json& model_keys, const json& gtron) {
   json base = json::object();
   std::string source = "the defaults";
   if (!o.config_path.empty()) {
@@ -226,21 +227,16 @@ Config import_config(const HfImportOptions& o, const HfArch& a, const json& gtro
     source = o.hf_dir + "/" + kGtronFile;
   }
   if (!base.is_object()) throw UserError("config '" + source + "' is not a JSON object");
-  base["model"]["vocab_size"] = a.vocab_size;
-  base["model"]["context_length"] = a.n_positions;
-  base["model"]["n_layer"] = a.n_layer;
-  base["model"]["n_head"] = a.n_head;
-  base["model"]["n_embd"] = a.n_embd;
-  base["model"]["tied_embeddings"] = a.tied;
+  for (const auto& [key, value] : model_keys.items()) base["model"][key] = value;
   // A base that leaves the sequence length open trains on the model's whole context.
   if (!base.contains("train") || !base["train"].contains("seq_len"))
-    base["train"]["seq_len"] = a.n_positions;
+    base["train"]["seq_len"] = model_keys["context_length"];
   return config_from_json_text(base.dump(), o.sets,
                                source + " with the model shape of " + o.hf_dir + "/" + kHfConfig);
 }
 
-// model.safetensors by GPT-2 name without "transformer.", mask buffers dropped.
-std::map<std::string, Tensor> read_hf_tensors(const std::string& dir) {
+// model.safetensors by name; for GPT-2 (`gpt2`) without "transformer.", mask buffers dropped.
+std::map<std::string, Tensor> read_hf_tensors(const std::string& dir, bool gpt2) {
   const std::string path = dir + "/" + kHfModel;
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) {
@@ -253,6 +249,10 @@ std::map<std::string, Tensor> read_hf_tensors(const std::string& dir) {
   std::map<std::string, Tensor> out;
   for (NamedTensor& nt : read_safetensors(path).tensors) {
     std::string name = nt.name;
+    if (!gpt2) {
+      out.emplace(name, nt.tensor);  // names in a safetensors file are unique
+      continue;
+    }
     if (name.rfind(kPrefix, 0) == 0) name = name.substr(std::strlen(kPrefix));
     const bool mask = name.size() > 10 && (name.compare(name.size() - 10, 10, ".attn.bias") == 0 ||
                                            name.find(".attn.masked_bias") != std::string::npos);
@@ -264,24 +264,36 @@ std::map<std::string, Tensor> read_hf_tensors(const std::string& dir) {
   return out;
 }
 
-// Fills every model parameter from `hf` (GPT-2 names) and `mtp` (gtron names); MTP tensors that
-// `mtp` lacks keep their fresh initialization. Returns the number of fresh MTP tensors.
-int fill_model(GPT& model, const std::map<std::string, Tensor>& hf,
-               const std::map<std::string, Tensor>& mtp, const std::string& dir) {
-  const int64_t V = model.config().vocab_size;
+// Fills the mtp.* parameters from `mtp` (gtron names); those `mtp` lacks keep their fresh
+// initialization. Returns the number of fresh MTP tensors.
+int fill_mtp(GPT& model, const std::map<std::string, Tensor>& mtp, const std::string& dir) {
   std::set<std::string> used;
   int fresh = 0;
   for (Parameter* p : model.parameters()) {
-    const Slot s = slot_of(p->name);
-    if (s.mtp) {
-      if (mtp.count(p->name) == 0) {
-        ++fresh;
-        continue;
-      }
-      p->data.copy_from(checked_tensor(mtp, p->name, p->data.shape(), dir + "/" + kMtpFile));
-      used.insert(std::string("mtp:") + p->name);
+    if (p->name.rfind("mtp.", 0) != 0) continue;
+    if (mtp.count(p->name) == 0) {
+      ++fresh;
       continue;
     }
+    p->data.copy_from(checked_tensor(mtp, p->name, p->data.shape(), dir + "/" + kMtpFile));
+    used.insert(p->name);
+  }
+  for (const auto& [name, t] : mtp) {
+    if (used.count(name) == 0)
+      throw UserError(str_cat("'", dir, "/", kMtpFile, "' has tensor '", name, "' ",
+                              t.shape().str(), ", which the model has no place for; hint: set ",
+                              "mtp.depth (--set mtp.depth=N) to the depths the file holds"));
+  }
+  return fresh;
+}
+
+// Fills every GPT-2 parameter but the MTP depths from `hf` (GPT-2 names).
+void fill_gpt2_model(GPT& model, const std::map<std::string, Tensor>& hf, const std::string& dir) {
+  const int64_t V = model.config().vocab_size;
+  std::set<std::string> used;
+  for (Parameter* p : model.parameters()) {
+    const Slot s = slot_of(p->name);
+    if (s.mtp) continue;
     const Shape want = hf_shape(p->data.shape(), s.conv, V);
     from_hf(checked_tensor(hf, s.name, want, dir + "/" + kHfModel), s.conv, p->data);
     used.insert(s.name);
@@ -292,13 +304,6 @@ int fill_model(GPT& model, const std::map<std::string, Tensor>& hf,
                               "' ", t.shape().str(), ", which a GPT-2 of this config.json has no ",
                               "place for; hint: gtron imports GPT2LMHeadModel weights only"));
   }
-  for (const auto& [name, t] : mtp) {
-    if (used.count("mtp:" + name) == 0)
-      throw UserError(str_cat("'", dir, "/", kMtpFile, "' has tensor '", name, "' ",
-                              t.shape().str(), ", which the model has no place for; hint: set ",
-                              "mtp.depth (--set mtp.depth=N) to the depths the file holds"));
-  }
-  return fresh;
 }
 
 }  // namespace
@@ -311,15 +316,18 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
   const Config cfg = checkpoint_command_config("export", checkpoint_dir, config_path, sets);
   GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
   load_model_weights(checkpoint_dir, model);
+  const bool llama = cfg.model.arch == ModelArch::kLlama;
   std::vector<NamedTensor> hf, mtp;
+  if (llama) hf = llama_hf_tensors(model, cfg.model.vocab_size);
   for (Parameter* p : model.parameters()) {
-    const Slot s = slot_of(p->name);
-    if (s.mtp) {
+    if (p->name.rfind("mtp.", 0) == 0) {
       mtp.push_back({p->name, p->data});
-    } else {
+    } else if (!llama) {
+      const Slot s = slot_of(p->name);
       hf.push_back({file_name(s), to_hf(p->name, p->data, s.conv, cfg.model.vocab_size)});
     }
   }
+  const json config = llama ? llama_hf_config(cfg) : hf_config(cfg);
   json gtron = {{"format", kGtronFormat},
                 {"version", 1},
                 {"step", st.step},
@@ -328,7 +336,7 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
   save_folder_as(out_dir, /*step=*/-1, [&](const std::string& tmp) {
     write_safetensors(tmp + "/" + kHfModel, hf, {{"format", "pt"}});
     if (!mtp.empty()) write_safetensors(tmp + "/" + kMtpFile, mtp, {{"format", "gtron"}});
-    write_file_atomic_in_dir(tmp, kHfConfig, hf_config(cfg).dump(2) + "\n");
+    write_file_atomic_in_dir(tmp, kHfConfig, config.dump(2) + "\n");
     write_file_atomic_in_dir(tmp, kGtronFile, gtron.dump(2) + "\n");
     copy_file_if_present(checkpoint_dir, tmp, kTokenizer);
   });
@@ -344,7 +352,11 @@ std::string import_hf(const HfImportOptions& o) {
   const std::string config_path = o.hf_dir + "/" + kHfConfig;
   if (!fs::is_regular_file(config_path, ec))
     throw UserError("Hugging Face directory '" + o.hf_dir + "' has no " + kHfConfig);
-  const HfArch arch = check_gpt2_config(parse_json_file(config_path, "config"), config_path);
+  const json hf_json = parse_json_file(config_path, "config");
+  const bool llama =
+      hf_json.is_object() && is_llama_model_type(hf_json.value("model_type", json()));
+  const json model_keys = llama ? llama_model_keys(hf_json, config_path)
+                                : gpt2_model_keys(check_gpt2_config(hf_json, config_path));
   const std::string gtron_path = o.hf_dir + "/" + kGtronFile;
   json gtron = json::object();
   if (fs::is_regular_file(gtron_path, ec)) {
@@ -354,14 +366,20 @@ std::string import_hf(const HfImportOptions& o) {
       throw UserError("'" + gtron_path + "' is not a gtron export state file (format \"" +
                       kGtronFormat + "\" with a step); hint: delete it to import without it");
   }
-  const Config cfg = import_config(o, arch, gtron);
+  const Config cfg = import_config(o, model_keys, gtron);
   GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
   std::map<std::string, Tensor> mtp;
   if (fs::is_regular_file(o.hf_dir + "/" + kMtpFile, ec)) {
     for (NamedTensor& nt : read_safetensors(o.hf_dir + "/" + kMtpFile).tensors)
       mtp[nt.name] = nt.tensor;
   }
-  const int fresh = fill_model(model, read_hf_tensors(o.hf_dir), mtp, o.hf_dir);
+  const std::map<std::string, Tensor> hf = read_hf_tensors(o.hf_dir, !llama);
+  if (llama) {
+    fill_llama_model(model, hf, o.hf_dir + "/" + kHfModel);
+  } else {
+    fill_gpt2_model(model, hf, o.hf_dir);
+  }
+  const int fresh = fill_mtp(model, mtp, o.hf_dir);
   std::vector<NamedTensor> params;
   for (Parameter* p : model.parameters()) params.push_back({p->name, p->data});
   const int64_t step = gtron.contains("step") ? gtron["step"].get<int64_t>() : 0;
@@ -369,10 +387,11 @@ std::string import_hf(const HfImportOptions& o) {
   save_weights_checkpoint(o.out_dir, params, st, [&](const std::string& tmp) {
     copy_file_if_present(o.hf_dir, tmp, kTokenizer);
   });
-  return str_cat("imported ", o.hf_dir, " into ", o.out_dir, ": L=", arch.n_layer,
-                 " C=", arch.n_embd, " NH=", arch.n_head, " V=", arch.vocab_size,
-                 " Tmax=", arch.n_positions, arch.tied ? " tied" : " untied",
-                 ", MTP D=", cfg.mtp.depth, " (", fresh, " MTP tensors freshly initialized)");
+  return str_cat("imported ", o.hf_dir, " into ", o.out_dir, ": ", llama ? "llama" : "gpt2",
+                 " L=", cfg.model.n_layer, " C=", cfg.model.n_embd, " NH=", cfg.model.n_head,
+                 " V=", cfg.model.vocab_size, " Tmax=", cfg.model.context_length,
+                 cfg.model.tied_embeddings ? " tied" : " untied", ", MTP D=", cfg.mtp.depth, " (",
+                 fresh, " MTP tensors freshly initialized)");
 }
 
 }  // namespace gtron

@@ -169,8 +169,7 @@ int cmd_logits(const Options& o) {
 
 int cmd_export(const Options& o) {
   export_hf(o.checkpoint, o.hf, o.config, o.sets);
-  std::printf("exported %s to %s (transformers GPT-2 directory)\n", o.checkpoint.c_str(),
-              o.hf.c_str());
+  std::printf("exported %s to %s (transformers directory)\n", o.checkpoint.c_str(), o.hf.c_str());
   return kExitOk;
 }
 
@@ -296,7 +295,8 @@ int run(int argc, char** argv) {
   logits->add_option("--out", o.out, "Output safetensors file (tokens [B, T], logits [B, T, V])")
       ->required();
 
-  auto* exp = app.add_subcommand("export", "Write a checkpoint as a transformers GPT-2 directory");
+  auto* exp = app.add_subcommand(
+      "export", "Write a checkpoint as a transformers directory (GPT-2 or llama family)");
   exp->add_option("--checkpoint", o.checkpoint, "Checkpoint directory")->required();
   exp->add_option("--hf", o.hf, "Output directory (must not exist)")->required();
   exp->add_option("--config", o.config,
@@ -304,9 +304,10 @@ int run(int argc, char** argv) {
                   "model must match");
   exp->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
 
-  auto* imp =
-      app.add_subcommand("import", "Read a transformers GPT-2 directory into a gtron checkpoint");
-  imp->add_option("--hf", o.hf, "GPT-2 directory (config.json, model.safetensors)")->required();
+  auto* imp = app.add_subcommand(
+      "import", "Read a transformers directory (GPT-2 or llama family) into a gtron checkpoint");
+  imp->add_option("--hf", o.hf, "transformers directory (config.json, model.safetensors)")
+      ->required();
   imp->add_option("--out", o.out, "Checkpoint directory to write (must not exist)")->required();
   imp->add_option("--config", o.config,
                   "gtron config for the keys config.json lacks (default: the export's gtron.json, "

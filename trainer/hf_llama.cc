@@ -1,0 +1,271 @@
+#include "trainer/hf_llama.h"
+
+#include <cmath>
+#include <set>
+
+#include "trainer/io/checkpoint.h"
+#include "trainer/train.h"
+
+namespace gtron {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+constexpr char kPrefix[] = "model.";
+
+// One Hugging Face tensor cut from rows [begin, end) of a gtron tensor.
+struct Piece {
+  std::string name;  // as stored in model.safetensors
+  int64_t begin = 0, end = 0;
+};
+
+struct LlamaSlot {
+  std::vector<Piece> pieces;  // empty: an mtp.* parameter (mtp.safetensors, gtron's name)
+  bool vocab = false;         // a [Vp, C] table: rows < V (Note [llama names])
+};
+
+// The Hugging Face tensors of gtron parameter `p` (Note [llama names]).
+LlamaSlot llama_slot(const Parameter& p, const LlamaDims& d) {
+  const std::string& name = p.name;
+  const int64_t rows = p.data.dim(0);
+  if (name.rfind("mtp.", 0) == 0) return {};
+  if (name == "wte.weight") return {{{"model.embed_tokens.weight", 0, rows}}, true};
+  if (name == "lm_head.weight") return {{{"lm_head.weight", 0, rows}}, true};
+  if (name == "norm_f.weight") return {{{"model.norm.weight", 0, rows}}};
+  const size_t dot = name.find('.', 7);  // after "blocks."
+  GTRON_CHECK(name.rfind("blocks.", 0) == 0 && dot != std::string::npos,
+              "no Hugging Face name for parameter ", name);
+  const std::string layer = kPrefix + ("layers." + name.substr(7, dot - 7)) + ".";
+  const std::string rest = name.substr(dot + 1);
+  const int64_t q = d.NH * d.HS, kv = d.NKV * d.HS;
+  if (rest == "attn.qkv.weight" || rest == "attn.qkv.bias") {
+    const std::string kind = rest.substr(rest.rfind('.'));  // ".weight" or ".bias"
+    const std::string a = layer + "self_attn.";
+    return {{{a + "q_proj" + kind, 0, q},
+             {a + "k_proj" + kind, q, q + kv},
+             {a + "v_proj" + kind, q + kv, q + 2 * kv}}};
+  }
+  if (rest == "mlp.gate_up.weight")
+    return {
+        {{layer + "mlp.gate_proj.weight", 0, d.F}, {layer + "mlp.up_proj.weight", d.F, 2 * d.F}}};
+  static const std::map<std::string, std::string> kWhole = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"attn.q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn.k_norm.weight", "self_attn.k_norm.weight"},
+      {"attn.proj.weight", "self_attn.o_proj.weight"},
+      {"mlp_norm.weight", "post_attention_layernorm.weight"},
+      {"mlp.down.weight", "mlp.down_proj.weight"},
+  };
+  auto it = kWhole.find(rest);
+  GTRON_CHECK(it != kWhole.end(), "no Hugging Face name for parameter ", name);
+  return {{{layer + it->second, 0, rows}}};
+}
+
+Shape with_rows(const Shape& shape, int64_t rows) {
+  std::vector<int64_t> dims = shape.vec();
+  dims[0] = rows;
+  return Shape(dims);
+}
+
+[[noreturn]] void field_fail(const std::string& path, const std::string& field,
+                             const std::string& got, const std::string& want) {
+  throw UserError(str_cat("Hugging Face config '", path, "': field '", field, "' is ", got,
+                          ", gtron's llama family needs ", want,
+                          "; hint: gtron imports LlamaForCausalLM, Qwen2ForCausalLM and "
+                          "Qwen3ForCausalLM directories (and GPT-2's)"));
+}
+
+int64_t positive(const json& j, const std::string& path, const char* field) {
+  if (!j.contains(field)) field_fail(path, field, "missing", "a positive integer");
+  const json& v = j[field];
+  if (!v.is_number_integer() || v.get<int64_t>() <= 0)
+    field_fail(path, field, v.dump(), "a positive integer");
+  return v.get<int64_t>();
+}
+
+double positive_number(const json& j, const std::string& path, const std::string& field,
+                       double fallback) {
+  if (!j.contains(field) || j[field].is_null()) return fallback;
+  const json& v = j[field];
+  if (!v.is_number() || !(v.get<double>() > 0))
+    field_fail(path, field, v.dump(), "a positive number");
+  return v.get<double>();
+}
+
+bool flag(const json& j, const std::string& path, const char* field, bool fallback) {
+  if (!j.contains(field) || j[field].is_null()) return fallback;
+  if (!j[field].is_boolean()) field_fail(path, field, j[field].dump(), "true or false");
+  return j[field].get<bool>();
+}
+
+// rope_scaling: null, or {"rope_type" (or "type"): "llama3", the four llama3 fields}.
+json rope_scaling_keys(const json& j, const std::string& path) {
+  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return {{"type", "none"}};
+  const json& r = j["rope_scaling"];
+  if (!r.is_object()) field_fail(path, "rope_scaling", r.dump(), "null or a JSON object");
+  const char* type_field = r.contains("rope_type") ? "rope_type" : "type";
+  const json type = r.value(type_field, json());
+  const std::string where = std::string("rope_scaling.") + type_field;
+  if (type == "default") return {{"type", "none"}};
+  if (type != "llama3") field_fail(path, where, type.dump(), "\"llama3\" (or null rope_scaling)");
+  json keys = {{"type", "llama3"}};
+  for (const char* f : {"factor", "low_freq_factor", "high_freq_factor"}) {
+    const std::string field = std::string("rope_scaling.") + f;
+    if (!r.contains(f)) field_fail(path, field, "missing", "a positive number");
+    keys[f] = positive_number(r, path, f, 0);
+  }
+  const char* omax = "original_max_position_embeddings";
+  if (!r.contains(omax) || !r[omax].is_number_integer() || r[omax].get<int64_t>() <= 0)
+    field_fail(path, std::string("rope_scaling.") + omax, r.value(omax, json("missing")).dump(),
+               "a positive integer");
+  keys[omax] = r[omax];
+  return keys;
+}
+
+}  // namespace
+
+Tensor vocab_rows_to_hf(const std::string& name, const Tensor& t, int64_t V) {
+  const Tensor pad = t.rows(V, t.dim(0));
+  const float* p = pad.data<float>();
+  for (int64_t i = 0; i < pad.numel(); ++i) {
+    if (p[i] != 0.0f)  // gtron keeps them zero: a nonzero one would be lost by the export
+      throw UserError(str_cat("checkpoint tensor '", name,
+                              "' has a nonzero padded row (rows >= model.vocab_size = ", V,
+                              " must be zero); it cannot be exported bit-exactly"));
+  }
+  return t.rows(0, V).clone();
+}
+
+void vocab_rows_from_hf(const Tensor& hf, Tensor& dst) {
+  dst.zero_();
+  Tensor head = dst.rows(0, hf.dim(0));
+  head.copy_from(hf);
+}
+
+std::vector<NamedTensor> llama_hf_tensors(GPT& model, int64_t V) {
+  const LlamaDims d = model.config().llama_dims();
+  std::vector<NamedTensor> out;
+  for (Parameter* p : model.parameters()) {
+    const LlamaSlot s = llama_slot(*p, d);
+    if (s.vocab) {
+      out.push_back({s.pieces[0].name, vocab_rows_to_hf(p->name, p->data, V)});
+      continue;
+    }
+    for (const Piece& pc : s.pieces)
+      out.push_back({pc.name, p->data.rows(pc.begin, pc.end).clone()});
+  }
+  return out;
+}
+
+json llama_hf_config(const Config& cfg) {
+  const ModelConfig& m = cfg.model;
+  const LlamaDims d = gpt_config(cfg).llama_dims();
+  const char* type = m.qk_norm ? "qwen3" : m.qkv_bias ? "qwen2" : "llama";
+  const char* cls = m.qk_norm    ? "Qwen3ForCausalLM"
+                    : m.qkv_bias ? "Qwen2ForCausalLM"
+                                 : "LlamaForCausalLM";
+  json rope = nullptr;
+  if (m.rope_scaling.type == RopeScalingType::kLlama3)
+    rope = {{"rope_type", "llama3"},
+            {"factor", m.rope_scaling.factor},
+            {"low_freq_factor", m.rope_scaling.low_freq_factor},
+            {"high_freq_factor", m.rope_scaling.high_freq_factor},
+            {"original_max_position_embeddings", m.rope_scaling.original_max_position_embeddings}};
+  return {{"architectures", {cls}},
+          {"model_type", type},
+          {"vocab_size", m.vocab_size},
+          {"max_position_embeddings", m.context_length},
+          {"hidden_size", m.n_embd},
+          {"intermediate_size", d.F},
+          {"num_hidden_layers", m.n_layer},
+          {"num_attention_heads", m.n_head},
+          {"num_key_value_heads", d.NKV},
+          {"head_dim", d.HS},
+          {"hidden_act", "silu"},
+          {"rms_norm_eps", m.rms_norm_eps},
+          {"rope_theta", m.rope_theta},
+          {"rope_scaling", rope},
+          {"attention_bias", m.qkv_bias},
+          {"mlp_bias", false},
+          {"initializer_range", m.init_std},
+          {"tie_word_embeddings", m.tied_embeddings},
+          {"torch_dtype", "float32"}};
+}
+
+bool is_llama_model_type(const json& model_type) {
+  return model_type == "llama" || model_type == "qwen2" || model_type == "qwen3";
+}
+
+json llama_model_keys(const json& j, const std::string& path) {
+  const json type = j.value("model_type", json());
+  if (!is_llama_model_type(type))
+    field_fail(path, "model_type", type.dump(), "\"llama\", \"qwen2\" or \"qwen3\"");
+  const int64_t C = positive(j, path, "hidden_size");
+  const int64_t NH = positive(j, path, "num_attention_heads");
+  const int64_t NKV = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                          ? positive(j, path, "num_key_value_heads")
+                          : NH;
+  if (NH % NKV != 0)
+    field_fail(path, "num_key_value_heads", std::to_string(NKV),
+               str_cat("a divisor of num_attention_heads = ", NH));
+  int64_t HS = 0;
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    HS = positive(j, path, "head_dim");
+  } else if (C % NH != 0) {
+    field_fail(path, "head_dim", "missing",
+               str_cat("a head size (hidden_size = ", C,
+                       " is not a multiple of num_attention_heads = ", NH, ")"));
+  }
+  const json act = j.value("hidden_act", json("silu"));
+  if (act != "silu") field_fail(path, "hidden_act", act.dump(), "\"silu\"");
+  if (flag(j, path, "mlp_bias", false)) field_fail(path, "mlp_bias", "true", "false");
+  // Qwen2 always has q/k/v biases; Llama's attention_bias would also put one on o_proj.
+  const bool qkv_bias = type == "qwen2";
+  if (!qkv_bias && flag(j, path, "attention_bias", false))
+    field_fail(path, "attention_bias", "true", "false (gtron has no o_proj bias)");
+  return {{"arch", "llama"},
+          {"vocab_size", positive(j, path, "vocab_size")},
+          {"context_length", positive(j, path, "max_position_embeddings")},
+          {"n_layer", positive(j, path, "num_hidden_layers")},
+          {"n_head", NH},
+          {"n_embd", C},
+          {"n_kv_head", NKV},
+          {"head_dim", HS},
+          {"intermediate_size", positive(j, path, "intermediate_size")},
+          {"rope_theta", positive_number(j, path, "rope_theta", 10000.0)},
+          {"rope_scaling", rope_scaling_keys(j, path)},
+          {"rms_norm_eps", positive_number(j, path, "rms_norm_eps", 1e-6)},
+          {"qk_norm", type == "qwen3"},
+          {"qkv_bias", qkv_bias},
+          {"tied_embeddings", flag(j, path, "tie_word_embeddings", false)}};
+}
+
+void fill_llama_model(GPT& model, const std::map<std::string, Tensor>& hf,
+                      const std::string& file) {
+  const LlamaDims d = model.config().llama_dims();
+  const int64_t V = model.config().vocab_size;
+  std::set<std::string> used;
+  for (Parameter* p : model.parameters()) {
+    const LlamaSlot s = llama_slot(*p, d);
+    if (s.vocab) {
+      const std::string& n = s.pieces[0].name;
+      vocab_rows_from_hf(checked_tensor(hf, n, with_rows(p->data.shape(), V), file), p->data);
+      used.insert(n);
+      continue;
+    }
+    for (const Piece& pc : s.pieces) {
+      Tensor rows = p->data.rows(pc.begin, pc.end);
+      rows.copy_from(checked_tensor(hf, pc.name, rows.shape(), file));
+      used.insert(pc.name);
+    }
+  }
+  for (const auto& [name, t] : hf) {
+    if (used.count(name) == 0 && !(name == "lm_head.weight" && model.config().tied_embeddings))
+      throw UserError(str_cat("safetensors file '", file, "' has tensor '", name, "' ",
+                              t.shape().str(), ", which a llama-family model of this config.json ",
+                              "has no place for; hint: check config.json's model_type, ",
+                              "attention_bias and tie_word_embeddings against the file"));
+  }
+}
+
+}  // namespace gtron
