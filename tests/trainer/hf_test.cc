@@ -257,7 +257,7 @@ std::string* ImportErrors::ckpt_ = nullptr;
 
 TEST_F(ImportErrors, WrongArchitectureNamesTheField) {
   const std::vector<std::pair<std::string, std::string>> edits = {
-      {"\"model_type\": \"gpt2\"", "\"model_type\": \"llama\""},
+      {"\"model_type\": \"gpt2\"", "\"model_type\": \"mistral\""},
       {"\"activation_function\": \"gelu_new\"", "\"activation_function\": \"relu\""},
       {"\"layer_norm_epsilon\": 1e-05", "\"layer_norm_epsilon\": 1e-06"},
       {"\"n_inner\": null", "\"n_inner\": 20"},
