@@ -1,4 +1,5 @@
-// Hugging Face transformers GPT-2 directories (GPT2LMHeadModel): `gtron export` and `gtron import`.
+// Hugging Face transformers GPT-2 directories (GPT2LMHeadModel): `gtron export` and `gtron import`;
+// the llama family dispatches from here to trainer/hf_llama.h.
 //
 //   OUT/
 //     config.json        GPT2Config: model_type "gpt2", n_layer, n_head, n_embd, n_positions,
@@ -46,15 +47,16 @@
 
 namespace gtron {
 
-// Writes the GPT-2 directory `out_dir` (must not exist; written atomically) from the verified
-// gtron checkpoint directory `checkpoint_dir`. Throws UserError.
+// Writes the GPT-2 (or, for model.arch "llama", the llama-family: trainer/hf_llama.h) directory
+// `out_dir` (must not exist; written atomically) from the verified gtron checkpoint directory
+// `checkpoint_dir`. Throws UserError.
 // config_path "" takes the checkpoint's config (trainer_state.json); a file must match its model.
 // `sets` apply on top either way.
 void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
                const std::string& config_path = "", const std::vector<std::string>& sets = {});
 
 struct HfImportOptions {
-  std::string hf_dir;             // a GPT-2 directory (config.json, model.safetensors, ...)
+  std::string hf_dir;             // a GPT-2 or llama-family directory (config.json, ...)
   std::string out_dir;            // the gtron checkpoint directory to write (must not exist)
   std::string config_path;        // gtron config for the keys config.json lacks; "" = gtron.json's
                                   // config when present, else the defaults
@@ -64,9 +66,10 @@ struct HfImportOptions {
 // Reads a GPT-2 directory into a gtron checkpoint directory (MANIFEST.json, model.safetensors,
 // trainer_state.json; no optimizer state). The model.* shape keys (vocab_size, context_length,
 // n_layer, n_head, n_embd, tied_embeddings) come from config.json; the MTP depths 1..mtp.depth from
-// mtp.safetensors when it holds them, else freshly initialized from train.seed. Anything but a
-// GPT-2 architecture is refused naming the config field that differs. Throws UserError. Returns a
-// one-line summary of what was imported.
+// mtp.safetensors when it holds them, else freshly initialized from train.seed. A model_type of
+// "llama", "qwen2" or "qwen3" is read as the llama family (trainer/hf_llama.h); anything but a
+// GPT-2 architecture otherwise is refused naming the config field that differs. Throws UserError.
+// Returns a one-line summary of what was imported.
 std::string import_hf(const HfImportOptions& options);
 
 }  // namespace gtron
