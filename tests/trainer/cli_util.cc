@@ -1,6 +1,7 @@
 #include "tests/trainer/cli_util.h"
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -76,6 +77,24 @@ std::string read_text(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+std::string train_checkpoint(const std::string& config_text, const std::string& dir,
+                             const std::string& name, const std::vector<std::string>& sets,
+                             int steps) {
+  write_text(dir + "/c.json", config_text);
+  std::vector<std::string> args = {"train", "--config", dir + "/c.json", "--out", dir + "/" + name};
+  for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+  const CmdResult r = run_gtron(args);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  char step[16];
+  std::snprintf(step, sizeof(step), "step_%08d", steps);
+  return dir + "/" + name + "/checkpoints/" + step;
+}
+
+void expect_ok(const std::vector<std::string>& args) {
+  const CmdResult r = run_gtron(args);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 int free_port() {

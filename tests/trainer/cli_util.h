@@ -33,6 +33,14 @@ int wait_exit_code(pid_t pid);
 bool wait_for_train_records(const std::string& path, size_t n, pid_t pid, double timeout_s);
 // The whole file ("" when missing).
 std::string read_text(const std::string& path);
+// Trains the config `config_text` (written to dir/c.json) plus `sets` for its steps under
+// dir/name through the gtron binary, EXPECTing exit 0; returns dir/name/checkpoints/step_N with
+// N = `steps` (the config's train.steps).
+std::string train_checkpoint(const std::string& config_text, const std::string& dir,
+                             const std::string& name, const std::vector<std::string>& sets,
+                             int steps);
+// Runs gtron with `args`, EXPECTing exit 0 (the output is printed when it is not).
+void expect_ok(const std::vector<std::string>& args);
 // A TCP port that was free a moment ago (bind to port 0, read it back, close).
 int free_port();
 // Loss values from metrics.jsonl as doubles.

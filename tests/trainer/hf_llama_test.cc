@@ -21,9 +21,12 @@ namespace {
 
 using json = nlohmann::json;
 using testing::CmdResult;
+using testing::expect_ok;
 using testing::run_command;
+using testing::read_text;
 using testing::run_gtron;
 using testing::temp_dir;
+using testing::train_checkpoint;
 using testing::write_text;
 
 // V = 100 pads to Vp = 128. NH = 4, NKV = 2, F = 24, C = 16; head_dim is set per case.
@@ -36,29 +39,6 @@ const char kConfig[] = R"({
   "log": {"every": 1}
 })";
 constexpr int64_t C = 16, V = 100, NH = 4, NKV = 2, F = 24, L = 2;
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Trains 2 steps of kConfig plus `sets` under dir/name; returns the final checkpoint directory.
-std::string train_checkpoint(const std::string& dir, const std::string& name,
-                             const std::vector<std::string>& sets) {
-  write_text(dir + "/c.json", kConfig);
-  std::vector<std::string> args = {"train", "--config", dir + "/c.json", "--out", dir + "/" + name};
-  for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
-  const CmdResult r = run_gtron(args);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return dir + "/" + name + "/checkpoints/step_00000002";
-}
-
-void expect_ok(const std::vector<std::string>& args) {
-  const CmdResult r = run_gtron(args);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-}
 
 struct Case {
   const char* style;  // "llama", "qwen2" (q/k/v biases, llama3 RoPE scaling), "qwen3" (q/k norms)
@@ -115,7 +95,7 @@ TEST_P(LlamaRoundTrip, ImportOfExportIsByteIdentical) {
   const Case c = GetParam();
   const std::string dir = temp_dir(std::string("hf_llama_") + c.style + std::to_string(c.tied) +
                                    std::to_string(c.depth));
-  const std::string ckpt = train_checkpoint(dir, "run", case_sets(c));
+  const std::string ckpt = train_checkpoint(kConfig, dir, "run", case_sets(c), 2);
   const std::string hf = dir + "/hf", back = dir + "/back";
   expect_ok({"export", "--checkpoint", ckpt, "--hf", hf});
 
@@ -131,7 +111,7 @@ TEST_P(LlamaRoundTrip, ImportOfExportIsByteIdentical) {
   EXPECT_EQ(std::filesystem::exists(hf + "/mtp.safetensors"), c.depth > 0);
   EXPECT_TRUE(std::filesystem::exists(hf + "/gtron.json"));
 
-  const json cfg = json::parse(slurp(hf + "/config.json"));
+  const json cfg = json::parse(read_text(hf + "/config.json"));
   const std::string style = c.style;
   const std::string cls = style == "qwen3"   ? "Qwen3ForCausalLM"
                           : style == "qwen2" ? "Qwen2ForCausalLM"
@@ -159,9 +139,9 @@ TEST_P(LlamaRoundTrip, ImportOfExportIsByteIdentical) {
   }
 
   expect_ok({"import", "--hf", hf, "--out", back});
-  const std::string original = slurp(ckpt + "/model.safetensors");
+  const std::string original = read_text(ckpt + "/model.safetensors");
   ASSERT_GT(original.size(), 1000u);
-  EXPECT_TRUE(slurp(back + "/model.safetensors") == original) << "model.safetensors differs";
+  EXPECT_TRUE(read_text(back + "/model.safetensors") == original) << "model.safetensors differs";
   EXPECT_FALSE(std::filesystem::exists(back + "/optimizer.safetensors"));
 
   // train --init accepts the import.
@@ -188,7 +168,7 @@ class LlamaImportErrors : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new std::string(temp_dir("hf_llama_errors"));
-    const std::string ckpt = train_checkpoint(*dir_, "run", {"model.head_dim=6"});
+    const std::string ckpt = train_checkpoint(kConfig, *dir_, "run", {"model.head_dim=6"}, 2);
     const CmdResult r = run_gtron({"export", "--checkpoint", ckpt, "--hf", *dir_ + "/hf"});
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
@@ -202,7 +182,7 @@ class LlamaImportErrors : public ::testing::Test {
   std::string with_field(const std::string& name, const std::string& field,
                          const std::string& value) {
     const std::string hf = copy(name);
-    json cfg = json::parse(slurp(hf + "/config.json"));
+    json cfg = json::parse(read_text(hf + "/config.json"));
     const json v = json::parse(value);
     if (v.is_null()) {
       cfg.erase(field);
@@ -251,7 +231,7 @@ TEST_F(LlamaImportErrors, LegacyRopeScalingTypeKeyImports) {
                      "original_max_position_embeddings": 8})");
   const CmdResult r = run_gtron({"import", "--hf", hf, "--out", hf + "_ckpt"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const json state = json::parse(slurp(hf + "_ckpt/trainer_state.json"));
+  const json state = json::parse(read_text(hf + "_ckpt/trainer_state.json"));
   const std::string config = state.dump();
   EXPECT_NE(config.find("llama3"), std::string::npos) << config;
 }

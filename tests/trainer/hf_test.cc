@@ -18,12 +18,15 @@ namespace gtron {
 namespace {
 
 using testing::CmdResult;
+using testing::expect_ok;
 using testing::metrics_loss_values;
 using testing::metrics_losses;
 using testing::run_command;
+using testing::read_text;
 using testing::run_gtron;
 using testing::run_launcher;
 using testing::temp_dir;
+using testing::train_checkpoint;
 using testing::write_text;
 
 // V = 100 pads to Vp = 128, so export cuts rows and import pads them back.
@@ -36,30 +39,7 @@ const char kConfig[] = R"({
 })";
 constexpr int C = 16, V = 100, Tmax = 16;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 bool exists(const std::string& path) { return std::ifstream(path).good(); }
-
-// Trains 2 steps of kConfig plus `sets` under dir/name; returns the final checkpoint directory.
-std::string train_checkpoint(const std::string& dir, const std::string& name,
-                             const std::vector<std::string>& sets) {
-  write_text(dir + "/c.json", kConfig);
-  std::vector<std::string> args = {"train", "--config", dir + "/c.json", "--out", dir + "/" + name};
-  for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
-  const CmdResult r = run_gtron(args);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return dir + "/" + name + "/checkpoints/step_00000002";
-}
-
-void expect_ok(const std::vector<std::string>& args) {
-  const CmdResult r = run_gtron(args);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-}
 
 void expect_user_error(const std::vector<std::string>& args, const std::string& needle) {
   const CmdResult r = run_gtron(args);
@@ -121,14 +101,15 @@ TEST_P(RoundTrip, ImportOfExportIsBitExact) {
   const std::string dir =
       temp_dir("hf_roundtrip_" + std::to_string(c.tied) + std::to_string(c.depth));
   const std::string ckpt =
-      train_checkpoint(dir, "run",
+      train_checkpoint(kConfig, dir, "run",
                        {"model.tied_embeddings=" + std::string(c.tied ? "true" : "false"),
-                        "mtp.depth=" + std::to_string(c.depth)});
+                        "mtp.depth=" + std::to_string(c.depth)},
+                       2);
   write_text(ckpt + "/tokenizer.json", "{\"model\": {\"type\": \"BPE\"}}\n");  // rides along
   const std::string hf = dir + "/hf", back = dir + "/back";
   expect_ok({"export", "--checkpoint", ckpt, "--hf", hf});
   check_gpt2_names(hf + "/model.safetensors", c.tied);
-  const std::string config = slurp(hf + "/config.json");
+  const std::string config = read_text(hf + "/config.json");
   EXPECT_NE(config.find("\"model_type\": \"gpt2\""), std::string::npos) << config;
   EXPECT_NE(config.find("\"activation_function\": \"gelu_new\""), std::string::npos) << config;
   EXPECT_NE(config.find("\"vocab_size\": 100"), std::string::npos) << config;
@@ -141,13 +122,13 @@ TEST_P(RoundTrip, ImportOfExportIsBitExact) {
     EXPECT_EQ(mtp.tensors.front().name, "mtp.1.hnorm.weight");
     EXPECT_EQ(mtp.tensors.back().name, "mtp.2.block.mlp.proj.bias");
   }
-  EXPECT_EQ(slurp(hf + "/tokenizer.json"), slurp(ckpt + "/tokenizer.json"));
+  EXPECT_EQ(read_text(hf + "/tokenizer.json"), read_text(ckpt + "/tokenizer.json"));
 
   expect_ok({"import", "--hf", hf, "--out", back});
-  const std::string original = slurp(ckpt + "/model.safetensors");
+  const std::string original = read_text(ckpt + "/model.safetensors");
   ASSERT_GT(original.size(), 1000u);
-  EXPECT_TRUE(slurp(back + "/model.safetensors") == original) << "model.safetensors differs";
-  EXPECT_EQ(slurp(back + "/tokenizer.json"), slurp(ckpt + "/tokenizer.json"));
+  EXPECT_TRUE(read_text(back + "/model.safetensors") == original) << "model.safetensors differs";
+  EXPECT_EQ(read_text(back + "/tokenizer.json"), read_text(ckpt + "/tokenizer.json"));
   EXPECT_FALSE(exists(back + "/optimizer.safetensors"));
   EXPECT_TRUE(exists(back + "/MANIFEST.json"));
 
@@ -178,7 +159,7 @@ INSTANTIATE_TEST_SUITE_P(TiedAndUntied, RoundTrip,
 
 TEST(Init, RoundTrippedCheckpointGivesTheSameFirstStepLoss) {
   const std::string dir = temp_dir("hf_init");
-  const std::string ckpt = train_checkpoint(dir, "run", {"mtp.depth=2"});
+  const std::string ckpt = train_checkpoint(kConfig, dir, "run", {"mtp.depth=2"}, 2);
   expect_ok({"export", "--checkpoint", ckpt, "--hf", dir + "/hf"});
   expect_ok({"import", "--hf", dir + "/hf", "--out", dir + "/back"});
   auto first_loss = [&](const std::string& out, const std::string& init) {
@@ -231,7 +212,7 @@ class ImportErrors : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new std::string(temp_dir("hf_errors"));
-    ckpt_ = new std::string(train_checkpoint(*dir_, "run", {"mtp.depth=2"}));
+    ckpt_ = new std::string(train_checkpoint(kConfig, *dir_, "run", {"mtp.depth=2"}, 2));
     const CmdResult r = run_gtron({"export", "--checkpoint", *ckpt_, "--hf", *dir_ + "/hf"});
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
@@ -265,7 +246,7 @@ TEST_F(ImportErrors, WrongArchitectureNamesTheField) {
   };
   for (size_t i = 0; i < edits.size(); ++i) {
     const std::string hf = copy("arch" + std::to_string(i));
-    std::string config = slurp(hf + "/config.json");
+    std::string config = read_text(hf + "/config.json");
     const size_t at = config.find(edits[i].first);
     ASSERT_NE(at, std::string::npos) << edits[i].first;
     config.replace(at, edits[i].first.size(), edits[i].second);
@@ -301,7 +282,7 @@ TEST_F(ImportErrors, MissingExtraAndMisShapedTensors) {
   expect_import_error(hf, "'h.0.attn.q_norm.weight' [16], which a GPT-2");
 
   hf = copy("untied_head_missing");  // config says untied, the file has no lm_head
-  std::string config = slurp(hf + "/config.json");
+  std::string config = read_text(hf + "/config.json");
   const std::string tied = "\"tie_word_embeddings\": true";
   ASSERT_NE(config.find(tied), std::string::npos) << config;
   config.replace(config.find(tied), tied.size(), "\"tie_word_embeddings\": false");
@@ -314,7 +295,7 @@ TEST_F(ImportErrors, MissingExtraAndMisShapedTensors) {
 
 TEST_F(ImportErrors, CorruptFilesAndExistingOutputs) {
   std::string hf = copy("truncated");
-  const std::string bytes = slurp(hf + "/model.safetensors");
+  const std::string bytes = read_text(hf + "/model.safetensors");
   write_text(hf + "/model.safetensors", bytes.substr(0, bytes.size() - 64));
   expect_import_error(hf, "model.safetensors");
 
