@@ -22,8 +22,8 @@ namespace {
 using json = nlohmann::json;
 using testing::CmdResult;
 using testing::expect_ok;
-using testing::run_command;
 using testing::read_text;
+using testing::run_command;
 using testing::run_gtron;
 using testing::temp_dir;
 using testing::train_checkpoint;
