@@ -249,6 +249,9 @@ def main():
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after the timed steps, N more steps under torch.profiler (CUDA "
                          "activity); prints the 40 costliest kernels in ms per step to stderr")
+    ap.add_argument("--profile-trace", default="", metavar="FILE",
+                    help="with --profile: also write the profiled steps as a Chrome trace "
+                         "(every kernel with its start, duration and grid) to FILE")
     a = ap.parse_args()
     family = resolve_family(ap, a)
 
@@ -305,7 +308,7 @@ def main():
         **family,
     }), flush=True)
     if a.profile > 0:
-        profile_kernels(step, a.profile)
+        profile_kernels(step, a.profile, a.profile_trace)
 
 
 def resolve_family(ap, a):
@@ -331,14 +334,17 @@ def resolve_family(ap, a):
             "tied": a.tied, "rope_theta": theta}
 
 
-def profile_kernels(step, n):
-    """Per-kernel GPU time of n steps (CUPTI through torch.profiler), ms per step, to stderr."""
+def profile_kernels(step, n, trace_path=""):
+    """Per-kernel GPU time of n steps (CUPTI through torch.profiler), ms per step, to stderr;
+    the Chrome trace to trace_path when one is given."""
     import sys
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             step()
         torch.cuda.synchronize()
+    if trace_path:
+        prof.export_chrome_trace(trace_path)
     rows = []
     for e in prof.key_averages():
         t = getattr(e, "device_time_total", None)
