@@ -382,7 +382,7 @@ void qk_rmsnorm_backward(const void* x, const void* gq, const void* gk, DType pa
               ", NH ", NH, ", NKV ", NKV, ", HS ", HS);
   GTRON_CHECK((dgq == nullptr && dgk == nullptr) || scratch != nullptr,
               "qk_rmsnorm backward: gamma gradients need scratch");
-  if (N == 0) return;
+  if (N == 0 || (dx == nullptr && dgq == nullptr && dgk == nullptr)) return;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int64_t W = (NH + 2 * NKV) * HS, first = (NH + NKV) * HS;
   dispatch_act_param("qk_rmsnorm backward", act, param, [&](auto t, auto p) {
