@@ -13,9 +13,16 @@
 // - the backward computes dx and the gamma gradient in one pass: a fixed grid of warps (a function
 //   of N and the head counts only) takes tasks w, w + warps, … in order, each lane adding its
 //   columns' dy·x̂ into registers (q and k heads apart); a block adds its 8 warps in order into one
-//   partial, and a finish kernel adds the partials in block order (in 8 fixed strided groups,
+//   partial, and a finish kernel adds the partials in block order (in 32 fixed strided groups,
 //   then the groups in order): deterministic, in another order than the general path's;
 // - the value heads are copied or added in 16-byte packs.
+// The fused backward's grid is at most 1024 blocks of 8 warps (kMaxGradBlocks): warps enough to
+// keep the loads in flight that the bandwidth needs, partials few enough for a short finish. Its
+// blocks are held to 32 registers a thread for HS <= 128 (kPer <= 4; ptxas spills nothing there),
+// so 8 blocks fit an SM and the 1024 fill the H200's 132·8 = 1056 slots in one wave; at the 38
+// registers ptxas chose unbounded (6 blocks a SM, 792 slots) the last 232 blocks would run as a
+// second wave on a mostly idle GPU. The finish reads 1024·2·HS partials from L2 with 32 groups a
+// column, 32 loads a thread.
 #include <algorithm>
 #include <initializer_list>
 #include <type_traits>
@@ -145,7 +152,7 @@ unsigned head_blocks(int64_t N, int NH, int NKV) {
 // Note [packed q/k norm]: the fast kernels.
 constexpr int kMaxLanePer = 8;        // columns a lane owns (HS = 32·kPer <= 256)
 constexpr int kMaxGradBlocks = 1024;  // blocks of the fused backward (8192 warps)
-constexpr int kFinishGroups = 8;      // strided groups of the partials' finish
+constexpr int kFinishGroups = 32;     // strided groups of the partials' finish
 
 template <typename T, typename P, int kPer>
 __global__ void forward_packed_kernel(const T* __restrict__ x, const P* __restrict__ gq,
@@ -177,7 +184,7 @@ __global__ void forward_packed_kernel(const T* __restrict__ x, const P* __restri
 // dx += the norm's input gradient (dx may be null) and, with `partial`, the block's gamma
 // gradient sums partial[block][0 (q) | 1 (k)][HS].
 template <typename T, typename P, int kPer>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kPer <= 4 ? 8 : 4)
     backward_packed_kernel(const T* __restrict__ x, const P* __restrict__ gq,
                            const P* __restrict__ gk, const float* __restrict__ rrms,
                            const T* __restrict__ dy, T* __restrict__ dx,
@@ -238,8 +245,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // dgq[c] += Σ_b partial[b][0][c], dgk likewise, over `blocks` partials: a block of 32 columns ×
-// kFinishGroups groups; group j adds blocks j, j + groups, … in order, then the groups are added in
-// order.
+// kFinishGroups groups; group j adds blocks j, j + groups, … in order (8 loads issued ahead of
+// their adds), then the groups are added in order.
 __global__ void finish_packed_kernel(const float* __restrict__ partial, float* __restrict__ dgq,
                                      float* __restrict__ dgk, int blocks, int HS) {
   __shared__ float sh[kFinishGroups][32];
@@ -247,6 +254,7 @@ __global__ void finish_packed_kernel(const float* __restrict__ partial, float* _
   const int c = blockIdx.x * 32 + col;  // of 2·HS: q columns, then k columns
   float t = 0;
   if (c < 2 * HS) {
+#pragma unroll 8
     for (int b = grp; b < blocks; b += kFinishGroups)
       t += partial[static_cast<int64_t>(b) * 2 * HS + c];
   }
@@ -374,7 +382,7 @@ void qk_rmsnorm_backward(const void* x, const void* gq, const void* gk, DType pa
               ", NH ", NH, ", NKV ", NKV, ", HS ", HS);
   GTRON_CHECK((dgq == nullptr && dgk == nullptr) || scratch != nullptr,
               "qk_rmsnorm backward: gamma gradients need scratch");
-  if (N == 0) return;
+  if (N == 0 || (dx == nullptr && dgq == nullptr && dgk == nullptr)) return;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int64_t W = (NH + 2 * NKV) * HS, first = (NH + NKV) * HS;
   dispatch_act_param("qk_rmsnorm backward", act, param, [&](auto t, auto p) {
