@@ -28,6 +28,7 @@ LlamaDims GPTConfig::llama_dims() const {
   d.rope_theta = rope_theta;
   d.llama3_scaling = rope_llama3;
   d.llama3 = rope_scaling;
+  d.recompute_act = recompute == Recompute::kSelective;
   return d;
 }
 
@@ -51,7 +52,8 @@ GPT::GPT(const GPTConfig& cfg, DType dtype, Device device, uint64_t seed)
     Tensor pad = wte_->data.rows(std::max<int64_t>(cfg.vocab_size - v0, 0), Vl);
     pad.zero_();
   }
-  const BlockDims dims{C, cfg.n_head, cfg.n_layer, cfg.init_std};
+  const BlockDims dims{C, cfg.n_head, cfg.n_layer, cfg.init_std,
+                       cfg.recompute == Recompute::kSelective};
   const LlamaDims ldims = cfg.llama_dims();
   if (cfg.llama()) {
     for (int l = 0; l < cfg.n_layer; ++l) {

@@ -24,6 +24,12 @@ namespace gtron {
 
 enum class Arch { kGpt2, kLlama };
 
+// train.recompute: what the backward re-forms instead of keeping from the forward (CUDA bf16; the
+// CPU and f32 paths keep everything). kSelective: GPT-2's GELU outputs and ln1 rows, the llama
+// family's SwiGLU outputs — one elementwise pass each per block, the same bits (GPT-2's GELU
+// output aside: Note [keeping g] in model/ops/fused_mlp.h).
+enum class Recompute { kNone, kSelective };
+
 struct GPTConfig {
   Arch arch = Arch::kGpt2;
   int64_t vocab_size = 50257;     // V: real vocabulary
@@ -51,6 +57,7 @@ struct GPTConfig {
   int tp_rank = 0;
   bool tp_through_group = false;   // tests: the TP layers at tp_size 1 too (TpContext)
   bool sequence_parallel = false;  // Note [sequence parallelism]; needs tp_size > 1
+  Recompute recompute = Recompute::kNone;
 
   int64_t padded_vocab() const { return (vocab_size + 63) / 64 * 64; }  // Vp
   bool llama() const { return arch == Arch::kLlama; }

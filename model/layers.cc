@@ -109,7 +109,7 @@ RMSNormLayer::RMSNormLayer(ParamRegistry& reg, const std::string& name, int64_t 
 Var RMSNormLayer::forward(const Var& x) const { return rmsnorm(x, Var::param(*weight), eps); }
 
 TransformerBlock::TransformerBlock(ParamRegistry& reg, const std::string& name, const BlockDims& d)
-    : NH(d.NH / reg.tensor_parallel().size) {
+    : NH(d.NH / reg.tensor_parallel().size), recompute(d.recompute) {
   const double resid_std = d.std / std::sqrt(2.0 * d.L);
   using M = TpMode;  // Note [tensor-parallel layout]
   ln1 = LayerNormLayer(reg, name + ".ln1", d.C);
@@ -140,11 +140,11 @@ Var TransformerBlock::mlp(const Var& x, const Var& residual, WeightAccess& w) co
   Var wp = w.use(*mlp_proj.weight);
   Var bp = w.use_bias(*mlp_proj.bias);
   if (mlp_proj.tp == nullptr && residual_in_gemm()) {  // y = residual + g·wᵀ + b, one GEMM
-    Var y = linear_after_gelu(up, wp, bp, residual);
+    Var y = linear_after_gelu(up, wp, bp, residual, recompute);
     w.used(*mlp_proj.weight, wp);
     return y;
   }
-  Var y = linear_after_gelu(up, wp, mlp_proj.bias_in_gemm() ? bp : Var());
+  Var y = linear_after_gelu(up, wp, mlp_proj.bias_in_gemm() ? bp : Var(), Var(), recompute);
   w.used(*mlp_proj.weight, wp);
   return add(residual, mlp_proj.tp_output(y, bp));
 }
@@ -161,7 +161,7 @@ Var TransformerBlock::qkv_of(const Var& x, WeightAccess& w) const {
   Var beta = Var::param(*ln1.bias);
   Var wv = w.use(*qkv.weight);
   Var y = layernorm_linear(x, gamma, beta, wv, w.use_bias(*qkv.bias), kLayerNormEps,
-                           qkv.tp != nullptr ? qkv.tp->group : nullptr);
+                           qkv.tp != nullptr ? qkv.tp->group : nullptr, recompute);
   w.used(*qkv.weight, wv);
   return y;
 }

@@ -153,6 +153,9 @@ struct BlockDims {
   int NH = 0;      // heads
   int L = 0;       // main-model layers (residual init scale 1/sqrt(2L))
   double std = 0;  // init std of weights
+  // train.recompute = "selective": GELU outputs and ln1's rows re-formed in the backward (CUDA
+  // bf16; Note [keeping g] in model/ops/fused_mlp.h, model/ops/norm_linear.h).
+  bool recompute = false;
 };
 
 // GPT-2 pre-LN block: x + attn(ln1(x)), then + mlp(ln2(x)) with a GELU-tanh MLP of width 4C.
@@ -163,6 +166,7 @@ struct TransformerBlock {
   LinearLayer fc;         // [4C, C]
   LinearLayer mlp_proj;   // [C, 4C], residual-scaled init
   int NH = 0;             // heads of this rank (NH / TP)
+  bool recompute = false;  // BlockDims::recompute
   TransformerBlock() = default;
   TransformerBlock(ParamRegistry& reg, const std::string& name, const BlockDims& d);
   // x: [B, T, C] -> [B, T, C], with causal self-attention over the T positions.

@@ -5,6 +5,7 @@
 #include "model/ops/add.h"
 #include "model/ops/add_norm.h"
 #include "model/ops/attention.h"
+#include "model/ops/fused_mlp.h"
 #include "model/ops/linear.h"
 #include "model/ops/norm.h"
 #include "model/ops/qk_norm.h"
@@ -15,7 +16,7 @@ namespace gtron {
 
 LlamaBlock::LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaDims& d,
                        Device device)
-    : HS(d.HS), qk_norm_on(d.qk_norm) {
+    : HS(d.HS), qk_norm_on(d.qk_norm), recompute_act(d.recompute_act) {
   const int tp = reg.tensor_parallel().size;
   GTRON_CHECK(d.NH > 0 && d.NKV > 0 && d.NH % d.NKV == 0 && d.HS > 0 && d.HS % 2 == 0 && d.F > 0,
               "llama block ", name, ": NH ", d.NH, ", NKV ", d.NKV, ", HS ", d.HS, ", F ", d.F);
@@ -70,7 +71,16 @@ Var LlamaBlock::forward(const Var& x, WeightAccess& w, int64_t pos0) const {
 }
 
 Var LlamaBlock::mlp(const Var& g, const Var& residual, WeightAccess& w) const {
-  Var act = swiglu(gate_up.forward(g, w));
+  const Var gu = gate_up.forward(g, w);
+  if (down.tp == nullptr && residual_in_gemm() && fused_mlp_supported(gu)) {
+    // SwiGLU, down and the residual in one op that may drop the SwiGLU output (Note
+    // [recomputing the SwiGLU output]); the composed ops below, bit for bit.
+    Var wd = w.use(*down.weight);
+    Var y = swiglu_linear(gu, wd, residual, !recompute_act);
+    w.used(*down.weight, wd);
+    return y;
+  }
+  Var act = swiglu(gu);
   if (g.device().is_cuda() && down.tp == nullptr && residual_in_gemm()) {
     return down.forward(act, w, residual);
   }

@@ -49,6 +49,9 @@ struct LlamaDims {
   double rope_theta = 500000;
   bool llama3_scaling = false;  // rewrite the RoPE frequencies (model/ops/rope.h)
   RopeLlama3Scaling llama3;
+  // Re-form the SwiGLU output in the backward instead of keeping it (CUDA bf16; Note
+  // [recomputing the SwiGLU output] in model/ops/fused_mlp.h).
+  bool recompute_act = false;
 };
 
 struct LlamaBlock {
@@ -61,6 +64,7 @@ struct LlamaBlock {
   int NH = 0, NKV = 0;               // this rank's query and key/value heads
   int64_t HS = 0;
   bool qk_norm_on = false;
+  bool recompute_act = false;
   Tensor inv_freq;  // [HS/2] RoPE frequencies (rope_table: f32 on CUDA, the model's dtype on CPU)
 
   LlamaBlock() = default;

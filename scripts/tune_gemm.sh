@@ -13,8 +13,11 @@
 # one timed step; `--with-350m` adds GPT-2 350M (L=24, C=1024, NH=16, B=8); `--with-llama` adds
 # the llama family's two bench shapes (Llama-3.2-1B: L=16, C=2048, 32 heads, 8 k/v heads of 64,
 # SwiGLU 8192; Qwen3-0.6B: L=28, C=1024, 16 heads, 8 k/v heads of 128, SwiGLU 3072, q/k norms;
-# both B=8, D=0) and `--only-llama` runs those alone. Other flags pass
-# through to bench_gpu. The binary: scripts/bench_gpu_bin.sh (prebuilt next to this script or in
+# both B=8, D=0) and `--only-llama` runs those alone. `--sustain MS` runs each candidate back to
+# back for MS milliseconds before timing it (GTRON_GEMM_TUNE_SUSTAIN_MS: the ranking at the clock
+# of a power-capped step; Note [GEMM choice under the power cap] in model/cuda/gemm_tune.cu).
+# `--table-out FILE` also writes one entry per problem (result 0 included) to FILE, for GTRON_GEMM_TABLE_FILE=FILE (try
+# the table without rebuilding). Other flags pass through to bench_gpu. The binary: scripts/bench_gpu_bin.sh (prebuilt next to this script or in
 # .gpubin/, else Bazel). GPU machine only.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -22,13 +25,23 @@ bin="$("$here/bench_gpu_bin.sh")"
 with_350m=0
 llama=0  # 1: --with-llama, 2: --only-llama
 extra=()
-for a in "$@"; do
-  case "$a" in
+sustain=0
+table_out=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
     --with-350m) with_350m=1 ;;
     --with-llama) llama=1 ;;
     --only-llama) llama=2 ;;
-    *) extra+=("$a") ;;
+    --sustain | --table-out)
+      if [[ $# -lt 2 ]]; then
+        echo "tune_gemm.sh: $1 needs a value" >&2
+        exit 2
+      fi
+      if [[ $1 == --sustain ]]; then sustain=$2; else table_out=$2; fi
+      shift ;;
+    *) extra+=("$1") ;;
   esac
+  shift
 done
 steps=(--warmup 1 --steps 1 --graphs none)  # every step eager: the calls per step are counted
 runs=("124M_D0|--L 12 --C 768 --NH 12 --B 16 --D 0" "124M_D1|--L 12 --C 768 --NH 12 --B 16 --D 1")
@@ -43,17 +56,17 @@ for r in "${runs[@]}"; do
   name="${r%%|*}"
   read -r -a shape <<<"${r#*|}"
   # bench_gpu takes the last occurrence of a flag: the steps stay as set here.
-  if ! GTRON_GEMM_TUNE=1 "$bin" --V 50257 --T 1024 "${shape[@]}" "${extra[@]}" "${steps[@]}" \
+  if ! GTRON_GEMM_TUNE=1 GTRON_GEMM_TUNE_SUSTAIN_MS=$sustain "$bin" --V 50257 --T 1024 "${shape[@]}" "${extra[@]}" "${steps[@]}" \
     >"$tmp/$name.out" 2>"$tmp/$name.err"; then
     echo "tune_gemm.sh: bench_gpu failed for $name:" >&2
     tail -20 "$tmp/$name.err" >&2
     exit 1
   fi
 done
-python3 - "$tmp" 2 "${runs[@]%%|*}" <<'EOF'
+python3 - "$tmp" 2 "$table_out" "${runs[@]%%|*}" <<'EOF'
 import json, sys
 
-tmp, steps_per_run, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+tmp, steps_per_run, table_out, names = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 problems = {}  # key tuple -> the first run's gemm-tune record
 calls = {}  # run -> key tuple -> calls per step
 conflicts = 0
@@ -105,4 +118,8 @@ for r in picked:
     print(f'// {r["m"]}x{r["n"]}x{r["k"]} batch {r["batch"]} {r["ab"]}->{r["c"]} {r["epilogue"]} '
           f'{flags}: {r["us0"]:.1f} -> {r["chosen_us"]:.1f} us')
     print(r["entry"])
+if table_out:
+    with open(table_out, "w") as f:
+        # Every problem, result 0 included: the file overrides the committed table for each.
+        f.write("".join(r["entry"] + "\n" for r in recs))
 EOF

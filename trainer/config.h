@@ -32,6 +32,7 @@ enum class GraphScope { kNone, kLayers, kFull };
 enum class CommBackend { kAuto, kNccl, kIpc, kGloo };
 enum class ModelArch { kGpt2, kLlama };
 enum class RopeScalingType { kNone, kLlama3 };
+enum class RecomputeChoice { kNone, kSelective };
 
 // The names the config uses ("cosine", "cuda", ...).
 const char* to_string(ScheduleKind v);
@@ -41,6 +42,7 @@ const char* to_string(GraphScope v);
 const char* to_string(CommBackend v);
 const char* to_string(ModelArch v);
 const char* to_string(RopeScalingType v);
+const char* to_string(RecomputeChoice v);
 
 // The fields below are value-initialised only; the defaults live in the schema table. Start from
 // default_config() rather than from a bare `Config{}`.
@@ -126,6 +128,7 @@ struct TrainConfig {
   PrecisionChoice precision = PrecisionChoice::kAuto;  // see resolve_precision()
   int64_t eval_every = 0;    // steps between evaluations; 0 = only at the end
   int64_t eval_batches = 0;  // micro-batches per evaluation
+  RecomputeChoice recompute = RecomputeChoice::kNone;  // what the backward re-forms (GPTConfig)
   std::string out_dir;       // run directory (metrics, checkpoints, synthetic data)
 };
 

@@ -51,6 +51,11 @@ const std::vector<std::string>& enum_names(RopeScalingType) {
   return names;
 }
 
+const std::vector<std::string>& enum_names(RecomputeChoice) {
+  static const std::vector<std::string> names = {"none", "selective"};
+  return names;
+}
+
 template <typename E>
 const char* enum_to_string(E v) {
   return enum_names(v).at(static_cast<size_t>(v)).c_str();
@@ -65,6 +70,7 @@ const char* to_string(GraphScope v) { return enum_to_string(v); }
 const char* to_string(CommBackend v) { return enum_to_string(v); }
 const char* to_string(ModelArch v) { return enum_to_string(v); }
 const char* to_string(RopeScalingType v) { return enum_to_string(v); }
+const char* to_string(RecomputeChoice v) { return enum_to_string(v); }
 
 namespace config_internal {
 namespace {
@@ -245,6 +251,12 @@ std::vector<KeySpec> build_schema() {
       key(GTRON_FIELD(train.eval_every), 0, at_least(0),
           "Steps between evaluations; 0 = only at the end."),
       key(GTRON_FIELD(train.eval_batches), 4, at_least(1), "Micro-batches per evaluation."),
+      key(GTRON_FIELD(train.recompute), RecomputeChoice::kNone, any,
+          "Activations the backward re-forms instead of keeping (CUDA bf16; fp32 and the CPU keep "
+          "all): selective = GPT-2's GELU outputs and ln1 rows, the llama family's SwiGLU "
+          "outputs; less memory for about 1.5% of the step. The same bits, except GPT-2's "
+          "mlp.proj weight gradient, which reads a GELU output re-formed by the GELU kernel "
+          "instead of the GEMM epilogue (bf16 rounding apart)."),
       key(GTRON_FIELD(train.out_dir), "runs/default", any,
           "Run directory: metrics, checkpoints, synthetic data.", Empty::kForbidden),
       // parallel

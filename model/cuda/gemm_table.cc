@@ -2,6 +2,9 @@
 #include "model/cuda/gemm_table.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <sstream>
 
@@ -50,7 +53,69 @@ const char* epilogue_name(int64_t e) {
   return "?";
 }
 
+// GTRON_GEMM_TABLE_FILE: its entries are added once, before the first lookup.
+void load_table_file_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* path = std::getenv("GTRON_GEMM_TABLE_FILE");
+    if (path == nullptr || *path == '\0') return;
+    std::ifstream in(path);
+    if (!in) throw UserError(str_cat("GTRON_GEMM_TABLE_FILE '", path, "' cannot be read"));
+    std::ostringstream text;
+    text << in.rdbuf();
+    const std::vector<TunedGemm> entries = parse_tuned_gemm_entries(text.str(), path);
+    // add_tuned_gemm puts each ahead of the last: add in reverse so the file's first entry for a
+    // key wins, as in the committed table.
+    for (auto it = entries.rbegin(); it != entries.rend(); ++it) add_tuned_gemm(*it);
+  });
+}
+
 }  // namespace
+
+std::vector<TunedGemm> parse_tuned_gemm_entries(const std::string& text,
+                                                const std::string& source) {
+  std::vector<TunedGemm> out;
+  std::istringstream lines(text);
+  std::string line;
+  for (int n = 1; std::getline(lines, line); ++n) {
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line.compare(first, 2, "//") == 0) continue;
+    auto bad = [&](const std::string& why) {
+      return UserError(str_cat(source, ":", n, ": ", why, "; expected a gemm_tuned.inc line ",
+                               "{\"device\", version, {", kGemmKeyFields,
+                               " key fields}, index, requested},"));
+    };
+    const size_t q0 = line.find('"'), q1 = q0 == std::string::npos ? q0 : line.find('"', q0 + 1);
+    if (line[first] != '{' || q1 == std::string::npos) throw bad("no quoted device name");
+    TunedGemm e;
+    e.device = line.substr(q0 + 1, q1 - q0 - 1);
+    std::vector<int64_t> nums;
+    for (size_t i = q1 + 1; i < line.size();) {
+      const char c = line[i];
+      if (c == '-' || std::isdigit(static_cast<unsigned char>(c))) {
+        size_t used = 0;
+        nums.push_back(std::stoll(line.substr(i), &used));
+        i += used;
+      } else if (c == ',' || c == '{' || c == '}' || c == ' ' || c == '\t' || c == '\r') {
+        ++i;
+      } else {
+        throw bad(str_cat("unexpected '", std::string(1, c), "'"));
+      }
+    }
+    if (nums.size() != static_cast<size_t>(kGemmKeyFields) + 3) {
+      throw bad(str_cat(nums.size(), " numbers"));
+    }
+    e.cublaslt_version = static_cast<size_t>(nums[0]);
+    std::copy(nums.begin() + 1, nums.begin() + 1 + kGemmKeyFields, e.key.begin());
+    e.index = static_cast<int>(nums[kGemmKeyFields + 1]);
+    e.requested = static_cast<int>(nums[kGemmKeyFields + 2]);
+    if (e.index < 0 || e.requested <= e.index) {
+      throw bad(str_cat("index ", e.index, " of ", e.requested, " requested"));
+    }
+    out.push_back(e);
+  }
+  return out;
+}
 
 GemmKey gemm_key(const GemmArgs& g) {
   const int64_t ab_size = static_cast<int64_t>(dtype_size(g.ab));
@@ -93,6 +158,7 @@ std::optional<PinnedChoice> find_tuned_gemm(const std::string& device, size_t cu
   auto matches = [&](const TunedGemm& e) {
     return e.cublaslt_version == cublaslt_version && e.key == key && e.device == device;
   };
+  load_table_file_once();
   {
     Added& a = added();
     std::lock_guard<std::mutex> lock(a.mu);

@@ -93,6 +93,12 @@ void add_tuned_gemm(const TunedGemm& entry);
 // Drops every entry added by add_tuned_gemm.
 void clear_added_tuned_gemms();
 
+// The entries of gemm_tuned.inc-format text (one per line as tuned_gemm_entry writes it; blank
+// and // lines skipped). Throws UserError naming `source` and the line on anything else.
+// GTRON_GEMM_TABLE_FILE=PATH adds a file's entries ahead of the committed table at the first
+// lookup (a measurement aid: try a tuned table without rebuilding).
+std::vector<TunedGemm> parse_tuned_gemm_entries(const std::string& text, const std::string& source);
+
 // The entry as one line of gemm_tuned.inc: {"NVIDIA H200", 130100, {m, n, ...}, index, requested},
 std::string tuned_gemm_entry(const TunedGemm& entry);
 // The key's fields that describe the problem, as JSON members (no braces): "m": 1, "n": 2, ...

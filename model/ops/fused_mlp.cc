@@ -7,6 +7,7 @@
 #include "model/ops/gelu.h"
 #include "model/ops/linear.h"
 #include "model/ops/shape_check.h"
+#include "model/ops/swiglu.h"
 #include "model/stream.h"
 
 namespace gtron {
@@ -75,7 +76,8 @@ GeluUp linear_gelu_up(const Var& x, const Var& w, const Var& b) {
   return up;
 }
 
-Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& residual) {
+Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& residual,
+                      bool recompute) {
   const Var& g = up.g;
   const Dims d = check_operands("linear_after_gelu", g, w, b);
   Stream& s = current_stream(g.device());
@@ -97,7 +99,7 @@ Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& r
     // formed and recomputed from pre there, one elementwise pass.
     Var pre = up.pre;
     const Shape g_shape = g.shape();
-    const Tensor kept = keep_gelu_output() ? g.value() : Tensor();
+    const Tensor kept = keep_gelu_output() && !recompute ? g.value() : Tensor();
     record_backward([g_shape, kept, pre, w, b, residual, out, d] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
@@ -135,6 +137,64 @@ Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& r
                             s.native(), /*dx_overwrite=*/true);
       cuda::gelu_backward(pre.value().raw(), dg.raw(), dpre.raw(), d.N * d.Cin, DType::kBF16,
                           s.native(), overwrite);
+    });
+  }
+  return out;
+}
+
+Var swiglu_linear(const Var& gu, const Var& w, const Var& residual, bool keep_act) {
+  GTRON_CHECK(fused_mlp_supported(gu), "swiglu_linear: CUDA bf16 activations only; got ",
+              gu.device().str(), "/", dtype_name(gu.dtype()));
+  const int64_t Cout = w.shape()[0];
+  const int64_t F = w.shape()[w.shape().rank() - 1];
+  const Shape& gs = gu.shape();
+  GTRON_CHECK(gs.rank() >= 1 && gs[gs.rank() - 1] == 2 * F, "swiglu_linear: [gate | up] ",
+              gs.str(), " against a weight ", w.shape().str(), "; expected a last dim of ", 2 * F);
+  check_shape("swiglu_linear weight", w.shape(), Shape{Cout, F});
+  check_same_device_dtype("swiglu_linear", gu.value(), w.value());
+  const int64_t N = gu.value().numel() / (2 * F);
+  Stream& s = current_stream(gu.device());
+  const Shape a_shape(with_last(gs, F));
+  const Shape y_shape(with_last(gs, Cout));
+  if (residual.defined()) {
+    check_shape("swiglu_linear residual", residual.shape(), y_shape);
+    check_same_device_dtype("swiglu_linear residual", gu.value(), residual.value());
+  }
+  Tensor a = Tensor::empty(a_shape, DType::kBF16, gu.device(), &s);
+  cuda::swiglu_forward(gu.value().raw(), a.raw(), N, F, DType::kBF16, s.native());
+  Tensor y = Tensor::empty(y_shape, DType::kBF16, gu.device(), &s);
+  cuda::linear_forward(a.raw(), w.value().raw(), nullptr, DType::kBF16, y.raw(), N, F, Cout,
+                       DType::kBF16, s.native(),
+                       residual.defined() ? residual.value().raw() : nullptr);
+  const bool need =
+      gu.requires_grad() || w.requires_grad() || (residual.defined() && residual.requires_grad());
+  Var out = Var::output(y, need);
+  if (need) {
+    // Note [recomputing the SwiGLU output]: a goes out of scope here unless kept.
+    const Tensor kept = keep_act ? a : Tensor();
+    record_backward([a_shape, kept, gu, w, residual, out, N, F, Cout] {
+      if (!out.has_grad()) return;
+      Stream& s = current_stream(out.device());
+      // The residual's share first: dy itself, before the GEMMs below read dy.
+      if (residual.defined()) hand_on_gradient(residual, out.grad());
+      Tensor act = kept;
+      if (!act.defined()) {
+        act = Tensor::empty(a_shape, DType::kBF16, out.device(), &s);
+        cuda::swiglu_forward(gu.value().raw(), act.raw(), N, F, DType::kBF16, s.native());
+      }
+      Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
+      Tensor da;
+      if (gu.requires_grad()) da = Tensor::empty(a_shape, DType::kBF16, out.device(), &s);
+      // linear's backward as the composed down projection runs it: d a (written) and dw.
+      cuda::linear_backward(act.raw(), w.value().raw(), out.grad().raw(),
+                            da.defined() ? da.raw() : nullptr, dw ? dw->raw() : nullptr,
+                            dw ? dw->dtype() : DType::kF32, nullptr, nullptr, N, F, Cout,
+                            DType::kBF16, s.native(), /*dx_overwrite=*/true);
+      if (!da.defined()) return;
+      bool overwrite = false;
+      Tensor& dgu = gu.grad_for_write(&overwrite);
+      cuda::swiglu_backward(gu.value().raw(), da.raw(), dgu.raw(), N, F, DType::kBF16, s.native(),
+                            overwrite);
     });
   }
   return out;

@@ -9,6 +9,8 @@
 // step there). The head's blocked classifier (model/ops/classifier.h) frees more than that, so g
 // is kept; GTRON_MLP_KEEP_G=0 recomputes it (an A/B switch, and a way to trade the time for the
 // memory).
+// Recomputed (GTRON_MLP_KEEP_G=0 or train.recompute = "selective"), g comes from the GELU kernel,
+// not the epilogue: bf16 rounding apart, so dw_down differs from the kept path's in the last bits.
 // Same values as linear → gelu → linear up to bf16 rounding order. The composed ops stay the
 // path everywhere else (CPU, f32) and the reference the tests compare against.
 #pragma once
@@ -38,8 +40,25 @@ GeluUp linear_gelu_up(const Var& x, const Var& w, const Var& b);
 // TP), plus `residual` when given (the block's residual stream, added in the GEMM's epilogue
 // before the one rounding). Backward accumulates dw += dyᵀ·g, db += Σ dy, dresidual += dy, and
 // delivers d pre = (dy·w) ⊙ gelu'(pre) into up.pre's gradient (written when the slot is empty,
-// else added). REQUIRES: up.g has no other consumer.
-Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& residual = Var());
+// else added). `recompute` (train.recompute = "selective"): recompute g even where
+// keep_gelu_output() says keep. REQUIRES: up.g has no other consumer.
+Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& residual = Var(),
+                      bool recompute = false);
+
+// Note [recomputing the SwiGLU output]
+// The llama block's down projection reads a = silu(gate) ⊙ up, a [N, F] activation per block
+// (2.1 GB on the Llama-3.2-1B shape at B·T = 8192, 1.4 GB on Qwen3-0.6B's) that the composed ops
+// keep from the forward to down's weight gradient. swiglu_linear forms a, runs the GEMM, and
+// either keeps a (keep_act) or drops it at once and re-forms it from [gate | up] (kept anyway:
+// SwiGLU's own backward reads it) right before the weight gradient: one elementwise pass per
+// block (about 1.5% of the step there) for that memory. train.recompute = "selective" asks for
+// the second. Either way values and gradients equal the composed swiglu → linear (+ residual)
+// bit for bit: the same kernels in the same order, the same GEMMs.
+//
+// gu: [N.., 2F] holding [gate | up]; w: [Cout, F] (bf16 like gu). y = swiglu(gu)·wᵀ (+ residual,
+// in the GEMM's epilogue). Backward: dw += dyᵀ·a, dresidual += dy, and d gu (+)= SwiGLU's backward
+// of dy·w. REQUIRES: CUDA, bf16; w not split over TP.
+Var swiglu_linear(const Var& gu, const Var& w, const Var& residual, bool keep_act);
 
 namespace cuda {
 // pre[N, Cout] = x·wᵀ + bias, g = gelu(pre), one GEMM when cuBLASLt offers the epilogue (else a

@@ -16,7 +16,7 @@ bool keep_normalized_rows() {
 }
 
 Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var& w, const Var& b,
-                     double eps, TensorParallelGroup* tp) {
+                     double eps, TensorParallelGroup* tp, bool recompute) {
   GTRON_CHECK(x.device().is_cuda(), "layernorm_linear: CUDA only; got ", x.device().str());
   const int64_t C = x.shape()[x.shape().rank() - 1];
   const int64_t N = x.value().numel() / C;
@@ -51,7 +51,7 @@ Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var&
   Var out = Var::output(y, need);
   if (!need) return out;
   if (b.defined() && b.requires_grad()) out.request_col_partials();
-  const Tensor kept = keep_normalized_rows() ? n : Tensor();
+  const Tensor kept = keep_normalized_rows() && !recompute ? n : Tensor();
   record_backward([x, gamma, beta, w, b, out, mean, rstd, normalize, kept, N, C, Cout, act, tp] {
     if (!out.has_grad()) return;
     Stream& s = current_stream(out.device());

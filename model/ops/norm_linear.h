@@ -25,7 +25,10 @@ bool keep_normalized_rows();
 // `tp` (a column-parallel w, this rank's rows): the backward sums the normalized rows' gradient
 // over the group before the LayerNorm backward — tp_copy between the two ops (model/ops/tp_comm.h)
 // — so x, gamma and beta get the full gradient on every rank.
+// `recompute` (train.recompute = "selective"): recompute the normalized rows even where
+// keep_normalized_rows() says keep.
 Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var& w, const Var& b,
-                     double eps = kLayerNormEps, TensorParallelGroup* tp = nullptr);
+                     double eps = kLayerNormEps, TensorParallelGroup* tp = nullptr,
+                     bool recompute = false);
 
 }  // namespace gtron

@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string>
 #include <tuple>
+
+#include "model/check.h"
 
 namespace gtron::cuda {
 namespace {
@@ -142,6 +145,44 @@ TEST(GemmTable, EntryLineAndJson) {
             "\"m\": 256, \"n\": 384, \"k\": 512, \"batch\": 1, \"trans_a\": false, \"trans_b\": "
             "true, \"ab\": \"bf16\", \"c\": \"bf16\", \"epilogue\": \"none\", \"bias\": false, "
             "\"beta0\": true");
+}
+
+TEST(GemmTable, TableTextParsesBackWhatEntryLinesPrint) {
+  const TunedGemm a{"NVIDIA H200", 130100, sample_key(), 3, 16};
+  GemmKey k2 = sample_key();
+  k2[kKeyM] = -1;  // negative fields (bias type -1) parse too
+  const TunedGemm b{"Some GPU", 7, k2, 1, 4};
+  const std::string text = "// comment\n\n  " + tuned_gemm_entry(a) + "\r\n" + tuned_gemm_entry(b);
+  const std::vector<TunedGemm> got = parse_tuned_gemm_entries(text, "t.inc");
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].device, a.device);
+  EXPECT_EQ(got[0].cublaslt_version, a.cublaslt_version);
+  EXPECT_EQ(got[0].key, a.key);
+  EXPECT_EQ(got[0].index, 3);
+  EXPECT_EQ(got[0].requested, 16);
+  EXPECT_EQ(got[1].device, "Some GPU");
+  EXPECT_EQ(got[1].key, k2);
+  EXPECT_EQ(got[1].requested, 4);
+}
+
+TEST(GemmTable, MalformedTableTextNamesTheLine) {
+  const std::string good = tuned_gemm_entry(TunedGemm{"NVIDIA H200", 1, sample_key(), 1, 2});
+  auto message = [](const std::string& text) {
+    try {
+      parse_tuned_gemm_entries(text, "t.inc");
+    } catch (const gtron::UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(good + "\n{\"NVIDIA H200\", 1, {1, 2}, 0, 2},").find("t.inc:2: 5 numbers"),
+            std::string::npos);
+  EXPECT_NE(message("{NVIDIA H200, 1}").find("t.inc:1: no quoted device name"), std::string::npos);
+  EXPECT_NE(message(good.substr(0, good.size() - 6) + "x 1, 2},").find("unexpected 'x'"),
+            std::string::npos);
+  const std::string idx = tuned_gemm_entry(TunedGemm{"G", 1, sample_key(), 1, 2});
+  EXPECT_NE(message(idx.substr(0, idx.size() - 6) + "2, 2},").find("index 2 of 2 requested"),
+            std::string::npos);
 }
 
 }  // namespace

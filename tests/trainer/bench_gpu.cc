@@ -8,7 +8,8 @@
 // `--arch gpt2` (default) or `llama`; the llama family's shape flags map to GPTConfig's fields:
 // --NKV (n_kv_head), --HS (head_dim), --F (intermediate_size; each 0: the family's default),
 // --qk-norm 0|1, --rope-theta, --tied 0|1 (tied_embeddings; GPT-2 stays tied). The same flags
-// drive scripts/bench_torch.py's reference model.
+// drive scripts/bench_torch.py's reference model. `--recompute none|selective` is
+// train.recompute (GPTConfig::recompute), printed as "recompute".
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -73,6 +74,13 @@ gtron::GPTConfig model_config(int argc, char** argv, int64_t T) {
   c.mtp_depth = static_cast<int>(arg(argc, argv, "D", 0));
   c.context_length = T;
   c.tied_embeddings = switch_arg(argc, argv, "tied", true);
+  const std::string recompute = flag(argc, argv, "recompute", "none");
+  if (recompute != "none" && recompute != "selective") {
+    std::fprintf(stderr, "bench_gpu: --recompute is none or selective, got '%s'\n",
+                 recompute.c_str());
+    std::exit(2);
+  }
+  c.recompute = recompute == "selective" ? gtron::Recompute::kSelective : gtron::Recompute::kNone;
   if (!c.llama()) {  // the GPT-2 shape of scripts/bench_torch.py's reference: tied
     for (const char* name : {"NKV", "HS", "F", "qk-norm", "rope-theta"}) {
       if (given(argc, argv, name)) {
@@ -105,7 +113,8 @@ gtron::GPTConfig model_config(int argc, char** argv, int64_t T) {
 
 // The JSON fields of the family and its shape beyond L, C and NH (resolved defaults).
 std::string family_fields(const gtron::GPTConfig& c) {
-  if (!c.llama()) return "\"arch\": \"gpt2\", \"tied\": 1";
+  const std::string rc = c.recompute == gtron::Recompute::kSelective ? "selective" : "none";
+  if (!c.llama()) return "\"arch\": \"gpt2\", \"tied\": 1, \"recompute\": \"" + rc + "\"";
   const gtron::LlamaDims d = c.llama_dims();
   char buf[256];
   std::snprintf(buf, sizeof buf,
@@ -113,7 +122,7 @@ std::string family_fields(const gtron::GPTConfig& c) {
                 "\"tied\": %d, \"rope_theta\": %g",
                 d.NKV, static_cast<long>(d.HS), static_cast<long>(d.F), c.qk_norm ? 1 : 0,
                 c.tied_embeddings ? 1 : 0, c.rope_theta);
-  return buf;
+  return std::string(buf) + ", \"recompute\": \"" + rc + "\"";
 }
 
 }  // namespace

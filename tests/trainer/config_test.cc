@@ -83,6 +83,7 @@ TEST(ConfigDefaults, MatchTheSchema) {
   EXPECT_EQ(c.train.device, DeviceChoice::kAuto);
   EXPECT_EQ(c.train.precision, PrecisionChoice::kAuto);
   EXPECT_EQ(c.train.eval_batches, 4);
+  EXPECT_EQ(c.train.recompute, RecomputeChoice::kNone);
   EXPECT_EQ(c.train.out_dir, "runs/default");
   EXPECT_EQ(c.parallel.gtp, 1);
   EXPECT_TRUE(c.parallel.distributed_optimizer);
@@ -151,6 +152,7 @@ TEST(ConfigOverrides, NumbersBoolsStringsAndNestedKeys) {
                                                         "data.synthetic.tokens=3e5",
                                                         "train.out_dir=2024",
                                                         "graphs.scope=layers",
+                                                        "train.recompute=selective",
                                                         "train.steps=70",
                                                     });
   EXPECT_EQ(c.train.steps, 70);  // the later override wins
@@ -163,6 +165,7 @@ TEST(ConfigOverrides, NumbersBoolsStringsAndNestedKeys) {
   EXPECT_EQ(c.data.synthetic.tokens, 300000);
   EXPECT_EQ(c.train.out_dir, "2024");  // a string key keeps the raw text
   EXPECT_EQ(c.graphs.scope, GraphScope::kLayers);
+  EXPECT_EQ(c.train.recompute, RecomputeChoice::kSelective);
   EXPECT_EQ(c.model.n_layer, 2);  // untouched keys keep the file's values
   // An override may name a section the file does not have.
   EXPECT_EQ(from_text("{}", {"checkpoint.keep=9"}).checkpoint.keep, 9);
@@ -236,6 +239,8 @@ TEST(ConfigErrors, OutOfRangeAndBadEnums) {
   expect_text_error(R"({"train": {"out_dir": ""}})", {"train.out_dir = \"\"", "not be empty"});
   expect_text_error(R"({"train": {"device": "tpu"}})",
                     {"train.device = \"tpu\"", "one of \"auto\", \"cpu\", \"cuda\""});
+  expect_text_error(R"({"train": {"recompute": "full"}})",
+                    {"train.recompute = \"full\"", "one of \"none\", \"selective\""});
   expect_text_error(R"({"schedule": {"kind": "cosin"}})",
                     {"schedule.kind = \"cosin\"", "did you mean \"cosine\"?"});
 }
