@@ -11,6 +11,7 @@
 #include "model/ops/norm.h"
 #include "trainer/config.h"
 #include "trainer/hf_llama.h"
+#include "trainer/hf_weights.h"
 #include "trainer/io/checkpoint.h"
 #include "trainer/io/checkpoint_io.h"
 #include "trainer/io/safetensors.h"
@@ -235,22 +236,17 @@ Config import_config(const HfImportOptions& o, const json& model_keys, const jso
                                source + " with the model shape of " + o.hf_dir + "/" + kHfConfig);
 }
 
-// model.safetensors by name; for GPT-2 (`gpt2`) without "transformer.", mask buffers dropped.
-std::map<std::string, Tensor> read_hf_tensors(const std::string& dir, bool gpt2) {
-  const std::string path = dir + "/" + kHfModel;
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) {
-    const bool sharded = fs::exists(dir + "/model.safetensors.index.json", ec);
-    throw UserError(str_cat("Hugging Face directory '", dir, "' has no ", kHfModel, "; hint: ",
-                            sharded
-                                ? "sharded checkpoints are not supported, save it unsharded"
-                                : "save it with save_pretrained(..., safe_serialization=True)"));
-  }
+// The model weights by name (read_hf_weights: single-file or sharded, widened to f32); for GPT-2
+// (`gpt2`) without "transformer.", mask buffers dropped. `source` gets the file messages name.
+std::map<std::string, Tensor> read_hf_tensors(const std::string& dir, bool gpt2,
+                                              std::string* source) {
+  HfWeights weights = read_hf_weights(dir);
+  *source = weights.source;
   std::map<std::string, Tensor> out;
-  for (NamedTensor& nt : read_safetensors(path).tensors) {
+  for (NamedTensor& nt : weights.tensors) {
     std::string name = nt.name;
     if (!gpt2) {
-      out.emplace(name, nt.tensor);  // names in a safetensors file are unique
+      out.emplace(name, nt.tensor);  // read_hf_weights' names are unique
       continue;
     }
     if (name.rfind(kPrefix, 0) == 0) name = name.substr(std::strlen(kPrefix));
@@ -258,7 +254,7 @@ std::map<std::string, Tensor> read_hf_tensors(const std::string& dir, bool gpt2)
                                            name.find(".attn.masked_bias") != std::string::npos);
     if (mask && name.rfind("h.", 0) == 0) continue;
     if (!out.emplace(name, nt.tensor).second)
-      throw UserError(str_cat("safetensors file '", path, "' holds '", name, "' twice (with and ",
+      throw UserError(str_cat("'", weights.source, "' holds '", name, "' twice (with and ",
                               "without the \"transformer.\" prefix)"));
   }
   return out;
@@ -287,21 +283,21 @@ int fill_mtp(GPT& model, const std::map<std::string, Tensor>& mtp, const std::st
   return fresh;
 }
 
-// Fills every GPT-2 parameter but the MTP depths from `hf` (GPT-2 names).
-void fill_gpt2_model(GPT& model, const std::map<std::string, Tensor>& hf, const std::string& dir) {
+// Fills every GPT-2 parameter but the MTP depths from `hf` (GPT-2 names, read from `file`).
+void fill_gpt2_model(GPT& model, const std::map<std::string, Tensor>& hf, const std::string& file) {
   const int64_t V = model.config().vocab_size;
   std::set<std::string> used;
   for (Parameter* p : model.parameters()) {
     const Slot s = slot_of(p->name);
     if (s.mtp) continue;
     const Shape want = hf_shape(p->data.shape(), s.conv, V);
-    from_hf(checked_tensor(hf, s.name, want, dir + "/" + kHfModel), s.conv, p->data);
+    from_hf(checked_tensor(hf, s.name, want, file), s.conv, p->data);
     used.insert(s.name);
   }
   for (const auto& [name, t] : hf) {
     if (used.count(name) == 0 && !(name == "lm_head.weight" && model.config().tied_embeddings))
-      throw UserError(str_cat("safetensors file '", dir, "/", kHfModel, "' has tensor '", name,
-                              "' ", t.shape().str(), ", which a GPT-2 of this config.json has no ",
+      throw UserError(str_cat("safetensors file '", file, "' has tensor '", name, "' ",
+                              t.shape().str(), ", which a GPT-2 of this config.json has no ",
                               "place for; hint: gtron imports GPT2LMHeadModel weights only"));
   }
 }
@@ -370,14 +366,15 @@ std::string import_hf(const HfImportOptions& o) {
   GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
   std::map<std::string, Tensor> mtp;
   if (fs::is_regular_file(o.hf_dir + "/" + kMtpFile, ec)) {
-    for (NamedTensor& nt : read_safetensors(o.hf_dir + "/" + kMtpFile).tensors)
+    for (NamedTensor& nt : read_safetensors_f32(o.hf_dir + "/" + kMtpFile).tensors)
       mtp[nt.name] = nt.tensor;
   }
-  const std::map<std::string, Tensor> hf = read_hf_tensors(o.hf_dir, !llama);
+  std::string source;
+  const std::map<std::string, Tensor> hf = read_hf_tensors(o.hf_dir, !llama, &source);
   if (llama) {
-    fill_llama_model(model, hf, o.hf_dir + "/" + kHfModel);
+    fill_llama_model(model, hf, source);
   } else {
-    fill_gpt2_model(model, hf, o.hf_dir);
+    fill_gpt2_model(model, hf, source);
   }
   const int fresh = fill_mtp(model, mtp, o.hf_dir);
   std::vector<NamedTensor> params;

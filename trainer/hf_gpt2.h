@@ -15,8 +15,10 @@
 //     tokenizer.json     copied from the checkpoint when it has one
 //
 // Both directions are pure data conversions: fp32 in, fp32 out, every value bit-exact (rows are
-// cut or zero-padded, matrices transposed; nothing is computed). Optimizer state stays in gtron
-// checkpoints: an imported checkpoint has weights only (train --init starts from it).
+// cut or zero-padded, matrices transposed; nothing is computed). Import also reads BF16 and F16
+// weights (widened exactly) and sharded checkpoints, for both families (trainer/hf_weights.h).
+// Optimizer state stays in gtron checkpoints: an imported checkpoint has weights only (train
+// --init starts from it).
 //
 // Note [GPT-2 names]
 //   gtron (checkpoint)                GPT-2 (model.safetensors)              conversion

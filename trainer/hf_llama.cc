@@ -83,12 +83,14 @@ int64_t positive(const json& j, const std::string& path, const char* field) {
   return v.get<int64_t>();
 }
 
-double positive_number(const json& j, const std::string& path, const std::string& field,
-                       double fallback) {
-  if (!j.contains(field) || j[field].is_null()) return fallback;
-  const json& v = j[field];
+// j[key] (config.json's field `prefix` + `key`) as a positive number, `fallback` when absent or
+// null.
+double positive_number(const json& j, const std::string& path, const std::string& key,
+                       double fallback, const std::string& prefix = "") {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  const json& v = j[key];
   if (!v.is_number() || !(v.get<double>() > 0))
-    field_fail(path, field, v.dump(), "a positive number");
+    field_fail(path, prefix + key, v.dump(), "a positive number");
   return v.get<double>();
 }
 
@@ -98,28 +100,74 @@ bool flag(const json& j, const std::string& path, const char* field, bool fallba
   return j[field].get<bool>();
 }
 
-// rope_scaling: null, or {"rope_type" (or "type"): "llama3", the four llama3 fields}.
-json rope_scaling_keys(const json& j, const std::string& path) {
-  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return {{"type", "none"}};
-  const json& r = j["rope_scaling"];
-  if (!r.is_object()) field_fail(path, "rope_scaling", r.dump(), "null or a JSON object");
-  const char* type_field = r.contains("rope_type") ? "rope_type" : "type";
-  const json type = r.value(type_field, json());
-  const std::string where = std::string("rope_scaling.") + type_field;
+// gtron's model.rope_scaling keys from the RoPE object `r`, config.json's field `field`
+// ("rope_scaling" or "rope_parameters"): rope_type (or the older key type) "default" is none,
+// "llama3" takes its four fields (Note [llama RoPE fields]).
+json rope_type_keys(const json& r, const std::string& path, const std::string& field) {
+  const std::string type_field = r.contains("rope_type") ? "rope_type" : "type";
+  if (!r.contains(type_field))
+    field_fail(path, field + ".rope_type", "missing", "\"default\" or \"llama3\"");
+  const json& type = r[type_field];
   if (type == "default") return {{"type", "none"}};
-  if (type != "llama3") field_fail(path, where, type.dump(), "\"llama3\" (or null rope_scaling)");
+  if (type != "llama3")
+    field_fail(path, field + "." + type_field, type.dump(), "\"default\" or \"llama3\"");
   json keys = {{"type", "llama3"}};
   for (const char* f : {"factor", "low_freq_factor", "high_freq_factor"}) {
-    const std::string field = std::string("rope_scaling.") + f;
-    if (!r.contains(f)) field_fail(path, field, "missing", "a positive number");
-    keys[f] = positive_number(r, path, f, 0);
+    if (!r.contains(f) || r[f].is_null())
+      field_fail(path, field + "." + f, "missing", "a positive number");
+    keys[f] = positive_number(r, path, f, 0, field + ".");
   }
   const char* omax = "original_max_position_embeddings";
   if (!r.contains(omax) || !r[omax].is_number_integer() || r[omax].get<int64_t>() <= 0)
-    field_fail(path, std::string("rope_scaling.") + omax, r.value(omax, json("missing")).dump(),
+    field_fail(path, field + "." + omax, r.value(omax, json("missing")).dump(),
                "a positive integer");
   keys[omax] = r[omax];
   return keys;
+}
+
+struct RopeKeys {
+  double theta;
+  json scaling;  // gtron's model.rope_scaling
+};
+
+[[noreturn]] void rope_disagree(const std::string& path, const std::string& a, const std::string& b,
+                                const std::string& a_says, const std::string& b_says) {
+  throw UserError(str_cat("Hugging Face config '", path, "': fields '", a, "' and '", b,
+                          "' disagree (", a, " gives ", a_says, ", ", b, " gives ", b_says,
+                          "); hint: transformers 5 reads rope_parameters: make '", a,
+                          "' match it or remove '", a, "'"));
+}
+
+// Note [llama RoPE fields]: the older form is rope_theta (default 10000) plus rope_scaling (null,
+// or an object as rope_type_keys reads it); transformers 5 writes rope_parameters, one object
+// holding rope_type, rope_theta and the scaling fields. Either form is read; a config holding
+// both must say the same in both (rope_theta against rope_parameters.rope_theta when both are
+// given, rope_scaling, null included, against rope_parameters' type and fields), else it is
+// refused naming the two fields. rope_parameters without rope_theta takes the top-level
+// rope_theta, as transformers does.
+RopeKeys rope_keys(const json& j, const std::string& path) {
+  const bool old_theta = j.contains("rope_theta") && !j["rope_theta"].is_null();
+  RopeKeys old{positive_number(j, path, "rope_theta", 10000.0), json{{"type", "none"}}};
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    if (!j["rope_scaling"].is_object())
+      field_fail(path, "rope_scaling", j["rope_scaling"].dump(), "null or a JSON object");
+    old.scaling = rope_type_keys(j["rope_scaling"], path, "rope_scaling");
+  }
+  if (!j.contains("rope_parameters") || j["rope_parameters"].is_null()) return old;
+  const json& r = j["rope_parameters"];
+  if (!r.is_object()) field_fail(path, "rope_parameters", r.dump(), "null or a JSON object");
+  RopeKeys now{positive_number(r, path, "rope_theta", old.theta, "rope_parameters."),
+               rope_type_keys(r, path, "rope_parameters")};
+  const json partial = r.value("partial_rotary_factor", json(1.0));
+  if (!partial.is_null() && partial != 1.0)
+    field_fail(path, "rope_parameters.partial_rotary_factor", partial.dump(),
+               "1 (RoPE on the whole head)");
+  if (old_theta && r.contains("rope_theta") && now.theta != old.theta)
+    rope_disagree(path, "rope_theta", "rope_parameters.rope_theta", j["rope_theta"].dump(),
+                  r["rope_theta"].dump());
+  if (j.contains("rope_scaling") && now.scaling != old.scaling)
+    rope_disagree(path, "rope_scaling", "rope_parameters", old.scaling.dump(), now.scaling.dump());
+  return now;
 }
 
 }  // namespace
@@ -223,6 +271,7 @@ json llama_model_keys(const json& j, const std::string& path) {
   const bool qkv_bias = type == "qwen2";
   if (!qkv_bias && flag(j, path, "attention_bias", false))
     field_fail(path, "attention_bias", "true", "false (gtron has no o_proj bias)");
+  const RopeKeys rope = rope_keys(j, path);
   return {{"arch", "llama"},
           {"vocab_size", positive(j, path, "vocab_size")},
           {"context_length", positive(j, path, "max_position_embeddings")},
@@ -232,8 +281,8 @@ json llama_model_keys(const json& j, const std::string& path) {
           {"n_kv_head", NKV},
           {"head_dim", HS},
           {"intermediate_size", positive(j, path, "intermediate_size")},
-          {"rope_theta", positive_number(j, path, "rope_theta", 10000.0)},
-          {"rope_scaling", rope_scaling_keys(j, path)},
+          {"rope_theta", rope.theta},
+          {"rope_scaling", rope.scaling},
           {"rms_norm_eps", positive_number(j, path, "rms_norm_eps", 1e-6)},
           {"qk_norm", type == "qwen3"},
           {"qkv_bias", qkv_bias},

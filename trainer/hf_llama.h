@@ -10,6 +10,16 @@
 //                null), max_position_embeddings (context_length), vocab_size (the real V),
 //                tie_word_embeddings, attention_bias (qkv_bias), torch_dtype "float32"
 //
+// Export writes exactly that (fp32, one model.safetensors, the older rope_theta + rope_scaling).
+// Import reads more of what transformers writes:
+//   - weights in F32, BF16 or F16, mixed freely, each value widened exactly to fp32; any other
+//     dtype (F64, integer, quantized) is refused naming the tensor (trainer/io/safetensors.h);
+//   - one model.safetensors or a sharded checkpoint, model.safetensors.index.json with its shards
+//     (Note [sharded Hugging Face checkpoints] in trainer/hf_weights.h; both at once is refused);
+//   - RoPE as rope_theta + rope_scaling, or as transformers 5's rope_parameters, or both when they
+//     agree (Note [llama RoPE fields] in hf_llama.cc); rope_type "default" or "llama3" only.
+// Every refusal is a UserError naming the file, field or tensor; nothing is written.
+//
 // Note [llama names]
 //   gtron (checkpoint)                       Hugging Face (model.safetensors, prefix model.)
 //   wte.weight [Vp, C]                       embed_tokens.weight [V, C]             rows < V

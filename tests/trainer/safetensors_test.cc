@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -259,6 +260,106 @@ TEST(SafetensorsHeader, EveryInvalidHeaderIsNamed) {
     // 8 bytes of 0x01 so that an all-zero CRC cannot match by accident.
     write_raw(path, header, std::string(8, '\x01'));
     expect_rejected(path, phrase);
+  }
+}
+
+// The value of IEEE half `h`, from the format's definition (not from bit shuffling).
+double half_value(uint16_t h) {
+  const int exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  const double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (exp == 0x1f) return man ? std::nan("") : sign * INFINITY;
+  if (exp == 0) return sign * std::ldexp(man, -24);
+  return sign * std::ldexp(1024 + man, exp - 25);
+}
+
+// The value of bfloat16 `b`: 8 exponent bits (bias 127), 7 mantissa bits.
+double bf16_value(uint16_t b) {
+  const int exp = (b >> 7) & 0xff, man = b & 0x7f;
+  const double sign = (b & 0x8000) ? -1.0 : 1.0;
+  if (exp == 0xff) return man ? std::nan("") : sign * INFINITY;
+  if (exp == 0) return sign * std::ldexp(man, -133);
+  return sign * std::ldexp(128 + man, exp - 134);
+}
+
+// Every 16-bit pattern once, little-endian.
+std::string all_16_bit_patterns() {
+  std::string bytes;
+  for (uint32_t v = 0; v < 65536; ++v) {
+    bytes.push_back(static_cast<char>(v & 0xff));
+    bytes.push_back(static_cast<char>(v >> 8));
+  }
+  return bytes;
+}
+
+void expect_value(float got, double want, uint32_t bits) {
+  if (std::isnan(want)) {
+    EXPECT_TRUE(std::isnan(got)) << "pattern " << bits;
+  } else {
+    EXPECT_EQ(static_cast<double>(got), want) << "pattern " << bits;
+    EXPECT_EQ(std::signbit(got), std::signbit(want)) << "pattern " << bits;  // -0 stays -0
+  }
+}
+
+TEST(SafetensorsF32, WidensEveryBf16AndF16ValueExactly) {
+  const std::string path = tmp_path("widen.safetensors");
+  const std::string all = all_16_bit_patterns();
+  const std::string f32 = bytes_of(Tensor::from_vector({1.5, -3}, {2}, DType::kF32));
+  write_raw(path,
+            R"({"h":{"dtype":"F16","shape":[256,256],"data_offsets":[0,131072]},)"
+            R"("b":{"dtype":"BF16","shape":[65536],"data_offsets":[131072,262144]},)"
+            R"("f":{"dtype":"F32","shape":[2],"data_offsets":[262144,262152]}})",
+            all + all + f32);
+  const SafetensorsFile out = read_safetensors_f32(path);
+  ASSERT_EQ(out.tensors.size(), 3u);
+  for (const NamedTensor& nt : out.tensors) EXPECT_EQ(nt.tensor.dtype(), DType::kF32) << nt.name;
+  EXPECT_EQ(out.tensors[0].tensor.shape(), Shape({256, 256}));
+  const float* h = out.tensors[0].tensor.data<float>();
+  const float* b = out.tensors[1].tensor.data<float>();
+  for (uint32_t v = 0; v < 65536; ++v) {
+    expect_value(h[v], half_value(static_cast<uint16_t>(v)), v);
+    expect_value(b[v], bf16_value(static_cast<uint16_t>(v)), v);
+  }
+  EXPECT_EQ(h[0x0001], std::ldexp(1.0f, -24));  // the smallest subnormal half
+  EXPECT_EQ(h[0x7bff], 65504.0f);               // the largest finite half
+  EXPECT_EQ(out.tensors[2].tensor.to_vector(), (std::vector<double>{1.5, -3}));
+  // The plain reader keeps BF16 as BF16 and has no F16.
+  expect_rejected(path, "has dtype \"F16\"");
+}
+
+TEST(SafetensorsF32, CrcCoversTheBytesOnDisk) {
+  const std::string path = tmp_path("widen_crc.safetensors");
+  write_safetensors(path,
+                    {{"b", Tensor::from_vector({1, -0.5, 3.140625, 1024}, {4}, DType::kBF16)}});
+  const SafetensorsFile out = read_safetensors_f32(path);
+  ASSERT_EQ(out.tensors.size(), 1u);
+  EXPECT_EQ(out.tensors[0].tensor.dtype(), DType::kF32);
+  EXPECT_EQ(out.tensors[0].tensor.to_vector(), (std::vector<double>{1, -0.5, 3.140625, 1024}));
+  std::string bytes = slurp(path);
+  bytes[bytes.size() - 1] ^= 0x01;
+  spit(path, bytes);
+  EXPECT_THROW(read_safetensors_f32(path), UserError);
+}
+
+TEST(SafetensorsF32, OtherDtypesAreRefusedNamingTheTensor) {
+  const std::string path = tmp_path("widen_refused.safetensors");
+  for (const char* dtype : {"F64", "I32", "I8", "U8", "F8_E4M3", "BOOL"}) {
+    SCOPED_TRACE(dtype);
+    const int bytes = std::string(dtype) == "F64" ? 8 : std::string(dtype) == "I32" ? 4 : 1;
+    write_raw(path,
+              str_cat(R"({"ok":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)",
+                      R"("layers.3.w":{"dtype":")", dtype, R"(","shape":[8],"data_offsets":[8,)",
+                      8 + 8 * bytes, "]}}"),
+              std::string(8 + 8 * bytes, '\0'));
+    try {
+      read_safetensors_f32(path);
+      ADD_FAILURE() << "no error";
+    } catch (const UserError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(str_cat("tensor 'layers.3.w' has dtype \"", dtype, "\"")),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("F32, BF16, F16"), std::string::npos) << msg;
+    }
   }
 }
 

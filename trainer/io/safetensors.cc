@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -72,27 +73,89 @@ const char* format_dtype(DType t) {
   GTRON_CHECK(false, "unknown dtype");
 }
 
-bool parse_dtype(const std::string& s, DType* out) {
-  for (DType t : {DType::kF32, DType::kBF16, DType::kF64, DType::kI32}) {
-    if (s == format_dtype(t)) {
-      *out = t;
-      return true;
+// An on-disk dtype a read accepts and the Tensor dtype it is loaded as.
+struct FileDType {
+  const char* name;
+  size_t bytes;   // per element on disk
+  DType load_as;  // != the file's own type only when widening
+};
+
+// read_safetensors: gtron's four types as stored. read_safetensors_f32: the float types that widen
+// to f32 exactly (F64 does not: narrowing it would round).
+constexpr FileDType kNativeTypes[] = {{"F32", 4, DType::kF32},
+                                      {"BF16", 2, DType::kBF16},
+                                      {"F64", 8, DType::kF64},
+                                      {"I32", 4, DType::kI32}};
+constexpr FileDType kWidenedTypes[] = {
+    {"F32", 4, DType::kF32}, {"BF16", 2, DType::kF32}, {"F16", 2, DType::kF32}};
+
+struct ReadMode {
+  const FileDType* begin;
+  const FileDType* end;
+  const char* allowed;  // for messages
+  const char* hint;
+};
+
+constexpr ReadMode kNative = {
+    std::begin(kNativeTypes), std::end(kNativeTypes), "F32, BF16, F64, I32",
+    "convert the tensor to one of these dtypes before loading it into gtron"};
+constexpr ReadMode kWidened = {std::begin(kWidenedTypes), std::end(kWidenedTypes),
+                               "F32, BF16, F16 (widened exactly to F32)",
+                               "gtron imports floating-point weights that widen to F32 exactly; "
+                               "convert the tensor to F32, BF16 or F16 (quantized and F64 "
+                               "weights are not read)"};
+
+const FileDType* parse_dtype(const std::string& s, const ReadMode& mode) {
+  for (const FileDType* t = mode.begin; t != mode.end; ++t)
+    if (s == t->name) return t;
+  return nullptr;
+}
+
+// IEEE half -> float. Every half value (subnormals, infinities, NaN payloads) is a float exactly.
+float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t man = h & 0x3ffu;
+  uint32_t u = sign;
+  if (exp == 0x1f) {
+    u |= 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    u |= ((exp + 127 - 15) << 23) | (man << 13);
+  } else if (man != 0) {  // subnormal: man * 2^-24, normalized for float
+    int e = -14;
+    uint32_t m = man;
+    while ((m & 0x400u) == 0) {
+      m <<= 1;
+      --e;
     }
+    u |= (static_cast<uint32_t>(e + 127) << 23) | ((m & 0x3ffu) << 13);
   }
-  return false;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// `n` 16-bit values of on-disk type `type` (BF16 or F16) at `src`, widened into `dst`.
+void widen16(const FileDType& type, const char* src, size_t n, float* dst) {
+  const bool bf16 = std::strcmp(type.name, "BF16") == 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t v;
+    std::memcpy(&v, src + 2 * i, 2);
+    dst[i] = bf16 ? bf16_to_float(BF16{v}) : f16_to_float(v);
+  }
 }
 
 // One header entry, validated on its own (contiguity is checked across entries later).
 struct Entry {
   std::string name;
-  DType dtype;
+  const FileDType* dtype;
   std::vector<int64_t> shape;
   uint64_t begin;
   uint64_t end;
 };
 
-Entry parse_entry(const std::string& path, const std::string& name,
-                  const nlohmann::ordered_json& v) {
+Entry parse_entry(const std::string& path, const std::string& name, const nlohmann::ordered_json& v,
+                  const ReadMode& mode) {
   const std::string where = str_cat("tensor '", name, "'");
   if (!v.is_object()) fail(path, str_cat(where, " is ", v.type_name(), ", expected an object"));
   for (const char* key : {"dtype", "shape", "data_offsets"})
@@ -100,9 +163,10 @@ Entry parse_entry(const std::string& path, const std::string& name,
   Entry e;
   e.name = name;
   const auto& dtype = v["dtype"];
-  if (!dtype.is_string() || !parse_dtype(dtype.get<std::string>(), &e.dtype))
-    fail(path, str_cat(where, " has dtype ", dtype.dump(), ", expected one of F32, BF16, F64, I32"),
-         "convert the tensor to one of these dtypes before loading it into gtron");
+  e.dtype = dtype.is_string() ? parse_dtype(dtype.get<std::string>(), mode) : nullptr;
+  if (e.dtype == nullptr)
+    fail(path, str_cat(where, " has dtype ", dtype.dump(), ", expected one of ", mode.allowed),
+         mode.hint);
   const auto& shape = v["shape"];
   if (!shape.is_array() || shape.size() > static_cast<size_t>(Shape::kMaxRank))
     fail(path, str_cat(where, " has shape ", shape.dump(), ", expected an array of at most ",
@@ -122,11 +186,10 @@ Entry parse_entry(const std::string& path, const std::string& name,
                        ", expected [begin, end] with 0 <= begin <= end"));
   e.begin = offs[0].get<uint64_t>();
   e.end = offs[1].get<uint64_t>();
-  const uint64_t want = numel * dtype_size(e.dtype);
+  const uint64_t want = numel * e.dtype->bytes;
   if (e.end - e.begin != want)
-    fail(path,
-         str_cat(where, " spans ", e.end - e.begin, " bytes (data_offsets ", offs.dump(),
-                 ") but its shape ", shape.dump(), " of ", format_dtype(e.dtype), " needs ", want));
+    fail(path, str_cat(where, " spans ", e.end - e.begin, " bytes (data_offsets ", offs.dump(),
+                       ") but its shape ", shape.dump(), " of ", e.dtype->name, " needs ", want));
   return e;
 }
 
@@ -186,6 +249,77 @@ SafetensorsMetadata parse_metadata(const std::string& path, const nlohmann::orde
     if (!value.is_string())
       fail(path, str_cat("__metadata__[\"", key, "\"] is ", value.dump(), ", expected a string"));
     out[key] = value.get<std::string>();
+  }
+  return out;
+}
+
+// read_safetensors with the dtypes of `mode`: entries of a widened type are read through a
+// staging buffer (the CRC covers the bytes on disk) and widened into f32 tensors.
+SafetensorsFile read_file(const std::string& path, const ReadMode& mode) {
+  FilePtr f(std::fopen(path.c_str(), "rb"));
+  if (!f) fail(path, str_cat("cannot open: ", std::strerror(errno)), "check the path");
+  const uint64_t size = file_size(path, f.get());
+  if (size < 8)
+    fail(path, str_cat("truncated: ", size, " bytes, fewer than the 8-byte header length field"));
+  unsigned char len[8];
+  read_exact(path, f.get(), len, 8, "the header length field");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(len[i]) << (8 * i);
+  if (n > size - 8 || n > kMaxHeaderBytes)
+    fail(path,
+         str_cat("bad header length ", n, ": the file has ", size - 8,
+                 " bytes after the length field", n > kMaxHeaderBytes ? " (limit 100 MiB)" : ""),
+         "the file is truncated or not a safetensors file");
+  std::string text(n, '\0');
+  read_exact(path, f.get(), text.data(), n, "the header");
+
+  // ordered_json keeps the file's key order, the tie-break between empty tensors at one offset.
+  nlohmann::ordered_json header;
+  try {
+    header = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, str_cat("the header is not valid JSON: ", e.what()),
+         "the file is corrupt or not a safetensors file");
+  }
+  if (!header.is_object())
+    fail(path, str_cat("the header is a JSON ", header.type_name(), ", expected an object"));
+
+  SafetensorsFile out;
+  std::vector<Entry> entries;
+  for (const auto& [key, value] : header.items()) {
+    if (key == "__metadata__") {
+      out.metadata = parse_metadata(path, value);
+    } else {
+      entries.push_back(parse_entry(path, key, value, mode));
+    }
+  }
+  check_layout(path, &entries, size - 8 - n);
+
+  uint32_t crc = 0;
+  std::vector<char> staging;
+  for (const Entry& e : entries) {
+    Tensor t = Tensor::empty(Shape(e.shape), e.dtype->load_as);
+    const bool widen = dtype_size(e.dtype->load_as) != e.dtype->bytes;
+    const size_t bytes = e.end - e.begin;
+    if (widen) staging.resize(std::min(kIoChunk, bytes));
+    char* p = static_cast<char*>(t.raw());
+    for (size_t done = 0; done < bytes; done += kIoChunk) {
+      const size_t chunk = std::min(kIoChunk, bytes - done);
+      char* dst = widen ? staging.data() : p + done;
+      read_exact(path, f.get(), dst, chunk, str_cat("tensor '", e.name, "'").c_str());
+      crc = crc32(dst, chunk, crc);
+      if (widen) widen16(*e.dtype, dst, chunk / 2, t.data<float>() + done / 2);
+    }
+    out.tensors.push_back({e.name, std::move(t)});
+  }
+  auto stored = out.metadata.find(kSafetensorsCrcKey);
+  if (stored != out.metadata.end()) {
+    if (stored->second != crc32_hex(crc))
+      fail(path,
+           str_cat("CRC mismatch: the data section has CRC32 ", crc32_hex(crc),
+                   ", the header records ", stored->second),
+           "the tensor bytes were altered or damaged on disk; use another copy");
+    out.metadata.erase(stored);
   }
   return out;
 }
@@ -263,67 +397,8 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
                             "; hint: check free disk space and permissions"));
 }
 
-SafetensorsFile read_safetensors(const std::string& path) {
-  FilePtr f(std::fopen(path.c_str(), "rb"));
-  if (!f) fail(path, str_cat("cannot open: ", std::strerror(errno)), "check the path");
-  const uint64_t size = file_size(path, f.get());
-  if (size < 8)
-    fail(path, str_cat("truncated: ", size, " bytes, fewer than the 8-byte header length field"));
-  unsigned char len[8];
-  read_exact(path, f.get(), len, 8, "the header length field");
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(len[i]) << (8 * i);
-  if (n > size - 8 || n > kMaxHeaderBytes)
-    fail(path,
-         str_cat("bad header length ", n, ": the file has ", size - 8,
-                 " bytes after the length field", n > kMaxHeaderBytes ? " (limit 100 MiB)" : ""),
-         "the file is truncated or not a safetensors file");
-  std::string text(n, '\0');
-  read_exact(path, f.get(), text.data(), n, "the header");
+SafetensorsFile read_safetensors(const std::string& path) { return read_file(path, kNative); }
 
-  // ordered_json keeps the file's key order, the tie-break between empty tensors at one offset.
-  nlohmann::ordered_json header;
-  try {
-    header = nlohmann::ordered_json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, str_cat("the header is not valid JSON: ", e.what()),
-         "the file is corrupt or not a safetensors file");
-  }
-  if (!header.is_object())
-    fail(path, str_cat("the header is a JSON ", header.type_name(), ", expected an object"));
-
-  SafetensorsFile out;
-  std::vector<Entry> entries;
-  for (const auto& [key, value] : header.items()) {
-    if (key == "__metadata__") {
-      out.metadata = parse_metadata(path, value);
-    } else {
-      entries.push_back(parse_entry(path, key, value));
-    }
-  }
-  check_layout(path, &entries, size - 8 - n);
-
-  uint32_t crc = 0;
-  for (const Entry& e : entries) {
-    Tensor t = Tensor::empty(Shape(e.shape), e.dtype);
-    char* p = static_cast<char*>(t.raw());
-    for (size_t done = 0; done < t.nbytes(); done += kIoChunk) {
-      const size_t chunk = std::min(kIoChunk, t.nbytes() - done);
-      read_exact(path, f.get(), p + done, chunk, str_cat("tensor '", e.name, "'").c_str());
-      crc = crc32(p + done, chunk, crc);
-    }
-    out.tensors.push_back({e.name, std::move(t)});
-  }
-  auto stored = out.metadata.find(kSafetensorsCrcKey);
-  if (stored != out.metadata.end()) {
-    if (stored->second != crc32_hex(crc))
-      fail(path,
-           str_cat("CRC mismatch: the data section has CRC32 ", crc32_hex(crc),
-                   ", the header records ", stored->second),
-           "the tensor bytes were altered or damaged on disk; use another copy");
-    out.metadata.erase(stored);
-  }
-  return out;
-}
+SafetensorsFile read_safetensors_f32(const std::string& path) { return read_file(path, kWidened); }
 
 }  // namespace gtron

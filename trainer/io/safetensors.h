@@ -11,8 +11,13 @@
 //              are relative to the start of this section
 //
 // Policy:
-// - Only the four gtron dtypes exist here: F32, BF16, F64, I32. A file with any other dtype is a
-//   UserError (gtron could not hold it in a Tensor), as is a rank above Shape::kMaxRank.
+// - read_safetensors loads the four gtron dtypes as stored: F32, BF16, F64, I32. A file with any
+//   other dtype is a UserError naming the tensor and its dtype (gtron could not hold it in a
+//   Tensor), as is a rank above Shape::kMaxRank.
+// - read_safetensors_f32 (imported weights) loads F32, BF16 and F16, each widened exactly to f32:
+//   a bf16 value is the top half of its float, and every IEEE half (subnormals, infinities, NaN
+//   payloads) is a float. Files may mix these dtypes. Any other dtype is a UserError naming the
+//   tensor and its dtype; that includes F64, which would round on the way to f32.
 // - Integrity: the writer stores the CRC32 (IEEE) of the whole data section, as 8 lowercase hex
 //   digits, in __metadata__["gtron.crc32"]; the reader verifies it when present (files written by
 //   other tools have none) and removes it from the metadata it returns, so a write/read round trip
@@ -61,6 +66,11 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
 
 // Reads and validates a whole file into fresh CPU tensors. Throws UserError on any problem.
 SafetensorsFile read_safetensors(const std::string& path);
+
+// read_safetensors, but every tensor comes back f32: F32 as is, BF16 and F16 widened exactly; any
+// other dtype is a UserError naming the tensor and dtype. Validation is read_safetensors' (the CRC
+// covers the bytes on disk).
+SafetensorsFile read_safetensors_f32(const std::string& path);
 
 // CRC-32 with the IEEE 802.3 polynomial (reflected 0xEDB88320, init and final xor 0xFFFFFFFF), the
 // same value as zlib's crc32() and Python's binascii.crc32(). Chain calls by passing the previous
