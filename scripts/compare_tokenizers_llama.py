@@ -111,12 +111,11 @@ def build(name, regex, specials, ignore_merges, bos, corpus_file, vocab_size, wo
     if bos:
         bos_id = tok.token_to_id(bos)
         tok.post_processor = processors.Sequence([
-            processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True),
+            processors.ByteLevel(trim_offsets=False),
             processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1",
                                           special_tokens=[(bos, bos_id)])])
     else:
-        tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False,
-                                                  use_regex=False)
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.add_tokens([AddedToken(ADDED, special=False, normalized=True)])
     os.makedirs(os.path.join(work, name), exist_ok=True)
     path = os.path.join(work, name, "tokenizer.json")
@@ -136,8 +135,8 @@ def first_difference(a, b):
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def compare(name, tokenizer_json, gtron, text, text_file, work):
-    """One JSON-able result: gtron's ids against tokenizers' for text."""
+def compare(name, tokenizer_json, prefix, gtron, text, text_file, work):
+    """One JSON-able result: gtron's ids against tokenizers' for text (prefix: the template's)."""
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(tokenizer_json)
     hf_ids = tok.encode(text).ids
@@ -154,8 +153,7 @@ def compare(name, tokenizer_json, gtron, text, text_file, work):
     res = {"tokenizer": name, "file": tokenizer_json, "bytes": len(text.encode("utf-8")),
            "tokens_tokenizers": len(hf_ids), "tokens_gtron": len(gt_ids),
            "identical": diff is None, "first_id": gt_ids[0] if gt_ids else None,
-           "decode_roundtrip": tok.decode(gt_ids, skip_special_tokens=False) ==
-           (tok.decode(hf_ids, skip_special_tokens=False))}
+           "decode_roundtrip": tok.decode(gt_ids, skip_special_tokens=False) == prefix + text}
     if diff is not None:
         lo = max(0, diff - 3)
         res["first_difference"] = diff
@@ -186,17 +184,17 @@ def main():
     with open(text_file, "w", encoding="utf-8", newline="") as f:
         f.write(text)
 
-    jobs = [
+    jobs = [  # (name, make the tokenizer.json, what its template puts before the text)
         ("llama3", lambda: build("llama3", LLAMA3, LLAMA_SPECIALS, True, LLAMA_SPECIALS[0],
-                                 corpus_file, a.vocab_size, a.work)),
+                                 corpus_file, a.vocab_size, a.work), LLAMA_SPECIALS[0]),
         ("qwen2", lambda: build("qwen2", QWEN2, QWEN_SPECIALS, False, None, corpus_file,
-                                a.vocab_size, a.work)),
-        ("gtron_llama3", lambda: gtron_trained(gtron, corpus_file, a.vocab_size, a.work)),
+                                a.vocab_size, a.work), ""),
+        ("gtron_llama3", lambda: gtron_trained(gtron, corpus_file, a.vocab_size, a.work), ""),
     ]
     ok = True
-    for name, make in jobs:
+    for name, make, prefix in jobs:
         try:
-            res = compare(name, make(), gtron, text, text_file, a.work)
+            res = compare(name, make(), prefix, gtron, text, text_file, a.work)
         except Exception as e:  # noqa: BLE001 -- report it, go on with the next tokenizer
             res = {"tokenizer": name, "error": f"{type(e).__name__}: {e}"}
         ok = ok and res.get("identical", False) and res.get("decode_roundtrip", False)
