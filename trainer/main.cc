@@ -345,6 +345,8 @@ int run(int argc, char** argv) {
       ->required();
   tok_train->add_option("--out", tt.out, "tokenizer.json to write")->required();
   tok_train->add_option("--special", tt.specials, "A special token, kept whole (repeatable)");
+  tok_train->add_option("--pattern", tt.pattern,
+                        "Pre-tokenization split pattern: gpt2 (default), llama3 or qwen2");
   tok_train->add_option("--doc-separator", tt.doc_separator,
                         "A line that separates documents inside a file (e.g. %)");
   tok_train->add_option("--val-fraction", tt.val_fraction,

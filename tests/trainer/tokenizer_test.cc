@@ -1,11 +1,14 @@
 // The byte-level BPE tokenizer: hand-checked merges and ids, round trips of arbitrary bytes and of
-// every file under tests/, determinism, special tokens, tokenizer.json both ways.
+// every file under tests/, determinism, special tokens, tokenizer.json both ways; the Llama-3 and
+// Qwen2 split patterns and their file form (Split + ByteLevel, ignore_merges, a BOS template).
 #include "trainer/text/tokenizer.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
@@ -28,8 +31,9 @@ TokenizerSpec train(const std::string& text, int64_t vocab, std::vector<std::str
   return train_bpe({text}, o);
 }
 
-std::vector<std::string> pieces(const std::string& text) {
-  Pretokenizer pre;
+std::vector<std::string> pieces(const std::string& text,
+                                SplitPattern pattern = SplitPattern::kGpt2) {
+  Pretokenizer pre(pattern);
   std::vector<std::string> out;
   pre.split(text, [&](std::string_view p) { out.emplace_back(p); });
   return out;
@@ -68,6 +72,56 @@ TEST(Pretokenize, InvalidUtf8BytesBecomeTheirOwnPieces) {
             (std::vector<std::string>{"ab", "\xFF\xFE", " cd", "\x80"}));
   const std::string spaces(1 << 20, ' ');  // a long backtracking run fits the JIT stack
   EXPECT_EQ(pieces(spaces + "x").size(), 2u);
+}
+
+using Pieces = std::vector<std::string>;
+
+// Each expectation follows the Llama-3 pattern's alternatives by hand, leftmost alternative first.
+TEST(Pretokenize, Llama3SplitPattern) {
+  const auto llama = [](const std::string& t) { return pieces(t, SplitPattern::kLlama3); };
+  EXPECT_EQ(llama("abc1234567"), (Pieces{"abc", "123", "456", "7"}));  // \p{N}{1,3}
+  EXPECT_EQ(llama(" 1234"), (Pieces{" ", "123", "4"}));          // a space never joins a number
+  EXPECT_EQ(llama("HE'S here"), (Pieces{"HE", "'S", " here"}));  // (?i:'s)
+  EXPECT_EQ(llama("she'LL'Ve"), (Pieces{"she", "'LL", "'Ve"}));
+  EXPECT_EQ(llama("a\n\n\nb"), (Pieces{"a", "\n\n\n", "b"}));  // \s*[\r\n]+
+  EXPECT_EQ(llama("x  \n  y"), (Pieces{"x", "  \n", " ", " y"}));
+  EXPECT_EQ(llama("foo!!\r\n"), (Pieces{"foo", "!!\r\n"}));  // punctuation keeps its newlines
+  EXPECT_EQ(llama("\tfoo"), (Pieces{"\tfoo"}));  // any non-letter, non-newline may lead a word
+  EXPECT_EQ(llama("...hello"), (Pieces{"...", "hello"}));
+  EXPECT_EQ(llama("end  "), (Pieces{"end", "  "}));  // trailing spaces: \s+(?!\S)
+  EXPECT_EQ(llama("Привет, мир"), (Pieces{"Привет", ",", " мир"}));
+  EXPECT_EQ(llama("東京タワー 😀😀 ok"), (Pieces{"東京タワー", " 😀😀", " ok"}));
+  // Qwen2's differs only in single digits.
+  EXPECT_EQ(pieces("x12345", SplitPattern::kQwen2), (Pieces{"x", "1", "2", "3", "4", "5"}));
+  EXPECT_EQ(pieces("HE'S", SplitPattern::kQwen2), (Pieces{"HE", "'S"}));
+  // GPT-2's has no case folding: "'S" is punctuation then a letter there.
+  EXPECT_EQ(pieces("HE'S"), (Pieces{"HE", "'", "S"}));
+}
+
+// Note [split patterns]: \s is White_Space (U+180E MONGOLIAN VOWEL SEPARATOR is a format
+// character, so "\u180e\u180e" is punctuation-like: one piece), and letters and numbers of
+// Unicode 15-16 are \p{L} / \p{N} (U+1C89 CYRILLIC CAPITAL LETTER TJE, Unicode 16; U+1E4F0..
+// NAG MUNDARI DIGITs, Unicode 15).
+TEST(Pretokenize, ClassesAreTokenizersOwn) {
+  const std::string mvs = "\u180e", tje = "\u1c89";
+  EXPECT_EQ(pieces("a" + mvs + mvs + "b", SplitPattern::kLlama3), (Pieces{"a", mvs + mvs, "b"}));
+  EXPECT_EQ(pieces("a" + mvs + mvs + "b"), (Pieces{"a", mvs + mvs, "b"}));
+  EXPECT_EQ(pieces("x" + tje + "y", SplitPattern::kLlama3), (Pieces{"x" + tje + "y"}));
+  const std::string digits = "\U0001E4F0\U0001E4F1\U0001E4F2\U0001E4F3";
+  EXPECT_EQ(pieces(digits, SplitPattern::kLlama3),
+            (Pieces{digits.substr(0, 12), digits.substr(12)}));
+}
+
+TEST(Pretokenize, PatternsByNameAndText) {
+  for (SplitPattern p : {SplitPattern::kGpt2, SplitPattern::kLlama3, SplitPattern::kQwen2}) {
+    EXPECT_EQ(split_pattern_from_name(split_pattern_name(p)), p);
+    EXPECT_EQ(split_pattern_from_regex(split_pattern_regex(p)), p);
+  }
+  EXPECT_EQ(
+      std::string(split_pattern_regex(SplitPattern::kLlama3)),
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)");
+  EXPECT_FALSE(split_pattern_from_name("gpt4").has_value());
+  EXPECT_FALSE(split_pattern_from_regex(R"(\s+)").has_value());
 }
 
 // Corpus "ab ab ab abc": words " ab" x2, " abc" x1, "ab" x1. Pair counts (a,b)=4, (' ',a)=3,
@@ -226,6 +280,234 @@ TEST(Tokenizer, RefusesOtherModelsAndCorruptFiles) {
   EXPECT_NE(message(bad_merge).find("merge 0"), std::string::npos);
   const std::string no_pre = R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})";
   EXPECT_NE(message(no_pre).find("pre_tokenizer"), std::string::npos);
+}
+
+// A Llama-3-shaped tokenizer.json made by hand: byte b has id b + 3 (its byte-level character),
+// merges h+e, l+l, he+ll, hell+o, 1+2, 12+3; " hello" is a token no merge builds (so only
+// ignore_merges reaches it); three added tokens and a template that puts <|begin_of_text|> first.
+nlohmann::ordered_json llama_style_json() {
+  using nlohmann::ordered_json;
+  ordered_json vocab = ordered_json::object();
+  for (int b = 0; b < 256; ++b) vocab[bytes_to_token_string(std::string(1, char(b)))] = b + 3;
+  int32_t next = 259;
+  for (const char* t : {"he", "ll", "hell", "hello", "12", "123", "\xC4\xA0hello"})
+    vocab[t] = next++;
+  ordered_json merges = ordered_json::array();  // as [left, right] arrays, as tokenizers writes
+  for (const auto& [a, b] : std::vector<std::pair<const char*, const char*>>{
+           {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"1", "2"}, {"12", "3"}}) {
+    merges.push_back(ordered_json::array({a, b}));
+  }
+  const auto added = [](int id, const char* content, bool special) {
+    return ordered_json{{"id", id},          {"content", content}, {"single_word", false},
+                        {"lstrip", false},   {"rstrip", false},    {"normalized", !special},
+                        {"special", special}};
+  };
+  const ordered_json bos = {{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}};
+  const ordered_json post = {
+      {"type", "Sequence"},
+      {"processors",
+       {{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}},
+        {{"type", "TemplateProcessing"},
+         {"single", {bos, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+         {"pair", ordered_json::array()},
+         {"special_tokens",
+          {{"<|begin_of_text|>",
+            {{"id", "<|begin_of_text|>"}, {"ids", {0}}, {"tokens", {"<|begin_of_text|>"}}}}}}}}}};
+  return {
+      {"version", "1.0"},
+      {"added_tokens",
+       {added(0, "<|begin_of_text|>", true), added(1, "<|end_of_text|>", true),
+        added(2, "<tool>", false)}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"},
+           {"pattern", {{"Regex", split_pattern_regex(SplitPattern::kLlama3)}}},
+           {"behavior", "Isolated"},
+           {"invert", false}},
+          {{"type", "ByteLevel"},
+           {"add_prefix_space", false},
+           {"trim_offsets", true},
+           {"use_regex", false}}}}}},
+      {"post_processor", post},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"ignore_merges", true}, {"vocab", vocab}, {"merges", merges}}}};
+}
+
+int32_t id_of(char c) { return static_cast<unsigned char>(c) + 3; }
+
+TEST(Tokenizer, ReadsLlama3StyleFiles) {
+  Tokenizer tok = Tokenizer::from_json_text(llama_style_json().dump(), "llama.json");
+  EXPECT_EQ(tok.spec().pattern, SplitPattern::kLlama3);
+  EXPECT_EQ(tok.vocab_size(), 266);
+  EXPECT_EQ(tok.encode("hello"), (std::vector<int32_t>{262}));   // h+e, l+l, he+ll, hell+o
+  EXPECT_EQ(tok.encode(" hello"), (std::vector<int32_t>{265}));  // ignore_merges: whole
+  EXPECT_EQ(tok.encode(" hellos"), (std::vector<int32_t>{id_of(' '), 262, id_of('s')}));
+  EXPECT_EQ(tok.encode("12345"), (std::vector<int32_t>{264, id_of('4'), id_of('5')}));
+  // Added tokens, special or not, are cut out before pre-tokenization.
+  EXPECT_EQ(tok.encode("a<tool>b<|end_of_text|>"),
+            (std::vector<int32_t>{id_of('a'), 2, id_of('b'), 1}));
+  // The template: BOS first, only when asked for.
+  EXPECT_EQ(tok.encode_with_template("hello"), (std::vector<int32_t>{0, 262}));
+  EXPECT_EQ(tok.encode_with_template(""), (std::vector<int32_t>{0}));
+  EXPECT_EQ(tok.encode("<|begin_of_text|>hello"), (std::vector<int32_t>{0, 262}));
+}
+
+TEST(Tokenizer, IgnoreMergesFalseMergesEveryPiece) {
+  nlohmann::ordered_json j = llama_style_json();
+  j["model"]["ignore_merges"] = false;
+  Tokenizer tok = Tokenizer::from_json_text(j.dump(), "llama.json");
+  EXPECT_EQ(tok.encode(" hello"), (std::vector<int32_t>{id_of(' '), 262}));
+  EXPECT_EQ(tok.encode("hello"), (std::vector<int32_t>{262}));
+}
+
+TEST(Tokenizer, Qwen2PatternSplitsEveryDigit) {
+  nlohmann::ordered_json j = llama_style_json();
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
+      split_pattern_regex(SplitPattern::kQwen2);
+  j["post_processor"] = nullptr;
+  Tokenizer tok = Tokenizer::from_json_text(j.dump(), "qwen.json");
+  EXPECT_EQ(tok.encode_with_template("123"),
+            (std::vector<int32_t>{id_of('1'), id_of('2'), id_of('3')}));
+}
+
+TEST(Tokenizer, Llama3StyleRoundTripsMixedScripts) {
+  Tokenizer tok = Tokenizer::from_json_text(llama_style_json().dump(), "llama.json");
+  std::string text;
+  for (const char* part :
+       {"Hello, world! It'S 2024-12-04: 1234567890 apples\r\n", "\tindented line  \n\n",
+        "東京タワーは333メートル。", " Привет, МИР!  ", "Ünïcödé ελληνικά עברית العربية ١٢٣٤\n",
+        "emoji 😀👍🏽🇩🇪 and 👨‍👩‍👧 mix",
+        "<|end_of_text|> <tool>call</tool>", "\u00a0\u3000 trailing   "}) {
+    text += part;
+  }
+  const std::vector<int32_t> ids = tok.encode_with_template(text);
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(tok.decode(ids), "<|begin_of_text|>" + text);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 1), 1);  // <|end_of_text|>
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 2), 1);  // <tool>, but not </tool>
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 100; ++trial) {
+    const size_t from = rng() % text.size();
+    std::string s = text.substr(from, rng() % 120);
+    for (int k = 0; k < 3; ++k) s.insert(rng() % (s.size() + 1), 1, static_cast<char>(rng()));
+    EXPECT_EQ(tok.decode(tok.encode(s)), s) << "trial " << trial;
+  }
+}
+
+// gtron writes the file back with its pattern, flags and template, so it round-trips.
+TEST(Tokenizer, Llama3StyleJsonRoundTrips) {
+  Tokenizer tok = Tokenizer::from_json_text(llama_style_json().dump(), "llama.json");
+  const std::string written = tok.to_json_text();
+  Tokenizer back = Tokenizer::from_json_text(written, "written.json");
+  EXPECT_EQ(back.to_json_text(), written);
+  const nlohmann::json j = nlohmann::json::parse(written);
+  EXPECT_EQ(j["pre_tokenizer"]["type"], "Sequence");
+  EXPECT_EQ(j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"],
+            split_pattern_regex(SplitPattern::kLlama3));
+  EXPECT_EQ(j["pre_tokenizer"]["pretokenizers"][1]["use_regex"], false);
+  EXPECT_EQ(j["model"]["ignore_merges"], true);
+  EXPECT_EQ(j["post_processor"]["processors"][1]["type"], "TemplateProcessing");
+  EXPECT_EQ(j["added_tokens"][2]["special"], false);
+  EXPECT_EQ(j["added_tokens"][2]["normalized"], true);
+  const std::string text = "It's 12345 hello  世界\n";
+  EXPECT_EQ(back.encode_with_template(text), tok.encode_with_template(text));
+}
+
+// HF's order: added tokens with normalized false are cut from the whole text first, so
+// "<|end_of_text|>" wins over a normalized token that starts earlier and overlaps it.
+TEST(Tokenizer, UnnormalizedAddedTokensAreCutFirst) {
+  nlohmann::ordered_json j = llama_style_json();
+  j["added_tokens"][2]["content"] = "x<|end";
+  Tokenizer tok = Tokenizer::from_json_text(j.dump(), "llama.json");
+  EXPECT_EQ(tok.encode("x<|end_of_text|>"), (std::vector<int32_t>{id_of('x'), 1}));
+  EXPECT_EQ(tok.encode("x<|endx"), (std::vector<int32_t>{2, id_of('x')}));
+}
+
+TEST(Tokenizer, RefusesOtherPreTokenizersNamingTheField) {
+  auto message = [](const std::function<void(nlohmann::ordered_json&)>& edit) {
+    nlohmann::ordered_json j = llama_style_json();
+    edit(j);
+    try {
+      Tokenizer::from_json_text(j.dump(), "t.json");
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto split = [](nlohmann::ordered_json& j) -> nlohmann::ordered_json& {
+    return j["pre_tokenizer"]["pretokenizers"][0];
+  };
+  EXPECT_NE(message([&](auto& j) {
+              split(j)["behavior"] = "Removed";
+            }).find("pre_tokenizer.pretokenizers[0].behavior \"Removed\""),
+            std::string::npos);
+  EXPECT_NE(message([&](auto& j) {
+              split(j)["invert"] = true;
+            }).find("pre_tokenizer.pretokenizers[0].invert true"),
+            std::string::npos);
+  EXPECT_NE(message([&](auto& j) {
+              split(j)["pattern"]["Regex"] = R"(\s+)";
+            }).find("pre_tokenizer.pretokenizers[0].pattern.Regex"),
+            std::string::npos);
+  EXPECT_NE(message([&](auto& j) {
+              split(j)["pattern"] = {{"String", " "}};
+            }).find("pre_tokenizer.pretokenizers[0].pattern"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& j) {
+              j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = true;
+            }).find("pre_tokenizer.pretokenizers[1].use_regex true"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& j) {
+              j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true;
+            }).find("pre_tokenizer.pretokenizers[1].add_prefix_space true"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& j) {
+              j["pre_tokenizer"]["pretokenizers"].erase(1);
+            }).find("pre_tokenizer.pretokenizers"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& j) {
+              j["pre_tokenizer"] = {{"type", "Whitespace"}};
+            }).find("pre_tokenizer {\"type\":\"Whitespace\"}"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& j) {
+              j["normalizer"] = {{"type", "NFC"}};
+            }).find("normalizer NFC"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& j) {
+              j["post_processor"] = {{"type", "RobertaProcessing"}};
+            }).find("post_processor {\"type\":\"RobertaProcessing\""),
+            std::string::npos);
+  EXPECT_NE(message([](auto& j) {
+              j["post_processor"]["processors"][1]["single"][0]["SpecialToken"]["id"] = "<s>";
+            }).find("post_processor.processors[1].single item"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& j) {
+              j["decoder"] = {{"type", "Metaspace"}};
+            }).find("decoder"),
+            std::string::npos);
+  EXPECT_EQ(message([](auto&) {}), "no error");
+}
+
+TEST(BpeTrain, Llama3PatternTrainsAndIsWritten) {
+  BpeTrainOptions o;
+  o.vocab_size = 300;
+  o.specials = {"<|end_of_text|>"};
+  o.pattern = SplitPattern::kLlama3;
+  std::string text;
+  for (int i = 0; i < 20; ++i) text += "Call 5551234567 NOW'S the time\r\n";
+  TokenizerSpec spec = train_bpe({text}, o);
+  EXPECT_EQ(spec.pattern, SplitPattern::kLlama3);
+  for (const auto& t : spec.token_bytes) {  // digits come in threes, no space before them
+    EXPECT_EQ(t->find("5551"), std::string::npos) << *t;
+    EXPECT_EQ(t->find(" 5"), std::string::npos) << *t;
+  }
+  Tokenizer tok(spec, "test");
+  EXPECT_EQ(tok.decode(tok.encode(text)), text);
+  Tokenizer back = Tokenizer::from_json_text(tok.to_json_text(), "t.json");
+  EXPECT_EQ(back.spec().pattern, SplitPattern::kLlama3);
+  EXPECT_EQ(back.encode(text), tok.encode(text));
 }
 
 TEST(BpeTrain, RefusesBadOptions) {

@@ -50,8 +50,9 @@ void check_options(const BpeTrainOptions& o) {
 // Step 1 of Note [BPE training]: unique pieces with their counts, sorted by bytes.
 std::vector<std::pair<std::string, int64_t>> count_words(const std::vector<std::string_view>& texts,
                                                          const std::vector<SpecialToken>& specials,
+                                                         SplitPattern pattern,
                                                          BpeTrainStats* stats) {
-  Pretokenizer pre;
+  Pretokenizer pre(pattern);
   std::unordered_map<std::string, int64_t> counts;
   std::string key;
   auto count_piece = [&](std::string_view piece) {
@@ -205,7 +206,7 @@ TokenizerSpec train_bpe(const std::vector<std::string_view>& texts, const BpeTra
   *stats = BpeTrainStats{};
   std::vector<SpecialToken> specials;
   for (const std::string& s : options.specials) specials.push_back({s, 0});
-  const auto words = count_words(texts, specials, stats);
+  const auto words = count_words(texts, specials, options.pattern, stats);
   stats->unique_words = static_cast<int64_t>(words.size());
 
   Merger merger(words);
@@ -220,6 +221,7 @@ TokenizerSpec train_bpe(const std::vector<std::string_view>& texts, const BpeTra
     spec.token_bytes.emplace_back(s.content);
   }
   spec.specials = specials;
+  spec.pattern = options.pattern;
   stats->merges = static_cast<int64_t>(spec.merges.size());
   return spec;
 }

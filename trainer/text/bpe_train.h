@@ -2,7 +2,7 @@
 //
 // Note [BPE training]
 // 1. Special tokens are cut out of every text (they never take part in merges); the stretches
-//    between them are pre-tokenized with GPT-2's split pattern (trainer/text/pretokenize.h), and
+//    between them are pre-tokenized with the split pattern (trainer/text/pretokenize.h), and
 //    equal pieces are counted once: the corpus becomes a list of unique words with counts.
 // 2. Every word starts as its bytes; ids 0..255 are the 256 single bytes, whether or not they
 // occur.
@@ -32,6 +32,7 @@ struct BpeTrainOptions {
   int64_t vocab_size = 0;             // REQUIRES: >= 256 + specials.size()
   std::vector<std::string> specials;  // get the last ids, in this order
   int64_t min_pair_count = 2;
+  SplitPattern pattern = SplitPattern::kGpt2;  // pre-tokenization, and the file's pre_tokenizer
 };
 
 struct BpeTrainStats {

@@ -33,7 +33,7 @@ std::pair<size_t, size_t> find_special(std::string_view text, size_t pos,
 }
 
 Tokenizer::Tokenizer(TokenizerSpec spec, const std::string& what)
-    : spec_(std::move(spec)), what_(what) {
+    : spec_(std::move(spec)), what_(what), pretokenizer_(spec_.pattern) {
   std::fill(std::begin(byte_id_), std::end(byte_id_), -1);
   std::vector<bool> special(spec_.token_bytes.size(), false);
   for (const SpecialToken& s : spec_.specials) {
@@ -43,6 +43,18 @@ Tokenizer::Tokenizer(TokenizerSpec spec, const std::string& what)
                               ") is not in the vocabulary with that id"));
     }
     special[s.id] = true;
+    (s.normalized ? second_pass_ : first_pass_).push_back(s);
+  }
+  for (const auto* ids : {&spec_.template_before, &spec_.template_after}) {
+    for (int32_t id : *ids) {
+      if (id < 0 || id >= vocab_size() || !spec_.token_bytes[id]) {
+        throw UserError(str_cat(what, ": the post-processor's template has id ", id,
+                                ", which is no token of the vocabulary"));
+      }
+    }
+  }
+  if (spec_.add_prefix_space && spec_.pattern != SplitPattern::kGpt2) {
+    throw UserError(str_cat(what, ": add_prefix_space goes only with the gpt2 split pattern"));
   }
   for (int32_t id = 0; id < vocab_size(); ++id) {
     if (!spec_.token_bytes[id] || special[id]) continue;
@@ -79,15 +91,39 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) {
   return out;
 }
 
-void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>* out) {
+std::vector<int32_t> Tokenizer::encode_with_template(std::string_view text) {
+  std::vector<int32_t> out = spec_.template_before;
+  encode_append(text, &out);
+  out.insert(out.end(), spec_.template_after.begin(), spec_.template_after.end());
+  return out;
+}
+
+namespace {
+
+// Calls stretch(text between added tokens) and token(id) in text order (step 1 of the header).
+template <typename Stretch>
+void cut_added(std::string_view text, const std::vector<SpecialToken>& added, Stretch&& stretch,
+               std::vector<int32_t>* out) {
   for (size_t pos = 0; pos < text.size();) {
-    const auto [at, which] = find_special(text, pos, spec_.specials);
+    const auto [at, which] = find_special(text, pos, added);
     const size_t end = std::min(at, text.size());
-    encode_stretch(text.substr(pos, end - pos), out);
+    stretch(text.substr(pos, end - pos));
     if (at == std::string_view::npos) break;
-    out->push_back(spec_.specials[which].id);
-    pos = at + spec_.specials[which].content.size();
+    out->push_back(added[which].id);
+    pos = at + added[which].content.size();
   }
+}
+
+}  // namespace
+
+void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>* out) {
+  cut_added(
+      text, first_pass_, [&](std::string_view s) { encode_second_pass(s, out); }, out);
+}
+
+void Tokenizer::encode_second_pass(std::string_view text, std::vector<int32_t>* out) {
+  cut_added(
+      text, second_pass_, [&](std::string_view s) { encode_stretch(s, out); }, out);
 }
 
 void Tokenizer::encode_stretch(std::string_view text, std::vector<int32_t>* out) {

@@ -1,14 +1,21 @@
-// Byte-level BPE tokenizer (GPT-2 style) and its file, Hugging Face tokenizers' tokenizer.json.
+// Byte-level BPE tokenizer (GPT-2, Llama-3 and Qwen2 style) and its file, Hugging Face
+// tokenizers' tokenizer.json.
 //
 // Encoding a text:
-//   1. Special tokens (added_tokens) are cut out first, leftmost occurrence first and the longest
-//      at one position; each becomes its own id and is never split or merged.
-//   2. Every stretch between them is pre-tokenized (trainer/text/pretokenize.h, GPT-2's split
+//   1. Added tokens (added_tokens, special or not) are cut out first, leftmost occurrence first
+//      and the longest at one position; each becomes its own id and is never split or merged.
+//      As in tokenizers, this runs in two passes: the tokens with normalized false over the whole
+//      text, then those with normalized true over the stretches left (there is no normalizer, so
+//      only the order differs).
+//   2. Every stretch between them is pre-tokenized (trainer/text/pretokenize.h, the file's split
 //      pattern); with add_prefix_space a stretch that does not start with a space gets one.
 //   3. Each piece starts as one token per byte and is merged by BPE: repeatedly the adjacent pair
 //      with the lowest merge rank is replaced by its merged token (equal ranks: leftmost first),
-//      until no adjacent pair has a merge. This is tokenizers' BPE model, so both encode alike.
-// Decoding concatenates the bytes of the tokens (a special token gives its content).
+//      until no adjacent pair has a merge. With ignore_merges, a piece that is itself a token is
+//      that one token, merges or not. This is tokenizers' BPE model, so both encode alike.
+//   4. encode_with_template also puts the post-processor's template around the ids (tokenizers'
+//      add_special_tokens: Llama-3's <|begin_of_text|> in front).
+// Decoding concatenates the bytes of the tokens (an added token gives its content).
 //
 // Note [token ids]
 // Ids are whatever the file says. A tokenizer gtron trains (trainer/text/bpe_train.h) gives id b to
@@ -16,8 +23,11 @@
 // in merge order, then the special tokens in the order given.
 //
 // Supported tokenizer.json: model.type "BPE" without dropout, byte fallback or subword
-// prefix/suffix; pre_tokenizer ByteLevel (use_regex true); decoder ByteLevel or null; normalizer
-// null; added tokens without lstrip/rstrip/single_word. Anything else is refused (UserError).
+// prefix/suffix, ignore_merges true or false; pre_tokenizer ByteLevel (use_regex true, the GPT-2
+// pattern) or Sequence [Split (a pattern of Note [split patterns], behavior Isolated, invert
+// false), ByteLevel (use_regex false, add_prefix_space false)]; post_processor null, ByteLevel,
+// TemplateProcessing or a Sequence of those; decoder ByteLevel or null; normalizer null; added
+// tokens without lstrip/rstrip/single_word. Anything else is refused (UserError naming the field).
 #pragma once
 
 #include <cstdint>
@@ -32,9 +42,12 @@
 
 namespace gtron {
 
+// An added token (tokenizer.json's added_tokens): cut out of the text before pre-tokenization.
 struct SpecialToken {
   std::string content;
   int32_t id = 0;
+  bool special = true;      // tokenizers' flag (kept in the file; encoding is the same)
+  bool normalized = false;  // matched in the second pass (step 1 above)
 };
 
 // The contents of a byte-level BPE tokenizer, as trained or as read from tokenizer.json.
@@ -43,9 +56,15 @@ struct TokenizerSpec {
   // token has are nullopt.
   std::vector<std::optional<std::string>> token_bytes;
   std::vector<std::pair<int32_t, int32_t>> merges;  // rank order; each pair's tokens concatenate
-  std::vector<SpecialToken> specials;
-  bool add_prefix_space = false;
+  std::vector<SpecialToken> specials;               // the added tokens, special or not
+  SplitPattern pattern = SplitPattern::kGpt2;
+  bool add_prefix_space = false;  // gpt2 pattern only
   bool ignore_merges = false;  // a piece that is itself a token is taken whole (tokenizers option)
+  // The post-processor's single template: ids before and after the text's (e.g. Llama-3's BOS).
+  std::vector<int32_t> template_before, template_after;
+  // The file's post_processor object, written back as it was ("" = null). REQUIRES: it means
+  // template_before/template_after.
+  std::string post_processor_json;
 };
 
 // The leftmost occurrence of any special token in text[pos..] (the longest at one position), as
@@ -57,7 +76,8 @@ std::pair<size_t, size_t> find_special(std::string_view text, size_t pos,
 class Tokenizer {
  public:
   // Throws UserError (naming `what`) if the spec is inconsistent: a merge whose concatenation has
-  // no token, a special without its id, a duplicated token.
+  // no token, a special without its id, a duplicated token, a template id that is no token,
+  // add_prefix_space with a pattern other than gpt2.
   Tokenizer(TokenizerSpec spec, const std::string& what);
 
   // Reads tokenizer.json; every refusal is a UserError naming the file.
@@ -75,11 +95,14 @@ class Tokenizer {
   // Appends the ids of `text` to *out. A byte with no token of its own is a UserError.
   void encode_append(std::string_view text, std::vector<int32_t>* out);
   std::vector<int32_t> encode(std::string_view text);
+  // encode() inside the post-processor's template (step 4 above).
+  std::vector<int32_t> encode_with_template(std::string_view text);
   // Ids outside the vocabulary (e.g. a padded-vocab id a model sampled) decode to U+FFFD.
   std::string decode(const int32_t* ids, int64_t n) const;
   std::string decode(const std::vector<int32_t>& ids) const;
 
  private:
+  void encode_second_pass(std::string_view text, std::vector<int32_t>* out);
   void encode_stretch(std::string_view text, std::vector<int32_t>* out);
   void encode_piece(std::string_view piece, std::vector<int32_t>* out);
   void merge_piece(std::string_view piece, std::vector<int32_t>* out) const;
@@ -89,6 +112,7 @@ class Tokenizer {
   int32_t byte_id_[256];
   std::unordered_map<std::string, int32_t> id_of_bytes_;            // non-special tokens
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> rank_;  // (left, right) -> rank, id
+  std::vector<SpecialToken> first_pass_, second_pass_;              // added tokens by normalized
   Pretokenizer pretokenizer_;
   std::unordered_map<std::string, std::vector<int32_t>> cache_;  // piece -> ids
 };

@@ -5,12 +5,14 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string_view>
 
 #include "model/check.h"
 #include "trainer/data/shards.h"
 #include "trainer/data/text_corpus.h"
 #include "trainer/text/bpe_train.h"
+#include "trainer/text/pretokenize.h"
 #include "trainer/text/tokenizer.h"
 
 namespace gtron {
@@ -24,6 +26,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int tokenizer_train_command(const TokenizerTrainArgs& args) {
   if (args.out.empty()) throw UserError("gtron tokenizer train: --out tokenizer.json is required");
+  const std::optional<SplitPattern> pattern = split_pattern_from_name(args.pattern);
+  if (!pattern) {
+    throw UserError(str_cat("gtron tokenizer train: --pattern '", args.pattern,
+                            "' is not a split pattern gtron knows; expected one of ",
+                            split_pattern_names()));
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<std::string> docs = read_documents(args.text, args.doc_separator);
   const DocumentSplit split = split_documents(docs.size(), args.val_fraction);
@@ -32,6 +40,7 @@ int tokenizer_train_command(const TokenizerTrainArgs& args) {
   BpeTrainOptions options;
   options.vocab_size = args.vocab_size;
   options.specials = args.specials;
+  options.pattern = *pattern;
   BpeTrainStats stats;
   Tokenizer tok(train_bpe(texts, options, &stats), args.out);
   const std::filesystem::path parent = std::filesystem::path(args.out).parent_path();
@@ -62,7 +71,7 @@ int tokenizer_encode_command(const TokenizerEncodeArgs& args) {
   int64_t bytes = 0, tokens = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t f = 0; f < files.size(); ++f) {
-    tok.encode_append(files[f], &ids[f]);
+    ids[f] = tok.encode_with_template(files[f]);
     bytes += static_cast<int64_t>(files[f].size());
     tokens += static_cast<int64_t>(ids[f].size());
   }

@@ -13,7 +13,8 @@ struct TokenizerTrainArgs {
   double val_fraction = 0.0;      // leave out prepare's validation split (0 = train on all)
   int64_t vocab_size = 0;
   std::vector<std::string> specials;
-  std::string out;  // tokenizer.json, written atomically
+  std::string pattern = "gpt2";  // the split pattern: gpt2, llama3 or qwen2 (pretokenize.h)
+  std::string out;               // tokenizer.json, written atomically
 };
 
 // Prints {"out", "vocab_size", "merges", "unique_words", "pieces", "train_documents",
@@ -26,6 +27,7 @@ struct TokenizerEncodeArgs {
   std::string ids_out;            // optional: the ids, space-separated, one line per file
 };
 
+// Encodes as tokenizers' encode(text) does, the file's template included (e.g. Llama-3's BOS).
 // Prints {"bytes", "tokens", "seconds", "mb_per_s"} (encoding time only, one thread, cold cache).
 int tokenizer_encode_command(const TokenizerEncodeArgs& args);
 

@@ -16,8 +16,11 @@ using nlohmann::json;
 using nlohmann::ordered_json;
 
 constexpr const char* kSupported =
-    "gtron reads byte-level BPE tokenizers: model.type \"BPE\", a \"ByteLevel\" pre_tokenizer and "
-    "decoder, no normalizer (the form GPT-2's tokenizer.json and `gtron tokenizer train` use)";
+    "gtron reads byte-level BPE tokenizers: model.type \"BPE\"; pre_tokenizer \"ByteLevel\" "
+    "(GPT-2) or a \"Sequence\" of \"Split\" (the Llama-3 or Qwen2 pattern, behavior "
+    "\"Isolated\") and \"ByteLevel\" (use_regex false); a \"ByteLevel\" decoder; no normalizer; "
+    "post_processor null, \"ByteLevel\" or \"TemplateProcessing\" (the forms of GPT-2's, "
+    "Llama-3's and Qwen2's tokenizer.json and `gtron tokenizer train`)";
 
 [[noreturn]] void refuse(const std::string& what, const std::string& why) {
   throw UserError(str_cat("tokenizer '", what, "': ", why, ". ", kSupported, "."));
@@ -44,11 +47,6 @@ void check_structure(const json& j, const std::string& what) {
     refuse(what, str_cat("normalizer ", j["normalizer"].value("type", std::string("?")),
                          " is not supported"));
   }
-  const json& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
-  if (!pre.is_object() || pre.value("type", std::string()) != "ByteLevel" ||
-      !pre.value("use_regex", true)) {
-    refuse(what, str_cat("pre_tokenizer ", pre.dump(), " is not supported"));
-  }
   const json& dec = j.contains("decoder") ? j["decoder"] : json();
   if (!dec.is_null() && (!dec.is_object() || dec.value("type", std::string()) != "ByteLevel")) {
     refuse(what, str_cat("decoder ", dec.dump(), " is not supported"));
@@ -57,6 +55,127 @@ void check_structure(const json& j, const std::string& what) {
       !m["merges"].is_array()) {
     refuse(what, "model.vocab (an object) and model.merges (an array) are required");
   }
+}
+
+std::string type_of(const json& obj) {
+  return obj.is_object() && obj.contains("type") && obj["type"].is_string()
+             ? obj["type"].get<std::string>()
+             : std::string();
+}
+
+// `field` of `obj` must be absent, null or `allowed`.
+void expect_field(const json& obj, const char* field, const json& allowed, const std::string& where,
+                  const std::string& what) {
+  if (!null_or(obj, field, allowed)) {
+    refuse(what, str_cat(where, ".", field, " ", obj[field].dump(), " is not supported (expected ",
+                         allowed.dump(), ")"));
+  }
+}
+
+// The pre_tokenizer: ByteLevel (use_regex true: the gpt2 pattern) or Sequence [Split, ByteLevel].
+void read_pre_tokenizer(const json& j, TokenizerSpec* spec, const std::string& what) {
+  const json& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
+  const std::string type = type_of(pre);
+  if (type == "ByteLevel") {
+    expect_field(pre, "use_regex", true, "pre_tokenizer", what);
+    spec->pattern = SplitPattern::kGpt2;
+    spec->add_prefix_space = pre.value("add_prefix_space", false);
+    return;
+  }
+  if (type != "Sequence") {
+    refuse(what, str_cat("pre_tokenizer ", pre.dump(), " is not supported"));
+  }
+  const json& seq = pre.contains("pretokenizers") ? pre["pretokenizers"] : json();
+  if (!seq.is_array() || seq.size() != 2 || type_of(seq[0]) != "Split" ||
+      type_of(seq[1]) != "ByteLevel") {
+    refuse(what, str_cat("pre_tokenizer.pretokenizers ", seq.dump(),
+                         " is not supported (expected [Split, ByteLevel])"));
+  }
+  const json& split = seq[0];
+  const std::string where = "pre_tokenizer.pretokenizers[0]";
+  const json& pattern = split.contains("pattern") ? split["pattern"] : json();
+  if (!pattern.is_object() || !pattern.contains("Regex") || !pattern["Regex"].is_string()) {
+    refuse(what,
+           str_cat(where, ".pattern ", pattern.dump(), " is not supported (expected {\"Regex\": ",
+                   "the Llama-3, Qwen2 or GPT-2 pattern})"));
+  }
+  const std::optional<SplitPattern> known =
+      split_pattern_from_regex(pattern["Regex"].get<std::string>());
+  if (!known) {
+    refuse(what, str_cat(where, ".pattern.Regex ", pattern["Regex"].dump(),
+                         " is not a pattern gtron knows (Llama-3's, Qwen2's or GPT-2's, exactly)"));
+  }
+  if (!split.contains("behavior") || split["behavior"] != "Isolated") {
+    refuse(what, str_cat(where, ".behavior ", split.value("behavior", json()).dump(),
+                         " is not supported (expected \"Isolated\")"));
+  }
+  expect_field(split, "invert", false, where, what);
+  const std::string byte_level = "pre_tokenizer.pretokenizers[1]";
+  if (!seq[1].contains("use_regex") || seq[1]["use_regex"] != false) {
+    refuse(what, str_cat(byte_level, ".use_regex ", seq[1].value("use_regex", json(true)).dump(),
+                         " is not supported (expected false: the Split does the splitting)"));
+  }
+  expect_field(seq[1], "add_prefix_space", false, byte_level, what);
+  spec->pattern = *known;
+}
+
+// A TemplateProcessing's single template: special tokens, then $A, then special tokens.
+void read_template(const json& proc, const std::string& where, TokenizerSpec* spec,
+                   const std::string& what) {
+  const json& single = proc.contains("single") ? proc["single"] : json();
+  const json& specials = proc.contains("special_tokens") ? proc["special_tokens"] : json();
+  if (!single.is_array() || !specials.is_object()) {
+    refuse(what, str_cat(where, ".single (an array) and ", where,
+                         ".special_tokens (an object) are required"));
+  }
+  bool seen_a = false;
+  for (const json& piece : single) {
+    if (piece.is_object() && piece.contains("Sequence") && !seen_a &&
+        piece["Sequence"].value("id", json()) == "A") {
+      seen_a = true;
+      continue;
+    }
+    const json name = piece.is_object() && piece.contains("SpecialToken")
+                          ? piece["SpecialToken"].value("id", json())
+                          : json();
+    if (!name.is_string() || !specials.contains(name.get<std::string>()) ||
+        !specials[name.get<std::string>()].contains("ids") ||
+        !specials[name.get<std::string>()]["ids"].is_array()) {
+      refuse(what, str_cat(where, ".single item ", piece.dump(),
+                           " is not supported (expected special tokens of ", where,
+                           ".special_tokens around one {\"Sequence\": {\"id\": \"A\"}})"));
+    }
+    auto& ids = seen_a ? spec->template_after : spec->template_before;
+    for (const json& id : specials[name.get<std::string>()]["ids"])
+      ids.push_back(id.get<int32_t>());
+  }
+  if (!seen_a) refuse(what, str_cat(where, ".single has no {\"Sequence\": {\"id\": \"A\"}}"));
+}
+
+// The post_processor: null, ByteLevel (offsets only: no ids change), TemplateProcessing, or a
+// Sequence of those with at most one template.
+void read_post_processor(const json& j, TokenizerSpec* spec, const std::string& what) {
+  if (!j.contains("post_processor") || j["post_processor"].is_null()) return;
+  const json& post = j["post_processor"];
+  std::vector<std::pair<const json*, std::string>> parts;
+  if (type_of(post) == "Sequence" && post.contains("processors") && post["processors"].is_array()) {
+    for (size_t i = 0; i < post["processors"].size(); ++i) {
+      parts.emplace_back(&post["processors"][i], str_cat("post_processor.processors[", i, "]"));
+    }
+  } else {
+    parts.emplace_back(&post, "post_processor");
+  }
+  int templates = 0;
+  for (const auto& [proc, where] : parts) {
+    const std::string type = type_of(*proc);
+    if (type == "TemplateProcessing" && templates++ == 0) {
+      read_template(*proc, where, spec, what);
+    } else if (type != "ByteLevel") {
+      refuse(what, str_cat(where, " ", proc->dump(),
+                           " is not supported (expected ByteLevel or one TemplateProcessing)"));
+    }
+  }
+  spec->post_processor_json = post.dump();
 }
 
 std::vector<SpecialToken> read_added_tokens(const json& j, const std::string& what) {
@@ -71,7 +190,10 @@ std::vector<SpecialToken> read_added_tokens(const json& j, const std::string& wh
     if (t.value("lstrip", false) || t.value("rstrip", false) || t.value("single_word", false)) {
       refuse(what, str_cat("added token ", t.dump(), ": lstrip, rstrip, single_word unsupported"));
     }
-    out.push_back({t["content"].get<std::string>(), t["id"].get<int32_t>()});
+    // tokenizers' defaults when a flag is missing: special false, normalized = !special.
+    const bool special = t.value("special", false);
+    out.push_back({t["content"].get<std::string>(), t["id"].get<int32_t>(), special,
+                   t.value("normalized", !special)});
   }
   return out;
 }
@@ -94,7 +216,8 @@ TokenizerSpec spec_from_json(const json& j, const std::string& what) {
   check_structure(j, what);
   TokenizerSpec spec;
   spec.specials = read_added_tokens(j, what);
-  spec.add_prefix_space = j["pre_tokenizer"].value("add_prefix_space", false);
+  read_pre_tokenizer(j, &spec, what);
+  read_post_processor(j, &spec, what);
   spec.ignore_merges = j["model"].value("ignore_merges", false);
   std::unordered_map<std::string, int32_t> special_of;
   int64_t size = 0;
@@ -179,8 +302,8 @@ std::string Tokenizer::to_json_text() const {
                      {"single_word", false},
                      {"lstrip", false},
                      {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}});
+                     {"normalized", s.normalized},
+                     {"special", s.special}});
   }
   ordered_json vocab = ordered_json::object();
   for (int32_t id = 0; id < vocab_size(); ++id) {
@@ -194,6 +317,19 @@ std::string Tokenizer::to_json_text() const {
                                    {"add_prefix_space", spec_.add_prefix_space},
                                    {"trim_offsets", true},
                                    {"use_regex", true}};
+  ordered_json pre = byte_level;
+  if (spec_.pattern != SplitPattern::kGpt2) {
+    const ordered_json split = {{"type", "Split"},
+                                {"pattern", {{"Regex", split_pattern_regex(spec_.pattern)}}},
+                                {"behavior", "Isolated"},
+                                {"invert", false}};
+    ordered_json bytes = byte_level;
+    bytes["use_regex"] = false;
+    pre = {{"type", "Sequence"}, {"pretokenizers", ordered_json::array({split, bytes})}};
+  }
+  const ordered_json post = spec_.post_processor_json.empty()
+                                ? ordered_json()
+                                : ordered_json::parse(spec_.post_processor_json);
   ordered_json model = {{"type", "BPE"},
                         {"dropout", nullptr},
                         {"unk_token", nullptr},
@@ -204,10 +340,9 @@ std::string Tokenizer::to_json_text() const {
   if (spec_.ignore_merges) model["ignore_merges"] = true;
   model["vocab"] = vocab;
   model["merges"] = merges;
-  const ordered_json j = {
-      {"version", "1.0"},          {"truncation", nullptr}, {"padding", nullptr},
-      {"added_tokens", added},     {"normalizer", nullptr}, {"pre_tokenizer", byte_level},
-      {"post_processor", nullptr}, {"decoder", byte_level}, {"model", model}};
+  const ordered_json j = {{"version", "1.0"},       {"truncation", nullptr}, {"padding", nullptr},
+                          {"added_tokens", added},  {"normalizer", nullptr}, {"pre_tokenizer", pre},
+                          {"post_processor", post}, {"decoder", byte_level}, {"model", model}};
   return j.dump(2) + "\n";
 }
 
