@@ -164,11 +164,16 @@ def hf_to_gtron(binary, work, tokens, name, m, tolerance):
             model.save_pretrained(hf_dir, safe_serialization=True)
             ref = model
         else:
+            low = cls(hf_config(m)).float()
+            low.load_state_dict(model.state_dict())
+            low.to(torch.bfloat16).save_pretrained(hf_dir, safe_serialization=True,
+                                                   max_shard_size="40KB")
+            # The reference: the weights rounded to bf16 in an fp32 model (not the bf16 model cast
+            # back, whose RoPE frequency buffer would be rounded too).
             ref = cls(hf_config(m)).float()
-            ref.load_state_dict(model.state_dict())
-            ref = ref.to(torch.bfloat16)
-            ref.save_pretrained(hf_dir, safe_serialization=True, max_shard_size="40KB")
-            ref = ref.float().eval()  # the bf16 weights, run in fp32
+            ref.load_state_dict({k: v.to(torch.bfloat16).float()
+                                 for k, v in model.state_dict().items()})
+            ref.eval()
         files = sorted(os.listdir(hf_dir))
         with open(os.path.join(hf_dir, "config.json")) as f:
             saved = json.load(f)
