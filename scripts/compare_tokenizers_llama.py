@@ -5,7 +5,8 @@
   llama3  BPE with ignore_merges, pre_tokenizer Sequence[Split(Llama-3 regex, Isolated),
           ByteLevel(use_regex=False)], special tokens, a TemplateProcessing that puts
           <|begin_of_text|> first, a non-special added token, ByteLevel decoder;
-  qwen2   the same shape with Qwen2's regex, ignore_merges False, no template.
+  qwen2   the same shape with Qwen2's regex, ignore_merges False, no template, and Qwen2's NFC
+          normalizer (the text holds decomposed spellings: e + U+0301, Hangul jamo).
 Each is saved as tokenizer.json; gtron (`tokenizer encode`) and `tokenizers` (`encode()`, special
 tokens added as by default) encode the same generated text (--mb MB, another seed), and the ids
 must agree token for token. Then gtron trains with --pattern llama3 and `tokenizers` loads that
@@ -33,7 +34,8 @@ QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ADDED = "<tool>"  # a non-special added token
 
 WORDS = ["the", "of", "and", "tokenizer", "Hello", "WORLD", "naïve", "café", "Ünïcödé", "東京",
-         "タワー", "日本語のテキスト", "中文分词", "Привет", "мир", "ЗДРАВСТВУЙ", "ελληνικά", "עברית",
+         "タワー", "日本語のテキスト", "中文分词", "Привет", "мир", "ЗДРАВСТВУЙ", "ελληνικά", "עברית", "cafe\u0301",
+         "\u1112\u1161\u11ab\u1100\u116e\u11a8", "A\u030a\u212b",
          "العربية", "हिन्दी", "한국어", "ไทย", "straße", "ǅemal", "ﬁne", "x²", "Ⅻ", "½"]
 SPACES = [" ", " ", " ", " ", "  ", "\t", "\n", "\r\n", "\n\n", "  \n", " \t ", "\r", "\u00a0",
           "\u3000", "\u2003", "\u2028", "\u0085", "\u180e", "\u200b", "\ufeff", "\x0b", "\x0c"]
@@ -91,11 +93,13 @@ def every_code_point():
     return "".join(parts)
 
 
-def build(name, regex, specials, ignore_merges, bos, corpus_file, vocab_size, work):
+def build(name, regex, specials, ignore_merges, bos, corpus_file, vocab_size, work, nfc=False):
     """A tokenizer built and trained by `tokenizers`; returns the path of its tokenizer.json."""
-    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers,
-                            processors, trainers)
+    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                            pre_tokenizers, processors, trainers)
     tok = Tokenizer(models.BPE())
+    if nfc:
+        tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -153,7 +157,9 @@ def compare(name, tokenizer_json, prefix, gtron, text, text_file, work):
     res = {"tokenizer": name, "file": tokenizer_json, "bytes": len(text.encode("utf-8")),
            "tokens_tokenizers": len(hf_ids), "tokens_gtron": len(gt_ids),
            "identical": diff is None, "first_id": gt_ids[0] if gt_ids else None,
-           "decode_roundtrip": tok.decode(gt_ids, skip_special_tokens=False) == prefix + text}
+           # With a normalizer, decoding gives the normalized text back.
+           "decode_roundtrip": tok.decode(gt_ids, skip_special_tokens=False) ==
+           prefix + (tok.normalizer.normalize_str(text) if tok.normalizer else text)}
     if diff is not None:
         lo = max(0, diff - 3)
         res["first_difference"] = diff
@@ -188,7 +194,7 @@ def main():
         ("llama3", lambda: build("llama3", LLAMA3, LLAMA_SPECIALS, True, LLAMA_SPECIALS[0],
                                  corpus_file, a.vocab_size, a.work), LLAMA_SPECIALS[0]),
         ("qwen2", lambda: build("qwen2", QWEN2, QWEN_SPECIALS, False, None, corpus_file,
-                                a.vocab_size, a.work), ""),
+                                a.vocab_size, a.work, nfc=True), ""),
         ("gtron_llama3", lambda: gtron_trained(gtron, corpus_file, a.vocab_size, a.work), ""),
     ]
     ok = True

@@ -219,7 +219,8 @@ TEST_F(TokenizerCli, RefusedTokenizerVariantsExitTwoNamingTheField) {
         "pre_tokenizer.pretokenizers");
   check([](auto& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }, "pre_tokenizer {");
   check([](auto& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }, "pre_tokenizer {");
-  check([](auto& j) { j["normalizer"] = {{"type", "NFC"}}; }, "normalizer NFC");
+  check([](auto& j) { j["normalizer"] = {{"type", "NFKC"}}; }, "normalizer {\"type\":\"NFKC\"}");
+  check([](auto& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, "normalizer {");
   check([](auto& j) { j["post_processor"] = {{"type", "BertProcessing"}}; }, "post_processor {");
   check([](auto& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "decoder {");
   // The base file itself is fine.

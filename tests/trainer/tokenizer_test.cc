@@ -15,6 +15,8 @@
 #include "model/check.h"
 #include "trainer/text/bpe_train.h"
 #include "trainer/text/byte_level.h"
+#include "trainer/text/normalize.h"
+#include "trainer/text/normalize.h"
 #include "trainer/text/pretokenize.h"
 
 namespace gtron {
@@ -372,6 +374,44 @@ TEST(Tokenizer, Qwen2PatternSplitsEveryDigit) {
             (std::vector<int32_t>{id_of('1'), id_of('2'), id_of('3')}));
 }
 
+// Note [NFC before pre-tokenization]: with a {"type": "NFC"} normalizer (Qwen2's files), text is
+// composed before it is split and merged; NFC forms and their decomposed spellings encode alike.
+TEST(Tokenizer, NfcNormalizerComposesBeforeEncoding) {
+  nlohmann::ordered_json j = llama_style_json();
+  j["normalizer"] = {{"type", "NFC"}};
+  Tokenizer tok = Tokenizer::from_json_text(j.dump(), "qwen.json");
+  Tokenizer plain = Tokenizer::from_json_text(llama_style_json().dump(), "llama.json");
+  EXPECT_TRUE(tok.spec().nfc);
+  EXPECT_FALSE(plain.spec().nfc);
+  const std::string composed = "caf\xC3\xA9";     // café, U+00E9
+  const std::string decomposed = "cafe\xCC\x81";  // e + U+0301 COMBINING ACUTE ACCENT
+  const std::string hangul = "\xED\x95\x9C";      // 한 U+D55C
+  const std::string jamo = "\xE1\x84\x92\xE1\x85\xA1\xE1\x86\xAB";  // ᄒ ᅡ ᆫ
+  EXPECT_EQ(nfc_normalize(decomposed), composed);
+  EXPECT_EQ(nfc_normalize(jamo), hangul);
+  EXPECT_EQ(nfc_normalize(composed), composed);
+  // U+212B ANGSTROM SIGN is canonically A-ring (U+00C5); NFC does not fold compatibility forms
+  // (U+FB01 ﬁ stays).
+  EXPECT_EQ(nfc_normalize("\xE2\x84\xAB"), "\xC3\x85");
+  EXPECT_EQ(nfc_normalize("\xEF\xAC\x81"), "\xEF\xAC\x81");
+  // Bytes outside well-formed UTF-8 are kept and split the runs around them.
+  EXPECT_EQ(nfc_normalize("e\xCC\x81\xFF"
+                          "e\xCC\x81\xC0"),
+            "\xC3\xA9\xFF\xC3\xA9\xC0");
+  EXPECT_EQ(tok.encode(decomposed), tok.encode(composed));
+  EXPECT_EQ(tok.encode(jamo), tok.encode(hangul));
+  EXPECT_NE(plain.encode(decomposed), plain.encode(composed));  // without it, bytes differ
+  EXPECT_EQ(tok.decode(tok.encode(decomposed)), composed);
+  // Added tokens matched on the raw text stay where they are; the text around them is composed.
+  EXPECT_EQ(tok.encode(decomposed + "<|end_of_text|>" + decomposed),
+            tok.encode(composed + "<|end_of_text|>" + composed));
+  // The normalizer is written back.
+  Tokenizer back = Tokenizer::from_json_text(tok.to_json_text(), "back.json");
+  EXPECT_TRUE(back.spec().nfc);
+  EXPECT_EQ(back.to_json_text(), tok.to_json_text());
+  EXPECT_NE(tok.to_json_text().find("\"type\": \"NFC\""), std::string::npos);
+}
+
 TEST(Tokenizer, Llama3StyleRoundTripsMixedScripts) {
   Tokenizer tok = Tokenizer::from_json_text(llama_style_json().dump(), "llama.json");
   std::string text;
@@ -472,8 +512,12 @@ TEST(Tokenizer, RefusesOtherPreTokenizersNamingTheField) {
             }).find("pre_tokenizer {\"type\":\"Whitespace\"}"),
             std::string::npos);
   EXPECT_NE(message([](auto& j) {
-              j["normalizer"] = {{"type", "NFC"}};
-            }).find("normalizer NFC"),
+              j["normalizer"] = {{"type", "NFKC"}};
+            }).find("normalizer {\"type\":\"NFKC\"} is not supported"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& j) {
+              j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}}}};
+            }).find("normalizer {\"normalizers\""),
             std::string::npos);
   EXPECT_NE(message([](auto& j) {
               j["post_processor"] = {{"type", "RobertaProcessing"}};

@@ -5,6 +5,7 @@
 #include <queue>
 
 #include "model/check.h"
+#include "trainer/text/normalize.h"
 
 namespace gtron {
 namespace {
@@ -122,6 +123,12 @@ void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>* out) 
 }
 
 void Tokenizer::encode_second_pass(std::string_view text, std::vector<int32_t>* out) {
+  if (spec_.nfc) {
+    const std::string normalized = nfc_normalize(text);
+    cut_added(
+        normalized, second_pass_, [&](std::string_view s) { encode_stretch(s, out); }, out);
+    return;
+  }
   cut_added(
       text, second_pass_, [&](std::string_view s) { encode_stretch(s, out); }, out);
 }

@@ -5,8 +5,9 @@
 //   1. Added tokens (added_tokens, special or not) are cut out first, leftmost occurrence first
 //      and the longest at one position; each becomes its own id and is never split or merged.
 //      As in tokenizers, this runs in two passes: the tokens with normalized false over the whole
-//      text, then those with normalized true over the stretches left (there is no normalizer, so
-//      only the order differs).
+//      text, then those with normalized true over the stretches left, after the file's
+//      normalizer (none, or NFC: Note [NFC before pre-tokenization] in trainer/text/normalize.h)
+//      has normalized each stretch.
 //   2. Every stretch between them is pre-tokenized (trainer/text/pretokenize.h, the file's split
 //      pattern); with add_prefix_space a stretch that does not start with a space gets one.
 //   3. Each piece starts as one token per byte and is merged by BPE: repeatedly the adjacent pair
@@ -26,8 +27,9 @@
 // prefix/suffix, ignore_merges true or false; pre_tokenizer ByteLevel (use_regex true, the GPT-2
 // pattern) or Sequence [Split (a pattern of Note [split patterns], behavior Isolated, invert
 // false), ByteLevel (use_regex false, add_prefix_space false)]; post_processor null, ByteLevel,
-// TemplateProcessing or a Sequence of those; decoder ByteLevel or null; normalizer null; added
-// tokens without lstrip/rstrip/single_word. Anything else is refused (UserError naming the field).
+// TemplateProcessing or a Sequence of those; decoder ByteLevel or null; normalizer null or NFC;
+// added tokens without lstrip/rstrip/single_word. Anything else is refused (UserError naming the
+// field).
 #pragma once
 
 #include <cstdint>
@@ -60,6 +62,7 @@ struct TokenizerSpec {
   SplitPattern pattern = SplitPattern::kGpt2;
   bool add_prefix_space = false;  // gpt2 pattern only
   bool ignore_merges = false;  // a piece that is itself a token is taken whole (tokenizers option)
+  bool nfc = false;            // normalizer {"type": "NFC"} (Note [NFC before pre-tokenization])
   // The post-processor's single template: ids before and after the text's (e.g. Llama-3's BOS).
   std::vector<int32_t> template_before, template_after;
   // The file's post_processor object, written back as it was ("" = null). REQUIRES: it means

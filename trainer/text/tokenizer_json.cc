@@ -18,7 +18,8 @@ using nlohmann::ordered_json;
 constexpr const char* kSupported =
     "gtron reads byte-level BPE tokenizers: model.type \"BPE\"; pre_tokenizer \"ByteLevel\" "
     "(GPT-2) or a \"Sequence\" of \"Split\" (the Llama-3 or Qwen2 pattern, behavior "
-    "\"Isolated\") and \"ByteLevel\" (use_regex false); a \"ByteLevel\" decoder; no normalizer; "
+    "\"Isolated\") and \"ByteLevel\" (use_regex false); a \"ByteLevel\" decoder; normalizer null "
+    "or \"NFC\"; "
     "post_processor null, \"ByteLevel\" or \"TemplateProcessing\" (the forms of GPT-2's, "
     "Llama-3's and Qwen2's tokenizer.json and `gtron tokenizer train`)";
 
@@ -44,8 +45,11 @@ void check_structure(const json& j, const std::string& what) {
            "are not supported");
   }
   if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    refuse(what, str_cat("normalizer ", j["normalizer"].value("type", std::string("?")),
-                         " is not supported"));
+    const json& n = j["normalizer"];
+    if (!n.is_object() || n.value("type", std::string()) != "NFC" || n.size() != 1) {
+      refuse(what,
+             str_cat("normalizer ", n.dump(), " is not supported (null or {\"type\": \"NFC\"})"));
+    }
   }
   const json& dec = j.contains("decoder") ? j["decoder"] : json();
   if (!dec.is_null() && (!dec.is_object() || dec.value("type", std::string()) != "ByteLevel")) {
@@ -219,6 +223,7 @@ TokenizerSpec spec_from_json(const json& j, const std::string& what) {
   read_pre_tokenizer(j, &spec, what);
   read_post_processor(j, &spec, what);
   spec.ignore_merges = j["model"].value("ignore_merges", false);
+  spec.nfc = j.contains("normalizer") && j["normalizer"].is_object();  // checked: NFC
   std::unordered_map<std::string, int32_t> special_of;
   int64_t size = 0;
   for (const SpecialToken& s : spec.specials) {
@@ -340,9 +345,16 @@ std::string Tokenizer::to_json_text() const {
   if (spec_.ignore_merges) model["ignore_merges"] = true;
   model["vocab"] = vocab;
   model["merges"] = merges;
-  const ordered_json j = {{"version", "1.0"},       {"truncation", nullptr}, {"padding", nullptr},
-                          {"added_tokens", added},  {"normalizer", nullptr}, {"pre_tokenizer", pre},
-                          {"post_processor", post}, {"decoder", byte_level}, {"model", model}};
+  const ordered_json j = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", spec_.nfc ? ordered_json{{"type", "NFC"}} : ordered_json()},
+      {"pre_tokenizer", pre},
+      {"post_processor", post},
+      {"decoder", byte_level},
+      {"model", model}};
   return j.dump(2) + "\n";
 }
 
