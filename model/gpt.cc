@@ -225,7 +225,48 @@ Var GPT::trunk(const Tensor& inputs) {
   return x;
 }
 
+// Note [full recompute]
+// train.recompute = "full" (GPTConfig::recompute kFull): a main block keeps nothing from its
+// forward but its input. The forward runs with grad mode off (no closures, so every intermediate
+// is freed as soon as the next op has read it) and records one closure of its own. When that
+// closure runs in the backward it runs the block's forward again on the same input, this time
+// recording into a tape segment of its own (TapeScope), seeds the segment's output with the
+// gradient that reached the block's output, runs the segment (run_tape: its parameter uses count
+// and fire their grad-ready hooks there), and hands the input's gradient on to the block's input.
+// The recomputed forward runs the same kernels on the same values, and the segment the same
+// closures in the same order as the plain tape would have, so losses and gradients are the same
+// bits; the price is one more forward of every main block (about a third of their time), the
+// gain every block activation but the residual stream. The MTP depths keep theirs. Where the
+// weight access is GTP's, its prefetch chain expects each forward once and in order, and a graph
+// region's capture assumes the same: the config refuses "full" with parallel.gtp > 1 or graphs.
 Var GPT::block_forward(int layer, const Var& x) {
+  if (cfg_.recompute != Recompute::kFull || !grad_enabled() || !x.requires_grad()) {
+    return plain_block_forward(layer, x);
+  }
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = plain_block_forward(layer, x).value();
+  }
+  Var out = Var::output(y, /*requires_grad=*/true);
+  record_backward([this, layer, x, out] {
+    if (!out.has_grad()) return;
+    const Var in = Var::leaf(x.value());
+    Var again;
+    Tape segment;
+    {
+      TapeScope scope;
+      again = plain_block_forward(layer, in);
+      segment = scope.take();
+    }
+    again.set_grad(out.grad());
+    run_tape(std::move(segment));
+    hand_on_gradient(x, in.grad());
+  });
+  return out;
+}
+
+Var GPT::plain_block_forward(int layer, const Var& x) {
   GTRON_CHECK(layer >= 0 && layer < num_blocks(), "block ", layer, " of ", num_blocks());
   if (cfg_.llama()) return llama_blocks_[static_cast<size_t>(layer)].forward(x, *weights_);
   return blocks_[static_cast<size_t>(layer)].forward(x, *weights_);

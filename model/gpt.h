@@ -27,8 +27,8 @@ enum class Arch { kGpt2, kLlama };
 // train.recompute: what the backward re-forms instead of keeping from the forward (CUDA bf16; the
 // CPU and f32 paths keep everything). kSelective: GPT-2's GELU outputs and ln1 rows, the llama
 // family's SwiGLU outputs — one elementwise pass each per block, the same bits (GPT-2's GELU
-// output aside: Note [keeping g] in model/ops/fused_mlp.h).
-enum class Recompute { kNone, kSelective };
+// output aside: Note [keeping g] in model/ops/fused_mlp.h). kFull: Note [full recompute].
+enum class Recompute { kNone, kSelective, kFull };
 
 struct GPTConfig {
   Arch arch = Arch::kGpt2;
@@ -121,6 +121,8 @@ class GPT {
   void set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
   // Main-model block l: x [B, T, C] -> [B, T, C], through the weight access.
   Var block_forward(int layer, const Var& x);
+  // The block's own forward, recorded on the tape as it is (block_forward without kFull).
+  Var plain_block_forward(int layer, const Var& x);
   int num_blocks() const { return cfg_.n_layer; }
 
   // The modules, for code that runs them its own way (generation with key/value caches,

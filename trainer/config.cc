@@ -265,6 +265,18 @@ void check_batch(const Config& c, int64_t ranks, const std::string& ranks_text) 
 // into equal parts (Note [tensor-parallel layout] in parallel/tensor_parallel.h).
 void check_tensor_parallel(const Config& c) {
   const int64_t tp = c.parallel.tp;
+  // Note [full recompute]: the GTP prefetch chains and the graph regions assume each block's
+  // forward runs once, in order.
+  if (c.train.recompute == RecomputeChoice::kFull && c.parallel.gtp != 1) {
+    fail(str_cat("train.recompute = \"full\": needs parallel.gtp = 1, but parallel.gtp = ",
+                 c.parallel.gtp),
+         "use train.recompute = \"selective\" with GTP, or parallel.gtp = 1");
+  }
+  if (c.train.recompute == RecomputeChoice::kFull && c.graphs.scope != GraphScope::kNone) {
+    fail(str_cat("train.recompute = \"full\": needs graphs.scope = \"none\", but graphs.scope = \"",
+                 to_string(c.graphs.scope), "\""),
+         "set graphs.scope = \"none\", or train.recompute = \"selective\"");
+  }
   if (c.parallel.sequence_parallel && tp == 1) {
     fail(
         "parallel.sequence_parallel = true: needs parallel.tp > 1 (it splits the sequence over "

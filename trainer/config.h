@@ -32,7 +32,7 @@ enum class GraphScope { kNone, kLayers, kFull };
 enum class CommBackend { kAuto, kNccl, kIpc, kGloo };
 enum class ModelArch { kGpt2, kLlama };
 enum class RopeScalingType { kNone, kLlama3 };
-enum class RecomputeChoice { kNone, kSelective };
+enum class RecomputeChoice { kNone, kSelective, kFull };
 
 // The names the config uses ("cosine", "cuda", ...).
 const char* to_string(ScheduleKind v);

@@ -52,7 +52,7 @@ const std::vector<std::string>& enum_names(RopeScalingType) {
 }
 
 const std::vector<std::string>& enum_names(RecomputeChoice) {
-  static const std::vector<std::string> names = {"none", "selective"};
+  static const std::vector<std::string> names = {"none", "selective", "full"};
   return names;
 }
 
@@ -252,11 +252,14 @@ std::vector<KeySpec> build_schema() {
           "Steps between evaluations; 0 = only at the end."),
       key(GTRON_FIELD(train.eval_batches), 4, at_least(1), "Micro-batches per evaluation."),
       key(GTRON_FIELD(train.recompute), RecomputeChoice::kNone, any,
-          "Activations the backward re-forms instead of keeping (CUDA bf16; fp32 and the CPU keep "
-          "all): selective = GPT-2's GELU outputs and ln1 rows, the llama family's SwiGLU "
-          "outputs; less memory for about 1.5% of the step. The same bits, except GPT-2's "
+          "Activations the backward re-forms instead of keeping. selective (CUDA bf16; fp32 and "
+          "the CPU keep all) = GPT-2's GELU outputs and ln1 rows, the llama family's SwiGLU "
+          "outputs; less memory for about 1.5% of the step; the same bits, except GPT-2's "
           "mlp.proj weight gradient, which reads a GELU output re-formed by the GELU kernel "
-          "instead of the GEMM epilogue (bf16 rounding apart)."),
+          "instead of the GEMM epilogue (bf16 rounding apart). full (any device) = each main "
+          "block keeps only its input and runs its forward again in the backward: the same "
+          "bits, one more forward of the blocks; needs parallel.gtp = 1 and graphs.scope = "
+          "\"none\"."),
       key(GTRON_FIELD(train.out_dir), "runs/default", any,
           "Run directory: metrics, checkpoints, synthetic data.", Empty::kForbidden),
       // parallel

@@ -85,8 +85,9 @@ GPTConfig gpt_config(const Config& cfg) {
   g.rms_norm_eps = m.rms_norm_eps;
   g.qk_norm = m.qk_norm;
   g.qkv_bias = m.qkv_bias;
-  g.recompute =
-      cfg.train.recompute == RecomputeChoice::kSelective ? Recompute::kSelective : Recompute::kNone;
+  g.recompute = cfg.train.recompute == RecomputeChoice::kFull        ? Recompute::kFull
+                : cfg.train.recompute == RecomputeChoice::kSelective ? Recompute::kSelective
+                                                                     : Recompute::kNone;
   return g;
 }
 

@@ -65,6 +65,51 @@ TEST(GPT, GradCheckUntiedNoMTP) {
   EXPECT_LT(res.worst_error, 1e-6) << res.worst_name;
 }
 
+// Note [full recompute] in model/gpt.cc: train.recompute = "full" keeps each main block's input
+// only and runs its forward again in the backward; losses and every parameter gradient equal the
+// plain tape's bit for bit, for GPT-2 and the llama family (GQA, q/k norms, MTP D = 2, two blocks
+// so a block's input is the previous block's output), and the forward records fewer closures.
+TEST(GPT, FullRecomputeKeepsLossesAndGradientsBitForBit) {
+  GPTConfig gpt2 = tiny_config(2);
+  gpt2.n_layer = 2;
+  GPTConfig llama = gpt2;
+  llama.arch = Arch::kLlama;
+  llama.n_head = 2;
+  llama.n_kv_head = 1;
+  llama.head_dim = 4;
+  llama.intermediate_size = 10;
+  llama.qk_norm = true;
+  llama.rope_theta = 10000;
+  for (const GPTConfig& base : {gpt2, llama}) {
+    SCOPED_TRACE(base.llama() ? "llama" : "gpt2");
+    const Tensor window = random_window(2, 5, 13, 7);
+    auto run = [&](Recompute r, size_t* closures) {
+      GPTConfig c = base;
+      c.recompute = r;
+      GPT model(c, DType::kF32, Device::cpu(), 11);
+      clear_tape();
+      GPTOutput out = model.forward(window);
+      *closures = tape_size();
+      backward(out.loss);
+      std::vector<std::vector<double>> grads;
+      for (Parameter* p : model.parameters()) grads.push_back(p->main_grad.to_vector());
+      return std::make_pair(out.loss.value().item(), grads);
+    };
+    size_t plain_closures = 0, full_closures = 0;
+    const auto plain = run(Recompute::kNone, &plain_closures);
+    const auto full = run(Recompute::kFull, &full_closures);
+    EXPECT_EQ(plain.first, full.first);
+    ASSERT_EQ(plain.second.size(), full.second.size());
+    double norm = 0;
+    for (size_t i = 0; i < plain.second.size(); ++i) {
+      EXPECT_EQ(plain.second[i], full.second[i]) << "parameter " << i;
+      for (double g : plain.second[i]) norm += g * g;
+    }
+    EXPECT_GT(norm, 0);
+    EXPECT_LT(full_closures, plain_closures);
+  }
+}
+
 TEST(GPT, LossComposition) {
   GPT model(tiny_config(2), DType::kF64, Device::cpu(), 5);
   NoGradGuard ng;

@@ -239,8 +239,8 @@ TEST(ConfigErrors, OutOfRangeAndBadEnums) {
   expect_text_error(R"({"train": {"out_dir": ""}})", {"train.out_dir = \"\"", "not be empty"});
   expect_text_error(R"({"train": {"device": "tpu"}})",
                     {"train.device = \"tpu\"", "one of \"auto\", \"cpu\", \"cuda\""});
-  expect_text_error(R"({"train": {"recompute": "full"}})",
-                    {"train.recompute = \"full\"", "one of \"none\", \"selective\""});
+  expect_text_error(R"({"train": {"recompute": "fully"}})",
+                    {"train.recompute = \"fully\"", "one of \"none\", \"selective\", \"full\""});
   expect_text_error(R"({"schedule": {"kind": "cosin"}})",
                     {"schedule.kind = \"cosin\"", "did you mean \"cosine\"?"});
 }
@@ -300,6 +300,21 @@ TEST(ConfigErrors, BackendChecks) {
   expect_text_error(R"({"parallel": {"backend": "nccl"}, "train": {"device": "cpu"}})",
                     {"parallel.backend = \"nccl\"", "needs GPUs"});
   expect_text_error(R"({"parallel": {"ipc_timeout_s": 0}})", {"parallel.ipc_timeout_s"});
+}
+
+// Note [full recompute] in model/gpt.cc: "full" runs each block's forward twice, which GTP's
+// prefetch chains and graph regions do not expect.
+TEST(ConfigErrors, FullRecomputeNeedsNoGtpAndNoGraphs) {
+  EXPECT_EQ(from_text(R"({"train": {"recompute": "full"}, "parallel": {"tp": 1}})").train.recompute,
+            RecomputeChoice::kFull);
+  expect_text_error(R"({"train": {"recompute": "full"}, "parallel": {"gtp": 2}})",
+                    {"train.recompute = \"full\"", "parallel.gtp = 1", "parallel.gtp = 2"});
+  expect_text_error(R"({"train": {"recompute": "full"}, "graphs": {"scope": "layers"}})",
+                    {"train.recompute = \"full\"", "graphs.scope = \"layers\""});
+  EXPECT_EQ(from_text(R"({"train": {"recompute": "selective", "global_batch": 16},
+                                 "parallel": {"gtp": 2}})")
+                .train.recompute,
+            RecomputeChoice::kSelective);
 }
 
 TEST(ConfigErrors, TensorParallelChecks) {

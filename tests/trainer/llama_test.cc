@@ -127,7 +127,9 @@ TEST(Llama, GraphsAndResumeAreBitExact) {
 }
 
 // Every parallel layout over processes (Gloo) against one process: DP, GTP (graphs none, layers,
-// full), TP (the q/k norms' partial gradients summed over TP), TP × GTP with sequence parallelism.
+// full), TP (the q/k norms' partial gradients summed over TP), TP × GTP with sequence parallelism,
+// and train.recompute = "full" (Note [full recompute]: bit for bit in one process; with DP and
+// with TP + sequence parallelism, whose collectives the recomputed forward runs again).
 TEST(Llama, EveryLayoutMatchesOneProcess) {
   const std::string dir = temp_dir("llama_layouts");
   // Qwen3 style (MTP D=2, untied head, q/k norms) with two key/value heads: one per TP rank.
@@ -135,6 +137,8 @@ TEST(Llama, EveryLayoutMatchesOneProcess) {
         "tied_embeddings": false)",
                     2};
   const std::string one = train(dir, gqa, "one", {"train.steps=10"});
+  const std::string full = train(dir, gqa, "one_full", {"train.steps=10", "train.recompute=full"});
+  EXPECT_EQ(metrics_losses(full + "/metrics.jsonl"), metrics_losses(one + "/metrics.jsonl"));
   struct Layout {
     const char* name;
     int nproc;
@@ -150,6 +154,11 @@ TEST(Llama, EveryLayoutMatchesOneProcess) {
       {"tp2_gtp2_sp",
        4,
        {"parallel.tp=2", "parallel.gtp=2", "parallel.sequence_parallel=true"},
+       1e-6},
+      {"dp2_recompute_full", 2, {"train.recompute=full"}, 1e-5},
+      {"tp2_sp_recompute_full",
+       2,
+       {"parallel.tp=2", "parallel.sequence_parallel=true", "train.recompute=full"},
        1e-6},
   };
   for (const Layout& l : layouts) {
