@@ -8,8 +8,8 @@
 // `--arch gpt2` (default) or `llama`; the llama family's shape flags map to GPTConfig's fields:
 // --NKV (n_kv_head), --HS (head_dim), --F (intermediate_size; each 0: the family's default),
 // --qk-norm 0|1, --rope-theta, --tied 0|1 (tied_embeddings; GPT-2 stays tied). The same flags
-// drive scripts/bench_torch.py's reference model. `--recompute none|selective` is
-// train.recompute (GPTConfig::recompute), printed as "recompute".
+// drive scripts/bench_torch.py's reference model. `--recompute none|selective|full` is
+// train.recompute (GPTConfig::recompute), printed as "recompute" (full: with --graphs none only).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -75,12 +75,14 @@ gtron::GPTConfig model_config(int argc, char** argv, int64_t T) {
   c.context_length = T;
   c.tied_embeddings = switch_arg(argc, argv, "tied", true);
   const std::string recompute = flag(argc, argv, "recompute", "none");
-  if (recompute != "none" && recompute != "selective") {
-    std::fprintf(stderr, "bench_gpu: --recompute is none or selective, got '%s'\n",
+  if (recompute != "none" && recompute != "selective" && recompute != "full") {
+    std::fprintf(stderr, "bench_gpu: --recompute is none, selective or full, got '%s'\n",
                  recompute.c_str());
     std::exit(2);
   }
-  c.recompute = recompute == "selective" ? gtron::Recompute::kSelective : gtron::Recompute::kNone;
+  c.recompute = recompute == "full"        ? gtron::Recompute::kFull
+                : recompute == "selective" ? gtron::Recompute::kSelective
+                                           : gtron::Recompute::kNone;
   if (!c.llama()) {  // the GPT-2 shape of scripts/bench_torch.py's reference: tied
     for (const char* name : {"NKV", "HS", "F", "qk-norm", "rope-theta"}) {
       if (given(argc, argv, name)) {
@@ -113,7 +115,9 @@ gtron::GPTConfig model_config(int argc, char** argv, int64_t T) {
 
 // The JSON fields of the family and its shape beyond L, C and NH (resolved defaults).
 std::string family_fields(const gtron::GPTConfig& c) {
-  const std::string rc = c.recompute == gtron::Recompute::kSelective ? "selective" : "none";
+  const std::string rc = c.recompute == gtron::Recompute::kFull        ? "full"
+                         : c.recompute == gtron::Recompute::kSelective ? "selective"
+                                                                       : "none";
   if (!c.llama()) return "\"arch\": \"gpt2\", \"tied\": 1, \"recompute\": \"" + rc + "\"";
   const gtron::LlamaDims d = c.llama_dims();
   char buf[256];
@@ -148,6 +152,12 @@ int main(int argc, char** argv) {
   } else if (graphs_flag != "none") {
     std::fprintf(stderr, "bench_gpu: --graphs is none, layers or full, got '%s'\n",
                  graphs_flag.c_str());
+    std::exit(2);
+  }
+  if (c.recompute == Recompute::kFull && scope != graphs::Scope::kNone) {
+    std::fprintf(stderr,
+                 "bench_gpu: --recompute full runs with --graphs none (as "
+                 "train.recompute = \"full\" needs graphs.scope = \"none\")\n");
     return 2;
   }
   const bool bf16 = precision == "bf16";
