@@ -121,13 +121,17 @@ bool reuse_or_claim(const std::string& out_dir, const json& params) {
 }
 
 // [eot] + tokens of each document in `which`, concatenated.
+// Each document as `start` + its tokens (+ the template's closing ids, if any).
 std::vector<uint32_t> encode_documents(Tokenizer& tok, const std::vector<std::string>& docs,
-                                       const std::vector<size_t>& which, int32_t eot) {
+                                       const std::vector<size_t>& which,
+                                       const std::vector<int32_t>& start) {
   std::vector<uint32_t> tokens;
   std::vector<int32_t> ids;
+  const std::vector<int32_t>& after = tok.spec().template_after;
   for (size_t d : which) {
-    ids.assign(1, eot);
+    ids = start;
     tok.encode_append(docs[d], &ids);
+    ids.insert(ids.end(), after.begin(), after.end());
     tokens.insert(tokens.end(), ids.begin(), ids.end());
   }
   return tokens;
@@ -215,11 +219,13 @@ PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
                                      const std::string& out_dir) {
   const std::string tokenizer_text = read_file_bytes(options.tokenizer, "tokenizer");
   Tokenizer tok = Tokenizer::from_json_text(tokenizer_text, options.tokenizer);
-  const std::optional<int32_t> eot = tok.special_id(options.eot);
-  if (!eot) {
-    throw UserError(
-        str_cat("tokenizer '", options.tokenizer, "' has no special token \"", options.eot,
-                "\" to put between documents. Hint: train it with --special '", options.eot, "'."));
+  const std::optional<std::vector<int32_t>> start = tok.document_start(options.eot);
+  if (!start) {
+    throw UserError(str_cat("tokenizer '", options.tokenizer, "' has no special token \"",
+                            options.eot,
+                            "\" and no post-processor template to open each document with. Hint: "
+                            "train it with --special '",
+                            options.eot, "'."));
   }
   const std::vector<std::string> docs = read_documents(options.files, options.doc_separator);
   if (!(options.val_fraction > 0.0)) {
@@ -241,8 +247,8 @@ PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
     json meta = json::parse(read_file_bytes(join(out_dir, kMetaFile), "meta"));
     return result_for(out_dir, vocab, meta_int(meta, "tokens"), meta_int(meta, "val_tokens"), true);
   }
-  const std::vector<uint32_t> train = encode_documents(tok, docs, split.train, *eot);
-  const std::vector<uint32_t> val = encode_documents(tok, docs, split.val, *eot);
+  const std::vector<uint32_t> train = encode_documents(tok, docs, split.train, *start);
+  const std::vector<uint32_t> val = encode_documents(tok, docs, split.val, *start);
   if (train.size() > static_cast<size_t>(kMaxShardTokens) ||
       val.size() > static_cast<size_t>(kMaxShardTokens)) {
     throw UserError(str_cat("prepare: ", train.size(), " + ", val.size(),
@@ -254,7 +260,12 @@ PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
   write_shard(join(out_dir, kTrainFile), train, version);
   json meta = params;
   meta["vocab"] = vocab;
-  meta["eot_id"] = *eot;
+  meta["doc_start_ids"] = *start;
+  meta["doc_end_ids"] = tok.spec().template_after;
+  if (const std::optional<int32_t> eot = tok.special_id(options.eot);
+      eot && start->size() == 1 && (*start)[0] == *eot) {
+    meta["eot_id"] = *eot;
+  }
   json files = json::array();
   for (const std::string& f : options.files) files.push_back(fs::absolute(f).string());
   meta["text_files"] = files;  // informational; identity is the content

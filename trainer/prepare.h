@@ -56,12 +56,15 @@ struct TokenizedTextOptions {
   std::string eot = "<|endoftext|>";  // the special token between documents
 };
 
-// REQUIRES (else UserError): readable files with text, a loadable tokenizer that has the `eot`
-// special token, a split with a document on each side (trainer/data/text_corpus.h). meta.json:
-// {"source": "text", "tokenizer": "bpe", "tokenizer_sha256", "vocab" (the tokenizer's vocabulary
-// size), "eot_id", "text_files", "text_bytes", "text_fnv1a64", "doc_separator", "val_fraction",
-// "documents", "val_documents", "tokens", "val_tokens", "unigram_entropy" (nats/token, of the
-// train tokens), "train_bytes", "val_bytes"}.
+// Each document is written as Tokenizer::document_start(eot) (the post-processor template's
+// leading ids, e.g. Llama-3's <|begin_of_text|>, else the `eot` token), its tokens and the
+// template's closing ids. REQUIRES (else UserError): readable files with text, a loadable
+// tokenizer with a template or the `eot` special token, a split with a document on each side
+// (trainer/data/text_corpus.h). meta.json: {"source": "text", "tokenizer": "bpe",
+// "tokenizer_sha256", "vocab" (the tokenizer's vocabulary size), "doc_start_ids", "doc_end_ids",
+// "eot_id" (when documents open with the eot token alone), "text_files", "text_bytes",
+// "text_fnv1a64", "doc_separator", "val_fraction", "documents", "val_documents", "tokens",
+// "val_tokens", "unigram_entropy" (nats/token, of the train tokens), "train_bytes", "val_bytes"}.
 PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
                                      const std::string& out_dir);
 

@@ -59,8 +59,9 @@ std::vector<int32_t> prompt_of(const GPT& model, const SampleArgs& a, Tokenizer*
     throw UserError("--prompt is empty: generation needs a prompt token. Hint: --prompt TEXT");
   }
   if (tok != nullptr) {
-    std::vector<int32_t> ids;
-    if (auto eot = tok->special_id("<|endoftext|>")) ids.push_back(*eot);
+    // The prompt opens as a document does in `gtron prepare` (Tokenizer::document_start).
+    std::vector<int32_t> ids =
+        tok->document_start("<|endoftext|>").value_or(std::vector<int32_t>{});
     tok->encode_append(a.prompt, &ids);
     return ids;
   }
@@ -76,11 +77,11 @@ void check_flags(const GPT& model, const SampleArgs& a, int64_t prompt_len, cons
                             " is below its tokenizer's ", tok->vocab_size(), " tokens"));
   }
   if (prompt_len >= c.context_length) {
-    throw UserError(str_cat(a.prompt_ids_given ? "--prompt-ids" : "--prompt", ": the prompt is ",
-                            prompt_len, " tokens", tok != nullptr ? " (after <|endoftext|>)" : "",
-                            "; it may be at most ", c.context_length - 1,
-                            " tokens, so that one new token fits the model's context length ",
-                            c.context_length, ". Hint: shorten the prompt"));
+    throw UserError(str_cat(
+        a.prompt_ids_given ? "--prompt-ids" : "--prompt", ": the prompt is ", prompt_len, " tokens",
+        tok != nullptr ? " (after the tokens that open a document)" : "", "; it may be at most ",
+        c.context_length - 1, " tokens, so that one new token fits the model's context length ",
+        c.context_length, ". Hint: shorten the prompt"));
   }
   if (prompt_len + a.tokens > c.context_length) {
     throw UserError(str_cat("--tokens ", a.tokens, ": the prompt (", prompt_len, " tokens) plus ",

@@ -93,6 +93,7 @@ TEST_F(PrepareBpe, DocumentsAreSeparatedByEndOfText) {
   EXPECT_EQ(meta["tokenizer_sha256"], sha256_hex(read_all(dir_ + "/tok.json")));
   EXPECT_EQ(meta["vocab"], 270);
   EXPECT_EQ(meta["eot_id"], eot);
+  EXPECT_EQ(meta["doc_start_ids"], nlohmann::json::array({eot}));
   EXPECT_EQ(meta["tokens"], train.size());
   EXPECT_EQ(meta["val_tokens"], val.size());
   EXPECT_EQ(meta["val_documents"], 5);
@@ -108,6 +109,51 @@ TEST_F(PrepareBpe, DocumentsAreSeparatedByEndOfText) {
   TokenizedTextOptions other = options();
   other.val_fraction = 0.5;
   EXPECT_THROW(prepare_tokenized_text(other, out), UserError);  // different parameters: refused
+}
+
+// A tokenizer whose file has a post-processor template (Llama-3's <|begin_of_text|> first) opens
+// each document with the template's ids instead of <|endoftext|> (Tokenizer::document_start), and
+// needs no <|endoftext|> at all.
+TEST_F(PrepareBpe, TemplateTokenizersOpenDocumentsWithTheirTemplate) {
+  BpeTrainOptions o;
+  o.vocab_size = 270;
+  o.specials = {"<|begin_of_text|>", "<|end_of_text|>"};
+  const Tokenizer trained(train_bpe({text_}, o), "t");
+  const int32_t bos = *trained.special_id("<|begin_of_text|>");
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(trained.to_json_text());
+  const nlohmann::ordered_json bos_item = {
+      {"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}};
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", {bos_item, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+      {"pair", nlohmann::ordered_json::array()},
+      {"special_tokens",
+       {{"<|begin_of_text|>",
+         {{"id", "<|begin_of_text|>"}, {"ids", {bos}}, {"tokens", {"<|begin_of_text|>"}}}}}}};
+  testing::write_text(dir_ + "/llama.json", j.dump(2));
+  TokenizedTextOptions opt = options();
+  opt.tokenizer = dir_ + "/llama.json";
+  const std::string out = dir_ + "/llama_out";
+  prepare_tokenized_text(opt, out);
+  Tokenizer tok = Tokenizer::load(dir_ + "/llama.json");
+  EXPECT_EQ(tok.document_start("<|endoftext|>"), std::vector<int32_t>{bos});
+  std::string want_train;
+  for (size_t i = 0; i < docs_.size(); ++i) {
+    if (i % 4 != 3) want_train += "<|begin_of_text|>" + docs_[i];
+  }
+  const std::vector<uint32_t> train = read_shard(out + "/train_000.bin", 270);
+  EXPECT_EQ(tok.decode(as_int32(train)), want_train);
+  EXPECT_EQ(static_cast<int32_t>(train[0]), bos);
+  EXPECT_EQ(std::count(train.begin(), train.end(), static_cast<uint32_t>(bos)), 15);
+  const nlohmann::json meta = nlohmann::json::parse(read_all(out + "/meta.json"));
+  EXPECT_EQ(meta["doc_start_ids"], nlohmann::json::array({bos}));
+  EXPECT_EQ(meta["doc_end_ids"], nlohmann::json::array());
+  EXPECT_FALSE(meta.contains("eot_id"));
+  // Without a template, a tokenizer lacking the eot token has nothing to open a document with.
+  j["post_processor"] = nullptr;
+  testing::write_text(dir_ + "/plain.json", j.dump(2));
+  opt.tokenizer = dir_ + "/plain.json";
+  EXPECT_THROW(prepare_tokenized_text(opt, dir_ + "/plain_out"), UserError);
 }
 
 // A vocabulary above 65536 ids needs uint32 tokens: shard version 7.

@@ -92,6 +92,14 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) {
   return out;
 }
 
+std::optional<std::vector<int32_t>> Tokenizer::document_start(const std::string& eot) const {
+  if (!spec_.template_before.empty() || !spec_.template_after.empty()) {
+    return spec_.template_before;
+  }
+  if (const std::optional<int32_t> id = special_id(eot)) return std::vector<int32_t>{*id};
+  return std::nullopt;
+}
+
 std::vector<int32_t> Tokenizer::encode_with_template(std::string_view text) {
   std::vector<int32_t> out = spec_.template_before;
   encode_append(text, &out);

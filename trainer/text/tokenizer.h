@@ -100,6 +100,10 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text);
   // encode() inside the post-processor's template (step 4 above).
   std::vector<int32_t> encode_with_template(std::string_view text);
+  // The ids that open a document (`gtron prepare`) or a prompt (`gtron sample`): the template's
+  // leading ids when the file has a post-processor template (Llama-3's <|begin_of_text|>), else
+  // the added token `eot` (GPT-2's and Qwen's <|endoftext|>); nullopt when it has neither.
+  std::optional<std::vector<int32_t>> document_start(const std::string& eot) const;
   // Ids outside the vocabulary (e.g. a padded-vocab id a model sampled) decode to U+FFFD.
   std::string decode(const int32_t* ids, int64_t n) const;
   std::string decode(const std::vector<int32_t>& ids) const;
