@@ -1,6 +1,5 @@
 #include "model/ops/fused_mlp.h"
 
-#include "model/env_switch.h"
 #include "model/ops/add.h"
 #include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
@@ -13,11 +12,6 @@
 namespace gtron {
 
 bool fused_mlp_supported(const Var& x) { return x.device().is_cuda() && x.dtype() == DType::kBF16; }
-
-bool keep_gelu_output() {
-  static const bool keep = env_switch_on("GTRON_MLP_KEEP_G");
-  return keep;
-}
 
 namespace {
 
@@ -95,11 +89,11 @@ Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& r
   Var out = Var::output(y, need);
   if (need && b.defined() && b.requires_grad()) out.request_col_partials();
   if (need) {
-    // Note [keeping g]: g is kept for the backward's dw, or (GTRON_MLP_KEEP_G=0) dropped once y is
+    // Note [keeping g]: g is kept for the backward's dw, or (recompute) dropped once y is
     // formed and recomputed from pre there, one elementwise pass.
     Var pre = up.pre;
     const Shape g_shape = g.shape();
-    const Tensor kept = keep_gelu_output() && !recompute ? g.value() : Tensor();
+    const Tensor kept = recompute ? Tensor() : g.value();
     record_backward([g_shape, kept, pre, w, b, residual, out, d] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
@@ -148,8 +142,8 @@ Var swiglu_linear(const Var& gu, const Var& w, const Var& residual, bool keep_ac
   const int64_t Cout = w.shape()[0];
   const int64_t F = w.shape()[w.shape().rank() - 1];
   const Shape& gs = gu.shape();
-  GTRON_CHECK(gs.rank() >= 1 && gs[gs.rank() - 1] == 2 * F, "swiglu_linear: [gate | up] ",
-              gs.str(), " against a weight ", w.shape().str(), "; expected a last dim of ", 2 * F);
+  GTRON_CHECK(gs.rank() >= 1 && gs[gs.rank() - 1] == 2 * F, "swiglu_linear: [gate | up] ", gs.str(),
+              " against a weight ", w.shape().str(), "; expected a last dim of ", 2 * F);
   check_shape("swiglu_linear weight", w.shape(), Shape{Cout, F});
   check_same_device_dtype("swiglu_linear", gu.value(), w.value());
   const int64_t N = gu.value().numel() / (2 * F);

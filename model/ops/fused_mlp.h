@@ -7,10 +7,9 @@
 // The backward's dw_down needs g. Keeping it costs a [N, 4C] activation per block (1.2 GB on GPT-2
 // 124M at B·T = 16k); recomputing it from pre costs one elementwise pass per block (0.74 ms a
 // step there). The head's blocked classifier (model/ops/classifier.h) frees more than that, so g
-// is kept; GTRON_MLP_KEEP_G=0 recomputes it (an A/B switch, and a way to trade the time for the
-// memory).
-// Recomputed (GTRON_MLP_KEEP_G=0 or train.recompute = "selective"), g comes from the GELU kernel,
-// not the epilogue: bf16 rounding apart, so dw_down differs from the kept path's in the last bits.
+// is kept; train.recompute = "selective" recomputes it (the way to trade the time for the memory;
+// it replaced the switch GTRON_MLP_KEEP_G=0). Recomputed, g comes from the GELU kernel, not the
+// epilogue: bf16 rounding apart, so dw_down differs from the kept path's in the last bits.
 // Same values as linear → gelu → linear up to bf16 rounding order. The composed ops stay the
 // path everywhere else (CPU, f32) and the reference the tests compare against.
 #pragma once
@@ -28,9 +27,6 @@ struct GeluUp {
 
 // True when the fused pair applies to activations of this device and dtype.
 bool fused_mlp_supported(const Var& x);
-// Whether linear_after_gelu keeps g for its backward (default) or recomputes it from pre
-// (GTRON_MLP_KEEP_G=0): Note [keeping g].
-bool keep_gelu_output();
 
 // x: [N.., Cin], w: [Cout, Cin], b: [Cout] (bf16 like x). Backward (when pre has a gradient)
 // accumulates dx, dw, db exactly like linear's.
@@ -40,8 +36,8 @@ GeluUp linear_gelu_up(const Var& x, const Var& w, const Var& b);
 // TP), plus `residual` when given (the block's residual stream, added in the GEMM's epilogue
 // before the one rounding). Backward accumulates dw += dyᵀ·g, db += Σ dy, dresidual += dy, and
 // delivers d pre = (dy·w) ⊙ gelu'(pre) into up.pre's gradient (written when the slot is empty,
-// else added). `recompute` (train.recompute = "selective"): recompute g even where
-// keep_gelu_output() says keep. REQUIRES: up.g has no other consumer.
+// else added). `recompute` (train.recompute = "selective"): drop g and re-form it from pre in the
+// backward (Note [keeping g]). REQUIRES: up.g has no other consumer.
 Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& residual = Var(),
                       bool recompute = false);
 

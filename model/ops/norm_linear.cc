@@ -1,6 +1,5 @@
 #include "model/ops/norm_linear.h"
 
-#include "model/env_switch.h"
 #include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
 #include "model/ops/linear.h"
@@ -9,11 +8,6 @@
 #include "model/stream.h"
 
 namespace gtron {
-
-bool keep_normalized_rows() {
-  static const bool keep = env_switch_on("GTRON_LN_KEEP");
-  return keep;
-}
 
 Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var& w, const Var& b,
                      double eps, TensorParallelGroup* tp, bool recompute) {
@@ -51,7 +45,7 @@ Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var&
   Var out = Var::output(y, need);
   if (!need) return out;
   if (b.defined() && b.requires_grad()) out.request_col_partials();
-  const Tensor kept = keep_normalized_rows() && !recompute ? n : Tensor();
+  const Tensor kept = recompute ? Tensor() : n;
   record_backward([x, gamma, beta, w, b, out, mean, rstd, normalize, kept, N, C, Cout, act, tp] {
     if (!out.has_grad()) return;
     Stream& s = current_stream(out.device());

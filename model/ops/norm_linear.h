@@ -2,8 +2,9 @@
 // the normalized activation kept for the backward or recomputed there.
 //
 // The composed ops keep layernorm's output [N, C] alive from the forward to the linear's weight
-// gradient, and so does this op by default. With GTRON_LN_KEEP=0 only x (kept anyway: the
-// residual stream) and the row statistics are, and the backward re-runs the same LayerNorm kernel
+// gradient, and so does this op by default. With `recompute` (train.recompute = "selective") only
+// x (kept anyway: the residual stream) and the row statistics are, and the backward re-runs the
+// same LayerNorm kernel
 // (bit-identical output) right before the weight gradient: one [N, C] pass per use (about 0.25 ms
 // a step on GPT-2 124M at B·T = 16k on an H200) for one [N, C] activation less per block (0.3 GB
 // there), the trade to take when memory is short. Values and gradients equal the composed ops'
@@ -17,16 +18,12 @@ namespace gtron {
 
 class TensorParallelGroup;
 
-// Whether layernorm_linear keeps the normalized rows for its backward (GTRON_LN_KEEP, default 1).
-bool keep_normalized_rows();
-
 // x: [.., C]; gamma, beta: [C] (f32, or x's dtype); w: [Cout, C], b: [Cout] or undefined.
 // Backward accumulates into x, gamma, beta, w, b like layernorm + linear. REQUIRES: CUDA.
 // `tp` (a column-parallel w, this rank's rows): the backward sums the normalized rows' gradient
 // over the group before the LayerNorm backward — tp_copy between the two ops (model/ops/tp_comm.h)
 // — so x, gamma and beta get the full gradient on every rank.
-// `recompute` (train.recompute = "selective"): recompute the normalized rows even where
-// keep_normalized_rows() says keep.
+// `recompute`: drop the normalized rows and re-form them in the backward (above).
 Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var& w, const Var& b,
                      double eps = kLayerNormEps, TensorParallelGroup* tp = nullptr,
                      bool recompute = false);
