@@ -8,6 +8,7 @@
 #include "model/ops/fused_mlp.h"
 #include "model/ops/linear.h"
 #include "model/ops/norm.h"
+#include "model/ops/norm_linear.h"
 #include "model/ops/qk_norm.h"
 #include "model/ops/rope.h"
 #include "model/ops/swiglu.h"
@@ -53,8 +54,24 @@ LlamaBlock::LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaD
                         device, reg.dtype());
 }
 
+// Under train.recompute = "selective" on CUDA bf16 without TP, a norm and the projection it feeds
+// are one op that re-forms the normalized rows in the backward (rmsnorm_linear); elsewhere the
+// composed ops, bit for bit the same values.
+Var LlamaBlock::norm_linear(const RMSNormLayer& norm, const LinearLayer& lin, const Var& x,
+                            WeightAccess& w) const {
+  if (!recompute_act || lin.tp != nullptr || !fused_mlp_supported(x)) {
+    return lin.forward(norm.forward(x), w);
+  }
+  const Var gamma = Var::param(*norm.weight);
+  Var wv = w.use(*lin.weight);
+  Var y = rmsnorm_linear(x, gamma, wv, lin.bias ? w.use_bias(*lin.bias) : Var(), norm.eps,
+                         /*recompute=*/true);
+  w.used(*lin.weight, wv);
+  return y;
+}
+
 Var LlamaBlock::forward(const Var& x, WeightAccess& w, int64_t pos0) const {
-  Var qkv_out = qkv.forward(attn_norm.forward(x), w);  // [B, T, (NH + 2·NKV)·HS]
+  Var qkv_out = norm_linear(attn_norm, qkv, x, w);  // [B, T, (NH + 2·NKV)·HS]
   if (qk_norm_on) {
     qkv_out = qk_rmsnorm(qkv_out, NH, NKV, HS, Var::param(*q_norm.weight),
                          Var::param(*k_norm.weight), q_norm.eps);
@@ -63,7 +80,7 @@ Var LlamaBlock::forward(const Var& x, WeightAccess& w, int64_t pos0) const {
       causal_attention_gqa_rope(qkv_out, inv_freq, NH, NKV, static_cast<int>(HS), pos0);
   if (x.device().is_cuda() && o_proj.tp == nullptr && residual_in_gemm()) {
     Var h = o_proj.forward(attn, w, x);  // x + o_proj(attn), the residual in the GEMM's epilogue
-    return mlp(mlp_norm.forward(h), h, w);
+    return mlp_after_gate_up(norm_linear(mlp_norm, gate_up, h, w), h, w);
   }
   const AddNorm hn =
       add_rmsnorm(x, o_proj.forward(attn, w), Var::param(*mlp_norm.weight), mlp_norm.eps);
@@ -71,7 +88,10 @@ Var LlamaBlock::forward(const Var& x, WeightAccess& w, int64_t pos0) const {
 }
 
 Var LlamaBlock::mlp(const Var& g, const Var& residual, WeightAccess& w) const {
-  const Var gu = gate_up.forward(g, w);
+  return mlp_after_gate_up(gate_up.forward(g, w), residual, w);
+}
+
+Var LlamaBlock::mlp_after_gate_up(const Var& gu, const Var& residual, WeightAccess& w) const {
   if (down.tp == nullptr && residual_in_gemm() && fused_mlp_supported(gu)) {
     // SwiGLU, down and the residual in one op that may drop the SwiGLU output (Note
     // [recomputing the SwiGLU output]); the composed ops below, bit for bit.
@@ -81,7 +101,7 @@ Var LlamaBlock::mlp(const Var& g, const Var& residual, WeightAccess& w) const {
     return y;
   }
   Var act = swiglu(gu);
-  if (g.device().is_cuda() && down.tp == nullptr && residual_in_gemm()) {
+  if (gu.device().is_cuda() && down.tp == nullptr && residual_in_gemm()) {
     return down.forward(act, w, residual);
   }
   return add(residual, down.forward(act, w));

@@ -49,8 +49,9 @@ struct LlamaDims {
   double rope_theta = 500000;
   bool llama3_scaling = false;  // rewrite the RoPE frequencies (model/ops/rope.h)
   RopeLlama3Scaling llama3;
-  // Re-form the SwiGLU output in the backward instead of keeping it (CUDA bf16; Note
-  // [recomputing the SwiGLU output] in model/ops/fused_mlp.h).
+  // Re-form the SwiGLU output and the two RMSNorm outputs in the backward instead of keeping them
+  // (CUDA bf16; Note [recomputing the SwiGLU output] in model/ops/fused_mlp.h, rmsnorm_linear in
+  // model/ops/norm_linear.h).
   bool recompute_act = false;
 };
 
@@ -74,6 +75,12 @@ struct LlamaBlock {
   // residual + down(silu(gate(g)) ⊙ up(g)) for g = mlp_norm(residual) (Note [llama block
   // residuals]).
   Var mlp(const Var& g, const Var& residual, WeightAccess& w) const;
+  // The MLP from gate_up's output gu = [gate | up] on.
+  Var mlp_after_gate_up(const Var& gu, const Var& residual, WeightAccess& w) const;
+  // lin(norm(x)): one op that re-forms norm(x) in the backward under recompute_act (CUDA bf16, lin
+  // not split over TP: rmsnorm_linear), else the composed ops.
+  Var norm_linear(const RMSNormLayer& norm, const LinearLayer& lin, const Var& x,
+                  WeightAccess& w) const;
 };
 
 }  // namespace gtron

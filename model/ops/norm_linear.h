@@ -28,4 +28,12 @@ Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var&
                      double eps = kLayerNormEps, TensorParallelGroup* tp = nullptr,
                      bool recompute = false);
 
+// The same for RMSNorm (the llama family's attn_norm → qkv and mlp_norm → gate_up):
+// y = linear(rmsnorm(x, gamma), w, b), the normalized rows kept or (`recompute`) re-formed by the
+// same kernel right before the weight gradient. The kernels and their order are the composed
+// rmsnorm → linear's, so values and gradients equal theirs bit for bit. REQUIRES: CUDA; w not split
+// over TP.
+Var rmsnorm_linear(const Var& x, const Var& gamma, const Var& w, const Var& b, double eps,
+                   bool recompute);
+
 }  // namespace gtron
