@@ -54,13 +54,18 @@ LlamaBlock::LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaD
 }
 
 Var LlamaBlock::forward(const Var& x, WeightAccess& w, int64_t pos0) const {
+  return forward(x, w, [this, pos0](const Var& qkv_out) {
+    return causal_attention_gqa_rope(qkv_out, inv_freq, NH, NKV, static_cast<int>(HS), pos0);
+  });
+}
+
+Var LlamaBlock::forward(const Var& x, WeightAccess& w, const Attention& attend) const {
   Var qkv_out = qkv.forward(attn_norm.forward(x), w);  // [B, T, (NH + 2·NKV)·HS]
   if (qk_norm_on) {
     qkv_out = qk_rmsnorm(qkv_out, NH, NKV, HS, Var::param(*q_norm.weight),
                          Var::param(*k_norm.weight), q_norm.eps);
   }
-  const Var attn =
-      causal_attention_gqa_rope(qkv_out, inv_freq, NH, NKV, static_cast<int>(HS), pos0);
+  const Var attn = attend(qkv_out);
   if (x.device().is_cuda() && o_proj.tp == nullptr && residual_in_gemm()) {
     Var h = o_proj.forward(attn, w, x);  // x + o_proj(attn), the residual in the GEMM's epilogue
     return mlp(mlp_norm.forward(h), h, w);
