@@ -17,17 +17,23 @@ Decoder::Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capa
     : model_(model),
       batch_(batch),
       capacity_(capacity > 0 ? capacity : model.config().context_length),
-      graphs_(model.token_embedding().data.device().is_cuda() ? graphs : nullptr) {
+      // The llama family always runs eagerly (Note [decode graphs]).
+      graphs_(model.token_embedding().data.device().is_cuda() && !model.config().llama()
+                  ? graphs
+                  : nullptr) {
   const GPTConfig& c = model.config();
   GTRON_CHECK(batch >= 1 && capacity_ <= c.context_length, "Decoder for ", batch, " rows of ",
               capacity_, " positions (context ", c.context_length, ")");
+  GTRON_CHECK(c.tp_size == 1, "generation runs on one process, not split over TP");
   const Tensor& wte = model.token_embedding().data;
-  const int64_t HS = c.n_embd / c.n_head;
+  // Key/value heads and their size: GPT-2's n_head of C / NH, the llama family's NKV of head_dim.
+  const int64_t NKV = c.llama() ? c.llama_dims().NKV : c.n_head;
+  const int64_t HS = c.llama() ? c.llama_dims().HS : c.n_embd / c.n_head;
   for (int l = 0; l < c.n_layer; ++l) {
-    main_caches_.emplace_back(batch, capacity_, c.n_head, HS, wte.dtype(), wte.device());
+    main_caches_.emplace_back(batch, capacity_, NKV, HS, wte.dtype(), wte.device());
   }
   for (int k = 1; k <= c.mtp_depth; ++k) {
-    mtp_caches_.emplace_back(batch, capacity_, c.n_head, HS, wte.dtype(), wte.device());
+    mtp_caches_.emplace_back(batch, capacity_, NKV, HS, wte.dtype(), wte.device());
     if (keep_hidden) {
       stores_.push_back(Tensor::zeros({batch, capacity_, c.n_embd}, wte.dtype(), wte.device()));
     }
@@ -88,6 +94,16 @@ TransformerBlock::Attention against(KVCache& cache, const DecodeWindow& win) {
   return [&cache, &win](const Var& qkv) { return cached_attention(qkv, cache, win); };
 }
 
+// A llama block's: the window's q and k rotated at their positions, then against the cache
+// (Note [decode RoPE] in model/kv_cache.h).
+LlamaBlock::Attention against(KVCache& cache, const DecodeWindow& win, const LlamaBlock& block) {
+  return [&cache, &win, &block](const Var& qkv) {
+    const Var rotated =
+        rope_window(qkv, block.inv_freq, block.NH, block.NKV, static_cast<int>(block.HS), win);
+    return cached_attention(rotated, cache, win);
+  };
+}
+
 const int32_t* device_extents(const DecodeWindow& win) {
   GTRON_CHECK(win.device_start_count.defined(), "a CUDA decode window without device extents");
   return win.device_start_count.data<int32_t>();
@@ -143,7 +159,7 @@ Var Decoder::load(int store, const DecodeWindow& win) const {
 
 Var Decoder::head(const Var& rows) const {
   if (!graphs_) {
-    return linear(model_.final_norm().forward(rows), Var::param(model_.output_head()), Var());
+    return linear(model_.final_norm_forward(rows), Var::param(model_.output_head()), Var());
   }
   LinearLayer head;
   head.weight = &model_.output_head();
@@ -152,27 +168,54 @@ Var Decoder::head(const Var& rows) const {
 
 // Gathers the wanted slots' rows of x [B, W, C] (an embedding lookup into x viewed as a table of
 // B·W rows), then the final norm and the head over those rows only.
-std::vector<float> Decoder::logits_at(const Var& x, const WindowInput& in,
-                                      const DecodeWindow& win) {
+Tensor Decoder::logits_at(const Var& x, const WindowInput& in, const DecodeWindow& win) {
   std::vector<int32_t> rows;
   for (int64_t b = 0; b < batch_; ++b) {
     for (int64_t slot : in.want[b]) rows.push_back(static_cast<int32_t>(b * win.width + slot));
   }
-  if (rows.empty()) return {};
+  if (rows.empty()) return Tensor();
   const int64_t C = model_.config().n_embd, N = static_cast<int64_t>(rows.size());
   Var logits = head(embedding(Tensor::from_ints(rows, {N}),
                               Var::constant(x.value().view({batch_ * win.width, C}))));
-  Tensor host =
-      logits.value().device().is_cpu() ? logits.value() : logits.value().to(Device::cpu());
+  return logits.value().device().is_cpu() ? logits.value() : logits.value().to(Device::cpu());
+}
+
+namespace {
+
+// The first V columns of each row of host logits [N, Vp], as fp32 (main(), depth()).
+std::vector<float> real_columns_f32(Tensor host, int64_t V) {
+  if (!host.defined()) return {};
   if (host.dtype() != DType::kF32) host = host.to(DType::kF32);
-  const int64_t Vp = host.dim(1), V = model_.config().vocab_size;
+  const int64_t N = host.dim(0), Vp = host.dim(1);
   const float* p = host.data<float>();
   std::vector<float> out(static_cast<size_t>(N * V));
   for (int64_t r = 0; r < N; ++r) std::copy(p + r * Vp, p + r * Vp + V, out.begin() + r * V);
   return out;
 }
 
+std::vector<double> real_columns_f64(const Tensor& host, int64_t V) {
+  if (!host.defined()) return {};
+  const std::vector<double> all = host.to_vector();
+  const int64_t N = host.dim(0), Vp = host.dim(1);
+  std::vector<double> out(static_cast<size_t>(N * V));
+  for (int64_t r = 0; r < N; ++r) {
+    std::copy(all.begin() + r * Vp, all.begin() + r * Vp + V, out.begin() + r * V);
+  }
+  return out;
+}
+
+}  // namespace
+
 Var Decoder::run_main(const Tensor& tokens, const Tensor& positions, const DecodeWindow& win) {
+  if (model_.config().llama()) {  // no position table: positions enter through RoPE only
+    Var x = embedding(tokens, Var::param(model_.token_embedding()));
+    for (int l = 0; l < model_.num_blocks(); ++l) {
+      const LlamaBlock& block = model_.llama_block(l);
+      x = block.forward(x, direct_, against(main_caches_[static_cast<size_t>(l)], win, block));
+    }
+    save(0, x, win);
+    return x;
+  }
   Var x = add(embedding(tokens, Var::param(model_.token_embedding())),
               embedding(positions, Var::param(model_.position_embedding())));
   for (int l = 0; l < model_.num_blocks(); ++l) {
@@ -191,22 +234,39 @@ Var Decoder::run_depth(int k, const Tensor& tokens, const DecodeWindow& win) {
   Var emb = embedding(tokens, Var::param(model_.token_embedding()));
   KVCache& cache = mtp_caches_[static_cast<size_t>(k - 1)];
   const Var h = load(k - 1, win);
-  Var x = graphs_ ? decode_depth(m, h, emb, against(cache, win))
-                  : m.forward(h, emb, direct_, against(cache, win));
+  const TransformerBlock::Attention attend =
+      m.llama ? against(cache, win, *m.llama) : against(cache, win);
+  Var x = graphs_ ? decode_depth(m, h, emb, attend) : m.forward(h, emb, direct_, attend);
   save(k, x, win);
   return x;
 }
 
-std::vector<float> Decoder::main(const WindowInput& in) {
+Tensor Decoder::main_logits(const WindowInput& in) {
   NoGradGuard no_grad;
   const DecodeWindow win = window_of(in, true);
   return logits_at(run_main(slot_ids(in, win, false), slot_ids(in, win, true), win), in, win);
 }
 
-std::vector<float> Decoder::depth(int k, const WindowInput& in) {
+Tensor Decoder::depth_logits(int k, const WindowInput& in) {
   NoGradGuard no_grad;
   const DecodeWindow win = window_of(in, true);
   return logits_at(run_depth(k, slot_ids(in, win, false), win), in, win);
+}
+
+std::vector<float> Decoder::main(const WindowInput& in) {
+  return real_columns_f32(main_logits(in), model_.config().vocab_size);
+}
+
+std::vector<float> Decoder::depth(int k, const WindowInput& in) {
+  return real_columns_f32(depth_logits(k, in), model_.config().vocab_size);
+}
+
+std::vector<double> Decoder::main_f64(const WindowInput& in) {
+  return real_columns_f64(main_logits(in), model_.config().vocab_size);
+}
+
+std::vector<double> Decoder::depth_f64(int k, const WindowInput& in) {
+  return real_columns_f64(depth_logits(k, in), model_.config().vocab_size);
 }
 
 std::vector<int32_t> Decoder::main_argmax(const WindowInput& in) {

@@ -1,6 +1,8 @@
 // Runs a GPT's modules over decode windows (Note [decode windows] in model/kv_cache.h) for a batch
 // of rows: the main model and each MTP depth keep one KVCache per block, allocated once for the
-// context length. The generation loops (model/generate.h) drive it.
+// context length. The generation loops (model/generate.h) drive it. Either family: GPT-2 adds
+// its learned positions; the llama family caches its NKV key/value heads, already rotated at
+// their positions (Note [decode RoPE] in model/kv_cache.h).
 //
 // Note [MTP hidden stores]
 // Depth k at position s combines the hidden state of depth k-1 at s (k = 1: the main model's last
@@ -34,6 +36,10 @@
 // model/decode_cuda.h). The caches and stores live outside the pool, and eager and replayed steps
 // mix freely over them. A replay runs the eager path's kernels; only its GEMMs see more rows
 // (padding slots, every slot at the head), which cuBLAS may round differently.
+// The graphs and the fused block are GPT-2's (LayerNorm, GELU, learned positions, one K/V head
+// per query head): a llama-family model (RoPE, RMSNorm, SwiGLU, grouped-query caches) ignores
+// `graphs` and runs every call eagerly through the training ops, its attention the cached one
+// of Note [decode RoPE] (model/kv_cache.h). Correct first; capturing it is left to do.
 #pragma once
 
 #include <cstdint>
@@ -66,8 +72,9 @@ class Decoder {
   // MTP hidden stores (speculative decoding needs them). graphs (CUDA only; ignored on CPU):
   // capture and replay the greedy calls through it (Note [decode graphs]) and run the blocks
   // through the decoder's fused composition (Note [decode fast block] in model/decode_ops.h),
-  // eager calls too; null runs the training ops eagerly. The model and `graphs` must outlive the
-  // decoder; the model's parameters are read directly (no weight access).
+  // eager calls too; null runs the training ops eagerly. Ignored for the llama family (eager). The
+  // model and `graphs` must outlive the decoder; the model's parameters are read directly (no
+  // weight access).
   Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capacity = 0,
           StepGraphs* graphs = nullptr);
   ~Decoder();
@@ -85,6 +92,10 @@ class Decoder {
   // hold that position's hidden state) with the embedding of tokens[b][i] (the token k ahead).
   // Writes depth k's caches (and store k when k < D); returns the wanted logits as main() does.
   std::vector<float> depth(int k, const WindowInput& in);
+  // main() and depth() with the logits in double: the model's own values, unrounded for an f64
+  // model (the tests hold f64 decoding to the full forward at 1e-10).
+  std::vector<double> main_f64(const WindowInput& in);
+  std::vector<double> depth_f64(int k, const WindowInput& in);
   // As main() and depth(), but only the argmax token of each wanted slot (greedy decoding), in
   // the same order: the same tokens as argmax over the logits those return, up to the rounding
   // of the head's GEMM (Note [decode graphs]).
@@ -110,8 +121,11 @@ class Decoder {
   // Hidden states x [B, W, C] -> store rows at the real slots, and back.
   void save(int store, const Var& x, const DecodeWindow& win);
   Var load(int store, const DecodeWindow& win) const;
-  Var head(const Var& rows) const;  // [N, C] -> logits [N, Vp]
-  std::vector<float> logits_at(const Var& x, const WindowInput& in, const DecodeWindow& win);
+  Var head(const Var& rows) const;            // [N, C] -> logits [N, Vp]
+  Tensor main_logits(const WindowInput& in);  // main() and depth() before the copy out
+  Tensor depth_logits(int k, const WindowInput& in);
+  // The wanted slots' logits [N, Vp] on the CPU, in the model's dtype (f32 from CUDA).
+  Tensor logits_at(const Var& x, const WindowInput& in, const DecodeWindow& win);
   // Greedy through a graph (Note [decode graphs]); false when this call must run eagerly.
   bool replay_argmax(int k, const WindowInput& in, std::vector<int32_t>* ids);
   GraphStep& step_for(int k, const DecodeWindow& win);  // captured at its first use

@@ -288,6 +288,7 @@ Generation generate_recompute(GPT& model, const std::vector<std::vector<int32_t>
       current_stream(logits.device()).synchronize();
       logits = dst;
     }
+    if (logits.dtype() != DType::kF32) logits = logits.to(DType::kF32);  // an f64 CPU model
     const float* all = logits.data<float>();
     for (int64_t b = 0; b < B; ++b) {
       const int32_t t = choose(all + (b * T + T - 1) * Vp, V, opts.sampling, rngs[b]);

@@ -280,6 +280,21 @@ const TransformerBlock& GPT::block(int layer) const {
   return blocks_[static_cast<size_t>(layer)];
 }
 
+const LlamaBlock& GPT::llama_block(int layer) const {
+  GTRON_CHECK(cfg_.llama(), "GPT::llama_block: llama family only");
+  GTRON_CHECK(layer >= 0 && layer < num_blocks(), "block ", layer, " of ", num_blocks());
+  return llama_blocks_[static_cast<size_t>(layer)];
+}
+
+const LayerNormLayer& GPT::final_norm() const {
+  GTRON_CHECK(!cfg_.llama(), "GPT::final_norm: GPT-2 family only (final_norm_forward: either)");
+  return ln_f_;
+}
+
+Var GPT::final_norm_forward(const Var& h) const {
+  return cfg_.llama() ? norm_f_.forward(h) : ln_f_.forward(h);
+}
+
 Parameter& GPT::position_embedding() const {
   GTRON_CHECK(wpe_ != nullptr, "the llama family has no position table");
   return *wpe_;

@@ -126,10 +126,13 @@ class GPT {
   int num_blocks() const { return cfg_.n_layer; }
 
   // The modules, for code that runs them its own way (generation with key/value caches,
-  // model/generate.h). Read directly, not through the weight access. GPT-2 family only.
-  const TransformerBlock& block(int layer) const;
-  const MTPModule& mtp_module(int depth) const;  // depth k in 1..D
-  const LayerNormLayer& final_norm() const { return ln_f_; }
+  // model/generate.h). Read directly, not through the weight access.
+  const TransformerBlock& block(int layer) const;  // GPT-2 family only
+  const LlamaBlock& llama_block(int layer) const;  // llama family only
+  const MTPModule& mtp_module(int depth) const;    // depth k in 1..D
+  const LayerNormLayer& final_norm() const;        // GPT-2 family only
+  // The family's final norm (LayerNorm or RMSNorm) of hidden states h [..., C], without TP.
+  Var final_norm_forward(const Var& h) const;
   Parameter& token_embedding() const { return *wte_; }  // [Vp, C]
   Parameter& position_embedding() const;                // [Tmax, C]; GPT-2 family only
   Parameter& output_head() const { return *head_; }     // [Vp, C]

@@ -8,6 +8,7 @@
 #include "model/kv_cache_cuda.h"
 #include "model/ops/device_util.h"
 #include "model/ops/eigen.h"
+#include "model/ops/rope.h"
 #include "model/stream.h"
 
 namespace gtron {
@@ -25,9 +26,9 @@ Tensor DecodeWindow::start_count_ids() const {
   return Tensor::from_ints(ids, {2 * rows()});
 }
 
-KVCache::KVCache(int64_t B, int64_t Tmax, int64_t NH, int64_t HS, DType dtype, Device device)
-    : keys_(Tensor::zeros({B, NH, Tmax, HS}, dtype, device)),
-      values_(Tensor::zeros({B, NH, Tmax, HS}, dtype, device)) {}
+KVCache::KVCache(int64_t B, int64_t Tmax, int64_t NKV, int64_t HS, DType dtype, Device device)
+    : keys_(Tensor::zeros({B, NKV, Tmax, HS}, dtype, device)),
+      values_(Tensor::zeros({B, NKV, Tmax, HS}, dtype, device)) {}
 
 namespace cpu {
 namespace {
@@ -52,12 +53,24 @@ void softmax_prefix(T* row, int64_t last, int64_t L, T scale) {
 template <typename T>
 void cached_attention_forward(const T* qkv, T* kc, T* vc, T* out, const int64_t* start,
                               const int64_t* count, int64_t B, int64_t W, int64_t Tmax, int64_t NH,
-                              int64_t HS) {
+                              int64_t NKV, int64_t HS) {
   fix_eigen_blocking();
-  const int64_t C = NH * HS;
+  const int64_t width = (NH + 2 * NKV) * HS, C = NH * HS, group = NH / NKV;
   const T scale = T(1) / std::sqrt(static_cast<T>(HS));
-  // One (row, head) pair per task, start to finish, writing only its own cache rows and output
-  // columns: deterministic whatever the thread count (as model/ops/attention_cpu.cc).
+  // The window's keys and values first, one (row, key/value head) pair per task: query heads
+  // sharing a key/value head then only read the cache.
+#pragma omp parallel for
+  for (int64_t bg = 0; bg < B * NKV; ++bg) {
+    const int64_t b = bg / NKV, g = bg % NKV;
+    const T* rows = qkv + b * W * width + (NH + g) * HS;
+    for (int64_t i = 0; i < count[b]; ++i) {
+      std::memcpy(kc + (bg * Tmax + start[b] + i) * HS, rows + i * width, sizeof(T) * HS);
+      std::memcpy(vc + (bg * Tmax + start[b] + i) * HS, rows + i * width + NKV * HS,
+                  sizeof(T) * HS);
+    }
+  }
+  // One (row, query head) pair per task, writing only its own output columns: deterministic
+  // whatever the thread count (as model/ops/attention_cpu.cc).
 #pragma omp parallel
   {
     RowMajorMat<T> S;
@@ -65,22 +78,16 @@ void cached_attention_forward(const T* qkv, T* kc, T* vc, T* out, const int64_t*
     for (int64_t bh = 0; bh < B * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
       const int64_t s0 = start[b], n = count[b];
-      const T* rows = qkv + b * W * 3 * C + h * HS;
-      T* K = kc + bh * Tmax * HS;
-      T* V = vc + bh * Tmax * HS;
-      for (int64_t i = 0; i < n; ++i) {
-        std::memcpy(K + (s0 + i) * HS, rows + i * 3 * C + C, sizeof(T) * HS);
-        std::memcpy(V + (s0 + i) * HS, rows + i * 3 * C + 2 * C, sizeof(T) * HS);
-      }
+      const int64_t kv = b * NKV + h / group;
       StridedRows<T> O(out + b * W * C + h * HS, W, HS, Eigen::OuterStride<>(C));
       if (n == 0) {
         O.setZero();
         continue;
       }
       const int64_t L = s0 + n;
-      CStridedRows<T> Q(rows, W, HS, Eigen::OuterStride<>(3 * C));
-      CStridedRows<T> Kc(K, L, HS, Eigen::OuterStride<>(HS));
-      CStridedRows<T> Vc(V, L, HS, Eigen::OuterStride<>(HS));
+      CStridedRows<T> Q(qkv + b * W * width + h * HS, W, HS, Eigen::OuterStride<>(width));
+      CStridedRows<T> Kc(kc + kv * Tmax * HS, L, HS, Eigen::OuterStride<>(HS));
+      CStridedRows<T> Vc(vc + kv * Tmax * HS, L, HS, Eigen::OuterStride<>(HS));
       S.resize(W, L);
       S.noalias() = Q * Kc.transpose();
       for (int64_t i = 0; i < W; ++i)
@@ -92,21 +99,22 @@ void cached_attention_forward(const T* qkv, T* kc, T* vc, T* out, const int64_t*
 
 template void cached_attention_forward<float>(const float*, float*, float*, float*, const int64_t*,
                                               const int64_t*, int64_t, int64_t, int64_t, int64_t,
-                                              int64_t);
+                                              int64_t, int64_t);
 template void cached_attention_forward<double>(const double*, double*, double*, double*,
                                                const int64_t*, const int64_t*, int64_t, int64_t,
-                                               int64_t, int64_t, int64_t);
+                                               int64_t, int64_t, int64_t, int64_t);
 
 }  // namespace cpu
 
 Var cached_attention(const Var& qkv, KVCache& cache, const DecodeWindow& win) {
   GTRON_CHECK(!grad_enabled(), "cached_attention is for generation: run it under NoGradGuard");
   GTRON_CHECK(qkv.shape().rank() == 3, "cached_attention: qkv ", qkv.shape().str());
-  const int64_t B = qkv.shape()[0], W = qkv.shape()[1], C = qkv.shape()[2] / 3;
   Tensor& kc = cache.keys();
-  const int64_t NH = kc.dim(1), Tmax = kc.dim(2), HS = kc.dim(3);
-  GTRON_CHECK(B == kc.dim(0) && C == NH * HS && qkv.shape()[2] == 3 * C && W == win.width &&
-                  win.rows() == B && qkv.dtype() == kc.dtype() && qkv.device() == kc.device(),
+  const int64_t NKV = kc.dim(1), Tmax = kc.dim(2), HS = kc.dim(3);
+  const int64_t B = qkv.shape()[0], W = qkv.shape()[1], width = qkv.shape()[2];
+  const int64_t NH = width % HS == 0 ? width / HS - 2 * NKV : 0;
+  GTRON_CHECK(B == kc.dim(0) && NH > 0 && NH % NKV == 0 && W == win.width && win.rows() == B &&
+                  qkv.dtype() == kc.dtype() && qkv.device() == kc.device(),
               "cached_attention: qkv ", qkv.shape().str(), " against a cache of ", kc.shape().str(),
               " and a window of width ", win.width);
   for (int64_t b = 0; b < B; ++b) {
@@ -115,14 +123,14 @@ Var cached_attention(const Var& qkv, KVCache& cache, const DecodeWindow& win) {
                 " slots [", s0, ", ", s0 + n, ") outside the cache of ", Tmax, " positions");
   }
   Stream& s = current_stream(qkv.device());
-  Tensor y = Tensor::empty(Shape{B, W, C}, qkv.dtype(), qkv.device(), &s);
+  Tensor y = Tensor::empty(Shape{B, W, NH * HS}, qkv.dtype(), qkv.device(), &s);
   if (qkv.device().is_cuda()) {
     const Tensor sc = win.device_start_count.defined() ? win.device_start_count
                                                        : ids_on_device(win.start_count_ids(), s);
     Tensor scratch = scratch_floats(cuda::cached_attention_scratch_floats(B, W, Tmax, NH, HS), s);
     cuda::cached_attention_forward(qkv.value().raw(), kc.raw(), cache.values().raw(), y.raw(),
-                                   sc.data<int32_t>(), scratch.data<float>(), B, W, Tmax, NH, HS,
-                                   qkv.dtype(), s.native());
+                                   sc.data<int32_t>(), scratch.data<float>(), B, W, Tmax, NH, NKV,
+                                   HS, qkv.dtype(), s.native());
     return Var::output(y, false);
   }
   dispatch_float(qkv.dtype(), [&](auto tag) {
@@ -134,9 +142,42 @@ Var cached_attention(const Var& qkv, KVCache& cache, const DecodeWindow& win) {
     const std::vector<int64_t> start = win.start, count = win.count;
     s.run([=] {
       cpu::cached_attention_forward<T>(qp, kp, vp, yp, start.data(), count.data(), B, W, Tmax, NH,
-                                       HS);
+                                       NKV, HS);
     });
   });
+  return Var::output(y, false);
+}
+
+Var rope_window(const Var& qkv, const Tensor& inv_freq, int NH, int NKV, int HS,
+                const DecodeWindow& win) {
+  GTRON_CHECK(!grad_enabled(), "rope_window is for generation: run it under NoGradGuard");
+  const int64_t width = static_cast<int64_t>(NH + 2 * NKV) * HS;
+  GTRON_CHECK(qkv.shape().rank() == 3 && qkv.shape()[2] == width && qkv.shape()[1] == win.width &&
+                  qkv.shape()[0] == win.rows() && inv_freq.numel() == HS / 2,
+              "rope_window: qkv ", qkv.shape().str(), " for ", NH, " + 2·", NKV, " heads of ", HS,
+              " over a window of ", win.rows(), " rows of ", win.width);
+  const int64_t B = win.rows(), W = win.width;
+  Stream& s = current_stream(qkv.device());
+  Tensor y = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device(), &s);
+  const Tensor& x = qkv.value();
+  // One rotation per row, at the row's own first position (the kernels take one pos0 per call).
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t pos0 = win.start[static_cast<size_t>(b)], off = b * W * width;
+    if (x.device().is_cuda()) {
+      const size_t bytes = dtype_size(x.dtype());
+      cuda::rope_forward(static_cast<const char*>(x.raw()) + off * bytes, inv_freq.data<float>(),
+                         static_cast<char*>(y.raw()) + off * bytes, 1, W, NH, NKV, HS, pos0,
+                         x.dtype(), s.native());
+      continue;
+    }
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* xp = x.data<T>() + off;
+      const T* fp = inv_freq.data<T>();
+      T* yp = y.data<T>() + off;
+      s.run([=] { cpu::rope_forward<T>(xp, fp, yp, 1, W, NH, NKV, HS, pos0); });
+    });
+  }
   return Var::output(y, false);
 }
 

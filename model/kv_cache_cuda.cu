@@ -14,7 +14,8 @@
 // sum runs in a fixed order, so reruns are bit-identical. The window's own keys and values are
 // read straight from qkv (slot p - start of position p), so no kernel has to write them into the
 // cache first; the combine kernel does that, after every split has run (a later window or layer
-// reads them from there).
+// reads them from there). Grouped-query attention (the llama family) changes only where a query
+// head finds its key/value head (h / (NH / NKV)); the first query head of each group writes it.
 #include <algorithm>
 #include <cmath>
 
@@ -55,13 +56,14 @@ template <typename T>
 __global__ void attend_split_kernel(const T* __restrict__ qkv, const T* __restrict__ kc,
                                     const T* __restrict__ vc, float* __restrict__ partial,
                                     const int32_t* __restrict__ start_count, int64_t B, int64_t W,
-                                    int64_t Tc, int64_t NH, int64_t HS, float scale) {
+                                    int64_t Tc, int64_t NH, int64_t NKV, int64_t HS, float scale) {
   extern __shared__ float smem[];
   float* q = smem;
   float* scores = q + HS;
   float* red = scores + kKeysPerSplit;
   const int64_t bh = blockIdx.x, i = blockIdx.y, split = blockIdx.z, S = gridDim.z;
-  const int64_t b = bh / NH, h = bh % NH, C = NH * HS;
+  const int64_t b = bh / NH, h = bh % NH, width = (NH + 2 * NKV) * HS;
+  const int64_t g = h / (NH / NKV), bg = b * NKV + g;  // the key/value head query head h reads
   const int64_t last = last_key(start_count, B, b, i);
   const int64_t k0 = split * kKeysPerSplit;
   if (k0 > last) return;  // the combine reads only live splits
@@ -70,11 +72,11 @@ __global__ void attend_split_kernel(const T* __restrict__ qkv, const T* __restri
   // kernel writes them into the cache afterwards), earlier ones from the cache.
   const int64_t s0 = start_count[b];
   auto row_of = [&](int64_t p, int part) -> const T* {
-    if (p >= s0) return qkv + (b * W + (p - s0)) * 3 * C + part * C + h * HS;
-    return (part == 1 ? kc : vc) + (bh * Tc + p) * HS;
+    if (p >= s0) return qkv + (b * W + (p - s0)) * width + (NH + (part - 1) * NKV + g) * HS;
+    return (part == 1 ? kc : vc) + (bg * Tc + p) * HS;
   };
   for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) {
-    q[d] = to_float(qkv[(b * W + i) * 3 * C + h * HS + d]);
+    q[d] = to_float(qkv[(b * W + i) * width + h * HS + d]);
   }
   __syncthreads();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -109,13 +111,13 @@ __global__ void attend_split_kernel(const T* __restrict__ qkv, const T* __restri
   const int64_t threads = blockDim.x;
   const int64_t groups = HS < threads ? threads / HS : 1;
   float* sums = red + 32;  // [groups, HS]
-  const int64_t g = threadIdx.x / HS;
-  if (g < groups) {
+  const int64_t grp = threadIdx.x / HS;
+  if (grp < groups) {
     for (int64_t d = threadIdx.x % HS; d < HS; d += threads) {
       float acc = 0;
 #pragma unroll 8
-      for (int64_t j = g; j < nk; j += groups) acc += scores[j] * to_float(row_of(k0 + j, 2)[d]);
-      sums[g * HS + d] = acc;
+      for (int64_t j = grp; j < nk; j += groups) acc += scores[j] * to_float(row_of(k0 + j, 2)[d]);
+      sums[grp * HS + d] = acc;
     }
   }
   __syncthreads();
@@ -130,27 +132,29 @@ __global__ void attend_split_kernel(const T* __restrict__ qkv, const T* __restri
   }
 }
 
-// grid (B·NH, W), shared [3S]: writes slot i's key and value of head h into the caches (a real
-// slot), and out = the live splits' value sums rescaled to their common max, in split order.
+// grid (B·NH, W), shared [3S]: writes slot i's key and value head into the caches (a real slot;
+// the first query head of each key/value head writes it), and out = the live splits' value sums
+// rescaled to their common max, in split order.
 template <typename T>
 __global__ void attend_combine_kernel(const float* __restrict__ partial, const T* __restrict__ qkv,
                                       T* __restrict__ kc, T* __restrict__ vc, T* __restrict__ out,
                                       const int32_t* __restrict__ start_count, int64_t B, int64_t W,
-                                      int64_t Tc, int64_t NH, int64_t HS, int64_t S) {
+                                      int64_t Tc, int64_t NH, int64_t NKV, int64_t HS, int64_t S) {
   const int64_t bh = blockIdx.x, i = blockIdx.y;
-  const int64_t b = bh / NH, h = bh % NH, C = NH * HS;
-  T* o = out + (b * W + i) * C + h * HS;
+  const int64_t b = bh / NH, h = bh % NH, width = (NH + 2 * NKV) * HS, group = NH / NKV;
+  const int64_t g = h / group;
+  T* o = out + (b * W + i) * NH * HS + h * HS;
   const int64_t last = last_key(start_count, B, b, i);
   if (last < 0) {
     for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) o[d] = from_float<T>(0.0f);
     return;
   }
-  if (i < start_count[B + b]) {
-    const T* row = qkv + (b * W + i) * 3 * C + h * HS;
-    const int64_t dst = (bh * Tc + start_count[b] + i) * HS;
+  if (i < start_count[B + b] && h % group == 0) {
+    const T* row = qkv + (b * W + i) * width + (NH + g) * HS;
+    const int64_t dst = ((b * NKV + g) * Tc + start_count[b] + i) * HS;
     for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) {
-      kc[dst + d] = row[C + d];
-      vc[dst + d] = row[2 * C + d];
+      kc[dst + d] = row[d];
+      vc[dst + d] = row[NKV * HS + d];
     }
   }
   // The splits' maxima and sums staged in shared memory (one load each, all in flight), then
@@ -189,9 +193,12 @@ int64_t cached_attention_scratch_floats(int64_t B, int64_t W, int64_t Tc, int64_
 
 void cached_attention_forward(const void* qkv, void* kc, void* vc, void* out,
                               const int32_t* start_count, float* scratch, int64_t B, int64_t W,
-                              int64_t Tc, int64_t NH, int64_t HS, DType act, void* stream) {
+                              int64_t Tc, int64_t NH, int64_t NKV, int64_t HS, DType act,
+                              void* stream) {
   const int64_t n = B * W * NH * HS;
   if (n == 0) return;
+  GTRON_CHECK(NKV > 0 && NH % NKV == 0, "cached_attention (CUDA): ", NH, " query heads over ", NKV,
+              " key/value heads");
   const int64_t S = splits_of(Tc);
   // Split: q [HS], scores, reduction [32], the value groups' sums [max(threads, HS)].
   const size_t smem =
@@ -212,11 +219,11 @@ void cached_attention_forward(const void* qkv, void* kc, void* vc, void* out,
     const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>(W),
                     static_cast<unsigned>(S));
     attend_split_kernel<T>
-        <<<grid, kThreads, smem, st>>>(q, k, v, scratch, start_count, B, W, Tc, NH, HS, scale);
+        <<<grid, kThreads, smem, st>>>(q, k, v, scratch, start_count, B, W, Tc, NH, NKV, HS, scale);
     CUDA_CHECK_LAUNCH();
     const dim3 combine(static_cast<unsigned>(B * NH), static_cast<unsigned>(W));
     attend_combine_kernel<T><<<combine, kThreads, combine_smem, st>>>(
-        scratch, q, k, v, static_cast<T*>(out), start_count, B, W, Tc, NH, HS, S);
+        scratch, q, k, v, static_cast<T*>(out), start_count, B, W, Tc, NH, NKV, HS, S);
     CUDA_CHECK_LAUNCH();
   });
 }

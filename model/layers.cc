@@ -222,9 +222,8 @@ Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w) const {
 
 Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w,
                        const TransformerBlock::Attention& attend) const {
-  GTRON_CHECK(!llama, "MTP depth with a replaced attention (generation): not for the llama family");
   Var z = proj.forward(concat_features(hnorm.forward(h), enorm.forward(emb)), w);
-  return block.forward(z, w, attend);
+  return llama ? llama->forward(z, w, attend) : block.forward(z, w, attend);
 }
 
 }  // namespace gtron

@@ -198,7 +198,8 @@ struct MTPModule {
   MTPModule(ParamRegistry& reg, const std::string& name, const LlamaDims& d, Device device);
   // h: [B, T, C] previous depth's hidden state; emb: [B, T, C] embeddings of the shifted tokens.
   Var forward(const Var& h, const Var& emb, WeightAccess& w) const;
-  // The same with the block's attention replaced (TransformerBlock::forward above).
+  // The same with the block's attention replaced (TransformerBlock::forward above; for the llama
+  // family LlamaBlock::forward's, which receives q|k|v before RoPE).
   Var forward(const Var& h, const Var& emb, WeightAccess& w,
               const TransformerBlock::Attention& attend) const;
 };

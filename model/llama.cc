@@ -71,13 +71,18 @@ Var LlamaBlock::norm_linear(const RMSNormLayer& norm, const LinearLayer& lin, co
 }
 
 Var LlamaBlock::forward(const Var& x, WeightAccess& w, int64_t pos0) const {
+  return forward(x, w, [this, pos0](const Var& qkv_out) {
+    return causal_attention_gqa_rope(qkv_out, inv_freq, NH, NKV, static_cast<int>(HS), pos0);
+  });
+}
+
+Var LlamaBlock::forward(const Var& x, WeightAccess& w, const Attention& attend) const {
   Var qkv_out = norm_linear(attn_norm, qkv, x, w);  // [B, T, (NH + 2·NKV)·HS]
   if (qk_norm_on) {
     qkv_out = qk_rmsnorm(qkv_out, NH, NKV, HS, Var::param(*q_norm.weight),
                          Var::param(*k_norm.weight), q_norm.eps);
   }
-  const Var attn =
-      causal_attention_gqa_rope(qkv_out, inv_freq, NH, NKV, static_cast<int>(HS), pos0);
+  const Var attn = attend(qkv_out);
   if (x.device().is_cuda() && o_proj.tp == nullptr && residual_in_gemm()) {
     Var h = o_proj.forward(attn, w, x);  // x + o_proj(attn), the residual in the GEMM's epilogue
     return mlp_after_gate_up(norm_linear(mlp_norm, gate_up, h, w), h, w);

@@ -72,6 +72,12 @@ struct LlamaBlock {
   LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaDims& d, Device device);
   // x: [B, T, C] -> [B, T, C]: causal self-attention over positions pos0 .. pos0 + T − 1.
   Var forward(const Var& x, WeightAccess& w, int64_t pos0 = 0) const;
+  // The same block with another attention over the packed q|k|v after the q/k norms and before
+  // RoPE, [B, T, (NH + 2·NKV)·HS] -> [B, T, NH·HS]: the one above passes
+  // causal_attention_gqa_rope from pos0; generation rotates each row at its own positions and
+  // attends against a key/value cache (Note [decode RoPE] in model/kv_cache.h).
+  using Attention = TransformerBlock::Attention;
+  Var forward(const Var& x, WeightAccess& w, const Attention& attend) const;
   // residual + down(silu(gate(g)) ⊙ up(g)) for g = mlp_norm(residual) (Note [llama block
   // residuals]).
   Var mlp(const Var& g, const Var& residual, WeightAccess& w) const;

@@ -95,14 +95,17 @@ int cmd_eval(const Options& o) {
 
 int cmd_sample(const Options& o) {
   Config cfg = checkpoint_config("sample", o);
-  // The key/value caches: 2 × (blocks + depths) × batch × context × C floats at most.
+  // The key/value caches: 2 × (blocks + depths) × batch × context × the cached width (GPT-2: C;
+  // the llama family: NKV·HS) floats at most.
+  const GPTConfig gc = gpt_config(cfg);
+  const double kv_width = gc.llama() ? static_cast<double>(gc.llama_dims().NKV * gc.llama_dims().HS)
+                                     : static_cast<double>(cfg.model.n_embd);
   const double cache = 8.0 * static_cast<double>(cfg.model.n_layer + cfg.mtp.depth) *
                        static_cast<double>(o.sample.batch) *
-                       static_cast<double>(cfg.model.context_length) *
-                       static_cast<double>(cfg.model.n_embd);
+                       static_cast<double>(cfg.model.context_length) * kv_width;
   check_cpu_memory(cfg, /*training=*/false, cache,
                    str_cat("gtron sample --batch ", o.sample.batch, " of this checkpoint"));
-  GPT model(gpt_config(cfg), DType::kF32, sample_device(o.sample.device), cfg.train.seed);
+  GPT model(gc, DType::kF32, sample_device(o.sample.device), cfg.train.seed);
   load_model_weights(o.checkpoint, model);
   std::optional<Tokenizer> tokenizer = read_checkpoint_tokenizer(o.checkpoint);
   run_sample(model, o.sample, std::cout, std::cerr, tokenizer ? &*tokenizer : nullptr);
@@ -278,7 +281,8 @@ int run(int argc, char** argv) {
   sample->add_flag("--recompute", sa.recompute,
                    "Recompute the whole context for every token (the slow reference path)");
   sample->add_flag("--no-graphs", sa.no_graphs,
-                   "CUDA: run every decoding step eagerly through the training ops");
+                   "CUDA, GPT-2 family: run every decoding step eagerly through the training ops "
+                   "(the llama family always does)");
   sample->add_flag("--warmup", sa.warmup,
                    "Generate 8 tokens untimed first (benchmarks: keeps one-time start-up costs "
                    "out of the stats line)");

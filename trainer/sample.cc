@@ -106,6 +106,12 @@ void check_flags(const GPT& model, const SampleArgs& a, int64_t prompt_len, cons
         "--speculative drafts with the model's MTP depths; this checkpoint has mtp.depth 0. "
         "Hint: train with mtp.depth >= 1");
   }
+  if (a.no_graphs && c.llama()) {
+    throw UserError(
+        "--no-graphs: this checkpoint is of the llama family (model.arch \"llama\"), which "
+        "always decodes eagerly through the training ops (no CUDA graphs to turn off). Hint: drop "
+        "--no-graphs");
+  }
   if (a.speculative && a.recompute) {
     throw UserError("--speculative and --recompute exclude each other");
   }

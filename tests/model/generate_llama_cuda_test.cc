@@ -1,0 +1,230 @@
+// Generation for the llama family on CUDA (issue 27 item 3; the family decodes eagerly there,
+// Note [decode graphs] in model/decoder.h): the grouped-query cached attention and the per-row
+// RoPE of a decode window against their CPU twins (f32 tight, bf16 loose); a tiny model's
+// incremental logits on cuda:0 (ragged windows, every position, main model and both MTP depths)
+// against the CPU's full forward, in fp32 (1e-4 relative) and with bf16 weights and activations
+// (3e-2 relative); and greedy decoding on the GPU, plain and speculative, giving the same tokens
+// (fp32: also the CPU's). Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "model/decoder.h"
+#include "model/generate.h"
+#include "model/kv_cache.h"
+#include "model/ops/embedding.h"
+#include "model/ops/linear.h"
+#include "model/ops/rope.h"
+#include "tests/model/cuda_op_check.h"
+
+namespace gtron {
+namespace {
+
+std::vector<double> pseudo_random(int64_t n, uint64_t seed) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (auto& x : v) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    x = static_cast<double>(seed >> 40) / static_cast<double>(1ull << 24) * 2 - 1;
+  }
+  return v;
+}
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+  return d;
+}
+
+// Windows over B = 3 rows: a ragged prefill, single slots with one row sitting out, a window
+// that rewrites rolled-back positions, and windows whose last keys fall past the first split.
+const std::vector<DecodeWindow> kWindows = {{40, {0, 0, 0}, {40, 23, 9}},
+                                            {1, {40, 23, 9}, {1, 1, 0}},
+                                            {3, {38, 22, 9}, {3, 2, 3}},
+                                            {2, {41, 24, 12}, {2, 1, 2}}};
+
+// rope_window then cached_attention on the GPU against the CPU (f32), for NH query heads over
+// NKV key/value heads of HS.
+void check_rotated_attention(int NH, int NKV, int HS, DType act, double tol) {
+  const int64_t B = 3, Tc = 64, width = static_cast<int64_t>(NH + 2 * NKV) * HS;
+  const std::vector<double> freq = rope_inv_freq(HS, 10000);
+  const Tensor cpu_freq = rope_table(freq, Device::cpu(), DType::kF32);
+  const Tensor gpu_freq = rope_table(freq, Device::cuda(0), act);
+  KVCache cpu_cache(B, Tc, NKV, HS, DType::kF32, Device::cpu());
+  KVCache gpu_cache(B, Tc, NKV, HS, act, Device::cuda(0));
+  NoGradGuard no_grad;
+  uint64_t seed = 17;
+  for (const DecodeWindow& win : kWindows) {
+    Tensor qkv = Tensor::from_vector(pseudo_random(B * win.width * width, ++seed),
+                                     {B, win.width, width}, DType::kF32);
+    if (act == DType::kBF16) qkv = qkv.to(DType::kBF16).to(DType::kF32);  // the GPU's inputs
+    const Tensor ref = cached_attention(rope_window(Var::constant(qkv), cpu_freq, NH, NKV, HS, win),
+                                        cpu_cache, win)
+                           .value();
+    const Tensor dev_in = (act == DType::kBF16 ? qkv.to(DType::kBF16) : qkv).to(Device::cuda(0));
+    Tensor got = cached_attention(rope_window(Var::constant(dev_in), gpu_freq, NH, NKV, HS, win),
+                                  gpu_cache, win)
+                     .value()
+                     .to(Device::cpu());
+    if (act == DType::kBF16) got = got.to(DType::kF32);
+    ASSERT_EQ(got.shape().vec(), (std::vector<int64_t>{B, win.width, NH * HS}));
+    EXPECT_LE(max_abs_diff(got.to_vector(), ref.to_vector()), tol)
+        << dtype_name(act) << " NH " << NH << " NKV " << NKV << " HS " << HS;
+  }
+}
+
+TEST(GenerateLlamaCuda, RotatedGqaCachedAttentionMatchesTheCpu) {
+  GTRON_REQUIRE_GPU();
+  for (int NKV : {1, 2, 4}) {
+    check_rotated_attention(4, NKV, 6, DType::kF32, 1e-5);
+    check_rotated_attention(4, NKV, 64, DType::kF32, 1e-5);
+    check_rotated_attention(4, NKV, 64, DType::kBF16, 3e-2);
+  }
+}
+
+GPTConfig model_config() {
+  GPTConfig c;
+  c.arch = Arch::kLlama;
+  c.vocab_size = 61;
+  c.context_length = 96;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.n_embd = 32;
+  c.head_dim = 6;  // not C / NH
+  c.qk_norm = true;
+  c.tied_embeddings = false;
+  c.intermediate_size = 40;
+  c.mtp_depth = 2;
+  c.rope_theta = 10000;
+  c.rope_llama3 = true;
+  c.rope_scaling = {4.0, 1.0, 4.0, 16};
+  c.init_std = 0.25;  // peaked distributions: no near-ties for argmax to split on
+  return c;
+}
+
+// Full-forward logits [T][V] of depth k (0: the main model) over one sequence on the CPU model.
+std::vector<std::vector<double>> reference_logits(GPT& m, const std::vector<int32_t>& seq, int k) {
+  NoGradGuard no_grad;
+  const auto T = static_cast<int64_t>(seq.size());
+  auto shifted = [&](int s) {
+    std::vector<int32_t> ids(seq.size(), 0);
+    for (int64_t t = 0; t + s < T; ++t) ids[t] = seq[t + s];
+    return Tensor::from_ints(ids, {1, T});
+  };
+  Var table = Var::param(m.token_embedding());
+  Var h = embedding(shifted(0), table);
+  for (int l = 0; l < m.num_blocks(); ++l) h = m.block_forward(l, h);
+  DirectWeights direct;
+  for (int d = 1; d <= k; ++d) h = m.mtp_module(d).forward(h, embedding(shifted(d), table), direct);
+  const std::vector<double> all =
+      linear(m.final_norm_forward(h), Var::param(m.output_head()), Var()).value().to_vector();
+  const int64_t V = m.config().vocab_size, Vp = m.config().padded_vocab();
+  std::vector<std::vector<double>> rows(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) rows[t].assign(all.begin() + t * Vp, all.begin() + t * Vp + V);
+  return rows;
+}
+
+std::vector<int32_t> tokens_of(int64_t n, uint64_t seed, int64_t V) {
+  std::vector<int32_t> t;
+  for (int64_t i = 0; i < n; ++i) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    t.push_back(static_cast<int32_t>((seed >> 33) % static_cast<uint64_t>(V)));
+  }
+  return t;
+}
+
+// The GPU decoder's logits at every position of seqs (module k: 0 main, else depth k fed the
+// tokens k ahead), fed in ragged windows, against the CPU's full forward, relative to the
+// largest reference logit.
+void expect_incremental_logits_match(DType act, double rel_tol) {
+  const GPTConfig c = model_config();
+  GPT cpu(c, DType::kF32, Device::cpu(), 5);
+  GPT gpu(c, act, Device::cuda(0), 5);  // the same init (made on the CPU)
+  const int64_t V = c.vocab_size;
+  const std::vector<std::vector<int32_t>> seqs = {tokens_of(50, 1, V), tokens_of(33, 2, V)};
+  const std::vector<std::vector<int64_t>> plan = {{7, 1, 1, 3, 1, 5}, {1, 2, 4}};
+  Decoder dec(gpu, 2, /*keep_hidden=*/true);
+  for (int k = 0; k <= c.mtp_depth; ++k) {
+    std::vector<int64_t> pos(2, 0);
+    std::vector<size_t> step(2, 0);
+    double worst = 0;
+    while (true) {
+      WindowInput in;
+      in.tokens.resize(2);
+      in.start = pos;
+      in.want.resize(2);
+      bool any = false;
+      for (size_t b = 0; b < 2; ++b) {
+        const auto n = static_cast<int64_t>(seqs[b].size()) - k;
+        const int64_t chunk = std::min(plan[b][step[b]++ % plan[b].size()], n - pos[b]);
+        for (int64_t i = 0; i < chunk; ++i) {
+          in.tokens[b].push_back(seqs[b][pos[b] + i + k]);
+          in.want[b].push_back(i);
+        }
+        any = any || chunk > 0;
+      }
+      if (!any) break;
+      const std::vector<float> got = k == 0 ? dec.main(in) : dec.depth(k, in);
+      size_t r = 0;
+      for (size_t b = 0; b < 2; ++b) {
+        const auto ref = reference_logits(cpu, seqs[b], k);
+        for (size_t i = 0; i < in.tokens[b].size(); ++i, ++r) {
+          const std::vector<double>& want = ref[static_cast<size_t>(pos[b]) + i];
+          double scale = 1;
+          for (double v : want) scale = std::max(scale, std::fabs(v));
+          for (int64_t v = 0; v < V; ++v) {
+            worst = std::max(worst, std::fabs(got[r * V + v] - want[v]) / scale);
+          }
+        }
+        pos[b] += static_cast<int64_t>(in.tokens[b].size());
+      }
+    }
+    EXPECT_LE(worst, rel_tol) << dtype_name(act) << " module " << k;
+  }
+}
+
+TEST(GenerateLlamaCuda, IncrementalLogitsEqualTheCpuFullForwardFp32) {
+  GTRON_REQUIRE_GPU();
+  expect_incremental_logits_match(DType::kF32, 1e-4);
+}
+
+TEST(GenerateLlamaCuda, IncrementalLogitsEqualTheCpuFullForwardBf16) {
+  GTRON_REQUIRE_GPU();
+  expect_incremental_logits_match(DType::kBF16, 3e-2);
+}
+
+// Greedy decoding on the GPU, plain and speculative: the same tokens; in fp32 also the CPU's.
+void expect_greedy_speculative_equals_plain(DType act) {
+  const GPTConfig c = model_config();
+  GPT gpu(c, act, Device::cuda(0), 5);
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4, 5}, {9, 8, 7}};
+  GenerateOptions o;
+  o.max_new_tokens = 40;
+  o.sampling.temperature = 0;
+  const Generation plain = generate(gpu, prompts, o);
+  o.speculative = true;
+  const Generation spec = generate(gpu, prompts, o);
+  EXPECT_EQ(spec.tokens, plain.tokens) << dtype_name(act);
+  EXPECT_GT(spec.stats.proposed, 0);
+  if (act == DType::kF32) {
+    GPT cpu(c, DType::kF32, Device::cpu(), 5);
+    const Generation want = generate(cpu, prompts, o);
+    EXPECT_EQ(spec.tokens, want.tokens);
+    EXPECT_EQ(spec.stats.accepted, want.stats.accepted);
+  }
+}
+
+TEST(GenerateLlamaCuda, GreedySpeculativeEqualsPlainFp32) {
+  GTRON_REQUIRE_GPU();
+  expect_greedy_speculative_equals_plain(DType::kF32);
+}
+
+TEST(GenerateLlamaCuda, GreedySpeculativeEqualsPlainBf16) {
+  GTRON_REQUIRE_GPU();
+  expect_greedy_speculative_equals_plain(DType::kBF16);
+}
+
+}  // namespace
+}  // namespace gtron
