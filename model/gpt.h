@@ -26,8 +26,8 @@ enum class Arch { kGpt2, kLlama };
 
 // train.recompute: what the backward re-forms instead of keeping from the forward (CUDA bf16; the
 // CPU and f32 paths keep everything). kSelective: GPT-2's GELU outputs and ln1 rows, the llama
-// family's SwiGLU outputs — one elementwise pass each per block, the same bits (GPT-2's GELU
-// output aside: Note [keeping g] in model/ops/fused_mlp.h). kFull: Note [full recompute].
+// family's SwiGLU and RMSNorm outputs — one elementwise pass each per block, the same bits (GPT-2's
+// GELU output aside: Note [keeping g] in model/ops/fused_mlp.h). kFull: Note [full recompute].
 enum class Recompute { kNone, kSelective, kFull };
 
 struct GPTConfig {

@@ -254,7 +254,8 @@ std::vector<KeySpec> build_schema() {
       key(GTRON_FIELD(train.recompute), RecomputeChoice::kNone, any,
           "Activations the backward re-forms instead of keeping. selective (CUDA bf16; fp32 and "
           "the CPU keep all) = GPT-2's GELU outputs and ln1 rows, the llama family's SwiGLU "
-          "outputs; less memory for about 1.5% of the step; the same bits, except GPT-2's "
+          "and RMSNorm outputs; less memory for about 1.5% of the step; the same bits, except "
+          "GPT-2's "
           "mlp.proj weight gradient, which reads a GELU output re-formed by the GELU kernel "
           "instead of the GEMM epilogue (bf16 rounding apart). full (any device) = each main "
           "block keeps only its input and runs its forward again in the backward: the same "
