@@ -24,10 +24,11 @@ namespace gtron {
 
 enum class Arch { kGpt2, kLlama };
 
-// train.recompute: what the backward re-forms instead of keeping from the forward (CUDA bf16; the
-// CPU and f32 paths keep everything). kSelective: GPT-2's GELU outputs and ln1 rows, the llama
+// train.recompute: what the backward re-forms instead of keeping from the forward. kSelective (CUDA
+// bf16; the CPU and f32 paths keep everything): GPT-2's GELU outputs and ln1 rows, the llama
 // family's SwiGLU and RMSNorm outputs — one elementwise pass each per block, the same bits (GPT-2's
-// GELU output aside: Note [keeping g] in model/ops/fused_mlp.h). kFull: Note [full recompute].
+// GELU output aside: Note [keeping g] in model/ops/fused_mlp.h). kFull (any device): Note [full
+// recompute] in model/gpt.cc.
 enum class Recompute { kNone, kSelective, kFull };
 
 struct GPTConfig {
