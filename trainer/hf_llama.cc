@@ -267,6 +267,9 @@ json llama_model_keys(const json& j, const std::string& path) {
   const json act = j.value("hidden_act", json("silu"));
   if (act != "silu") field_fail(path, "hidden_act", act.dump(), "\"silu\"");
   if (flag(j, path, "mlp_bias", false)) field_fail(path, "mlp_bias", "true", "false");
+  // Qwen2/Qwen3's sliding-window attention would change which keys a query sees.
+  if (flag(j, path, "use_sliding_window", false))
+    field_fail(path, "use_sliding_window", "true", "false (gtron's attention is full causal)");
   // Qwen2 always has q/k/v biases; Llama's attention_bias would also put one on o_proj.
   const bool qkv_bias = type == "qwen2";
   if (!qkv_bias && flag(j, path, "attention_bias", false))

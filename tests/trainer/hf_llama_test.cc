@@ -212,6 +212,8 @@ TEST_F(LlamaImportErrors, ConfigFieldsAreNamed) {
                       "num_attention_heads = 4");
   expect_import_error(with_field("hidden", "hidden_size", "null"),
                       "field 'hidden_size' is missing");
+  expect_import_error(with_field("window", "use_sliding_window", "true"),
+                      "field 'use_sliding_window' is true");
   expect_import_error(with_field("yarn", "rope_scaling", R"({"rope_type": "yarn", "factor": 4})"),
                       "field 'rope_scaling.rope_type' is \"yarn\"");
   expect_import_error(with_field("nofactor", "rope_scaling",
