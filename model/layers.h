@@ -161,11 +161,11 @@ struct BlockDims {
 // GPT-2 pre-LN block: x + attn(ln1(x)), then + mlp(ln2(x)) with a GELU-tanh MLP of width 4C.
 struct TransformerBlock {
   LayerNormLayer ln1, ln2;
-  LinearLayer qkv;        // [3C, C]
-  LinearLayer attn_proj;  // [C, C], residual-scaled init
-  LinearLayer fc;         // [4C, C]
-  LinearLayer mlp_proj;   // [C, 4C], residual-scaled init
-  int NH = 0;             // heads of this rank (NH / TP)
+  LinearLayer qkv;         // [3C, C]
+  LinearLayer attn_proj;   // [C, C], residual-scaled init
+  LinearLayer fc;          // [4C, C]
+  LinearLayer mlp_proj;    // [C, 4C], residual-scaled init
+  int NH = 0;              // heads of this rank (NH / TP)
   bool recompute = false;  // BlockDims::recompute
   TransformerBlock() = default;
   TransformerBlock(ParamRegistry& reg, const std::string& name, const BlockDims& d);

@@ -265,18 +265,6 @@ void check_batch(const Config& c, int64_t ranks, const std::string& ranks_text) 
 // into equal parts (Note [tensor-parallel layout] in parallel/tensor_parallel.h).
 void check_tensor_parallel(const Config& c) {
   const int64_t tp = c.parallel.tp;
-  // Note [full recompute]: the GTP prefetch chains and the graph regions assume each block's
-  // forward runs once, in order.
-  if (c.train.recompute == RecomputeChoice::kFull && c.parallel.gtp != 1) {
-    fail(str_cat("train.recompute = \"full\": needs parallel.gtp = 1, but parallel.gtp = ",
-                 c.parallel.gtp),
-         "use train.recompute = \"selective\" with GTP, or parallel.gtp = 1");
-  }
-  if (c.train.recompute == RecomputeChoice::kFull && c.graphs.scope != GraphScope::kNone) {
-    fail(str_cat("train.recompute = \"full\": needs graphs.scope = \"none\", but graphs.scope = \"",
-                 to_string(c.graphs.scope), "\""),
-         "set graphs.scope = \"none\", or train.recompute = \"selective\"");
-  }
   if (c.parallel.sequence_parallel && tp == 1) {
     fail(
         "parallel.sequence_parallel = true: needs parallel.tp > 1 (it splits the sequence over "
@@ -401,6 +389,15 @@ void check_combinations(const Config& c, int world_size) {
                  ": must be >= train.seq_len + 1 + mtp.depth (", window,
                  ") when data.train and data.val are \"\""),
          "raise data.synthetic.val_tokens");
+  }
+  // Note [full recompute]: GTP's prefetch chains and graph regions expect each forward once.
+  const bool gtp = c.parallel.gtp != 1;
+  if (c.train.recompute == RecomputeChoice::kFull && (gtp || c.graphs.scope != GraphScope::kNone)) {
+    fail(str_cat("train.recompute = \"full\": needs parallel.gtp = 1 and graphs.scope = \"none\", "
+                 "but ",
+                 gtp ? str_cat("parallel.gtp = ", c.parallel.gtp)
+                     : str_cat("graphs.scope = \"", to_string(c.graphs.scope), "\"")),
+         "use train.recompute = \"selective\", or parallel.gtp = 1 and graphs.scope = \"none\"");
   }
   if (c.train.precision == PrecisionChoice::kBf16 && c.train.device == DeviceChoice::kCpu) {
     fail("train.precision = \"bf16\": needs a CUDA device, but train.device = \"cpu\"",

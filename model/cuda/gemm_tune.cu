@@ -53,8 +53,8 @@ double sustain_ms() {
   char* end = nullptr;
   const double v = std::strtod(env, &end);
   if (*end != '\0' || !(v >= 0.0) || v > 10000.0) {
-    throw UserError(str_cat("GTRON_GEMM_TUNE_SUSTAIN_MS is '", env,
-                            "'; expected milliseconds in [0, 10000]"));
+    throw UserError(
+        str_cat("GTRON_GEMM_TUNE_SUSTAIN_MS is '", env, "'; expected milliseconds in [0, 10000]"));
   }
   return v;
 }
@@ -87,7 +87,8 @@ double time_candidate(const TuneCall& call, const GemmArgs& g, void* d,
     CUDA_CHECK(cudaEventSynchronize(ev[1]));
     float one = 0.0f;
     CUDA_CHECK(cudaEventElapsedTime(&one, ev[0], ev[1]));
-    const int64_t n = std::min<int64_t>(100000, static_cast<int64_t>(sustain / std::max(one, 1e-3f)));
+    const int64_t n =
+        std::min<int64_t>(100000, static_cast<int64_t>(sustain / std::max(one, 1e-3f)));
     for (int64_t i = 0; i < n; ++i) launch();
   }
   CUDA_CHECK(cudaEventRecord(ev[0], call.stream));

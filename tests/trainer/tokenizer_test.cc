@@ -16,7 +16,6 @@
 #include "trainer/text/bpe_train.h"
 #include "trainer/text/byte_level.h"
 #include "trainer/text/normalize.h"
-#include "trainer/text/normalize.h"
 #include "trainer/text/pretokenize.h"
 
 namespace gtron {
