@@ -27,14 +27,15 @@ Prints one JSON object; exits 1 when any case exceeds the tolerance.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 import torch
 import transformers
-from safetensors.numpy import load_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_hf import compare, gtron_logits, hf_logits, run_gtron  # noqa: E402 (GPT-2's check)
 
 V, TMAX, C, L, NH, F = 100, 32, 48, 2, 4, 80
 
@@ -50,38 +51,6 @@ MEMBERS = {
     "qwen2_bias": {"cls": "Qwen2ForCausalLM", "n_kv_head": 2, "tied": True, "qkv_bias": True,
                    "rope_theta": 1000000.0},
 }
-
-
-def run_gtron(binary, *args):
-    r = subprocess.run([binary, *args], capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"check_hf_llama: gtron {' '.join(args)} failed ({r.returncode}):\n"
-                 f"{r.stdout}{r.stderr}")
-    return r.stdout
-
-
-def gtron_logits(binary, checkpoint, tokens, out):
-    rows = []
-    for row in tokens:
-        rows += ["--tokens", ",".join(str(int(t)) for t in row)]
-    run_gtron(binary, "logits", "--checkpoint", checkpoint, *rows, "--out", out)
-    return load_file(out)["logits"]
-
-
-def hf_logits(model, tokens):
-    with torch.no_grad():
-        return model(torch.tensor(tokens, dtype=torch.long)).logits.float().numpy()
-
-
-def compare(name, member, ours, theirs, tolerance, **extra):
-    if ours.shape != theirs.shape:
-        return {"case": name, "member": member, **extra, "ok": False,
-                "error": f"shapes differ: gtron {ours.shape}, transformers {theirs.shape}"}
-    diff = float(np.max(np.abs(ours.astype(np.float64) - theirs.astype(np.float64))))
-    scale = float(np.max(np.abs(theirs)))
-    rel = diff / scale
-    return {"case": name, "member": member, **extra, "max_abs_diff": diff, "relative": rel,
-            "ok": bool(rel <= tolerance)}
 
 
 def gtron_model_keys(m):
@@ -143,7 +112,7 @@ def gtron_to_hf(binary, work, tokens, name, m, tolerance):
         hf_dir, torch_dtype=torch.float32, attn_implementation="eager").eval()
     theirs = hf_logits(model, tokens)
     ours = gtron_logits(binary, checkpoint, tokens, os.path.join(work, tag + "_logits.st"))
-    return compare("gtron -> transformers", name, ours, theirs, tolerance,
+    return compare("gtron -> transformers", ours, theirs, tolerance, member=name,
                    hf_class=type(model).__name__,
                    mtp_file=os.path.exists(os.path.join(hf_dir, "mtp.safetensors")))
 
@@ -181,7 +150,8 @@ def hf_to_gtron(binary, work, tokens, name, m, tolerance):
         run_gtron(binary, "import", "--hf", hf_dir, "--out", checkpoint)
         theirs = hf_logits(ref, tokens)
         ours = gtron_logits(binary, checkpoint, tokens, os.path.join(work, tag + "_logits.st"))
-        cases.append(compare("transformers -> gtron", name, ours, theirs, tolerance, save=how,
+        cases.append(compare("transformers -> gtron", ours, theirs, tolerance, member=name,
+                             save=how,
                              shards=sum(f.endswith(".safetensors") for f in files),
                              rope_keys=[k for k in ("rope_theta", "rope_scaling",
                                                     "rope_parameters") if k in saved]))
