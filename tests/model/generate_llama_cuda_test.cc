@@ -18,9 +18,12 @@
 #include "model/ops/linear.h"
 #include "model/ops/rope.h"
 #include "tests/model/cuda_op_check.h"
+#include "tests/model/decode_check.h"
 
 namespace gtron {
 namespace {
+
+using testing::tokens_of;
 
 std::vector<double> pseudo_random(int64_t n, uint64_t seed) {
   std::vector<double> v(static_cast<size_t>(n));
@@ -104,37 +107,6 @@ GPTConfig model_config() {
   return c;
 }
 
-// Full-forward logits [T][V] of depth k (0: the main model) over one sequence on the CPU model.
-std::vector<std::vector<double>> reference_logits(GPT& m, const std::vector<int32_t>& seq, int k) {
-  NoGradGuard no_grad;
-  const auto T = static_cast<int64_t>(seq.size());
-  auto shifted = [&](int s) {
-    std::vector<int32_t> ids(seq.size(), 0);
-    for (int64_t t = 0; t + s < T; ++t) ids[t] = seq[t + s];
-    return Tensor::from_ints(ids, {1, T});
-  };
-  Var table = Var::param(m.token_embedding());
-  Var h = embedding(shifted(0), table);
-  for (int l = 0; l < m.num_blocks(); ++l) h = m.block_forward(l, h);
-  DirectWeights direct;
-  for (int d = 1; d <= k; ++d) h = m.mtp_module(d).forward(h, embedding(shifted(d), table), direct);
-  const std::vector<double> all =
-      linear(m.final_norm_forward(h), Var::param(m.output_head()), Var()).value().to_vector();
-  const int64_t V = m.config().vocab_size, Vp = m.config().padded_vocab();
-  std::vector<std::vector<double>> rows(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) rows[t].assign(all.begin() + t * Vp, all.begin() + t * Vp + V);
-  return rows;
-}
-
-std::vector<int32_t> tokens_of(int64_t n, uint64_t seed, int64_t V) {
-  std::vector<int32_t> t;
-  for (int64_t i = 0; i < n; ++i) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    t.push_back(static_cast<int32_t>((seed >> 33) % static_cast<uint64_t>(V)));
-  }
-  return t;
-}
-
 // The GPU decoder's logits at every position of seqs (module k: 0 main, else depth k fed the
 // tokens k ahead), fed in ragged windows, against the CPU's full forward, relative to the
 // largest reference logit.
@@ -169,7 +141,7 @@ void expect_incremental_logits_match(DType act, double rel_tol) {
       const std::vector<float> got = k == 0 ? dec.main(in) : dec.depth(k, in);
       size_t r = 0;
       for (size_t b = 0; b < 2; ++b) {
-        const auto ref = reference_logits(cpu, seqs[b], k);
+        const auto ref = testing::llama_reference_logits(cpu, seqs[b], k);
         for (size_t i = 0; i < in.tokens[b].size(); ++i, ++r) {
           const std::vector<double>& want = ref[static_cast<size_t>(pos[b]) + i];
           double scale = 1;

@@ -16,9 +16,13 @@
 #include "model/generate.h"
 #include "model/ops/embedding.h"
 #include "model/ops/linear.h"
+#include "tests/model/decode_check.h"
 
 namespace gtron {
 namespace {
+
+using testing::incremental_logits;
+using testing::tokens_of;
 
 constexpr double kRelTol = 1e-10;  // f64
 
@@ -66,77 +70,6 @@ std::vector<Case> cases() {
 }
 
 // tokens in [0, V) from a fixed stream.
-std::vector<int32_t> tokens_of(int64_t n, uint64_t seed, int64_t V) {
-  std::vector<int32_t> t;
-  for (int64_t i = 0; i < n; ++i) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    t.push_back(static_cast<int32_t>((seed >> 33) % static_cast<uint64_t>(V)));
-  }
-  return t;
-}
-
-// Full-forward logits [T][V] of depth k (0: the main model) over one sequence, composed from the
-// modules the way GPT::forward does.
-std::vector<std::vector<double>> reference_logits(GPT& m, const std::vector<int32_t>& seq, int k) {
-  NoGradGuard no_grad;
-  const auto T = static_cast<int64_t>(seq.size());
-  auto shifted = [&](int s) {
-    std::vector<int32_t> ids(seq.size(), 0);
-    for (int64_t t = 0; t + s < T; ++t) ids[t] = seq[t + s];
-    return Tensor::from_ints(ids, {1, T});
-  };
-  Var table = Var::param(m.token_embedding());
-  Var h = embedding(shifted(0), table);
-  for (int l = 0; l < m.num_blocks(); ++l) h = m.block_forward(l, h);
-  DirectWeights direct;
-  for (int d = 1; d <= k; ++d) h = m.mtp_module(d).forward(h, embedding(shifted(d), table), direct);
-  Var logits = linear(m.final_norm_forward(h), Var::param(m.output_head()), Var());
-  const std::vector<double> all = logits.value().to_vector();
-  const int64_t V = m.config().vocab_size, Vp = m.config().padded_vocab();
-  std::vector<std::vector<double>> rows(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) rows[t].assign(all.begin() + t * Vp, all.begin() + t * Vp + V);
-  return rows;
-}
-
-// Feeds row b's positions [0, n_b) in chunks of the sizes in plan[b] (cycled), all rows in the
-// same windows, wanting every slot; returns each row's logits by position.
-template <typename Run>
-std::vector<std::vector<std::vector<double>>> incremental_logits(
-    const std::vector<std::vector<int32_t>>& tokens, const std::vector<std::vector<int64_t>>& plan,
-    int64_t V, Run run) {
-  const size_t B = tokens.size();
-  std::vector<int64_t> pos(B, 0);
-  std::vector<size_t> step(B, 0);
-  std::vector<std::vector<std::vector<double>>> out(B);
-  while (true) {
-    WindowInput in;
-    in.tokens.resize(B);
-    in.start = pos;
-    in.want.resize(B);
-    bool any = false;
-    for (size_t b = 0; b < B; ++b) {
-      const auto n = static_cast<int64_t>(tokens[b].size());
-      const int64_t chunk = std::min(plan[b][step[b]++ % plan[b].size()], n - pos[b]);
-      for (int64_t i = 0; i < chunk; ++i) {
-        in.tokens[b].push_back(tokens[b][pos[b] + i]);
-        in.want[b].push_back(i);
-      }
-      any = any || chunk > 0;
-    }
-    if (!any) break;
-    const std::vector<double> logits = run(in);
-    size_t r = 0;
-    for (size_t b = 0; b < B; ++b) {
-      for (size_t i = 0; i < in.tokens[b].size(); ++i, ++r) {
-        out[b].emplace_back(logits.begin() + r * V, logits.begin() + (r + 1) * V);
-      }
-      pos[b] += static_cast<int64_t>(in.tokens[b].size());
-    }
-  }
-  return out;
-}
-
-// max |a - b| / max(1, max |b|) over the first `rows` positions.
 double rel_diff(const std::vector<std::vector<double>>& a,
                 const std::vector<std::vector<double>>& b, size_t rows) {
   double d = 0, scale = 1;
@@ -165,13 +98,13 @@ TEST(GenerateLlama, CachedLogitsEqualTheFullForwardAtEveryPosition) {
     auto main =
         incremental_logits(seqs, plan, V, [&](const WindowInput& in) { return dec.main_f64(in); });
     for (size_t b = 0; b < seqs.size(); ++b) {
-      const auto ref = reference_logits(m, seqs[b], 0);
+      const auto ref = testing::llama_reference_logits(m, seqs[b], 0);
       ASSERT_EQ(main[b].size(), seqs[b].size());
       EXPECT_LE(rel_diff(main[b], ref, ref.size()), kRelTol) << "row " << b;
     }
     // GPT::logits is the same forward (its own composition): a check on the reference itself.
     const Tensor full = m.logits(Tensor::from_ints(seqs[0], {1, 61}));
-    const auto ref0 = reference_logits(m, seqs[0], 0);
+    const auto ref0 = testing::llama_reference_logits(m, seqs[0], 0);
     EXPECT_EQ(full.to_vector()[60 * c.config.padded_vocab() + 5], ref0[60][5]);
     // The depths over the same positions: slot s of depth k feeds token s + k (teacher forcing)
     // and reads the hidden states the previous module stored there.
@@ -181,7 +114,7 @@ TEST(GenerateLlama, CachedLogitsEqualTheFullForwardAtEveryPosition) {
       auto depth = incremental_logits(ahead, plan, V,
                                       [&](const WindowInput& in) { return dec.depth_f64(k, in); });
       for (size_t b = 0; b < seqs.size(); ++b) {
-        const auto ref = reference_logits(m, seqs[b], k);
+        const auto ref = testing::llama_reference_logits(m, seqs[b], k);
         EXPECT_LE(rel_diff(depth[b], ref, ahead[b].size()), kRelTol)
             << "depth " << k << " row " << b;
       }
@@ -239,7 +172,7 @@ TEST(GenerateLlama, RollbackThenRedecodeEqualsAFreshDecode) {
     // Against the full forward.
     size_t r = 0;
     for (size_t b = 0; b < 2; ++b) {
-      const auto ref = reference_logits(m, seqs[b], 0);
+      const auto ref = testing::llama_reference_logits(m, seqs[b], 0);
       std::vector<std::vector<double>> rows, refs;
       for (int64_t t = cut[b]; t < ends[b]; ++t, ++r) {
         rows.emplace_back(got.begin() + r * V, got.begin() + (r + 1) * V);

@@ -12,11 +12,13 @@
 #include "model/decoder.h"
 #include "model/ops/embedding.h"
 #include "model/ops/linear.h"
+#include "tests/model/decode_check.h"
 #include "tests/model/trained_tiny.h"
 
 namespace gtron {
 namespace {
 
+using testing::incremental_logits;
 using testing::source_tokens;
 using testing::trained_tiny_mtp2;
 
@@ -43,45 +45,6 @@ std::vector<std::vector<float>> reference_logits(GPT& m, const std::vector<int32
   std::vector<std::vector<float>> rows(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) rows[t].assign(all.begin() + t * Vp, all.begin() + t * Vp + V);
   return rows;
-}
-
-// Feeds row b's positions [0, n_b) in chunks of the sizes in plan[b] (cycled), all rows in the
-// same windows, wanting every slot; returns each row's logits by position. `run(k, in)` is
-// Decoder::main (k = 0) or Decoder::depth(k). tokens[b][s] is what slot s of row b feeds.
-template <typename Run>
-std::vector<std::vector<std::vector<float>>> incremental_logits(
-    const std::vector<std::vector<int32_t>>& tokens, const std::vector<std::vector<int64_t>>& plan,
-    int64_t V, Run run) {
-  const size_t B = tokens.size();
-  std::vector<int64_t> pos(B, 0);
-  std::vector<size_t> step(B, 0);
-  std::vector<std::vector<std::vector<float>>> out(B);
-  while (true) {
-    WindowInput in;
-    in.tokens.resize(B);
-    in.start = pos;
-    in.want.resize(B);
-    bool any = false;
-    for (size_t b = 0; b < B; ++b) {
-      const auto n = static_cast<int64_t>(tokens[b].size());
-      const int64_t chunk = std::min(plan[b][step[b]++ % plan[b].size()], n - pos[b]);
-      for (int64_t i = 0; i < chunk; ++i) {
-        in.tokens[b].push_back(tokens[b][pos[b] + i]);
-        in.want[b].push_back(i);
-      }
-      any = any || chunk > 0;
-    }
-    if (!any) break;
-    const std::vector<float> logits = run(in);
-    size_t r = 0;
-    for (size_t b = 0; b < B; ++b) {
-      for (size_t i = 0; i < in.tokens[b].size(); ++i, ++r) {
-        out[b].emplace_back(logits.begin() + r * V, logits.begin() + (r + 1) * V);
-      }
-      pos[b] += static_cast<int64_t>(in.tokens[b].size());
-    }
-  }
-  return out;
 }
 
 double max_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
