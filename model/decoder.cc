@@ -4,6 +4,7 @@
 
 #include "model/decode_cuda.h"
 #include "model/decode_ops.h"
+#include "model/mixed_precision.h"
 #include "model/ops/add.h"
 #include "model/ops/embedding.h"
 #include "model/ops/linear.h"
@@ -13,29 +14,39 @@
 namespace gtron {
 
 Decoder::Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capacity,
-                 StepGraphs* graphs)
+                 StepGraphs* graphs, DType act)
     : model_(model),
       batch_(batch),
       capacity_(capacity > 0 ? capacity : model.config().context_length),
-      // The llama family always runs eagerly (Note [decode graphs]).
-      graphs_(model.token_embedding().data.device().is_cuda() && !model.config().llama()
-                  ? graphs
-                  : nullptr) {
+      graphs_(model.token_embedding().data.device().is_cuda() ? graphs : nullptr),
+      act_(act == DType::kBF16 ? act : model.token_embedding().data.dtype()) {
   const GPTConfig& c = model.config();
   GTRON_CHECK(batch >= 1 && capacity_ <= c.context_length, "Decoder for ", batch, " rows of ",
               capacity_, " positions (context ", c.context_length, ")");
   GTRON_CHECK(c.tp_size == 1, "generation runs on one process, not split over TP");
   const Tensor& wte = model.token_embedding().data;
+  fused_ = graphs_ != nullptr && !c.llama() && act_ != DType::kBF16;
+  if (act_ == DType::kBF16) {  // Note [bf16 decoding]
+    GTRON_CHECK(wte.device().is_cuda() && wte.dtype() == DType::kF32,
+                "bf16 decoding needs an fp32 model on CUDA, not ", wte.device().str(), "/",
+                dtype_name(wte.dtype()));
+    auto bf16 = std::make_unique<Bf16Weights>();
+    NoGradGuard no_grad;
+    for (Parameter* p : model.parameters()) bf16->use(*p);  // every cast now, none captured
+    weights_ = std::move(bf16);
+  } else {
+    weights_ = std::make_unique<DirectWeights>();
+  }
   // Key/value heads and their size: GPT-2's n_head of C / NH, the llama family's NKV of head_dim.
   const int64_t NKV = c.llama() ? c.llama_dims().NKV : c.n_head;
   const int64_t HS = c.llama() ? c.llama_dims().HS : c.n_embd / c.n_head;
   for (int l = 0; l < c.n_layer; ++l) {
-    main_caches_.emplace_back(batch, capacity_, NKV, HS, wte.dtype(), wte.device());
+    main_caches_.emplace_back(batch, capacity_, NKV, HS, act_, wte.device());
   }
   for (int k = 1; k <= c.mtp_depth; ++k) {
-    mtp_caches_.emplace_back(batch, capacity_, NKV, HS, wte.dtype(), wte.device());
+    mtp_caches_.emplace_back(batch, capacity_, NKV, HS, act_, wte.device());
     if (keep_hidden) {
-      stores_.push_back(Tensor::zeros({batch, capacity_, c.n_embd}, wte.dtype(), wte.device()));
+      stores_.push_back(Tensor::zeros({batch, capacity_, c.n_embd}, act_, wte.device()));
     }
   }
 }
@@ -157,10 +168,10 @@ Var Decoder::load(int store, const DecodeWindow& win) const {
   return Var::constant(out);
 }
 
+Var Decoder::use(Parameter& p) const { return weights_->use(p); }
+
 Var Decoder::head(const Var& rows) const {
-  if (!graphs_) {
-    return linear(model_.final_norm_forward(rows), Var::param(model_.output_head()), Var());
-  }
+  if (!fused_) return linear(model_.final_norm_forward(rows), use(model_.output_head()), Var());
   LinearLayer head;
   head.weight = &model_.output_head();
   return decode_linear(rows, head, Var(), false, &model_.final_norm());
@@ -208,20 +219,20 @@ std::vector<double> real_columns_f64(const Tensor& host, int64_t V) {
 
 Var Decoder::run_main(const Tensor& tokens, const Tensor& positions, const DecodeWindow& win) {
   if (model_.config().llama()) {  // no position table: positions enter through RoPE only
-    Var x = embedding(tokens, Var::param(model_.token_embedding()));
+    Var x = embedding(tokens, use(model_.token_embedding()));
     for (int l = 0; l < model_.num_blocks(); ++l) {
       const LlamaBlock& block = model_.llama_block(l);
-      x = block.forward(x, direct_, against(main_caches_[static_cast<size_t>(l)], win, block));
+      x = block.forward(x, *weights_, against(main_caches_[static_cast<size_t>(l)], win, block));
     }
     save(0, x, win);
     return x;
   }
-  Var x = add(embedding(tokens, Var::param(model_.token_embedding())),
-              embedding(positions, Var::param(model_.position_embedding())));
+  Var x = add(embedding(tokens, use(model_.token_embedding())),
+              embedding(positions, use(model_.position_embedding())));
   for (int l = 0; l < model_.num_blocks(); ++l) {
     const auto attend = against(main_caches_[static_cast<size_t>(l)], win);
-    x = graphs_ ? decode_block(model_.block(l), x, attend)
-                : model_.block(l).forward(x, direct_, attend);
+    x = fused_ ? decode_block(model_.block(l), x, attend)
+               : model_.block(l).forward(x, *weights_, attend);
   }
   save(0, x, win);
   return x;
@@ -231,12 +242,12 @@ Var Decoder::run_depth(int k, const Tensor& tokens, const DecodeWindow& win) {
   GTRON_CHECK(k >= 1 && k <= model_.config().mtp_depth, "MTP depth ", k, " of ",
               model_.config().mtp_depth);
   const MTPModule& m = model_.mtp_module(k);
-  Var emb = embedding(tokens, Var::param(model_.token_embedding()));
+  Var emb = embedding(tokens, use(model_.token_embedding()));
   KVCache& cache = mtp_caches_[static_cast<size_t>(k - 1)];
   const Var h = load(k - 1, win);
   const TransformerBlock::Attention attend =
       m.llama ? against(cache, win, *m.llama) : against(cache, win);
-  Var x = graphs_ ? decode_depth(m, h, emb, attend) : m.forward(h, emb, direct_, attend);
+  Var x = fused_ ? decode_depth(m, h, emb, attend) : m.forward(h, emb, *weights_, attend);
   save(k, x, win);
   return x;
 }

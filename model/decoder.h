@@ -36,10 +36,22 @@
 // model/decode_cuda.h). The caches and stores live outside the pool, and eager and replayed steps
 // mix freely over them. A replay runs the eager path's kernels; only its GEMMs see more rows
 // (padding slots, every slot at the head), which cuBLAS may round differently.
-// The graphs and the fused block are GPT-2's (LayerNorm, GELU, learned positions, one K/V head
-// per query head): a llama-family model (RoPE, RMSNorm, SwiGLU, grouped-query caches) ignores
-// `graphs` and runs every call eagerly through the training ops, its attention the cached one
-// of Note [decode RoPE] (model/kv_cache.h). Correct first; capturing it is left to do.
+// The fused block is GPT-2's in fp32 (LayerNorm, GELU, learned positions, one K/V head per query
+// head). A llama-family model (RoPE, RMSNorm, SwiGLU, grouped-query caches) and a bf16 decoder
+// capture the training ops themselves: the llama block's forward with the cached attention of
+// Note [decode RoPE] (model/kv_cache.h), whose rotation reads each row's start from the window
+// buffer on the device (rope_forward_at), so one graph serves every position.
+//
+// Note [bf16 decoding]
+// `gtron sample --dtype bf16` decodes as the bf16 training forward computes: the model keeps its
+// fp32 weights, and the decoder reads them through a Bf16Weights (model/mixed_precision.h): every
+// GEMM and the embedding read bf16 copies, cast once when the decoder is made (before any
+// capture, so no graph holds a cast), and the norms read their fp32 weights; activations, the
+// key/value caches and the MTP hidden stores are bf16, the head's logits too (the argmax and the
+// host copy read them as they are). GPT-2's learned positions go through the same access (bf16
+// rows added to the bf16 token rows), and a bf16 GPT-2 decoder runs the training ops, not the
+// fused block. fp32 stays the default and the reference: bf16 tokens may part from fp32's
+// wherever two logits lie within bf16 rounding.
 #pragma once
 
 #include <cstdint>
@@ -72,11 +84,13 @@ class Decoder {
   // MTP hidden stores (speculative decoding needs them). graphs (CUDA only; ignored on CPU):
   // capture and replay the greedy calls through it (Note [decode graphs]) and run the blocks
   // through the decoder's fused composition (Note [decode fast block] in model/decode_ops.h),
-  // eager calls too; null runs the training ops eagerly. Ignored for the llama family (eager). The
-  // model and `graphs` must outlive the decoder; the model's parameters are read directly (no
-  // weight access).
+  // eager calls too (GPT-2 in fp32); null runs the training ops eagerly. The model and `graphs`
+  // must outlive the decoder; its parameters are read through the decoder's own weight access
+  // (direct, or bf16 shadows).
+  // act: the activations' dtype: the model's own (f32; f64 on the CPU), or kBF16 for an fp32
+  // CUDA model, which then decodes as a bf16 training forward computes (Note [bf16 decoding]).
   Decoder(const GPT& model, int64_t batch, bool keep_hidden, int64_t capacity = 0,
-          StepGraphs* graphs = nullptr);
+          StepGraphs* graphs = nullptr, DType act = DType::kF32);
   ~Decoder();
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
@@ -122,6 +136,7 @@ class Decoder {
   void save(int store, const Var& x, const DecodeWindow& win);
   Var load(int store, const DecodeWindow& win) const;
   Var head(const Var& rows) const;            // [N, C] -> logits [N, Vp]
+  Var use(Parameter& p) const;                // p through weights_
   Tensor main_logits(const WindowInput& in);  // main() and depth() before the copy out
   Tensor depth_logits(int k, const WindowInput& in);
   // The wanted slots' logits [N, Vp] on the CPU, in the model's dtype (f32 from CUDA).
@@ -137,7 +152,9 @@ class Decoder {
   std::vector<KVCache> main_caches_;  // [L]
   std::vector<KVCache> mtp_caches_;   // [D]
   std::vector<Tensor> stores_;        // [D] of [B, capacity, C] (empty without keep_hidden)
-  DirectWeights direct_;
+  DType act_;                         // activations, caches and stores
+  std::unique_ptr<WeightAccess> weights_;  // DirectWeights, or Bf16Weights for act_ = bf16
+  bool fused_ = false;  // GPT-2 in fp32 on CUDA with graphs: the fused block (decode_block)
   std::map<std::pair<int, int64_t>, std::unique_ptr<GraphStep>> steps_;
 };
 

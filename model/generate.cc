@@ -66,7 +66,7 @@ class Generator {
         V_(model.config().vocab_size),
         D_(o.speculative ? model.config().mtp_depth : 0),
         dec_(model, static_cast<int64_t>(prompts.size()), o.speculative,
-             longest(prompts) + o.max_new_tokens, o.graphs) {
+             longest(prompts) + o.max_new_tokens, o.graphs, o.dtype) {
     for (size_t b = 0; b < prompts.size(); ++b) {
       Row r;
       r.seq = prompts[b];
@@ -260,6 +260,7 @@ Generation generate_recompute(GPT& model, const std::vector<std::vector<int32_t>
                               const GenerateOptions& opts) {
   check_args(model, prompts, opts);
   GTRON_CHECK(!opts.speculative, "the recomputation path does not speculate");
+  GTRON_CHECK(opts.dtype != DType::kBF16, "the recomputation path runs the model's own dtype");
   const auto B = static_cast<int64_t>(prompts.size());
   for (const auto& p : prompts) GTRON_CHECK(p.size() == prompts[0].size(), "ragged prompts");
   const int64_t V = model.config().vocab_size, Vp = model.config().padded_vocab();

@@ -40,6 +40,9 @@ struct GenerateOptions {
   // tested against). Not owned; it outlives the call. Ignored on CPU; when sampling no step is
   // captured, but the blocks still run the decoder's fused composition.
   StepGraphs* graphs = nullptr;
+  // Activations, caches and logits: the model's dtype, or kBF16 for an fp32 model on CUDA (Note
+  // [bf16 decoding] in model/decoder.h). generate_recompute runs the model's dtype only.
+  DType dtype = DType::kF32;
   // The rule that verifies a sampled draft (tests pass a biased one to show what it prevents).
   DraftVerifier verify = verify_draft;
 };

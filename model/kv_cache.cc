@@ -160,6 +160,12 @@ Var rope_window(const Var& qkv, const Tensor& inv_freq, int NH, int NKV, int HS,
   Stream& s = current_stream(qkv.device());
   Tensor y = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device(), &s);
   const Tensor& x = qkv.value();
+  if (x.device().is_cuda() && win.device_start_count.defined()) {
+    // Every row at once, its first position read on the device (what a captured step needs).
+    cuda::rope_forward_at(x.raw(), inv_freq.data<float>(), y.raw(), B, W, NH, NKV, HS,
+                          win.device_start_count.data<int32_t>(), x.dtype(), s.native());
+    return Var::output(y, false);
+  }
   // One rotation per row, at the row's own first position (the kernels take one pos0 per call).
   for (int64_t b = 0; b < B; ++b) {
     const int64_t pos0 = win.start[static_cast<size_t>(b)], off = b * W * width;

@@ -31,11 +31,13 @@ import transformers
 from safetensors.numpy import load_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from gtron_bin import gtron_env
+
 V, TMAX, C, L, NH = 100, 32, 64, 2, 4  # V = 100 pads to 128 inside gtron
 
 
 def run_gtron(binary, *args):
-    r = subprocess.run([binary, *args], capture_output=True, text=True)
+    r = subprocess.run([binary, *args], capture_output=True, text=True, env=gtron_env(binary))
     if r.returncode != 0:
         sys.exit(f"check_hf: gtron {' '.join(args)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
     return r.stdout

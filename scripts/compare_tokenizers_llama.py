@@ -25,6 +25,8 @@ import random
 import subprocess
 import sys
 
+from gtron_bin import gtron_env
+
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
           r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
@@ -148,7 +150,8 @@ def compare(name, tokenizer_json, prefix, gtron, text, text_file, work):
         f.write(" ".join(map(str, hf_ids)) + "\n")
     ids_file = os.path.join(work, name + ".gtron.ids")
     r = subprocess.run([gtron, "tokenizer", "encode", "--tokenizer", tokenizer_json, "--text",
-                        text_file, "--ids-out", ids_file], capture_output=True, text=True)
+                        text_file, "--ids-out", ids_file], capture_output=True, text=True,
+                       env=gtron_env(gtron))
     if r.returncode != 0:
         raise RuntimeError(f"gtron tokenizer encode exited {r.returncode}: {r.stderr.strip()}")
     with open(ids_file) as f:
@@ -214,7 +217,7 @@ def gtron_trained(gtron, corpus_file, vocab_size, work):
     specials = sum((["--special", s] for s in LLAMA_SPECIALS), [])
     subprocess.run([gtron, "tokenizer", "train", "--text", corpus_file, "--vocab-size",
                     str(vocab_size), "--pattern", "llama3", "--out", path] + specials,
-                   check=True, capture_output=True)
+                   check=True, capture_output=True, env=gtron_env(gtron))
     return path
 
 

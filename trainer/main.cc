@@ -281,12 +281,13 @@ int run(int argc, char** argv) {
   sample->add_flag("--recompute", sa.recompute,
                    "Recompute the whole context for every token (the slow reference path)");
   sample->add_flag("--no-graphs", sa.no_graphs,
-                   "CUDA, GPT-2 family: run every decoding step eagerly through the training ops "
-                   "(the llama family always does)");
+                   "CUDA: run every decoding step eagerly through the training ops");
   sample->add_flag("--warmup", sa.warmup,
                    "Generate 8 tokens untimed first (benchmarks: keeps one-time start-up costs "
                    "out of the stats line)");
-  sample->add_option("--device", sa.device, "cpu, or cuda (fp32 on GPU 0)");
+  sample->add_option("--device", sa.device, "cpu, or cuda (GPU 0)");
+  sample->add_option("--dtype", sa.dtype,
+                     "Weights and activations: f32 (the reference), or bf16 (--device cuda)");
 
   auto* logits = app.add_subcommand(
       "logits", "Next-token logits (fp32, CPU) of a checkpoint for given tokens, as safetensors");

@@ -106,11 +106,8 @@ void check_flags(const GPT& model, const SampleArgs& a, int64_t prompt_len, cons
         "--speculative drafts with the model's MTP depths; this checkpoint has mtp.depth 0. "
         "Hint: train with mtp.depth >= 1");
   }
-  if (a.no_graphs && c.llama()) {
-    throw UserError(
-        "--no-graphs: this checkpoint is of the llama family (model.arch \"llama\"), which "
-        "always decodes eagerly through the training ops (no CUDA graphs to turn off). Hint: drop "
-        "--no-graphs");
+  if (a.recompute && a.dtype != "f32") {
+    throw UserError("--recompute is the fp32 reference path. Hint: drop --dtype " + a.dtype);
   }
   if (a.speculative && a.recompute) {
     throw UserError("--speculative and --recompute exclude each other");
@@ -157,6 +154,15 @@ Device sample_device(const std::string& flag) {
   return Device::cuda(0);
 }
 
+DType sample_dtype(const SampleArgs& a) {
+  if (a.dtype == "f32") return DType::kF32;
+  if (a.dtype != "bf16") throw UserError("--dtype \"" + a.dtype + "\": expected f32 or bf16");
+  if (a.device != "cuda") {
+    throw UserError("--dtype bf16 runs on the GPU only. Hint: --device cuda, or --dtype f32");
+  }
+  return DType::kBF16;
+}
+
 void run_sample(GPT& model, const SampleArgs& a, std::ostream& out, std::ostream& err,
                 Tokenizer* tokenizer) {
   const std::vector<int32_t> prompt = prompt_of(model, a, tokenizer);
@@ -168,6 +174,7 @@ void run_sample(GPT& model, const SampleArgs& a, std::ostream& out, std::ostream
   o.sampling.top_p = a.top_p;
   o.seed = a.seed;
   o.speculative = a.speculative;
+  o.dtype = sample_dtype(a);
   const std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(a.batch), prompt);
   auto run = [&](GenerateOptions opts) {
     // Each generation captures its own steps into its own pool (Note [decode graphs]).

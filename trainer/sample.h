@@ -28,13 +28,17 @@ struct SampleArgs {
   bool recompute = false;         // --recompute: the full-recomputation reference path
   bool no_graphs = false;         // --no-graphs: eager CUDA decoding steps (training ops)
   bool warmup = false;            // --warmup: an untimed kWarmupTokens generation first
-  std::string device = "cpu";     // --device: cpu, or cuda (fp32 on GPU 0)
+  std::string device = "cpu";     // --device: cpu, or cuda (GPU 0)
+  std::string dtype = "f32";      // --dtype: f32, or bf16 (CUDA only)
   bool prompt_given = false;      // --prompt was on the command line
   bool prompt_ids_given = false;  // --prompt-ids was on the command line
 };
 
 // The device --device names (UserError for anything else, or cuda without a GPU).
 Device sample_device(const std::string& flag);
+// The decoding dtype --dtype names: f32, or bf16 with --device cuda (UserError otherwise; Note
+// [bf16 decoding] in model/decoder.h).
+DType sample_dtype(const SampleArgs& args);
 
 // Checks the flags against the model (a UserError naming the flag otherwise), generates, writes
 // one line per row to `out` (prompt + new tokens, as text or comma-separated ids) and the stats

@@ -73,6 +73,13 @@ void rope_forward(const void* x, const float* inv_freq, void* y, int64_t B, int6
 void rope_backward(const void* dy, const float* inv_freq, void* dx, int64_t B, int64_t Tlen,
                    int64_t NH, int64_t NKV, int64_t HS, int64_t pos0, DType act, void* stream,
                    bool overwrite = false);
+// rope_forward with each batch row at its own first position, read on the device: row b's T rows
+// at start[b], start[b] + 1, ... (a decode window whose starts a CUDA graph step reads from its
+// input buffer, Note [decode graphs] in model/decoder.h). Bit-identical to rope_forward of row b
+// alone at pos0 = start[b].
+void rope_forward_at(const void* x, const float* inv_freq, void* y, int64_t B, int64_t Tlen,
+                     int64_t NH, int64_t NKV, int64_t HS, const int32_t* start, DType act,
+                     void* stream);
 // rope_forward's rotation of the q and k heads of x in place; the v columns are not touched.
 void rope_forward_inplace(void* x, const float* inv_freq, int64_t B, int64_t Tlen, int64_t NH,
                           int64_t NKV, int64_t HS, int64_t pos0, DType act, void* stream);

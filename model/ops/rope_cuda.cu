@@ -23,7 +23,8 @@ constexpr int kThreads = 256;
 
 struct RopeDims {
   int64_t rows, Tlen, pos0;
-  int W, H, rotated_slots, slots;  // row width, HS/2, q/k pair slots, all slots of a row
+  const int32_t* row_start = nullptr;  // set: batch row b's positions start at row_start[b]
+  int W, H, rotated_slots, slots;      // row width, HS/2, q/k pair slots, all slots of a row
 };
 
 RopeDims rope_dims(int64_t B, int64_t Tlen, int64_t NH, int64_t NKV, int64_t HS, int64_t pos0) {
@@ -42,6 +43,12 @@ RopeDims rope_dims(int64_t B, int64_t Tlen, int64_t NH, int64_t NKV, int64_t HS,
   return d;
 }
 
+// The position of row r (of B·Tlen): pos0, or its batch row's device-side start, plus r % Tlen.
+__device__ __forceinline__ float position(const RopeDims& d, int64_t r) {
+  const int64_t t = r % d.Tlen;
+  return static_cast<float>((d.row_start != nullptr ? d.row_start[r / d.Tlen] : d.pos0) + t);
+}
+
 // kSign = 1: y = R·x (forward); kSign = −1: y (+)= Rᵀ·x (backward).
 template <typename T, int kSign, bool kAccumulate>
 __global__ void rope_kernel(const T* __restrict__ x, const float* __restrict__ inv_freq,
@@ -57,7 +64,7 @@ __global__ void rope_kernel(const T* __restrict__ x, const float* __restrict__ i
     const int head = p / d.H, i = p - head * d.H;
     c0 = head * 2 * d.H + i;
     c1 = c0 + d.H;
-    const float pos = static_cast<float>(d.pos0 + r % d.Tlen);
+    const float pos = position(d, r);
     float s, c;
     sincosf(pos * inv_freq[i], &s, &c);
     s *= kSign;
@@ -95,7 +102,7 @@ __global__ void rope_packed_kernel(const T* __restrict__ x, const float* __restr
   if (p < d.rotated_slots) {
     const int head = p / d.H, i = p - head * d.H;
     const int c0 = head * 2 * d.H + i, c1 = c0 + d.H;
-    const float pos = static_cast<float>(d.pos0 + r % d.Tlen);
+    const float pos = position(d, r);
     float a[kV], b[kV], lo[kV], hi[kV];
     load_floats<kV>(xr + c0, a);
     load_floats<kV>(xr + c1, b);
@@ -157,6 +164,16 @@ void rope_forward(const void* x, const float* inv_freq, void* y, int64_t B, int6
   const RopeDims d = rope_dims(B, Tlen, NH, NKV, HS, pos0);
   if (d.rows == 0) return;
   GTRON_CHECK(x != y, "rope: the output must not alias the input");
+  launch<1, false>(x, inv_freq, y, d, act, stream);
+}
+
+void rope_forward_at(const void* x, const float* inv_freq, void* y, int64_t B, int64_t Tlen,
+                     int64_t NH, int64_t NKV, int64_t HS, const int32_t* start, DType act,
+                     void* stream) {
+  RopeDims d = rope_dims(B, Tlen, NH, NKV, HS, 0);
+  if (d.rows == 0) return;
+  GTRON_CHECK(x != y && start != nullptr, "rope_forward_at: needs its starts, and y apart from x");
+  d.row_start = start;
   launch<1, false>(x, inv_freq, y, d, act, stream);
 }
 

@@ -1,5 +1,6 @@
-// Helpers of the decoding tests (generate_test, generate_llama_test, generate_llama_cuda_test):
-// windows fed in ragged chunks, full-forward reference logits, seeded token rows.
+// Helpers of the decoding tests (generate_test, generate_llama_test, generate_cuda_test,
+// generate_llama_cuda_test): windows fed in ragged chunks, full-forward reference logits, seeded
+// token rows, a history of graphed and eager greedy steps.
 #pragma once
 
 #include <algorithm>
@@ -88,6 +89,42 @@ std::vector<std::vector<std::vector<F>>> incremental_logits(
   return out;
 }
 
-// max |a - b| / max(1, max |b|) over the first `rows` positions.
+// One history of greedy windows over B = 3 rows fed to two decoders of one model (made with
+// keep_hidden, D >= 2), one replaying graphs and one eager (generate_cuda_test,
+// generate_llama_cuda_test): a prefill (eager in both: it wants only the last slots), single
+// slots, a ragged verify window with a row sitting out, both depths (ragged, a row out), a graph
+// replayed at rolled-back positions, and a want pattern no graph covers. Returns each step's
+// (graphed, eager) tokens; the graphed decoder captures (main, 1), (main, 4), (depth 1, 4),
+// (depth 2, 2) and (depth 1, 2): 5 graphs. Tokens < 25.
+struct GraphStepTokens {
+  std::vector<int32_t> graphed, eager;
+  size_t wanted = 0;  // slots the step asked for
+};
+inline std::vector<GraphStepTokens> graph_and_eager_steps(Decoder& graphed, Decoder& eager) {
+  struct Step {
+    int module;  // 0: main, k: depth k
+    WindowInput in;
+  };
+  const std::vector<Step> steps = {
+      {0, {{{1, 2, 3, 4, 5, 6}, {7, 8, 9}, {10, 11, 12, 13}}, {0, 0, 0}, {{5}, {2}, {3}}}},
+      {0, {{{14}, {15}, {16}}, {6, 3, 4}, {{0}, {0}, {0}}}},
+      {0, {{{5, 6, 7}, {8}, {}}, {7, 4, 0}, {{0, 1, 2}, {0}, {}}}},
+      {1, {{{2, 3, 4, 5}, {8, 9}, {11, 12, 13}}, {0, 0, 0}, {{3}, {1}, {2}}}},
+      {2, {{{3, 4}, {9}, {}}, {0, 0, 0}, {{1}, {0}, {}}}},
+      {0, {{{1}, {2}, {3}}, {8, 5, 5}, {{0}, {0}, {0}}}},
+      {1, {{{20, 21}, {22, 23}, {24}}, {3, 1, 2}, {{1}, {1}, {0}}}},
+      {0, {{{17, 18}, {19}, {20}}, {9, 6, 6}, {{1}, {0}, {0}}}},
+  };
+  std::vector<GraphStepTokens> out;
+  for (const Step& st : steps) {
+    GraphStepTokens t;
+    t.graphed =
+        st.module == 0 ? graphed.main_argmax(st.in) : graphed.depth_argmax(st.module, st.in);
+    t.eager = st.module == 0 ? eager.main_argmax(st.in) : eager.depth_argmax(st.module, st.in);
+    for (const auto& w : st.in.want) t.wanted += w.size();
+    out.push_back(std::move(t));
+  }
+  return out;
+}
 
 }  // namespace gtron::testing

@@ -15,6 +15,7 @@
 #include "model/generate.h"
 #include "model/kv_cache.h"
 #include "tests/model/cuda_op_check.h"
+#include "tests/model/decode_check.h"
 
 namespace gtron {
 namespace {
@@ -162,42 +163,18 @@ TEST(GenerateCuda, DeviceArgmaxTakesTheFirstMaximum) {
   EXPECT_EQ(got.data<int32_t>()[2], 44);
 }
 
-// One history of windows over B = 3 rows fed to two decoders of one model, one replaying graphs
-// and one eager: a prefill (eager in both: it wants only the last slots), single slots, a ragged
-// verify window with a row sitting out, both depths (ragged, a row out), a graph replayed at
-// rolled-back positions, and a want pattern no graph covers. Every step's tokens must agree.
+// Graph steps against eager steps over one history of windows (testing::graph_and_eager_steps).
 TEST(GenerateCuda, GraphStepsEqualEagerSteps) {
   GTRON_REQUIRE_GPU();
   GPT model(model_config(), DType::kF32, Device::cuda(0), 5);
   graphs::DecodeGraphs step_graphs(Device::cuda(0));  // outlives the decoder it serves
   Decoder graphed(model, 3, true, 0, &step_graphs);
   Decoder eager(model, 3, true, 0, nullptr);
-  struct Step {
-    int module;  // 0: main, k: depth k
-    WindowInput in;
-  };
-  const std::vector<Step> steps = {
-      {0, {{{1, 2, 3, 4, 5, 6}, {7, 8, 9}, {10, 11, 12, 13}}, {0, 0, 0}, {{5}, {2}, {3}}}},
-      {0, {{{14}, {15}, {16}}, {6, 3, 4}, {{0}, {0}, {0}}}},
-      {0, {{{5, 6, 7}, {8}, {}}, {7, 4, 0}, {{0, 1, 2}, {0}, {}}}},
-      {1, {{{2, 3, 4, 5}, {8, 9}, {11, 12, 13}}, {0, 0, 0}, {{3}, {1}, {2}}}},
-      {2, {{{3, 4}, {9}, {}}, {0, 0, 0}, {{1}, {0}, {}}}},
-      {0, {{{1}, {2}, {3}}, {8, 5, 5}, {{0}, {0}, {0}}}},
-      {1, {{{20, 21}, {22, 23}, {24}}, {3, 1, 2}, {{1}, {1}, {0}}}},
-      {0, {{{17, 18}, {19}, {20}}, {9, 6, 6}, {{1}, {0}, {0}}}},
-  };
+  const auto steps = testing::graph_and_eager_steps(graphed, eager);
   for (size_t i = 0; i < steps.size(); ++i) {
-    const Step& st = steps[i];
-    const std::vector<int32_t> got =
-        st.module == 0 ? graphed.main_argmax(st.in) : graphed.depth_argmax(st.module, st.in);
-    const std::vector<int32_t> want =
-        st.module == 0 ? eager.main_argmax(st.in) : eager.depth_argmax(st.module, st.in);
-    EXPECT_EQ(got, want) << "step " << i;
-    size_t wanted = 0;
-    for (const auto& w : st.in.want) wanted += w.size();
-    EXPECT_EQ(got.size(), wanted) << "step " << i;
+    EXPECT_EQ(steps[i].graphed, steps[i].eager) << "step " << i;
+    EXPECT_EQ(steps[i].graphed.size(), steps[i].wanted) << "step " << i;
   }
-  // (main, 1), (main, 3), (depth 1, 4), (depth 2, 2), (depth 1, 2); the rest ran eagerly.
   EXPECT_EQ(graphed.graphs_captured(), 5);
   EXPECT_EQ(eager.graphs_captured(), 0);
 }
@@ -220,6 +197,26 @@ TEST(GenerateCuda, GreedyTokensOnTheGpuEqualTheCpus) {
       EXPECT_EQ(got.tokens, want.tokens) << "speculative " << speculative << " graphs " << graphs;
       EXPECT_EQ(got.stats.accepted, want.stats.accepted);
     }
+  }
+}
+
+// bf16 decoding (Note [bf16 decoding]): with graphs (the training ops captured, not the fused
+// block) and without, plain and speculative, the same tokens.
+TEST(GenerateCuda, Bf16DecodingWithAndWithoutGraphsAgrees) {
+  GTRON_REQUIRE_GPU();
+  GPT model(model_config(), DType::kF32, Device::cuda(0), 5);
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4, 5}, {9, 8, 7}};
+  GenerateOptions o;
+  o.max_new_tokens = 40;
+  o.sampling.temperature = 0;
+  o.dtype = DType::kBF16;
+  const Generation eager = generate(model, prompts, o);
+  for (bool speculative : {false, true}) {
+    graphs::DecodeGraphs step_graphs(Device::cuda(0));
+    o.graphs = &step_graphs;
+    o.speculative = speculative;
+    const Generation graphed = generate(model, prompts, o);
+    EXPECT_EQ(graphed.tokens, eager.tokens) << "speculative " << speculative;
   }
 }
 

@@ -1,16 +1,18 @@
-// Generation for the llama family on CUDA (issue 27 item 3; the family decodes eagerly there,
-// Note [decode graphs] in model/decoder.h): the grouped-query cached attention and the per-row
-// RoPE of a decode window against their CPU twins (f32 tight, bf16 loose); a tiny model's
-// incremental logits on cuda:0 (ragged windows, every position, main model and both MTP depths)
-// against the CPU's full forward, in fp32 (1e-4 relative) and with bf16 weights and activations
-// (3e-2 relative); and greedy decoding on the GPU, plain and speculative, giving the same tokens
-// (fp32: also the CPU's). Skips without a GPU.
+// Generation for the llama family on CUDA (issue 27 item 3): the grouped-query cached attention
+// and the per-row RoPE of a decode window against their CPU twins (f32 tight, bf16 loose), and
+// the rotation reading its starts on the device against the per-row one (bit for bit); a tiny
+// model's incremental logits on cuda:0 (ragged windows, every position, main model and both MTP
+// depths) against the CPU's full forward, in fp32 (1e-4 relative) and with bf16 weights and
+// activations (3e-2 relative); greedy decoding on the GPU, plain and speculative, with and without
+// CUDA graphs (Note [decode graphs] in model/decoder.h), giving the same tokens (fp32: also the
+// CPU's); and graphed steps against eager ones over a history of windows. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "graphs/decode_graphs.h"
 #include "model/decoder.h"
 #include "model/generate.h"
 #include "model/kv_cache.h"
@@ -71,6 +73,15 @@ void check_rotated_attention(int NH, int NKV, int HS, DType act, double tol) {
                      .value()
                      .to(Device::cpu());
     if (act == DType::kBF16) got = got.to(DType::kF32);
+    // The rotation with the rows' starts read on the device (what a graph step runs) is the
+    // per-row one bit for bit.
+    DecodeWindow on_device = win;
+    on_device.device_start_count = win.start_count_ids().to(Device::cuda(0));
+    const Tensor per_row = rope_window(Var::constant(dev_in), gpu_freq, NH, NKV, HS, win).value();
+    const Tensor at_once =
+        rope_window(Var::constant(dev_in), gpu_freq, NH, NKV, HS, on_device).value();
+    EXPECT_EQ(per_row.to(Device::cpu()).to_vector(), at_once.to(Device::cpu()).to_vector())
+        << dtype_name(act) << " NH " << NH << " NKV " << NKV << " HS " << HS;
     ASSERT_EQ(got.shape().vec(), (std::vector<int64_t>{B, win.width, NH * HS}));
     EXPECT_LE(max_abs_diff(got.to_vector(), ref.to_vector()), tol)
         << dtype_name(act) << " NH " << NH << " NKV " << NKV << " HS " << HS;
@@ -113,11 +124,11 @@ GPTConfig model_config() {
 void expect_incremental_logits_match(DType act, double rel_tol) {
   const GPTConfig c = model_config();
   GPT cpu(c, DType::kF32, Device::cpu(), 5);
-  GPT gpu(c, act, Device::cuda(0), 5);  // the same init (made on the CPU)
+  GPT gpu(c, DType::kF32, Device::cuda(0), 5);  // the same init (made on the CPU)
   const int64_t V = c.vocab_size;
   const std::vector<std::vector<int32_t>> seqs = {tokens_of(50, 1, V), tokens_of(33, 2, V)};
   const std::vector<std::vector<int64_t>> plan = {{7, 1, 1, 3, 1, 5}, {1, 2, 4}};
-  Decoder dec(gpu, 2, /*keep_hidden=*/true);
+  Decoder dec(gpu, 2, /*keep_hidden=*/true, 0, nullptr, act);
   for (int k = 0; k <= c.mtp_depth; ++k) {
     std::vector<int64_t> pos(2, 0);
     std::vector<size_t> step(2, 0);
@@ -167,25 +178,76 @@ TEST(GenerateLlamaCuda, IncrementalLogitsEqualTheCpuFullForwardBf16) {
   expect_incremental_logits_match(DType::kBF16, 3e-2);
 }
 
-// Greedy decoding on the GPU, plain and speculative: the same tokens; in fp32 also the CPU's.
+// Greedy decoding on the GPU, plain and speculative, with graphs and without: the same tokens;
+// in fp32 also the CPU's.
 void expect_greedy_speculative_equals_plain(DType act) {
   const GPTConfig c = model_config();
-  GPT gpu(c, act, Device::cuda(0), 5);
+  GPT gpu(c, DType::kF32, Device::cuda(0), 5);
   const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4, 5}, {9, 8, 7}};
   GenerateOptions o;
   o.max_new_tokens = 40;
   o.sampling.temperature = 0;
+  const Generation want_f32 = generate(gpu, prompts, o);
+  o.dtype = act;
   const Generation plain = generate(gpu, prompts, o);
+  if (act == DType::kBF16) {  // bf16 rounding may part the two late, not at once
+    EXPECT_EQ(std::vector<int32_t>(plain.tokens[0].begin(), plain.tokens[0].begin() + 4),
+              std::vector<int32_t>(want_f32.tokens[0].begin(), want_f32.tokens[0].begin() + 4));
+  }
+  Generation want;
+  if (act == DType::kF32) {
+    GPT cpu(c, DType::kF32, Device::cpu(), 5);
+    o.dtype = DType::kF32;
+    want = generate(cpu, prompts, o);
+    EXPECT_EQ(plain.tokens, want.tokens);
+    o.speculative = true;
+    want = generate(cpu, prompts, o);
+  }
   o.speculative = true;
   const Generation spec = generate(gpu, prompts, o);
   EXPECT_EQ(spec.tokens, plain.tokens) << dtype_name(act);
   EXPECT_GT(spec.stats.proposed, 0);
   if (act == DType::kF32) {
-    GPT cpu(c, DType::kF32, Device::cpu(), 5);
-    const Generation want = generate(cpu, prompts, o);
     EXPECT_EQ(spec.tokens, want.tokens);
     EXPECT_EQ(spec.stats.accepted, want.stats.accepted);
   }
+  for (bool speculative : {false, true}) {
+    graphs::DecodeGraphs step_graphs(Device::cuda(0));
+    o.graphs = &step_graphs;
+    o.speculative = speculative;
+    const Generation graphed = generate(gpu, prompts, o);
+    EXPECT_EQ(graphed.tokens, plain.tokens)
+        << dtype_name(act) << " graphs, speculative " << speculative;
+    if (speculative) {
+      EXPECT_EQ(graphed.stats.accepted, spec.stats.accepted) << dtype_name(act);
+    }
+  }
+}
+
+// Graph steps against eager steps over one history of windows (testing::graph_and_eager_steps):
+// the rotation of a captured step reads its rows' starts on the device (rope_forward_at).
+void expect_graph_steps_equal_eager_steps(DType act) {
+  GPT model(model_config(), DType::kF32, Device::cuda(0), 5);
+  graphs::DecodeGraphs step_graphs(Device::cuda(0));  // outlives the decoder it serves
+  Decoder graphed(model, 3, true, 0, &step_graphs, act);
+  Decoder eager(model, 3, true, 0, nullptr, act);
+  const auto steps = testing::graph_and_eager_steps(graphed, eager);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i].graphed, steps[i].eager) << dtype_name(act) << " step " << i;
+    EXPECT_EQ(steps[i].graphed.size(), steps[i].wanted) << "step " << i;
+  }
+  EXPECT_EQ(graphed.graphs_captured(), 5);
+  EXPECT_EQ(eager.graphs_captured(), 0);
+}
+
+TEST(GenerateLlamaCuda, GraphStepsEqualEagerStepsFp32) {
+  GTRON_REQUIRE_GPU();
+  expect_graph_steps_equal_eager_steps(DType::kF32);
+}
+
+TEST(GenerateLlamaCuda, GraphStepsEqualEagerStepsBf16) {
+  GTRON_REQUIRE_GPU();
+  expect_graph_steps_equal_eager_steps(DType::kBF16);
 }
 
 TEST(GenerateLlamaCuda, GreedySpeculativeEqualsPlainFp32) {

@@ -1,8 +1,7 @@
 // `gtron sample` on a llama-family checkpoint (issue 27 item 3): a tiny Qwen3-like model (GQA,
 // q/k norms with a head size that is not C / NH, MTP D = 2) trained for a few steps from the CLI
 // decodes greedily to the same ids with the cache, with --speculative and with --recompute;
-// sampling with one seed repeats its output; --no-graphs, which does not apply to the family
-// (it always decodes eagerly), exits with code 2 and says why.
+// sampling with one seed repeats its output; --no-graphs decodes the same; --dtype is checked.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -108,12 +107,29 @@ TEST_F(SampleLlamaCli, SamplingWithOneSeedRepeats) {
   }
 }
 
-TEST_F(SampleLlamaCli, NoGraphsIsRefusedWithAReason) {
-  const Sampled s = sample({"--prompt-ids", "1,2", "--tokens", "4", "--print-ids", "--no-graphs"});
-  EXPECT_EQ(s.exit_code, 2);
-  EXPECT_NE(s.err.find("--no-graphs"), std::string::npos) << s.err;
-  EXPECT_NE(s.err.find("llama"), std::string::npos) << s.err;
-  EXPECT_TRUE(s.lines.empty());
+// --no-graphs is accepted (on the CPU there are no graphs to turn off: the same ids); --dtype
+// bf16 needs the GPU, and an unknown --dtype is refused, each with code 2 naming the flag.
+TEST_F(SampleLlamaCli, NoGraphsDecodesTheSameAndDtypesAreChecked) {
+  const std::vector<std::string> base = {"--prompt-ids", "1,2",           "--tokens", "4",
+                                         "--print-ids",  "--temperature", "0"};
+  const Sampled plain = sample(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  std::vector<std::string> args = base;
+  args.push_back("--no-graphs");
+  const Sampled eager = sample(args);
+  ASSERT_EQ(eager.exit_code, 0) << eager.err;
+  EXPECT_EQ(eager.lines, plain.lines);
+  for (const char* dtype : {"bf16", "f16"}) {
+    args = base;
+    args.insert(args.end(), {"--dtype", dtype});
+    const Sampled s = sample(args);
+    EXPECT_EQ(s.exit_code, 2) << dtype;
+    EXPECT_NE(s.err.find("--dtype"), std::string::npos) << s.err;
+    EXPECT_NE(s.err.find(std::string(dtype) == "bf16" ? "--device cuda" : "f32 or bf16"),
+              std::string::npos)
+        << s.err;
+    EXPECT_TRUE(s.lines.empty());
+  }
 }
 
 }  // namespace

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Generation speed of the llama family: `gtron sample` against transformers' generate() on the
+same model, in one process tree (GPU machine; torch and transformers are there).
+
+  python3 scripts/bench_generate_llama.py --gtron .gpubin/gtron [--work DIR] [--batches 1 16]
+      [--dtypes f32 bf16] [--prompt 128] [--tokens 256] [--repeats 3]
+
+The model: transformers builds a Llama-3.2-1B-shaped LlamaForCausalLM (by default: 16 layers,
+hidden 2048, 32 heads over 8 key/value heads of 64, intermediate 8192, vocabulary 128256, tied
+head, llama3 RoPE scaling; max_position_embeddings 2048, enough for prompt + tokens, which keeps
+gtron's cache estimate small) with random weights (speed does not depend on them) and saves it
+with save_pretrained (fp32); `gtron import --hf` reads that directory. Both then decode greedily
+the same random prompt (--prompt ids, repeated over the batch) for --tokens new tokens with no
+end-of-text stop, at each batch size and dtype:
+  gtron:        `gtron sample --warmup --temperature 0 --print-ids --device cuda --dtype D`
+                (KV cache, a CUDA graph per decoding step), its stats line;
+  transformers: generate(do_sample=False, use_cache=True) of the model cast to D, on the GPU,
+                the median of --repeats runs after a warm-up (bench_hf_generate.timed_generate).
+tokens_per_s counts the new tokens of every row over the whole generation, prefill included
+(gtron's stats line does the same).
+
+Prints JSON lines: one per run ({"impl", "batch", "dtype", "tokens", "tokens_per_s",
+"prefill_ms", ...}), then one per (batch, dtype) with "gtron_over_transformers" and whether the
+two produced the same tokens ("same_tokens": bf16 and batched GEMMs may part two close logits;
+random weights make many near-ties, so this is reported, not required).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_hf_generate import timed_generate  # noqa: E402
+from gtron_bin import gtron_env  # noqa: E402
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--gtron", required=True, help="path of the gtron binary")
+    p.add_argument("--work", default="", help="working directory (default: a fresh temp dir)")
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--intermediate", type=int, default=8192)
+    p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--dtypes", nargs="+", choices=["f32", "bf16"], default=["f32", "bf16"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
+def build_model(a):
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}
+    kw = dict(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
+              num_hidden_layers=a.layers, num_attention_heads=a.heads,
+              num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
+              max_position_embeddings=a.context, rms_norm_eps=1e-5, tie_word_embeddings=True,
+              attention_bias=False, mlp_bias=False)
+    try:
+        config = transformers.LlamaConfig(**kw, rope_parameters=rope)  # transformers 5
+        if getattr(config, "rope_parameters", None) is None:
+            raise TypeError
+    except TypeError:  # transformers 4
+        theta = rope.pop("rope_theta")
+        config = transformers.LlamaConfig(**kw, rope_theta=theta, rope_scaling=rope)
+    torch.manual_seed(a.seed)
+    with torch.device("cuda"):  # random init on the GPU: seconds, not minutes
+        model = transformers.LlamaForCausalLM(config).float()
+    return model.eval()
+
+
+def gtron_run(a, checkpoint, prompt, batch, dtype):
+    cmd = [a.gtron, "sample", "--checkpoint", checkpoint, "--prompt-ids", ",".join(map(str, prompt)),
+           "--tokens", str(a.tokens), "--temperature", "0", "--print-ids", "--device", "cuda",
+           "--dtype", dtype, "--batch", str(batch), "--warmup"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=gtron_env(a.gtron))
+    if r.returncode != 0:
+        raise RuntimeError(f"gtron sample exited {r.returncode}: {r.stderr.strip()[-600:]}")
+    rows = [[int(t) for t in line.split(",")][len(prompt):]
+            for line in r.stdout.strip().splitlines()]
+    return rows, json.loads(r.stderr.strip().splitlines()[-1])
+
+
+def hf_run(a, model, prompt, batch, dtype):
+    ids = torch.tensor([prompt] * batch, dtype=torch.long, device="cuda")
+    timed_generate(model, ids, a.tokens, "cuda")  # warm-up
+    runs = [timed_generate(model, ids, a.tokens, "cuda") for _ in range(a.repeats)]
+    seconds = statistics.median(r[0] for r in runs)
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=a.tokens, min_new_tokens=a.tokens,
+                             do_sample=False, pad_token_id=0, eos_token_id=None,
+                             attention_mask=torch.ones_like(ids))
+    rows = out[:, len(prompt):].tolist()
+    return rows, {"tokens": batch * a.tokens, "seconds": round(seconds, 4),
+                  "tokens_per_s": round(batch * a.tokens / seconds, 2),
+                  "prefill_ms": round(1e3 * statistics.median(r[1] for r in runs), 3)}
+
+
+def main():
+    a = parse_args()
+    work = a.work or tempfile.mkdtemp(prefix="bench_generate_llama_")
+    os.makedirs(work, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = build_model(a)
+    hf_dir, checkpoint = os.path.join(work, "hf"), os.path.join(work, "ckpt")
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    r = subprocess.run([a.gtron, "import", "--hf", hf_dir, "--out", checkpoint],
+                       capture_output=True, text=True, env=gtron_env(a.gtron))
+    if r.returncode != 0:
+        sys.exit(f"gtron import failed ({r.returncode}): {r.stderr.strip()[-600:]}")
+    gen = torch.Generator().manual_seed(a.seed + 1)
+    prompt = torch.randint(0, a.vocab, (a.prompt,), generator=gen).tolist()
+    for dtype in a.dtypes:
+        model = model.to(torch.float32 if dtype == "f32" else torch.bfloat16)
+        for batch in a.batches:
+            ours, stats = gtron_run(a, checkpoint, prompt, batch, dtype)
+            line = {"impl": "gtron", "batch": batch, "dtype": dtype, **stats}
+            print(json.dumps(line), flush=True)
+            with torch.inference_mode():
+                theirs, hf = hf_run(a, model, prompt, batch, dtype)
+            print(json.dumps({"impl": "transformers", "batch": batch, "dtype": dtype, **hf}),
+                  flush=True)
+            print(json.dumps({"summary": True, "batch": batch, "dtype": dtype,
+                              "gtron_over_transformers":
+                                  round(stats["tokens_per_s"] / hf["tokens_per_s"], 3),
+                              "same_tokens": ours == theirs}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
