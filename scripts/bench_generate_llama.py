@@ -7,8 +7,8 @@ same model, in one process tree (GPU machine; torch and transformers are there).
 
 The model: transformers builds a Llama-3.2-1B-shaped LlamaForCausalLM (by default: 16 layers,
 hidden 2048, 32 heads over 8 key/value heads of 64, intermediate 8192, vocabulary 128256, tied
-head, llama3 RoPE scaling; max_position_embeddings 2048, enough for prompt + tokens, which keeps
-gtron's cache estimate small) with random weights (speed does not depend on them) and saves it
+head, llama3 RoPE scaling, max_position_embeddings 8192) with random weights (speed does not
+depend on them) and saves it
 with save_pretrained (fp32); `gtron import --hf` reads that directory. Both then decode greedily
 the same random prompt (--prompt ids, repeated over the batch) for --tokens new tokens with no
 end-of-text stop, at each batch size and dtype:
@@ -17,7 +17,8 @@ end-of-text stop, at each batch size and dtype:
   transformers: generate(do_sample=False, use_cache=True) of the model cast to D, on the GPU,
                 the median of --repeats runs after a warm-up (bench_hf_generate.timed_generate).
 tokens_per_s counts the new tokens of every row over the whole generation, prefill included
-(gtron's stats line does the same).
+(gtron's stats line does the same). --eager also times gtron with --no-graphs (impl
+"gtron_eager"); a gtron run that fails or passes --gtron-timeout prints an "error" line.
 
 Prints JSON lines: one per run ({"impl", "batch", "dtype", "tokens", "tokens_per_s",
 "prefill_ms", ...}), then one per (batch, dtype) with "gtron_over_transformers" and whether the
@@ -52,13 +53,17 @@ def parse_args():
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--intermediate", type=int, default=8192)
     p.add_argument("--vocab", type=int, default=128256)
-    p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--context", type=int, default=8192)
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     p.add_argument("--dtypes", nargs="+", choices=["f32", "bf16"], default=["f32", "bf16"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eager", action="store_true",
+                   help="also time gtron with --no-graphs (every step eager), impl gtron_eager")
+    p.add_argument("--gtron-timeout", type=float, default=240,
+                   help="seconds a gtron sample may take before it counts as failed")
     return p.parse_args()
 
 
@@ -84,13 +89,18 @@ def build_model(a):
     return model.eval()
 
 
-def gtron_run(a, checkpoint, prompt, batch, dtype):
+def gtron_run(a, checkpoint, prompt, batch, dtype, flags=()):
+    """(rows of new tokens, stats line), or (None, {"error": ...}) when gtron fails or times out."""
     cmd = [a.gtron, "sample", "--checkpoint", checkpoint, "--prompt-ids", ",".join(map(str, prompt)),
            "--tokens", str(a.tokens), "--temperature", "0", "--print-ids", "--device", "cuda",
-           "--dtype", dtype, "--batch", str(batch), "--warmup"]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=gtron_env(a.gtron))
+           "--dtype", dtype, "--batch", str(batch), "--warmup", *flags]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=gtron_env(a.gtron),
+                           timeout=a.gtron_timeout)
+    except subprocess.TimeoutExpired:
+        return None, {"error": f"timed out after {a.gtron_timeout} s"}
     if r.returncode != 0:
-        raise RuntimeError(f"gtron sample exited {r.returncode}: {r.stderr.strip()[-600:]}")
+        return None, {"error": f"exit {r.returncode}: {r.stderr.strip()[-400:]}"}
     rows = [[int(t) for t in line.split(",")][len(prompt):]
             for line in r.stdout.strip().splitlines()]
     return rows, json.loads(r.stderr.strip().splitlines()[-1])
@@ -129,8 +139,14 @@ def main():
         model = model.to(torch.float32 if dtype == "f32" else torch.bfloat16)
         for batch in a.batches:
             ours, stats = gtron_run(a, checkpoint, prompt, batch, dtype)
-            line = {"impl": "gtron", "batch": batch, "dtype": dtype, **stats}
-            print(json.dumps(line), flush=True)
+            print(json.dumps({"impl": "gtron", "batch": batch, "dtype": dtype, **stats}),
+                  flush=True)
+            if a.eager:
+                _, eager = gtron_run(a, checkpoint, prompt, batch, dtype, ["--no-graphs"])
+                print(json.dumps({"impl": "gtron_eager", "batch": batch, "dtype": dtype,
+                                  **eager}), flush=True)
+            if ours is None:
+                continue
             with torch.inference_mode():
                 theirs, hf = hf_run(a, model, prompt, batch, dtype)
             print(json.dumps({"impl": "transformers", "batch": batch, "dtype": dtype, **hf}),
