@@ -1,4 +1,4 @@
-// The GTRON_* A/B switches of the GPU paths (README, GPU section), e.g. GTRON_CE_ONEPASS=0.
+// The GTRON_* A/B switches of the GPU paths (README, GPU section), e.g. GTRON_RESIDUAL_GEMM=0.
 #pragma once
 
 #include <cstdlib>

@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "model/env_switch.h"
 #include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
 #include "model/ops/rope.h"
@@ -12,13 +11,6 @@
 namespace gtron {
 
 namespace {
-
-// GTRON_QKV_BIAS_PARTIALS=0: the flash backward leaves qkv's bias gradient to the linear's own
-// pass over dqkv (A/B measurements; Note [qkv bias partials] in model/ops/flash_common.cuh).
-bool qkv_bias_partials() {
-  static const bool on = env_switch_on("GTRON_QKV_BIAS_PARTIALS");
-  return on;
-}
 
 float score_scale(int64_t HS) {
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(HS)));
@@ -141,7 +133,7 @@ Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64
         // Note [qkv bias partials]: the linear that made qkv finishes its bias gradient from them.
         Tensor partials;
         const int64_t chunks = cuda::flash_column_chunks(B, Tlen);
-        if (qkv.col_partials_requested() && qkv_bias_partials()) {
+        if (qkv.col_partials_requested()) {
           partials = column_scratch(chunks * (NH + 2 * NKV) * HS, s);
           a.col_partial = partials.data<float>();
         }

@@ -6,7 +6,6 @@
 
 #include "model/autograd.h"
 #include "model/cuda/column_finish.h"
-#include "model/env_switch.h"
 #include "model/ops/device_util.h"
 #include "model/ops/linear.h"
 
@@ -14,7 +13,7 @@ namespace gtron {
 
 namespace {
 
-std::atomic<int> g_deferral{-1};  // -1: not read yet
+std::atomic<bool> g_deferral{true};  // set_column_finish_deferral_for_testing
 
 // One tape run's queued finishes and the scratch their partials live in.
 struct RunFinishes {
@@ -42,19 +41,8 @@ void on_run_event(RunFinishes* r, TapeRunEvent ev) {
 
 }  // namespace
 
-bool column_finish_deferral() {
-  int v = g_deferral.load(std::memory_order_relaxed);
-  if (v < 0) {
-    int unread = -1;
-    g_deferral.compare_exchange_strong(unread, env_switch_on("GTRON_DEFER_FINISH") ? 1 : 0,
-                                       std::memory_order_relaxed);
-    v = g_deferral.load(std::memory_order_relaxed);
-  }
-  return v == 1;
-}
-
-void set_column_finish_deferral(bool on) {
-  g_deferral.store(on ? 1 : 0, std::memory_order_relaxed);
+void set_column_finish_deferral_for_testing(bool on) {
+  g_deferral.store(on, std::memory_order_relaxed);
 }
 
 Tensor column_scratch(int64_t floats, Stream& s) {
@@ -65,7 +53,9 @@ Tensor column_scratch(int64_t floats, Stream& s) {
 
 void keep_column_scratch(const Tensor& t, Stream& s) {
   const uint64_t serial = tape_run_serial();
-  if (serial == 0 || !s.device().is_cuda() || !column_finish_deferral()) return;
+  if (serial == 0 || !s.device().is_cuda() || !g_deferral.load(std::memory_order_relaxed)) {
+    return;
+  }
   if (t_runs.empty() || t_runs.back()->serial != serial) {
     t_runs.push_back(std::make_unique<RunFinishes>());
     RunFinishes* r = t_runs.back().get();

@@ -15,7 +15,7 @@
 // - before a grad-ready hook fires, the queued finishes run first (the hook reads main_grad).
 // The bits are those of the separate launches: the same arithmetic, and the pairs of one output
 // added in the order they were queued. No other writer interleaves with them: these gradients get
-// only column sums. GTRON_DEFER_FINISH=0 launches each finish at once (A/B measurements).
+// only column sums. Outside a tape run each finish launches at once.
 #pragma once
 
 #include <cstdint>
@@ -26,14 +26,12 @@
 
 namespace gtron {
 
-// Whether column finishes are deferred (GTRON_DEFER_FINISH, default on; read once).
-// set_column_finish_deferral overrides it for the process (tests).
-bool column_finish_deferral();
-void set_column_finish_deferral(bool on);
+// Tests only: off, each finish launches at once inside tape runs too (the reference that the
+// deferred finishes equal bit for bit); on by default. For the process, not thread-local.
+void set_column_finish_deferral_for_testing(bool on);
 
-// At least `floats` floats of scratch on `s` for column-sum partials; inside a tape run with the
-// deferral on (and s a CUDA stream), kept alive until the run's finishes have run, and the
-// run's batch made active.
+// At least `floats` floats of scratch on `s` for column-sum partials; inside a tape run (and s a
+// CUDA stream), kept alive until the run's finishes have run, and the run's batch made active.
 Tensor column_scratch(int64_t floats, Stream& s);
 // Partials made elsewhere (Note [gradient column partials] in model/autograd.h) that a finish
 // queued now reads: kept alive like column_scratch's until the run's finishes have run.

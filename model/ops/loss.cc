@@ -2,7 +2,6 @@
 
 #include <vector>
 
-#include "model/env_switch.h"
 #include "model/ops/add.h"
 #include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
@@ -20,12 +19,6 @@ void check_targets_on_host(const Tensor& targets, int64_t V) {
 }
 
 namespace {
-
-// GTRON_CE_ONEPASS=0 keeps the two-pass path under a promise too (A/B measurements).
-bool onepass_enabled() {
-  static const bool on = env_switch_on("GTRON_CE_ONEPASS");
-  return on;
-}
 
 // The one-pass CUDA path (Note [one-pass cross-entropy] in loss.h): the forward leaves the
 // gradient for seed·weight in the logits' buffer; the backward checks the promise on the device
@@ -74,7 +67,7 @@ Var cross_entropy_cuda(const Var& logits, const Tensor& targets, int64_t N, int6
   // bf16 logits only: on the H200 the f32 one-pass gradient differed from the two-pass kernels'
   // in the last bits (about 10 ulps) on some rows, so f32 keeps the proven two-pass path.
   if (overwrite && known != nullptr && known->seed.defined() && logits.requires_grad() &&
-      grad_enabled() && onepass_enabled() && logits.dtype() == DType::kBF16) {
+      grad_enabled() && logits.dtype() == DType::kBF16) {
     return cross_entropy_onepass(logits, tg, *known, N, V, Vp, s);
   }
   Tensor loss = Tensor::empty(Shape{}, DType::kF32, dev, &s);    // scalar

@@ -1,6 +1,5 @@
 #include "model/ops/norm.h"
 
-#include "model/env_switch.h"
 #include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
@@ -22,10 +21,8 @@ void layernorm_backward_cuda(const Var& x, const Var& gamma, const Var& beta, co
                              const Tensor& rstd, const Tensor& dy, int64_t N, int64_t C,
                              Stream& s) {
   const bool want_params = gamma.requires_grad() || beta.requires_grad();
-  // Note [gradient column partials]: x's producer asked for the partials of its gradient
-  // (GTRON_NORM_DX_PARTIALS=0 leaves them to its own pass: A/B measurements).
-  static const bool on = env_switch_on("GTRON_NORM_DX_PARTIALS");
-  const bool partials = on && want_params && x.requires_grad() && x.col_partials_requested();
+  // Note [gradient column partials]: x's producer asked for the partials of its gradient.
+  const bool partials = want_params && x.requires_grad() && x.col_partials_requested();
   Tensor scratch;
   if (want_params) scratch = column_scratch(cuda::layernorm_backward_scratch_floats(N, C), s);
   const bool summed = cuda::layernorm_backward(

@@ -322,11 +322,11 @@ TEST(GptCuda, DeferredColumnFinishesKeepGradientsBitForBit) {
     TinyModel tiny(c, gpu, bf16);
     GPT& model = tiny.model;
     model.set_loss_seed(seed);
-    set_column_finish_deferral(false);
+    set_column_finish_deferral_for_testing(false);
     const int64_t before = cuda::batched_finish_count();
     const Result now = run(model, window, &seed);
     EXPECT_EQ(cuda::batched_finish_count(), before);
-    set_column_finish_deferral(true);
+    set_column_finish_deferral_for_testing(true);
     const Result later = run(model, window, &seed);
     // Every linear bias and LayerNorm/RMSNorm parameter went through a batch.
     EXPECT_GE(cuda::batched_finish_count() - before, 4 * c.n_layer + 4 * c.n_layer);
