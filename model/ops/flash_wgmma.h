@@ -10,8 +10,8 @@
 
 namespace gtron::cuda {
 
-// True for HS = 64 or 128 on a compute-capability 9.0 device, unless the environment sets
-// GTRON_FLASH_WGMMA=0 (the mma.sync kernels then run: an A/B switch for benchmarks and tests).
+// True for HS = 64 or 128 on a compute-capability 9.0 device (elsewhere the mma.sync kernels
+// run).
 bool flash_wgmma_usable(int64_t HS);
 
 // The forward kernel (contract of flash_attention_forward, arguments already checked).

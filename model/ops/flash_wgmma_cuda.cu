@@ -40,8 +40,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "model/cuda/kernel_util.cuh"
 #include "model/cuda/mma_tile.cuh"
@@ -405,18 +403,10 @@ void allow_smem(Kernel k, int bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
-bool wgmma_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("GTRON_FLASH_WGMMA");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
-  return on;
-}
-
 }  // namespace
 
 bool flash_wgmma_usable(int64_t HS) {
-  if ((HS != 64 && HS != 128) || !wgmma_enabled()) return false;
+  if (HS != 64 && HS != 128) return false;
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   static std::array<std::atomic<int>, 64> verdict{};  // 0 unknown, 1 usable, 2 not

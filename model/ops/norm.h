@@ -49,10 +49,9 @@ void rmsnorm_backward(const T* x, const T* gamma, const T* rrms, const T* dy, T*
 
 namespace cuda {
 // Whether the norm ops take their fast CUDA kernels (Note [register-resident norm forward],
-// Note [staged norm backward]; the same bits as the reference kernels): on unless the
-// environment sets GTRON_NORM_FAST=0 (read once, an A/B switch). set_norm_fast overrides it for
-// the process (tests and benchmarks run both paths); kernels already captured in a graph keep
-// their choice.
+// Note [staged norm backward]; the same bits as the reference kernels): on. set_norm_fast(false)
+// selects the reference kernels for the process, for tests and benchmarks only (they run both
+// paths); kernels already captured in a graph keep their choice.
 bool norm_fast();
 void set_norm_fast(bool on);
 // N rows of C, one warp per row. x, y, dy, dx in `act` (f32 or bf16); gamma, beta in `param`

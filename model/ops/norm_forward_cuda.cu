@@ -20,11 +20,10 @@
 // same butterfly; likewise the centred squares and the output expression), so y, mean and rstd
 // are the same bits (tests/model/norm_fast_cuda_test.cc checks them against the streaming kernel
 // through the switch). For the fused add, the lane keeps h = x + a rounded to T, which is what
-// the streaming kernel recomputes on each visit. GTRON_NORM_FAST=0 keeps the streaming kernels
-// (an A/B switch, with the backward's of Note [staged norm backward]).
+// the streaming kernel recomputes on each visit. cuda::set_norm_fast(false) keeps the streaming
+// kernels (tests and benchmarks: the reference, with the backward's of Note [staged norm
+// backward]).
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "model/cuda/kernel_util.cuh"
@@ -314,24 +313,14 @@ void launch_forward(const void* x, const void* gamma, const void* beta, void* y,
   CUDA_CHECK_LAUNCH();
 }
 
-// -1: not read yet; 0: the streaming/reference kernels; 1: the fast ones.
-std::atomic<int> g_norm_fast{-1};
+// false: the streaming/reference kernels (tests and benchmarks only); true: the fast ones.
+std::atomic<bool> g_norm_fast{true};
 
 }  // namespace
 
-bool norm_fast() {
-  int v = g_norm_fast.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* e = std::getenv("GTRON_NORM_FAST");
-    v = e == nullptr || std::strcmp(e, "0") != 0 ? 1 : 0;
-    int unread = -1;
-    g_norm_fast.compare_exchange_strong(unread, v, std::memory_order_relaxed);
-    v = g_norm_fast.load(std::memory_order_relaxed);
-  }
-  return v == 1;
-}
+bool norm_fast() { return g_norm_fast.load(std::memory_order_relaxed); }
 
-void set_norm_fast(bool on) { g_norm_fast.store(on ? 1 : 0, std::memory_order_relaxed); }
+void set_norm_fast(bool on) { g_norm_fast.store(on, std::memory_order_relaxed); }
 
 void layernorm_forward(const void* x, const void* gamma, const void* beta, DType param, void* y,
                        float* mean, float* rstd, int64_t N, int64_t C, double eps, DType act,
