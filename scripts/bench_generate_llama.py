@@ -19,6 +19,9 @@ end-of-text stop, at each batch size and dtype:
 tokens_per_s counts the new tokens of every row over the whole generation, prefill included
 (gtron's stats line does the same). --eager also times gtron with --no-graphs (impl
 "gtron_eager"); a gtron run that fails or passes --gtron-timeout prints an "error" line.
+--hf-attn picks transformers' attention (default: its SDPA, as `generate()` comes; on the H200
+the bf16 batch-16 generate() with it did not finish in 200 s, twice, on 2026-12-04:
+`sdpa-no-cudnn` and `eager` are the checks of whether cuDNN's attention plans were the cause).
 
 Prints JSON lines: one per run ({"impl", "batch", "dtype", "tokens", "tokens_per_s",
 "prefill_ms", ...}), then one per (batch, dtype) with "gtron_over_transformers" and whether the
@@ -27,6 +30,7 @@ random weights make many near-ties, so this is reported, not required).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -62,6 +66,9 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eager", action="store_true",
                    help="also time gtron with --no-graphs (every step eager), impl gtron_eager")
+    p.add_argument("--hf-attn", choices=["sdpa", "sdpa-no-cudnn", "eager"], default="sdpa",
+                   help="transformers' attention: its default SDPA; SDPA without the cuDNN "
+                        "backend (flash, memory-efficient or math kernels only); or eager")
     p.add_argument("--gtron-timeout", type=float, default=240,
                    help="seconds a gtron sample may take before it counts as failed")
     return p.parse_args()
@@ -83,10 +90,21 @@ def build_model(a):
     except TypeError:  # transformers 4
         theta = rope.pop("rope_theta")
         config = transformers.LlamaConfig(**kw, rope_theta=theta, rope_scaling=rope)
+    config._attn_implementation = "eager" if a.hf_attn == "eager" else "sdpa"
     torch.manual_seed(a.seed)
     with torch.device("cuda"):  # random init on the GPU: seconds, not minutes
         model = transformers.LlamaForCausalLM(config).float()
     return model.eval()
+
+
+def sdpa_backends(a):
+    """The SDPA backends transformers may use (--hf-attn sdpa-no-cudnn leaves cuDNN's out: it
+    builds a plan per new key length, and a decode step has a new one each token)."""
+    if a.hf_attn != "sdpa-no-cudnn":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH])
 
 
 def gtron_run(a, checkpoint, prompt, batch, dtype, flags=()):
@@ -147,10 +165,10 @@ def main():
                                   **eager}), flush=True)
             if ours is None:
                 continue
-            with torch.inference_mode():
+            with torch.inference_mode(), sdpa_backends(a):
                 theirs, hf = hf_run(a, model, prompt, batch, dtype)
-            print(json.dumps({"impl": "transformers", "batch": batch, "dtype": dtype, **hf}),
-                  flush=True)
+            print(json.dumps({"impl": "transformers", "attn": a.hf_attn, "batch": batch,
+                              "dtype": dtype, **hf}), flush=True)
             print(json.dumps({"summary": True, "batch": batch, "dtype": dtype,
                               "gtron_over_transformers":
                                   round(stats["tokens_per_s"] / hf["tokens_per_s"], 3),
