@@ -184,7 +184,7 @@ size_t fold_small_memsets(cudaGraph_t graph) {
   return folded;
 }
 
-// Under GTRON_GRAPH_MEMSETS=hoist: each small memset node that is the only one inside one of the
+// Under CaptureMemsets::kHoist: each small memset node that is the only one inside one of the
 // capture's private GEMM workspaces (Note [private capture workspaces] in model/cuda/gemm.h)
 // leaves the graph, its predecessors joined to its successors; what it wrote goes into `fills`,
 // which one kernel node at the start of the graph writes at every replay. Nothing else touches

@@ -17,22 +17,24 @@ void begin_capture(void* stream);
 // cudaMemsetAsync that a capture records as a memset node: about 110 of them in a GPT-2 124M
 // step. Between kernel nodes a memset node is slow to enter and to leave: on the H200 a kernel,
 // memset, kernel sequence spent about 5 µs around the 0.8 µs memset, against about 0.4 µs
-// between two kernels. GTRON_GRAPH_MEMSETS (read at each capture) chooses what the capture does
-// with memset nodes of at most 4 KiB before it instantiates the graph:
-// - "keep": nothing;
-// - "kernels": each becomes a one-block kernel node that stores the same bytes (value, element
+// between two kernels. What the capture does with memset nodes of at most 4 KiB before it
+// instantiates the graph is cuda::capture_memsets_mode() (model/cuda/gemm.h): kHoist, with kKeep
+// and kKernels the references tests check it against (cuda::set_capture_memsets_for_testing):
+// - kKeep: nothing;
+// - kKernels: each becomes a one-block kernel node that stores the same bytes (value, element
 //   size, width, height, pitch) with the same incoming and outgoing edges: the same writes,
 //   ordered the same way;
-// - "hoist" (the default: unset or anything else): GEMMs issued into the capture get workspaces of their own (Note [private capture
+// - kHoist: GEMMs issued into the capture get workspaces of their own (Note [private capture
 //   workspaces] in model/cuda/gemm.h), so a memset that is the only one inside such a workspace
 //   belongs to that GEMM alone: it leaves the graph (its predecessors joined to its successors)
 //   and one kernel node ahead of every root writes all such bytes at the start of each replay;
-//   the other small memsets become kernel nodes as under "kernels".
+//   the other small memsets become kernel nodes as under kKernels.
 // Larger memsets stay (the copy engines fill them at full bandwidth). On the H200 (bench_gpu,
-// GPT-2 124M, graphs full, two rounds in one command, ms a step): keep 29.21 / 29.13, kernels
-// 29.10 / 29.25, hoist 28.96 / 29.03 at D=0; keep 38.33 / 38.45, kernels 38.06 / 38.24, hoist
-// 38.26 / 38.30 at D=1. Under hoist the step's trace shows 4 memsets left (of 113) and 0.04 ms
-// idle (of 0.49): every small memset of the step hit one word, the shared workspace's first.
+// GPT-2 124M, graphs full, two rounds in one command, ms a step, measured when the three were an
+// A/B switch): keep 29.21 / 29.13, kernels 29.10 / 29.25, hoist 28.96 / 29.03 at D=0; keep
+// 38.33 / 38.45, kernels 38.06 / 38.24, hoist 38.26 / 38.30 at D=1. Under hoist the step's trace
+// shows 4 memsets left (of 113) and 0.04 ms idle (of 0.49): every small memset of the step hit
+// one word, the shared workspace's first.
 // GTRON_GRAPH_MEMSET_REPORT=1 prints one `graph-memsets {...}` line to stderr per capture, before
 // the passes: the memset nodes, the sizes of the small ones and the addresses they write (one
 // address before every GEMM is a shared workspace word).

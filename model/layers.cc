@@ -1,8 +1,8 @@
 #include "model/layers.h"
 
+#include <atomic>
 #include <cmath>
 
-#include "model/env_switch.h"
 #include "model/init.h"
 #include "model/llama.h"
 #include "model/ops/add.h"
@@ -120,7 +120,15 @@ TransformerBlock::TransformerBlock(ParamRegistry& reg, const std::string& name, 
   mlp_proj = LinearLayer(reg, name + ".mlp.proj", 4 * d.C, d.C, true, resid_std, M::kRow);
 }
 
-bool residual_in_gemm() { return env_switch_on("GTRON_RESIDUAL_GEMM"); }
+namespace {
+std::atomic<bool> g_residual_in_gemm{true};  // false: set_residual_in_gemm_for_testing
+}  // namespace
+
+bool residual_in_gemm() { return g_residual_in_gemm.load(std::memory_order_relaxed); }
+
+void set_residual_in_gemm_for_testing(bool on) {
+  g_residual_in_gemm.store(on, std::memory_order_relaxed);
+}
 
 Var TransformerBlock::mlp(const Var& x, const Var& residual, WeightAccess& w) const {
   if (!fused_mlp_supported(x)) return add(residual, mlp_proj.forward(gelu(fc.forward(x, w)), w));

@@ -142,11 +142,14 @@ struct RMSNormLayer {
 };
 
 // Whether a block's residual adds ride in the epilogue of the GEMM before them on CUDA when the
-// layer is not split (linear's `residual`: one rounding). GTRON_RESIDUAL_GEMM=0 adds them in
-// separate passes (A/B measurements; the TP code at one rank, which adds them after the TP seams,
-// compares bit for bit against that): the attention's with the fused add + norm
-// (model/ops/add_norm.h), the MLP's after its down projection. Read at each call.
+// layer is not split (linear's `residual`: one rounding): always, except where a test calls
+// set_residual_in_gemm_for_testing(false), which adds them in separate passes for the process: the
+// attention's with the fused add + norm (model/ops/add_norm.h), the MLP's after its down
+// projection, the path the TP code at one rank (which adds them after the TP seams) is compared
+// against bit for bit. Thread-safe (an atomic, read at each block's forward); a forward already
+// recorded or captured keeps its choice.
 bool residual_in_gemm();
+void set_residual_in_gemm_for_testing(bool on);
 
 struct BlockDims {
   int64_t C = 0;   // n_embd

@@ -11,12 +11,13 @@
 // o_proj and down not split over TP, each rides in the epilogue of the GEMM before it (linear's
 // `residual`: h = x + o_proj(·) and y = h + down(·) rounded once, no [N, C] pass of their own, and
 // in the backward the sum's gradient is the GEMM's dy itself). Where it cannot (a row-parallel
-// o_proj reduces its partial sums after the GEMM; GTRON_RESIDUAL_GEMM=0), h = x + o_proj(·) and
-// g = mlp_norm(h) are one op, add_rmsnorm (model/ops/add_norm.h: one row pass instead of add's
-// and rmsnorm's, bit for bit the composed ops), and y = h + down(·) is add's. On the CPU both are
-// the composed ops (add_rmsnorm's CPU path is add then rmsnorm), node for node the tape the CPU
-// goldens were made with. The block's last add is not fused with the next block's attn_norm:
-// GPT-2 does not chain blocks that way either (the graph runner's block seam passes one tensor).
+// o_proj reduces its partial sums after the GEMM; in tests, set_residual_in_gemm_for_testing(false)
+// in model/layers.h), h = x + o_proj(·) and g = mlp_norm(h) are one op, add_rmsnorm
+// (model/ops/add_norm.h: one row pass instead of add's and rmsnorm's, bit for bit the composed
+// ops), and y = h + down(·) is add's. On the CPU both are the composed ops (add_rmsnorm's CPU path
+// is add then rmsnorm), node for node the tape the CPU goldens were made with. The block's last
+// add is not fused with the next block's attn_norm: GPT-2 does not chain blocks that way either
+// (the graph runner's block seam passes one tensor).
 //
 // Note [packed llama projections]
 // q, k and v come out of one GEMM: attn.qkv.weight is [(NH + 2·NKV)·HS, C], the rows of q_proj,

@@ -18,6 +18,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -391,11 +392,15 @@ bool try_gemm(const GemmArgs& g, void* stream) {
   return true;
 }
 
-CaptureMemsets capture_memsets_mode() {
-  const char* e = std::getenv("GTRON_GRAPH_MEMSETS");
-  if (e != nullptr && std::strcmp(e, "keep") == 0) return CaptureMemsets::kKeep;
-  if (e != nullptr && std::strcmp(e, "kernels") == 0) return CaptureMemsets::kKernels;
-  return CaptureMemsets::kHoist;
+namespace {
+// kKeep and kKernels: set_capture_memsets_for_testing only.
+std::atomic<CaptureMemsets> g_capture_memsets{CaptureMemsets::kHoist};
+}  // namespace
+
+CaptureMemsets capture_memsets_mode() { return g_capture_memsets.load(std::memory_order_relaxed); }
+
+void set_capture_memsets_for_testing(CaptureMemsets mode) {
+  g_capture_memsets.store(mode, std::memory_order_relaxed);
 }
 
 std::vector<WorkspaceRange> take_capture_workspaces(unsigned long long capture_id) {

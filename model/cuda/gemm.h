@@ -77,10 +77,13 @@ bool try_gemm(const GemmArgs& g, void* stream);
 int gemm_algo_index(const GemmArgs& g);
 
 // What a CUDA graph capture does with the small memset nodes cuBLASLt records before its GEMMs
-// (Note [small memsets as kernels] in graphs/cuda_graph.h), from GTRON_GRAPH_MEMSETS, read at
-// each call: "keep" (kKeep), "kernels" (kKernels), anything else or unset (kHoist).
+// (Note [small memsets as kernels] in graphs/cuda_graph.h): kHoist, except where a test calls
+// set_capture_memsets_for_testing(kKeep or kKernels), the references the hoisting is checked
+// against, for the process. Thread-safe (an atomic); the GEMMs issued into a capture and the
+// capture's end both read it, so a test sets it outside captures.
 enum class CaptureMemsets { kKeep, kKernels, kHoist };
 CaptureMemsets capture_memsets_mode();
+void set_capture_memsets_for_testing(CaptureMemsets mode);
 
 // Note [private capture workspaces]
 // Under kHoist a GEMM issued into a stream capture runs with a workspace of its own, exactly the

@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -18,12 +17,27 @@
 namespace gtron::graphs {
 namespace {
 
+using gtron::cuda::CaptureMemsets;
+using gtron::cuda::set_capture_memsets_for_testing;
+
+const char* name(CaptureMemsets mode) {
+  switch (mode) {
+    case CaptureMemsets::kKeep:
+      return "keep";
+    case CaptureMemsets::kKernels:
+      return "kernels";
+    case CaptureMemsets::kHoist:
+      return "hoist";
+  }
+  return "?";
+}
+
 // The bytes a capture of memsets writes, replayed twice over a poisoned buffer, must be the
-// bytes the memsets describe, with and without the pass ("hoist" hoists none of them: they are in
-// no GEMM's workspace).
-void capture_memsets_and_check(const char* mode) {
-  ASSERT_EQ(setenv("GTRON_GRAPH_MEMSETS", mode, 1), 0);
-  const bool fold = std::strcmp(mode, "keep") != 0;
+// bytes the memsets describe, with and without the pass (kHoist, the default, hoists none of
+// them: they are in no GEMM's workspace).
+void capture_memsets_and_check(CaptureMemsets mode) {
+  set_capture_memsets_for_testing(mode);
+  const bool fold = mode != CaptureMemsets::kKeep;
   const Device dev = Device::cuda(0);
   Stream& s = current_stream(dev);
   constexpr size_t kBytes = 16384;
@@ -48,7 +62,7 @@ void capture_memsets_and_check(const char* mode) {
   gtron::cuda::memset_async(d + 8200, 0x44, 2, s.native());  // after the large one
   set(8200, 0x44, 2);
   Graph g = Graph::end_capture(s);
-  unsetenv("GTRON_GRAPH_MEMSETS");
+  set_capture_memsets_for_testing(CaptureMemsets::kHoist);  // the default
   EXPECT_EQ(g.memsets_folded(), fold ? 6u : 0u);
   EXPECT_EQ(g.memsets_hoisted(), 0u);
   EXPECT_EQ(g.nodes(), 7u);
@@ -61,19 +75,19 @@ void capture_memsets_and_check(const char* mode) {
     const auto* got = static_cast<const unsigned char*>(host.raw());
     size_t wrong = 0;
     for (size_t i = 0; i < kBytes; ++i) wrong += got[i] != want[i];
-    EXPECT_EQ(wrong, 0u) << "replay " << replay << ", mode " << mode;
+    EXPECT_EQ(wrong, 0u) << "replay " << replay << ", mode " << name(mode);
   }
 }
 
 TEST(CudaGraph, SmallMemsetsBecomeKernelsWithTheSameBytes) {
   GTRON_REQUIRE_GPU();
-  capture_memsets_and_check("kernels");
-  capture_memsets_and_check("hoist");
+  capture_memsets_and_check(CaptureMemsets::kKernels);
+  capture_memsets_and_check(CaptureMemsets::kHoist);
 }
 
 TEST(CudaGraph, WithoutThePassEveryMemsetStays) {
   GTRON_REQUIRE_GPU();
-  capture_memsets_and_check("keep");
+  capture_memsets_and_check(CaptureMemsets::kKeep);
 }
 
 // Three bf16 GEMMs of the step's shapes (one with bias and residual), eagerly and as one graph
@@ -137,24 +151,25 @@ TEST(CudaGraph, CapturedGemmsGiveTheEagerBitsUnderEveryMode) {
   run(want);
   std::vector<std::vector<double>> expect;
   for (const Tensor& t : want) expect.push_back(t.to(Device::cpu(), &s).to_vector());
-  for (const char* mode : {"keep", "kernels", "hoist"}) {
-    ASSERT_EQ(setenv("GTRON_GRAPH_MEMSETS", mode, 1), 0);
+  for (CaptureMemsets mode :
+       {CaptureMemsets::kKeep, CaptureMemsets::kKernels, CaptureMemsets::kHoist}) {
+    set_capture_memsets_for_testing(mode);
     std::vector<Tensor> outs;
     for (const Shape& sh : shapes)
       outs.push_back(Tensor::empty({sh.m, sh.n}, DType::kBF16, dev, &s));
     Graph::begin_capture(s);
     run(outs);
     Graph g = Graph::end_capture(s);
-    unsetenv("GTRON_GRAPH_MEMSETS");
-    EXPECT_LE(g.memsets_hoisted(), shapes.size()) << mode;
-    std::printf("mode %s: %zu nodes, %zu memsets as kernels, %zu hoisted\n", mode, g.nodes(),
+    set_capture_memsets_for_testing(CaptureMemsets::kHoist);  // the default
+    EXPECT_LE(g.memsets_hoisted(), shapes.size()) << name(mode);
+    std::printf("mode %s: %zu nodes, %zu memsets as kernels, %zu hoisted\n", name(mode), g.nodes(),
                 g.memsets_folded(), g.memsets_hoisted());
     for (int replay = 0; replay < 2; ++replay) {
       for (Tensor& t : outs) gtron::cuda::memset_async(t.raw(), 0x7F, t.nbytes(), s.native());
       g.replay(s);
       for (size_t i = 0; i < outs.size(); ++i) {
         EXPECT_EQ(outs[i].to(Device::cpu(), &s).to_vector(), expect[i])
-            << "GEMM " << i << ", mode " << mode << ", replay " << replay;
+            << "GEMM " << i << ", mode " << name(mode) << ", replay " << replay;
       }
     }
   }

@@ -14,6 +14,7 @@
 
 #include "model/cuda/column_finish.h"
 #include "model/gpt.h"
+#include "model/layers.h"
 #include "model/mixed_precision.h"
 #include "model/ops/column_scratch.h"
 #include "tests/model/cuda_op_check.h"
@@ -176,7 +177,7 @@ void expect_llama_matches_cpu(const GPTConfig& c) {
   GPT cpu(c, DType::kF32, Device::cpu(), 5);
   const Result ref = run(cpu, window);
   for (bool in_gemm : {true, false}) {
-    if (!in_gemm) setenv("GTRON_RESIDUAL_GEMM", "0", 1);
+    set_residual_in_gemm_for_testing(in_gemm);
     for (bool bf16 : {false, true}) {
       SCOPED_TRACE(std::string(in_gemm ? "residual in GEMM" : "add_rmsnorm") +
                    (bf16 ? ", bf16" : ", fp32") + ", HS " + std::to_string(c.head_dim));
@@ -191,17 +192,17 @@ void expect_llama_matches_cpu(const GPTConfig& c) {
       EXPECT_EQ(again.losses, got.losses) << "a rerun repeats the losses bit for bit";
       for (size_t i = 0; i < got.grads.size(); ++i) EXPECT_EQ(again.grads[i], got.grads[i]);
     }
-    unsetenv("GTRON_RESIDUAL_GEMM");
+    set_residual_in_gemm_for_testing(true);  // the default
   }
 }
 
 // The llama family (GQA, Qwen3's q/k norms, a head size that is not C / NH, an untied head, MTP
 // D = 2) on CUDA against the CPU, with the block's residuals in the GEMM epilogues (the default)
-// and with GTRON_RESIDUAL_GEMM=0 (h = x + o_proj(·) and mlp_norm(h) as add_rmsnorm, the MLP's add
-// after down; Note [llama block residuals] in model/llama.h): fp32 and bf16, held to the GPT-2
-// tests' bounds. The two CUDA paths round the residual differently (once in the epilogue, twice
-// when added after), so they agree to within those bounds too, not bit for bit. Head size 12 takes
-// the composed attention, 64 the flash kernels in bf16.
+// and with set_residual_in_gemm_for_testing(false) (h = x + o_proj(·) and mlp_norm(h) as
+// add_rmsnorm, the MLP's add after down; Note [llama block residuals] in model/llama.h): fp32 and
+// bf16, held to the GPT-2 tests' bounds. The two CUDA paths round the residual differently (once
+// in the epilogue, twice when added after), so they agree to within those bounds too, not bit for
+// bit. Head size 12 takes the composed attention, 64 the flash kernels in bf16.
 TEST(GptCuda, LlamaMatchesCpuWithEitherResidualPath) {
   GTRON_REQUIRE_GPU();
   for (int64_t HS : {12, 64}) {

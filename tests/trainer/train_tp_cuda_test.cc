@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/device.h"
+#include "model/layers.h"
 #include "tests/trainer/gpu_train_util.h"
 
 namespace gtron {
@@ -24,11 +25,11 @@ class TpKernels {
  public:
   TpKernels() {
     setenv("GTRON_CLASSIFIER_ROWS", "0", 1);
-    setenv("GTRON_RESIDUAL_GEMM", "0", 1);
+    set_residual_in_gemm_for_testing(false);
   }
   ~TpKernels() {
     unsetenv("GTRON_CLASSIFIER_ROWS");
-    unsetenv("GTRON_RESIDUAL_GEMM");
+    set_residual_in_gemm_for_testing(true);  // the default
   }
 };
 
