@@ -38,7 +38,7 @@ struct GenerateOptions {
   // graphs] in model/decoder.h; graphs::DecodeGraphs in graphs/decode_graphs.h is the one to
   // pass); null runs every step eagerly with the training ops (the reference the graphs are
   // tested against). Not owned; it outlives the call. Ignored on CPU; when sampling no step is
-  // captured, but the blocks still run the decoder's fused composition.
+  // captured, but GPT-2's fp32 blocks still run the decoder's fused composition.
   StepGraphs* graphs = nullptr;
   // Activations, caches and logits: the model's dtype, or kBF16 for an fp32 model on CUDA (Note
   // [bf16 decoding] in model/decoder.h). generate_recompute runs the model's dtype only.
