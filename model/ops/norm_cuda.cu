@@ -30,11 +30,11 @@
 // per SM), so more warps cannot hide memory latency; and the register-resident kernel waits on
 // memory two or three times per row (x and dy, then dx before adding into it, then the second
 // slot under kAlso), with nothing of the next row in flight. The staged kernel (16-byte packs;
-// unless a test selects the reference kernels) copies each row's operands — x, dy, the dx it adds into, and the
-// second slot it adds into (kAlso with also_add) — into shared memory with cp.async one row ahead
-// (two stages per warp), and loads the next row's mean and rstd into registers as it starts a row:
-// while a warp does a row's arithmetic its next row is arriving, and its per-row wait is one
-// round trip at most. A lane reads back only the 16-byte slots it copied itself
+// unless a test selects the reference kernels) copies each row's operands — x, dy, the dx it adds
+// into, and the second slot it adds into (kAlso with also_add) — into shared memory with cp.async
+// one row ahead (two stages per warp), and loads the next row's mean and rstd into registers as it
+// starts a row: while a warp does a row's arithmetic its next row is arriving, and its per-row wait
+// is one round trip at most. A lane reads back only the 16-byte slots it copied itself
 // (ring[warp][stage][operand][pack][lane]), so no barrier orders the ring; at the end the ring
 // becomes the warp tree's shared memory, after one barrier. The rows, their order, and every
 // expression are the register kernel's (model/ops/norm_backward.cuh), so dx, the second slot,

@@ -3,7 +3,8 @@
 // (dx added into, dgamma and dbeta: the ln1 backward of model/ops/norm_linear) and the add +
 // layernorm backward (dh added into, the second slot written: the ln2 backward), each timed with
 // CUDA events over --iters calls, with the fast kernels (Note [register-resident norm forward],
-// Note [staged norm backward]) and with the reference kernels (cuda::set_norm_fast(false)), alternating,
+// Note [staged norm backward]) and with the reference kernels (cuda::set_norm_fast(false)),
+// alternating,
 // --rounds times. Prints one JSON line per kernel, path and round (µs per call, GB/s of the
 // [N, C] streams and the row statistics; the ≤ 1.6 MB of parameter-gradient partials left out)
 // and one line per kernel with the best-of-rounds ratio fast / reference.
