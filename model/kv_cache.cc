@@ -26,6 +26,10 @@ Tensor DecodeWindow::start_count_ids() const {
   return Tensor::from_ints(ids, {2 * rows()});
 }
 
+Tensor DecodeWindow::device_extents(Stream& s) const {
+  return device_start_count.defined() ? device_start_count : ids_on_device(start_count_ids(), s);
+}
+
 KVCache::KVCache(int64_t B, int64_t Tmax, int64_t NKV, int64_t HS, DType dtype, Device device)
     : keys_(Tensor::zeros({B, NKV, Tmax, HS}, dtype, device)),
       values_(Tensor::zeros({B, NKV, Tmax, HS}, dtype, device)) {}
@@ -125,8 +129,7 @@ Var cached_attention(const Var& qkv, KVCache& cache, const DecodeWindow& win) {
   Stream& s = current_stream(qkv.device());
   Tensor y = Tensor::empty(Shape{B, W, NH * HS}, qkv.dtype(), qkv.device(), &s);
   if (qkv.device().is_cuda()) {
-    const Tensor sc = win.device_start_count.defined() ? win.device_start_count
-                                                       : ids_on_device(win.start_count_ids(), s);
+    const Tensor sc = win.device_extents(s);
     Tensor scratch = scratch_floats(cuda::cached_attention_scratch_floats(B, W, Tmax, NH, HS), s);
     cuda::cached_attention_forward(qkv.value().raw(), kc.raw(), cache.values().raw(), y.raw(),
                                    sc.data<int32_t>(), scratch.data<float>(), B, W, Tmax, NH, NKV,
@@ -160,22 +163,16 @@ Var rope_window(const Var& qkv, const Tensor& inv_freq, int NH, int NKV, int HS,
   Stream& s = current_stream(qkv.device());
   Tensor y = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device(), &s);
   const Tensor& x = qkv.value();
-  if (x.device().is_cuda() && win.device_start_count.defined()) {
+  if (x.device().is_cuda()) {
     // Every row at once, its first position read on the device (what a captured step needs).
+    const Tensor sc = win.device_extents(s);
     cuda::rope_forward_at(x.raw(), inv_freq.data<float>(), y.raw(), B, W, NH, NKV, HS,
-                          win.device_start_count.data<int32_t>(), x.dtype(), s.native());
+                          sc.data<int32_t>(), x.dtype(), s.native());
     return Var::output(y, false);
   }
-  // One rotation per row, at the row's own first position (the kernels take one pos0 per call).
+  // One rotation per row, at the row's own first position (the kernel takes one pos0 per call).
   for (int64_t b = 0; b < B; ++b) {
     const int64_t pos0 = win.start[static_cast<size_t>(b)], off = b * W * width;
-    if (x.device().is_cuda()) {
-      const size_t bytes = dtype_size(x.dtype());
-      cuda::rope_forward(static_cast<const char*>(x.raw()) + off * bytes, inv_freq.data<float>(),
-                         static_cast<char*>(y.raw()) + off * bytes, 1, W, NH, NKV, HS, pos0,
-                         x.dtype(), s.native());
-      continue;
-    }
     dispatch_float(x.dtype(), [&](auto tag) {
       using T = decltype(tag);
       const T* xp = x.data<T>() + off;

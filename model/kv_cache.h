@@ -35,7 +35,7 @@ struct DecodeWindow {
   std::vector<int64_t> start;  // [B] position of slot 0 of row b
   std::vector<int64_t> count;  // [B] real slots of row b, in [0, W]
   // CUDA: start then count as i32 [2B] on the caches' device, made once per window and shared
-  // by its layers (undefined: cached_attention makes its own copy).
+  // by its layers (undefined: cached_attention and rope_window make their own copy).
   Tensor device_start_count;
 
   int64_t rows() const { return static_cast<int64_t>(start.size()); }
@@ -43,6 +43,8 @@ struct DecodeWindow {
   int64_t position(int64_t b, int64_t i, int64_t Tmax) const;
   // start then count as a CPU i32 tensor [2B].
   Tensor start_count_ids() const;
+  // device_start_count, or (undefined) a copy of start_count_ids() on s's device.
+  Tensor device_extents(Stream& s) const;
 };
 
 // The keys and values of one attention layer for B rows of up to Tmax positions (here: what the

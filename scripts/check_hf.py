@@ -75,27 +75,36 @@ def compare(name, ours, theirs, tolerance, **extra):
             "max_abs_logit": scale, "relative": rel, "ok": bool(rel <= tolerance)}
 
 
-def gtron_to_hf(binary, work, tokens, tied, depth, tolerance):
-    tag = f"g2h_{'tied' if tied else 'untied'}_d{depth}"
+def train_and_export(binary, work, tag, model, depth, vocab, seq_len, steps=20, device="cpu",
+                     global_batch=8, micro_batch=4, tokens=50000, warmup=2):
+    """gtron trains `model` (the config's model keys) with MTP `depth` on the synthetic source for
+    `steps` steps and exports the last checkpoint to Hugging Face's format: (checkpoint, hf_dir)."""
     config = {
-        "model": {"vocab_size": V, "context_length": TMAX, "n_layer": L, "n_head": NH,
-                  "n_embd": C, "tied_embeddings": tied},
+        "model": model,
         "mtp": {"depth": depth},
-        "data": {"synthetic": {"vocab": V, "tokens": 50000, "val_tokens": 5000}},
+        "data": {"synthetic": {"vocab": vocab, "tokens": tokens, "val_tokens": 5000}},
         "optimizer": {"lr": 3e-3},
-        "schedule": {"warmup_steps": 2},
-        "train": {"steps": 20, "global_batch": 8, "micro_batch": 4, "seq_len": TMAX,
-                  "device": "cpu", "eval_batches": 1},
-        "log": {"every": 10},
+        "schedule": {"warmup_steps": warmup},
+        "train": {"steps": steps, "global_batch": global_batch, "micro_batch": micro_batch,
+                  "seq_len": seq_len, "device": device, "eval_batches": 1},
+        "log": {"every": min(10, steps)},
     }
     path = os.path.join(work, tag + ".json")
     with open(path, "w") as f:
         json.dump(config, f)
     run_dir = os.path.join(work, tag)
     run_gtron(binary, "train", "--config", path, "--out", run_dir)
-    checkpoint = os.path.join(run_dir, "checkpoints", "step_00000020")
+    checkpoint = os.path.join(run_dir, "checkpoints", f"step_{steps:08d}")
     hf_dir = os.path.join(work, tag + "_hf")
     run_gtron(binary, "export", "--checkpoint", checkpoint, "--hf", hf_dir)
+    return checkpoint, hf_dir
+
+
+def gtron_to_hf(binary, work, tokens, tied, depth, tolerance):
+    tag = f"g2h_{'tied' if tied else 'untied'}_d{depth}"
+    model = {"vocab_size": V, "context_length": TMAX, "n_layer": L, "n_head": NH, "n_embd": C,
+             "tied_embeddings": tied}
+    checkpoint, hf_dir = train_and_export(binary, work, tag, model, depth, V, TMAX)
     theirs = hf_logits(load_hf(hf_dir), tokens)
     ours = gtron_logits(binary, checkpoint, tokens, os.path.join(work, tag + "_logits.st"))
     return compare("gtron -> transformers", ours, theirs, tolerance, tied=tied, mtp_depth=depth,

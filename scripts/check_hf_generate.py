@@ -32,7 +32,7 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_hf import run_gtron  # noqa: E402
+from check_hf import train_and_export  # noqa: E402
 from check_hf_llama import MEMBERS, gtron_model_keys  # noqa: E402
 from gtron_bin import gtron_env  # noqa: E402
 
@@ -45,28 +45,6 @@ RUNS = {  # name -> extra `gtron sample` flags
     "speculative_no_graphs": ["--speculative", "--no-graphs"],
     "bf16": ["--dtype", "bf16"],
 }
-
-
-def train(binary, work, name, m, steps, device):
-    keys = gtron_model_keys(m)
-    keys["context_length"] = TMAX
-    config = {
-        "model": keys,
-        "mtp": {"depth": 2},
-        "data": {"synthetic": {"vocab": V, "tokens": 200000, "val_tokens": 5000}},
-        "optimizer": {"lr": 3e-3},
-        "schedule": {"warmup_steps": 20},
-        "train": {"steps": steps, "global_batch": 16, "micro_batch": 16, "seq_len": TMAX,
-                  "device": device, "eval_batches": 1},
-        "checkpoint": {"every": 0},
-        "log": {"every": steps},
-    }
-    path = os.path.join(work, name + ".json")
-    with open(path, "w") as f:
-        json.dump(config, f)
-    run_dir = os.path.join(work, name)
-    run_gtron(binary, "train", "--config", path, "--out", run_dir)
-    return os.path.join(run_dir, "checkpoints", f"step_{steps:08d}")
 
 
 def gtron_tokens(binary, checkpoint, prompt, n, device, flags):
@@ -96,9 +74,11 @@ def first_difference(a, b):
 
 
 def check_member(binary, work, name, m, a):
-    checkpoint = train(binary, work, name, m, a.steps, a.device)
-    hf_dir = os.path.join(work, name + "_hf")
-    run_gtron(binary, "export", "--checkpoint", checkpoint, "--hf", hf_dir)
+    keys = gtron_model_keys(m)
+    keys["context_length"] = TMAX
+    checkpoint, hf_dir = train_and_export(binary, work, name, keys, 2, V, TMAX, steps=a.steps,
+                                          device=a.device, global_batch=16, micro_batch=16,
+                                          tokens=200000, warmup=20)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         hf_dir, torch_dtype=torch.float32, attn_implementation="eager").to(a.device).eval()
     # No end-of-text stop: every run makes exactly --tokens tokens.

@@ -35,7 +35,8 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_hf import compare, gtron_logits, hf_logits, run_gtron  # noqa: E402 (GPT-2's check)
+from check_hf import (compare, gtron_logits, hf_logits, run_gtron,  # noqa: E402
+                      train_and_export)
 
 V, TMAX, C, L, NH, F = 100, 32, 48, 2, 4, 80
 
@@ -90,24 +91,7 @@ def hf_config(m):
 
 def gtron_to_hf(binary, work, tokens, name, m, tolerance):
     tag = f"g2h_{name}"
-    config = {
-        "model": gtron_model_keys(m),
-        "mtp": {"depth": 2},
-        "data": {"synthetic": {"vocab": V, "tokens": 50000, "val_tokens": 5000}},
-        "optimizer": {"lr": 3e-3},
-        "schedule": {"warmup_steps": 2},
-        "train": {"steps": 20, "global_batch": 8, "micro_batch": 4, "seq_len": TMAX,
-                  "device": "cpu", "eval_batches": 1},
-        "log": {"every": 10},
-    }
-    path = os.path.join(work, tag + ".json")
-    with open(path, "w") as f:
-        json.dump(config, f)
-    run_dir = os.path.join(work, tag)
-    run_gtron(binary, "train", "--config", path, "--out", run_dir)
-    checkpoint = os.path.join(run_dir, "checkpoints", "step_00000020")
-    hf_dir = os.path.join(work, tag + "_hf")
-    run_gtron(binary, "export", "--checkpoint", checkpoint, "--hf", hf_dir)
+    checkpoint, hf_dir = train_and_export(binary, work, tag, gtron_model_keys(m), 2, V, TMAX)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         hf_dir, torch_dtype=torch.float32, attn_implementation="eager").eval()
     theirs = hf_logits(model, tokens)

@@ -1,9 +1,10 @@
 // Helpers of the decoding tests (generate_test, generate_llama_test, generate_cuda_test,
 // generate_llama_cuda_test): windows fed in ragged chunks, full-forward reference logits, seeded
-// token rows, a history of graphed and eager greedy steps.
+// token rows and test inputs, a history of graphed and eager greedy steps.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -13,6 +14,22 @@
 #include "model/ops/linear.h"
 
 namespace gtron::testing {
+
+// n values in [-1, 1) from a seeded LCG (inputs of the kernel tests).
+inline std::vector<double> pseudo_random(int64_t n, uint64_t seed) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (auto& x : v) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    x = static_cast<double>(seed >> 40) / static_cast<double>(1ull << 24) * 2 - 1;
+  }
+  return v;
+}
+
+inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+  return d;
+}
 
 // n token ids in [0, V) from a seeded LCG.
 inline std::vector<int32_t> tokens_of(int64_t n, uint64_t seed, int64_t V) {

@@ -20,20 +20,8 @@
 namespace gtron {
 namespace {
 
-std::vector<double> pseudo_random(int64_t n, uint64_t seed) {
-  std::vector<double> v(static_cast<size_t>(n));
-  for (auto& x : v) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    x = static_cast<double>(seed >> 40) / static_cast<double>(1ull << 24) * 2 - 1;
-  }
-  return v;
-}
-
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-  return d;
-}
+using testing::max_abs_diff;
+using testing::pseudo_random;
 
 struct AttentionCase {
   int64_t NH, HS, Tc;

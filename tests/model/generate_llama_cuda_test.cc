@@ -25,22 +25,9 @@
 namespace gtron {
 namespace {
 
+using testing::max_abs_diff;
+using testing::pseudo_random;
 using testing::tokens_of;
-
-std::vector<double> pseudo_random(int64_t n, uint64_t seed) {
-  std::vector<double> v(static_cast<size_t>(n));
-  for (auto& x : v) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    x = static_cast<double>(seed >> 40) / static_cast<double>(1ull << 24) * 2 - 1;
-  }
-  return v;
-}
-
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-  return d;
-}
 
 // Windows over B = 3 rows: a ragged prefill, single slots with one row sitting out, a window
 // that rewrites rolled-back positions, and windows whose last keys fall past the first split.
@@ -73,13 +60,17 @@ void check_rotated_attention(int NH, int NKV, int HS, DType act, double tol) {
                      .value()
                      .to(Device::cpu());
     if (act == DType::kBF16) got = got.to(DType::kF32);
-    // The rotation with the rows' starts read on the device (what a graph step runs) is the
-    // per-row one bit for bit.
-    DecodeWindow on_device = win;
-    on_device.device_start_count = win.start_count_ids().to(Device::cuda(0));
-    const Tensor per_row = rope_window(Var::constant(dev_in), gpu_freq, NH, NKV, HS, win).value();
-    const Tensor at_once =
-        rope_window(Var::constant(dev_in), gpu_freq, NH, NKV, HS, on_device).value();
+    // The rotation with the rows' starts read on the device (rope_window on CUDA) is the
+    // training kernel's at each row's pos0, bit for bit.
+    const Tensor at_once = rope_window(Var::constant(dev_in), gpu_freq, NH, NKV, HS, win).value();
+    Tensor per_row = Tensor::empty(dev_in.shape(), dev_in.dtype(), Device::cuda(0));
+    const size_t row_bytes = dtype_size(act) * static_cast<size_t>(win.width * width);
+    for (int64_t b = 0; b < B; ++b) {
+      cuda::rope_forward(static_cast<const char*>(dev_in.raw()) + b * row_bytes,
+                         gpu_freq.data<float>(), static_cast<char*>(per_row.raw()) + b * row_bytes,
+                         1, win.width, NH, NKV, HS, win.start[static_cast<size_t>(b)], act,
+                         current_stream(Device::cuda(0)).native());
+    }
     EXPECT_EQ(per_row.to(Device::cpu()).to_vector(), at_once.to(Device::cpu()).to_vector())
         << dtype_name(act) << " NH " << NH << " NKV " << NKV << " HS " << HS;
     ASSERT_EQ(got.shape().vec(), (std::vector<int64_t>{B, win.width, NH * HS}));
