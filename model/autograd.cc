@@ -89,6 +89,14 @@ Var Var::param(Parameter& p) {
   return v;
 }
 
+Var Var::param_as(Parameter& p, Tensor value) {
+  Var v = constant(std::move(value));
+  v.impl_->requires_grad = grad_enabled();
+  v.impl_->param = &p;
+  note_param_use(p);
+  return v;
+}
+
 Var Var::external(Tensor value) {
   Var v = constant(std::move(value));
   v.impl_->requires_grad = grad_enabled();
@@ -108,13 +116,13 @@ Tensor& Var::grad_for_write(bool* overwrite) const {
   if (*overwrite) {
     impl_->grad = Tensor::empty(impl_->value.shape(), impl_->value.dtype(), impl_->value.device());
   }
-  return impl_->param != nullptr ? impl_->param->main_grad : impl_->grad;
+  return impl_->param != nullptr ? impl_->param->grad() : impl_->grad;
 }
 
 Tensor& Var::grad() const {
   GTRON_CHECK(requires_grad(), "grad() of a Var that does not require grad");
   impl_->col_partials = Tensor();  // Note [gradient column partials]: maybe a new write
-  if (impl_->param != nullptr) return impl_->param->main_grad;
+  if (impl_->param != nullptr) return impl_->param->grad();
   if (!impl_->grad.defined()) {
     impl_->grad = Tensor::zeros(impl_->value.shape(), impl_->value.dtype(), impl_->value.device());
   }

@@ -34,6 +34,11 @@ struct Parameter {
   // run, i.e. when main_grad is final for this backward pass. Null means nobody listens.
   std::function<void()> grad_ready;
   int pending_uses = 0;  // uses recorded on the tape whose backward has not run yet
+  // Note [transient gradients] (parallel/ddp.h): a DataParallel that keeps gradients only from
+  // their first write in a step to the optimizer's update installs this hook; grad() calls it
+  // until it sets grad_current (it binds and zeroes main_grad). Null: main_grad always exists.
+  std::function<void()> touch_grad;
+  bool grad_current = false;
 
   Parameter(std::string name, Tensor data, bool weight_decay = true);
   // Calls `ready` (if any). While a ParamReadLog is active in this thread, also logs this
@@ -43,6 +48,12 @@ struct Parameter {
   // this parameter on it instead (a graph's capture defers the hooks to after each replay).
   void fire_grad_ready();
   void zero_grad();
+  // main_grad for a backward that adds into it: made current first when a touch_grad hook is
+  // installed. Every writer of a parameter's gradient goes through here (Var::grad does).
+  Tensor& grad() {
+    if (touch_grad && !grad_current) touch_grad();
+    return main_grad;
+  }
 };
 
 struct VarImpl {
@@ -66,6 +77,9 @@ class Var {
   static Var leaf(Tensor value);
   // A parameter: value is param.data (made ready first), grad slot is param.main_grad.
   static Var param(Parameter& p);
+  // A use of parameter p through another value (a bf16 shadow or copy the caller made from p's
+  // data, made ready first): grad slot p's main_grad, reached when the backward runs.
+  static Var param_as(Parameter& p, Tensor value);
   // An op output; requires grad if any input does and grad mode is on.
   static Var output(Tensor value, bool requires_grad);
   // A weight use whose value and grad slot its owner binds itself (GTP: a gathered full weight, a

@@ -28,10 +28,7 @@ void Bf16Weights::prepare(Parameter& p) {
 
 Var Bf16Weights::use(Parameter& p) {
   p.make_ready();
-  Var v = Var::external(current_shadow(p));
-  v.set_grad(p.main_grad);
-  note_param_use(p);
-  return v;
+  return Var::param_as(p, current_shadow(p));
 }
 
 void Bf16Weights::refresh() {

@@ -15,6 +15,8 @@ struct DataParallel::Bucket {
   int ready = 0;            // parameters whose gradient is final in this backward
   bool reduction_started = false;
   Work reduction;
+  Tensor grad;           // [numel] transient gradients (Note [transient gradients])
+  bool pinned = false;   // written inside a capture: bound for good
   Tensor grad_shard;     // [chunk] reduced gradient of the owned chunk (distributed optimizer)
   Tensor param_staging;  // [chunk] owned parameters, the all-gather's input
   State state = State::kReady;
@@ -31,7 +33,8 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator* 
   const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(opt_.bucket_bytes / 4));
 
   // Layout: reverse registration order, packed into buckets.
-  std::vector<int64_t> offset(params_.size());
+  std::vector<int64_t>& offset = offset_;
+  offset.assign(params_.size(), 0);
   int64_t cursor = 0;
   Bucket cur;
   cur.begin = 0;
@@ -60,14 +63,18 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator* 
 
   // Rebind data and main_grad as views into the flat buffers.
   flat_param_ = Tensor::zeros({std::max<int64_t>(flat_numel_, 1)}, DType::kF32, device_);
-  flat_grad_ = Tensor::zeros({std::max<int64_t>(flat_numel_, 1)}, DType::kF32, device_);
+  if (!opt_.transient_grads) {
+    flat_grad_ = Tensor::zeros({std::max<int64_t>(flat_numel_, 1)}, DType::kF32, device_);
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter* p = params_[i];
     const int64_t n = p->data.numel();
     Tensor view = flat_param_.rows(offset[i], offset[i] + n).view(p->data.shape());
     view.copy_from(p->data);
     p->data = view;
-    p->main_grad = flat_grad_.rows(offset[i], offset[i] + n).view(p->data.shape());
+    p->main_grad = opt_.transient_grads
+                       ? Tensor()
+                       : flat_grad_.rows(offset[i], offset[i] + n).view(p->data.shape());
   }
 
   // Owned segments and per-bucket buffers.
@@ -92,7 +99,9 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator* 
       seg.n = se - sb;
       seg.flat_offset = sb;
       seg.w = flat_param_.data<float>() + sb;
+      // Transient: bind_bucket() points it into the bucket.
       seg.g = opt_.distributed_optimizer ? bk.grad_shard.data<float>() + (sb - lo)
+              : opt_.transient_grads     ? nullptr
                                          : flat_grad_.data<float>() + sb;
       seg.state_offset = state_cursor + (sb - lo);
       owned_.push_back(seg);
@@ -101,6 +110,10 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator* 
     for (int i : bk.params) {
       const int bucket = static_cast<int>(b);
       params_[i]->grad_ready = [this, bucket] { on_grad_ready(bucket); };
+      if (opt_.transient_grads) {
+        params_[i]->touch_grad = [this, bucket] { touch(bucket); };
+        params_[i]->grad_current = false;
+      }
     }
   }
   owned_numel_ = state_cursor;
@@ -124,6 +137,7 @@ DataParallel::~DataParallel() {
   for (Parameter* p : params_) {
     p->grad_ready = nullptr;
     p->ready = nullptr;
+    p->touch_grad = nullptr;
   }
 }
 
@@ -145,7 +159,50 @@ void DataParallel::install_ready_callbacks() {
 
 void DataParallel::readiness_callbacks(bool on) { readiness_on_ = on; }
 
-void DataParallel::zero_grads() { flat_grad_.zero_(); }
+void DataParallel::zero_grads() {
+  if (!opt_.transient_grads) {
+    flat_grad_.zero_();
+    return;
+  }
+  for (Parameter* p : params_) p->grad_current = false;
+}
+
+void DataParallel::touch(int b) {
+  Bucket& bk = buckets_[b];
+  Stream& stream = current_stream(device_);
+  if (!bk.grad.defined()) {
+    bk.grad = Tensor::empty({bk.numel}, DType::kF32, device_, &stream);
+    bind_bucket(b);
+  }
+  bk.grad.zero_(&stream);
+  if (stream.capturing()) bk.pinned = true;
+  for (int i : bk.params) params_[i]->grad_current = true;
+}
+
+void DataParallel::bind_bucket(int b) {
+  Bucket& bk = buckets_[b];
+  for (int i : bk.params) {
+    Parameter* p = params_[i];
+    const int64_t at = offset_[i] - bk.begin;
+    p->main_grad =
+        bk.grad.defined() ? bk.grad.rows(at, at + p->data.numel()).view(p->data.shape()) : Tensor();
+  }
+  if (!opt_.distributed_optimizer) {
+    for (OwnedSegment& seg : owned_) {
+      if (seg.flat_offset >= bk.begin && seg.flat_offset < bk.begin + bk.numel) {
+        seg.g = bk.grad.defined() ? bk.grad.data<float>() + (seg.flat_offset - bk.begin) : nullptr;
+      }
+    }
+  }
+  ++grad_generation_;
+}
+
+int64_t DataParallel::grad_bytes() const {
+  if (!opt_.transient_grads) return static_cast<int64_t>(flat_grad_.nbytes());
+  int64_t n = 0;
+  for (const Bucket& bk : buckets_) n += bk.grad.defined() ? bk.numel * 4 : 0;
+  return n;
+}
 
 void DataParallel::on_grad_ready(int b) {
   Bucket& bk = buckets_[b];
@@ -158,7 +215,8 @@ void DataParallel::start_reduction(int b) {
   Bucket& bk = buckets_[b];
   GTRON_CHECK(!bk.reduction_started, "bucket ", b, " reduced twice in one step");
   bk.reduction_started = true;
-  Tensor grads = flat_grad_.rows(bk.begin, bk.begin + bk.numel);
+  if (opt_.transient_grads && !bk.grad.defined()) touch(b);  // written by nobody this step
+  Tensor grads = opt_.transient_grads ? bk.grad : flat_grad_.rows(bk.begin, bk.begin + bk.numel);
   if (opt_.distributed_optimizer) {
     bk.reduction = dp_->reduce_scatter(grads, bk.grad_shard, ReduceOp::kSum);
   } else {
@@ -232,6 +290,16 @@ void DataParallel::ensure_ready(int b) {
 }
 
 void DataParallel::after_update() {
+  if (opt_.transient_grads) {
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      Bucket& bk = buckets_[b];
+      if (bk.pinned || !bk.grad.defined()) continue;
+      // Stream-ordered: the optimizer's kernels queued before this free still read it.
+      bk.grad = Tensor();
+      bind_bucket(static_cast<int>(b));
+    }
+    for (Parameter* p : params_) p->grad_current = false;
+  }
   if (!opt_.distributed_optimizer) return;  // every rank applied the same full update
   for (Bucket& bk : buckets_) bk.state = Bucket::State::kStale;
   if (!opt_.overlap_param_gather) ensure_all_ready();

@@ -27,6 +27,30 @@
 // into the flat buffers, as an all-reduce layout's do, with the same offsets and the same owned
 // state, so updates, losses and checkpoints are what the distributed path gives, bit for bit.
 //
+// Note [transient gradients]
+// The flat gradient buffer of Note [DDP buffers] lives for the whole run, so at the end of the
+// forward, where the activations peak, it holds a float per parameter that nobody has written yet
+// (4·N bytes: 4.4 GB on a 1.1B model). With DdpOptions::transient_grads each bucket's gradients
+// exist only from the step's first write into them to the optimizer's update:
+// - a parameter's Parameter::grad() (every writer of a gradient goes through it) calls the
+//   touch_grad hook until the bucket is current in this step: the bucket is allocated (if it is
+//   not) on the current stream and zeroed, and its parameters' main_grad bound to it. In the
+//   backward that is where the activations of the blocks behind are being freed, so the
+//   allocator serves the gradients from them;
+// - zero_grads() only marks every bucket not current; after_update() frees the buckets;
+// - a bucket first written inside a graph capture comes from the graph's private pool, its
+//   zeroing is part of the graph, and it stays bound for as long as this object lives (pinned):
+//   each replay zeroes and writes it at the captured address, the optimizer reads it there. A
+//   replay runs no host code, so a pinned bucket is zeroed by the graph only: the capture must
+//   hold every write of the step (graphs.scope "full" with one micro-batch a step, or no graphs;
+//   trainer/config.cc says so, as the layers scope mixes eager and captured writes of one
+//   bucket, and a second micro-batch's replay would zero the first one's sum);
+// - the owned segments' gradient pointers move when a bucket is allocated (grad_generation()
+//   counts it): readers take owned() again each step (the optimizer's chunk table is rebuilt
+//   only when a pointer really moved: after a capture, or when the allocator's choice changes).
+// A bucket no parameter wrote in a step is allocated and zeroed when its reduction starts.
+// Gradients, reductions and updates are the same bits as with the persistent buffer.
+//
 // Note [readiness]
 // Every parameter carries a ready callback (Parameter::ready): idempotent — dispatch the bucket's
 // gather if not yet, wait if in flight, a state check once done. Anything that reads a parameter
@@ -55,6 +79,7 @@ struct DdpOptions {
   bool distributed_optimizer = true;
   bool overlap_param_gather = true;
   size_t bucket_bytes = size_t{25} << 20;
+  bool transient_grads = false;  // Note [transient gradients]
 };
 
 // A range of one parameter that this rank updates: pointers into the flat buffers.
@@ -76,7 +101,8 @@ class DataParallel {
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  // Zeroes the flat gradient buffer. Call before the first micro-batch of a step.
+  // Zeroes the flat gradient buffer (transient: marks every bucket not current, so its first
+  // write zeroes it). Call before the first micro-batch of a step.
   void zero_grads();
   // Tells whether the coming backward is the step's last (only then do buckets reduce).
   void set_last_microbatch(bool last) { last_micro_ = last; }
@@ -91,9 +117,14 @@ class DataParallel {
   // rank gets the same value). Deterministic: fixed order, double accumulation. REQUIRES: CPU.
   double grad_square_sum();
 
-  // After the optimizer updated owned() segments: gather parameters now, or mark buckets stale
-  // for lazy gathering (overlap_param_gather).
+  // After the optimizer updated owned() segments: frees the transient gradient buckets that are
+  // not pinned, then gathers parameters now, or marks buckets stale for lazy gathering
+  // (overlap_param_gather).
   void after_update();
+  // Bumped whenever an owned segment's gradient pointer may have moved (transient buckets).
+  int64_t grad_generation() const { return grad_generation_; }
+  // Bytes of gradient buckets allocated now (the whole flat buffer when not transient).
+  int64_t grad_bytes() const;
   // Gathers every stale bucket; the current stream waits for them (before checkpoints,
   // evaluation, the end of training).
   void ensure_all_ready();
@@ -119,6 +150,9 @@ class DataParallel {
   void ensure_ready(int bucket);
   void dispatch_gather(int bucket);
   void install_ready_callbacks();
+  // Note [transient gradients]: make bucket b current (allocate, bind, zero) / bind its views.
+  void touch(int bucket);
+  void bind_bucket(int bucket);
 
   Communicator* dp_;
   DdpOptions opt_;
@@ -129,7 +163,9 @@ class DataParallel {
   int64_t owned_numel_ = 0;
   int64_t flat_numel_ = 0;
   Tensor flat_param_;  // [flat_numel]
-  Tensor flat_grad_;   // [flat_numel]
+  Tensor flat_grad_;   // [flat_numel]; undefined when transient (each bucket holds its own)
+  std::vector<int64_t> offset_;  // flat offset of params_[i]
+  int64_t grad_generation_ = 0;
   bool last_micro_ = true;
   bool readiness_on_ = true;
   int64_t gathers_issued_ = 0;

@@ -335,10 +335,7 @@ Var GtpWeights::use_bias(Parameter& p) {
   Tensor& copy = bias_copies_[&p];
   if (!copy.defined()) copy = Tensor::empty(p.data.shape(), DType::kBF16, device_, &stream);
   cuda::cast_f32_to_bf16(p.data.data<float>(), copy.raw(), p.data.numel(), stream.native());
-  Var v = Var::external(copy);
-  v.set_grad(p.main_grad);
-  note_param_use(p);
-  return v;
+  return Var::param_as(p, copy);
 }
 
 void GtpWeights::used(Parameter& p, const Var& v) {
@@ -396,7 +393,7 @@ void GtpWeights::finalize(Pending& pend) {
   // On the stream (a wait and an add), so that a capture records the finalize.
   pend.work.wait(current_stream(device_));
   Info& in = *pend.in;
-  Tensor grad = in.p->main_grad.view({in.shard_rows * in.cols});
+  Tensor grad = in.p->grad().view({in.shard_rows * in.cols});
   accumulate_into(grad, pend.recv);
   pool_.release(in.key, pend.send);
   GTRON_CHECK(in.uses_left > 0, "more finalizes than uses of ", in.p->name);

@@ -399,6 +399,19 @@ void check_combinations(const Config& c, int world_size) {
                      : str_cat("graphs.scope = \"", to_string(c.graphs.scope), "\"")),
          "use train.recompute = \"selective\", or parallel.gtp = 1 and graphs.scope = \"none\"");
   }
+  // Note [transient gradients] in parallel/ddp.h: one capture must hold every write of a step.
+  if (c.train.transient_grads) {
+    std::string why;
+    if (c.parallel.tp != 1) why = str_cat("parallel.tp = ", c.parallel.tp);
+    if (gtp) why = str_cat("parallel.gtp = ", c.parallel.gtp);
+    if (c.graphs.scope == GraphScope::kLayers) why = "graphs.scope = \"layers\"";
+    if (!why.empty()) {
+      fail(str_cat("train.transient_grads = true: needs parallel.tp = 1, parallel.gtp = 1 and "
+                   "graphs.scope \"none\" or \"full\", but ",
+                   why),
+           "set train.transient_grads = false, or use that layout");
+    }
+  }
   if (c.train.precision == PrecisionChoice::kBf16 && c.train.device == DeviceChoice::kCpu) {
     fail("train.precision = \"bf16\": needs a CUDA device, but train.device = \"cpu\"",
          "use train.precision = \"fp32\" or \"auto\" on CPU");
@@ -435,6 +448,15 @@ void check_combinations(const Config& c, int world_size) {
   check_batch(c, data_ranks,
               p.tp == 1 ? str_cat(world_size, ", the world size")
                         : str_cat(data_ranks, " = world size / parallel.tp"));
+  const int64_t accum = c.train.global_batch / (c.train.micro_batch * data_ranks);
+  if (c.train.transient_grads && c.graphs.scope == GraphScope::kFull && accum > 1) {
+    fail(str_cat("train.transient_grads = true with graphs.scope = \"full\": needs one "
+                 "micro-batch a step, but train.global_batch = ",
+                 c.train.global_batch, " is ", accum, " micro-batches of ", c.train.micro_batch,
+                 " on each of ", data_ranks, " data rank(s)"),
+         "set train.transient_grads = false, graphs.scope = \"none\", or train.global_batch = "
+         "train.micro_batch × data ranks");
+  }
 }
 
 // Steps 2 to 5 on a parsed JSON tree; world_size > 0 adds the checks that need it.

@@ -129,7 +129,8 @@ struct TrainConfig {
   int64_t eval_every = 0;    // steps between evaluations; 0 = only at the end
   int64_t eval_batches = 0;  // micro-batches per evaluation
   RecomputeChoice recompute = RecomputeChoice::kNone;  // what the backward re-forms (GPTConfig)
-  std::string out_dir;  // run directory (metrics, checkpoints, synthetic data)
+  bool transient_grads = false;  // gradient buckets only from first write to the update
+  std::string out_dir;           // run directory (metrics, checkpoints, synthetic data)
 };
 
 struct ParallelConfig {

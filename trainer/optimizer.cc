@@ -91,7 +91,16 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
     GTRON_CHECK(
         segments.size() == num_segments_ && (segments.empty() || segments.front().w == first_w_),
         "AdamW: the owned segments moved since the chunk table was built");
-    return;
+    // Transient gradients (Note [transient gradients] in parallel/ddp.h) may move; the table is
+    // rebuilt only when one did.
+    bool moved = false;
+    for (size_t i = 0; i < segments.size() && !moved; ++i) moved = segments[i].g != built_g_[i];
+    if (!moved) return;
+  }
+  built_g_.clear();
+  for (const parallel::OwnedSegment& s : segments) {
+    GTRON_CHECK(s.g != nullptr, "AdamW: ", s.param->name, " has no gradient buffer bound");
+    built_g_.push_back(s.g);
   }
   std::vector<cuda::OptimChunk> host;
   std::vector<int32_t> segment_chunks;  // segment i's first chunk, then the number of chunks
@@ -132,7 +141,7 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
     group_chunks_ = Tensor::from_ints(offsets, {k + 1}).to(device_, &s);
     sums_ = Tensor::zeros({k}, DType::kF64, device_, &s);
   }
-  s.synchronize();  // once, at set-up: `host` dies here
+  s.synchronize();  // at set-up (and when a gradient moved): `host` dies here
 }
 
 void AdamW::clip_on_device(const std::vector<parallel::OwnedSegment>& segments, double clip,

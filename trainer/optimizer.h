@@ -11,8 +11,10 @@
 // clip_on_device() computes the global gradient norm over the owned segments and the clip factor
 // into device memory (trainer/optimizer_cuda.h: fixed-order, deterministic), and step_on_device()
 // runs AdamW reading that factor on the device. The norm reaches the host only when the caller
-// reads it (the training loop does on log steps). Owned segments must stay at fixed addresses
-// (DataParallel's flat buffers never move): the chunk table is built from them once. The norm
+// reads it (the training loop does on log steps). Owned segments' weights must stay at fixed
+// addresses (DataParallel's flat buffers never move): the chunk table is built from them once,
+// and again (one host sync) only when a gradient pointer moved (transient buckets, Note
+// [transient gradients] in parallel/ddp.h). The norm
 // covers this rank's owned segments, unless set_norm_reduction() says how ranks combine: then the
 // Σ g² of each group of consecutive segments (one or two per data-parallel part:
 // trainer/parallel_state.h) is summed in a fixed order and all-reduced over the group's
@@ -112,7 +114,8 @@ class AdamW {
   int64_t num_chunks_ = -1;         // -1: not built yet
   const float* first_w_ = nullptr;  // identity check of the segments the table was built from
   size_t num_segments_ = 0;
-  Tensor partials_;  // f64 [num_chunks_]: per-chunk Σ g²
+  std::vector<const float*> built_g_;  // the segments' gradient pointers in the table
+  Tensor partials_;                    // f64 [num_chunks_]: per-chunk Σ g²
   NormReduction reduction_;
   bool reduces_ = false;  // some group has a communicator: the norm sums per group
   Tensor group_chunks_;   // i32 [groups + 1]: group j has chunks [group_chunks_[j], ...[j + 1])

@@ -44,7 +44,8 @@ void cut_copies(const parallel::OwnedSegment& s, int64_t begin,
 
 parallel::DdpOptions ddp_options(const Config& cfg) {
   return parallel::DdpOptions{cfg.parallel.distributed_optimizer, cfg.parallel.overlap_param_gather,
-                              static_cast<size_t>(cfg.parallel.bucket_mb * (1 << 20))};
+                              static_cast<size_t>(cfg.parallel.bucket_mb * (1 << 20)),
+                              cfg.train.transient_grads};
 }
 
 }  // namespace
@@ -95,7 +96,27 @@ ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid
       if (auto* gpu = dynamic_cast<parallel::CudaCommunicator*>(c)) gpu->set_timing(true);
     }
   }
+  rebuild_owned();
+}
+
+int64_t ParallelState::grad_generation() const {
+  int64_t g = 0;
+  for (const Part& part : parts_) g += part.dp->grad_generation();
+  return g;
+}
+
+void ParallelState::rebuild_owned() {
+  owned_.clear();
+  norm_groups_.clear();
+  copy_grads_.clear();
+  owned_numel_ = 0;
   for (Part& part : parts_) add_owned(part);
+  owned_generation_ = grad_generation();
+}
+
+const std::vector<parallel::OwnedSegment>& ParallelState::owned() {
+  if (owned_generation_ != grad_generation()) rebuild_owned();
+  return owned_;
 }
 
 ParallelState::~ParallelState() {
@@ -220,6 +241,7 @@ void ParallelState::finish_backward() {
 
 void ParallelState::finish_grads() {
   for (Part& part : parts_) part.dp->finish_grads();
+  owned();  // copy_grads_ point at the buckets as they are now
   // Note [replicated key/value heads]: every TP rank of the group lists the same copies (same
   // DP and GTP place, same shapes), so the collective matches.
   if (!copy_grads_.empty()) tp_->sum_replicated(copy_grads_, kv_replicas_);
@@ -228,6 +250,7 @@ void ParallelState::finish_grads() {
 double ParallelState::grad_norm() {
   GTRON_CHECK(self_.device().is_cpu(), "grad_norm reads gradients on the host; on ",
               self_.device().str(), " the optimizer computes the norm (AdamW::clip_on_device)");
+  owned();
   double total = 0;
   size_t next = 0;
   for (const NormGroup& g : norm_groups_) {

@@ -57,7 +57,9 @@ class ParallelState {
   // How the owned segments' Σ g² combine across ranks (the device norm, AdamW::clip_on_device):
   // the groups grad_norm() sums over.
   NormReduction norm_reduction() const;
-  const std::vector<parallel::OwnedSegment>& owned() const { return owned_; }
+  // The owned segments, their gradient pointers current (transient gradient buckets move:
+  // Note [transient gradients] in parallel/ddp.h); take them again after each backward.
+  const std::vector<parallel::OwnedSegment>& owned();
   int64_t owned_numel() const { return owned_numel_; }
   void after_update();
   void ensure_all_ready();
@@ -110,6 +112,9 @@ class ParallelState {
   // Appends part's owned segments to owned_ and its norm groups (a part with replicated rows:
   // the segments of its other elements, then those of the copies).
   void add_owned(Part& part);
+  // owned_, its norm groups and copy_grads_ again from the parts (their gradient pointers moved).
+  void rebuild_owned();
+  int64_t grad_generation() const;
 
   GPT& model_;
   parallel::Grid* grid_;
@@ -122,6 +127,7 @@ class ParallelState {
   std::vector<NormGroup> norm_groups_;
   std::vector<Tensor> copy_grads_;  // [n] each: the owned gradients of replicated rows
   int kv_replicas_ = 1;             // R: TP ranks holding each copy (1: nothing replicated)
+  int64_t owned_generation_ = -1;   // grad_generation() when owned_ was built
   bool distributed_ = false;
   bool comm_timing_ = false;
 };

@@ -60,6 +60,8 @@ struct TwoWeights {
   std::vector<Parameter*> all() { return {&a, &b}; }
 };
 
+Parameter* a_param = nullptr;  // backward_through_a's weight
+
 DdpOptions tiny_buckets(bool distributed, bool overlap) {
   DdpOptions o;
   o.distributed_optimizer = distributed;
@@ -197,6 +199,81 @@ TEST(DataParallel, OneRankDistributedOptimizerCopiesNothing) {
   dp.ensure_all_ready();
   EXPECT_EQ(comm.gathers, 0);
   EXPECT_EQ(dp.param_gathers_issued(), 0);
+}
+
+// One step's backward on TwoWeights: a gets x·dzᵀ through a linear, b a use with no gradient.
+void backward_through_a() {
+  Var x = Var::constant(Tensor::from_vector(seq(3, 1), {1, 3}, DType::kF32));
+  Var y = linear(x, Var::param(*a_param), Var());
+  Var z = linear(y, Var::constant(Tensor::from_vector(seq(2, 1), {1, 2}, DType::kF32)), Var());
+  backward_with(z, Tensor::from_vector({1.0}, {1, 1}, DType::kF32));
+}
+
+TEST(DataParallel, TransientBucketsLiveFromFirstWriteToTheUpdate) {
+  // Note [transient gradients]: the same gradients as the persistent buffer, held only from the
+  // first write of a step (or the bucket's reduction) to after_update().
+  std::vector<double> persistent_a;
+  for (bool transient : {false, true}) {
+    SelfCommunicator self;
+    TwoWeights w;
+    DdpOptions o = tiny_buckets(false, false);
+    o.transient_grads = transient;
+    DataParallel dp(w.all(), &self, o);
+    a_param = &w.a;
+    EXPECT_EQ(dp.grad_bytes(), transient ? 0 : 11 * 4);
+    EXPECT_EQ(w.a.main_grad.defined(), !transient);
+    for (int step = 0; step < 2; ++step) {
+      dp.zero_grads();
+      for (int m = 0; m < 2; ++m) {  // two micro-batches accumulate
+        dp.set_last_microbatch(m == 1);
+        backward_through_a();
+      }
+      if (transient) {
+        EXPECT_TRUE(w.a.main_grad.defined());
+        EXPECT_FALSE(w.b.main_grad.defined());  // nobody wrote it
+        EXPECT_EQ(dp.grad_bytes(), 6 * 4);
+      }
+      dp.finish_grads();
+      const std::vector<OwnedSegment>& owned = dp.owned();
+      ASSERT_EQ(owned.size(), 2u);
+      for (const OwnedSegment& s : owned) {
+        ASSERT_NE(s.g, nullptr) << s.param->name;
+        EXPECT_EQ(s.g, s.param->main_grad.data<float>()) << s.param->name;
+      }
+      EXPECT_EQ(w.b.main_grad.to_vector(), std::vector<double>(5, 0.0));
+      const std::vector<double> a = w.a.main_grad.to_vector();
+      if (!transient) persistent_a = a;
+      EXPECT_EQ(a, persistent_a) << "step " << step;  // zeroed at the first write, not summed on
+      EXPECT_NE(a, std::vector<double>(6, 0.0));
+      dp.after_update();
+      EXPECT_EQ(w.a.main_grad.defined(), !transient);
+      EXPECT_EQ(dp.grad_bytes(), transient ? 0 : 11 * 4);
+    }
+    EXPECT_EQ(dp.grad_generation() > 0, transient);
+  }
+}
+
+TEST(DataParallel, TransientBucketsReduceOverRanks) {
+  for (bool distributed : {true, false}) {
+    run_ranks(2, [&](int rank, StoreClient& store) {
+      GlooCommunicator comm(store, distributed ? "td" : "ta", rank, 2);
+      TwoWeights w;
+      DdpOptions o = tiny_buckets(distributed, false);
+      o.transient_grads = true;
+      DataParallel dp(w.all(), &comm, o);
+      dp.zero_grads();
+      w.a.grad().copy_from(
+          Tensor::from_vector(std::vector<double>(6, rank + 1.0), {2, 3}, DType::kF32));
+      dp.finish_grads();  // b's bucket: allocated and zeroed for its reduction
+      for (const OwnedSegment& s : dp.owned()) {
+        const double want = s.param == &w.a ? 3.0 : 0.0;
+        for (int64_t i = 0; i < s.n; ++i) EXPECT_EQ(s.g[i], want) << s.param->name;
+      }
+      EXPECT_DOUBLE_EQ(dp.grad_square_sum(), 6 * 9.0);
+      dp.after_update();
+      EXPECT_EQ(dp.grad_bytes(), 0);
+    });
+  }
 }
 
 TEST(DataParallel, SingleRankIsThePlainPath) {
