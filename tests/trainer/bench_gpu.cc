@@ -10,6 +10,8 @@
 // --qk-norm 0|1, --rope-theta, --tied 0|1 (tied_embeddings; GPT-2 stays tied). The same flags
 // drive scripts/bench_torch.py's reference model. `--recompute none|selective|full` is
 // train.recompute (GPTConfig::recompute), printed as "recompute" (full: with --graphs none only).
+// `--transient-grads 0|1` is train.transient_grads (Note [transient gradients] in
+// parallel/ddp.h; not with --graphs layers), printed as "transient_grads".
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -160,6 +162,13 @@ int main(int argc, char** argv) {
                  "train.recompute = \"full\" needs graphs.scope = \"none\")\n");
     return 2;
   }
+  const bool transient = switch_arg(argc, argv, "transient-grads", false);
+  if (transient && scope == graphs::Scope::kLayers) {
+    std::fprintf(stderr,
+                 "bench_gpu: --transient-grads 1 runs with --graphs none or full (as "
+                 "train.transient_grads needs)\n");
+    return 2;
+  }
   const bool bf16 = precision == "bf16";
   if (!bf16 && precision != "fp32") {
     std::fprintf(stderr, "bench_gpu: --precision is bf16 or fp32, got '%s'\n", precision.c_str());
@@ -170,7 +179,9 @@ int main(int argc, char** argv) {
   Stream& stream = current_stream(dev);
   GPT model(c, DType::kF32, dev, 1);
   parallel::SelfCommunicator comm(dev);
-  parallel::DataParallel dp(model.parameters(), &comm, parallel::DdpOptions{});
+  parallel::DdpOptions ddp;
+  ddp.transient_grads = transient;
+  parallel::DataParallel dp(model.parameters(), &comm, ddp);
   std::unordered_set<const Parameter*> decayed;
   for (const Parameter* p : model.parameters()) {
     if (p->weight_decay) decayed.insert(p);
@@ -230,13 +241,13 @@ int main(int argc, char** argv) {
       "\"precision\": \"%s\", \"graphs\": \"%s\", \"L\": %d, \"C\": %ld, \"NH\": %d, \"T\": %ld, "
       "\"B\": %ld, "
       "\"V\": %ld, \"Vp\": %ld, \"D\": %d, \"steps\": %d, \"warmup\": %d, \"loss\": %.4f, "
-      "\"params\": %ld, %s}\n",
+      "\"params\": %ld, \"transient_grads\": %d, %s}\n",
       tps, 1e3 * sec / steps, mfu, static_cast<double>(st.peak_allocated) / (1ull << 30),
       static_cast<unsigned long long>(st.misses - misses0),
       static_cast<long long>(st.reserved) - static_cast<long long>(reserved0), precision.c_str(),
       graphs_flag.c_str(), c.n_layer, static_cast<long>(c.n_embd), c.n_head, static_cast<long>(T),
       static_cast<long>(B), static_cast<long>(c.vocab_size), static_cast<long>(c.padded_vocab()),
       c.mtp_depth, steps, warmup, last_loss.item(), static_cast<long>(model.num_parameters()),
-      family_fields(c).c_str());
+      transient ? 1 : 0, family_fields(c).c_str());
   return 0;
 }
