@@ -11,7 +11,9 @@
 // drive scripts/bench_torch.py's reference model. `--recompute none|selective|full` is
 // train.recompute (GPTConfig::recompute), printed as "recompute" (full: with --graphs none only).
 // `--transient-grads 0|1` is train.transient_grads (Note [transient gradients] in
-// parallel/ddp.h; not with --graphs layers), printed as "transient_grads".
+// parallel/ddp.h; not with --graphs layers), printed as "transient_grads". "held_gib" says what
+// the run holds besides its activations when it ends: fp32 masters, gradient buckets, AdamW's
+// moments and the bf16 shadows.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -234,6 +236,9 @@ int main(int argc, char** argv) {
   const memory::AllocatorStats st = alloc.stats();
 
   const double tps = static_cast<double>(B * T) * steps / sec;
+  // What the run holds outside the activations, at the end (grads: the buckets bound then; with
+  // --transient-grads only those a graph pinned).
+  auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (1ull << 30); };
   const double mfu = tps * model.flops_per_token(T) / peak_flops(dev, bf16);
   std::printf(
       "{\"tokens_per_s\": %.1f, \"ms_per_step\": %.3f, \"mfu\": %.4f, \"peak_mem_gib\": %.3f, "
@@ -241,13 +246,15 @@ int main(int argc, char** argv) {
       "\"precision\": \"%s\", \"graphs\": \"%s\", \"L\": %d, \"C\": %ld, \"NH\": %d, \"T\": %ld, "
       "\"B\": %ld, "
       "\"V\": %ld, \"Vp\": %ld, \"D\": %d, \"steps\": %d, \"warmup\": %d, \"loss\": %.4f, "
-      "\"params\": %ld, \"transient_grads\": %d, %s}\n",
+      "\"params\": %ld, \"transient_grads\": %d, \"held_gib\": {\"master\": %.3f, "
+      "\"grads\": %.3f, \"adam\": %.3f, \"bf16_shadows\": %.3f}, %s}\n",
       tps, 1e3 * sec / steps, mfu, static_cast<double>(st.peak_allocated) / (1ull << 30),
       static_cast<unsigned long long>(st.misses - misses0),
       static_cast<long long>(st.reserved) - static_cast<long long>(reserved0), precision.c_str(),
       graphs_flag.c_str(), c.n_layer, static_cast<long>(c.n_embd), c.n_head, static_cast<long>(T),
       static_cast<long>(B), static_cast<long>(c.vocab_size), static_cast<long>(c.padded_vocab()),
       c.mtp_depth, steps, warmup, last_loss.item(), static_cast<long>(model.num_parameters()),
-      transient ? 1 : 0, family_fields(c).c_str());
+      transient ? 1 : 0, gib(4 * dp.flat_numel()), gib(dp.grad_bytes()), gib(8 * dp.owned_numel()),
+      gib(shadows.shadow_bytes()), family_fields(c).c_str());
   return 0;
 }

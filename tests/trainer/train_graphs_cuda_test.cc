@@ -1,7 +1,11 @@
 // Graphs on the GPU (issue: graphs, acceptance 1): graphs.scope layers and full (CUDA graphs,
 // captured after 2 eager warmups, replayed every micro-batch) give bit-identical losses to none,
-// in bf16 and in fp32, and the steady state makes no allocator misses.
+// in bf16 and in fp32, and the steady state makes no allocator misses; train.transient_grads
+// gives the persistent buffer's losses.
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
 
 #include "model/device.h"
 #include "model/tensor.h"
@@ -28,6 +32,31 @@ void expect_graphs_match_eager(const std::string& precision) {
           << precision << " " << to_string(scope) << " step " << i + 1;  // bit for bit
     }
     EXPECT_EQ(g.val_loss, none.val_loss) << precision << " " << to_string(scope);
+  }
+}
+
+TEST(TrainGraphsCuda, TransientGradsMatchPersistent) {
+  // Note [transient gradients]: the same bits as the persistent buffer, eager and under graphs
+  // "full" (one micro-batch a step), with buckets small enough that there are several.
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  for (const std::string precision : {"bf16", "fp32"}) {
+    std::vector<TrainSummary> runs;
+    for (const char* transient : {"false", "true"}) {
+      for (GraphScope scope : {GraphScope::kNone, GraphScope::kFull}) {
+        Config cfg = testing::tiny_train_config(
+            testing::fresh_dir("transient_" + precision + "_" + transient + "_" + to_string(scope)),
+            "cuda", precision, 12, 4,
+            {"train.global_batch=8", std::string("train.transient_grads=") + transient,
+             "parallel.bucket_mb=0.01"});
+        cfg.graphs.scope = scope;
+        runs.push_back(testing::train_ok(cfg));
+      }
+    }
+    ASSERT_EQ(runs[0].losses.size(), 12u);
+    for (size_t r = 1; r < runs.size(); ++r) {
+      EXPECT_EQ(runs[r].losses, runs[0].losses) << precision << " run " << r;  // bit for bit
+      EXPECT_EQ(runs[r].val_loss, runs[0].val_loss) << precision << " run " << r;
+    }
   }
 }
 
