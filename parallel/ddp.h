@@ -44,7 +44,9 @@
 //   replay runs no host code, so a pinned bucket is zeroed by the graph only: the capture must
 //   hold every write of the step (graphs.scope "full" with one micro-batch a step, or no graphs;
 //   trainer/config.cc says so, as the layers scope mixes eager and captured writes of one
-//   bucket, and a second micro-batch's replay would zero the first one's sum);
+//   bucket, and a second micro-batch's replay would zero the first one's sum). GTP's finalizes
+//   (the add of a reduce-scattered shard into main_grad) and TP's layers write through
+//   Parameter::grad() like any other op;
 // - the owned segments' gradient pointers move when a bucket is allocated (grad_generation()
 //   counts it): readers take owned() again each step (the optimizer's chunk table is rebuilt
 //   only when a pointer really moved: after a capture, or when the allocator's choice changes).

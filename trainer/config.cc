@@ -400,18 +400,14 @@ void check_combinations(const Config& c, int world_size) {
          "use train.recompute = \"selective\", or parallel.gtp = 1 and graphs.scope = \"none\"");
   }
   // Note [transient gradients] in parallel/ddp.h: one capture must hold every write of a step.
-  if (c.train.transient_grads) {
-    std::string why;
-    if (c.parallel.tp != 1) why = str_cat("parallel.tp = ", c.parallel.tp);
-    if (gtp) why = str_cat("parallel.gtp = ", c.parallel.gtp);
-    if (c.graphs.scope == GraphScope::kLayers) why = "graphs.scope = \"layers\"";
-    if (!why.empty()) {
-      fail(str_cat("train.transient_grads = true: needs parallel.tp = 1, parallel.gtp = 1 and "
-                   "graphs.scope \"none\" or \"full\", but ",
-                   why),
-           "set train.transient_grads = false, or use that layout");
-    }
+  if (c.train.transient_grads && c.graphs.scope == GraphScope::kLayers) {
+    fail(
+        "train.transient_grads = true: needs graphs.scope \"none\" or \"full\", but "
+        "graphs.scope = \"layers\" (its blocks' captured writes and the head's eager ones share "
+        "gradient buckets)",
+        "set train.transient_grads = false, or graphs.scope = \"full\"");
   }
+
   if (c.train.precision == PrecisionChoice::kBf16 && c.train.device == DeviceChoice::kCpu) {
     fail("train.precision = \"bf16\": needs a CUDA device, but train.device = \"cpu\"",
          "use train.precision = \"fp32\" or \"auto\" on CPU");

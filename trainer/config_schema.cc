@@ -264,8 +264,8 @@ std::vector<KeySpec> build_schema() {
       key(GTRON_FIELD(train.transient_grads), false, any,
           "Hold each gradient bucket only from its first write in a step to the optimizer's "
           "update, so the fp32 gradients (4 bytes a parameter) are not held beside the "
-          "activations at the end of the forward; the same bits. Needs parallel.tp = 1, "
-          "parallel.gtp = 1 and graphs.scope none or full (full: one micro-batch a step)."),
+          "activations at the end of the forward; the same bits. Needs graphs.scope none or full "
+          "(full: one micro-batch a step)."),
       key(GTRON_FIELD(train.out_dir), "runs/default", any,
           "Run directory: metrics, checkpoints, synthetic data.", Empty::kForbidden),
       // parallel

@@ -1,12 +1,13 @@
 // train.transient_grads (Note [transient gradients] in parallel/ddp.h) through the CLI: the same
 // printed losses as the persistent gradient buffer for GPT-2 with MTP and a llama member, eager
-// and under graphs.scope "full", at one process and at DP = 2; a lower peak by about the
+// and under graphs.scope "full", at one process, DP = 2, GTP = 2 and TP = 2; a lower peak by the
 // gradients' bytes, since they are no longer held beside the activations at the end of the
 // forward; layouts it cannot serve exit 2 naming the key.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/trainer/cli_util.h"
@@ -119,6 +120,36 @@ TEST_F(TransientGrads, TwoDataRanksSameLosses) {
   EXPECT_EQ(train(kGpt2, "dp2_transient", transient, 2).losses, kept.losses);
   transient.push_back("graphs.scope=full");
   EXPECT_EQ(train(kGpt2, "dp2_transient_full", transient, 2).losses, kept.losses);
+}
+
+TEST_F(TransientGrads, GtpAndTpSameLosses) {
+  // GTP = 2 with MTP D = 2 (the head's repeated backwards finalize into one shard) and DP = 2 ×
+  // GTP = 2 with overlapped gathers; TP = 2 above the llama member's one key/value head (the
+  // replicated rows' gradients summed over TP after the reduction).
+  const std::vector<std::pair<const char*, std::vector<std::string>>> layouts = {
+      {"gtp2", {"parallel.gtp=2", "train.global_batch=16"}},
+      {"dp2gtp2",
+       {"parallel.gtp=2", "train.global_batch=16", "train.micro_batch=4",
+        "parallel.distributed_optimizer=true", "parallel.overlap_param_gather=true"}},
+  };
+  for (const auto& [name, sets] : layouts) {
+    const int nproc = std::string(name) == "gtp2" ? 2 : 4;
+    std::vector<std::string> transient = sets;
+    transient.push_back("train.transient_grads=true");
+    const Trained kept = train(kGpt2, std::string(name) + "_kept", sets, nproc);
+    EXPECT_EQ(train(kGpt2, std::string(name) + "_eager", transient, nproc).losses, kept.losses)
+        << name;
+    transient.push_back("graphs.scope=full");
+    EXPECT_EQ(train(kGpt2, std::string(name) + "_full", transient, nproc).losses, kept.losses)
+        << name;
+  }
+  const std::vector<std::string> tp = {"parallel.tp=2", "model.n_kv_head=1"};
+  std::vector<std::string> transient = tp;
+  transient.push_back("train.transient_grads=true");
+  const Trained kept = train(kLlama, "tp2_kept", tp, 2);
+  EXPECT_EQ(train(kLlama, "tp2_eager", transient, 2).losses, kept.losses);
+  transient.push_back("graphs.scope=full");
+  EXPECT_EQ(train(kLlama, "tp2_full", transient, 2).losses, kept.losses);
 }
 
 TEST_F(TransientGrads, LayoutsItCannotServeExitTwo) {
