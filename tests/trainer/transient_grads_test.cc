@@ -103,6 +103,15 @@ TEST_F(TransientGrads, Gpt2SameLossesLowerPeak) {
       << kept_full.peak_gib << " GiB against " << full.peak_gib;
 }
 
+TEST_F(TransientGrads, TwoMicroBatchesEagerSameLosses) {
+  // Eager, a bucket is zeroed at the step's first write and the second micro-batch adds to it.
+  const std::vector<std::string> two = {"train.micro_batch=4"};
+  std::vector<std::string> transient = two;
+  transient.push_back("train.transient_grads=true");
+  EXPECT_EQ(train(kGpt2, "accum_eager", transient).losses,
+            train(kGpt2, "accum_kept", two).losses);
+}
+
 TEST_F(TransientGrads, LlamaSameLosses) {
   const Trained kept = train(kLlama, "llama_kept", {});
   EXPECT_EQ(train(kLlama, "llama_eager", {"train.transient_grads=true"}).losses, kept.losses);
