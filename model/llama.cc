@@ -71,16 +71,24 @@ Var LlamaBlock::norm_linear(const RMSNormLayer& norm, const LinearLayer& lin, co
 }
 
 Var LlamaBlock::forward(const Var& x, WeightAccess& w, int64_t pos0) const {
-  return forward(x, w, [this, pos0](const Var& qkv_out) {
-    return causal_attention_gqa_rope(qkv_out, inv_freq, NH, NKV, static_cast<int>(HS), pos0);
-  });
+  // Note [RoPE in the q/k norm]: on the flash path the q/k norm rotates on its way out.
+  const bool fused = qk_norm_on && rope_rotated_input_supported(x, static_cast<int>(HS));
+  const QkNormRope rope{inv_freq, pos0};
+  return forward(
+      x, w,
+      [this, pos0, fused](const Var& qkv_out) {
+        return causal_attention_gqa_rope(qkv_out, inv_freq, NH, NKV, static_cast<int>(HS), pos0,
+                                         fused);
+      },
+      fused ? &rope : nullptr);
 }
 
-Var LlamaBlock::forward(const Var& x, WeightAccess& w, const Attention& attend) const {
+Var LlamaBlock::forward(const Var& x, WeightAccess& w, const Attention& attend,
+                        const QkNormRope* rope) const {
   Var qkv_out = norm_linear(attn_norm, qkv, x, w);  // [B, T, (NH + 2·NKV)·HS]
   if (qk_norm_on) {
     qkv_out = qk_rmsnorm(qkv_out, NH, NKV, HS, Var::param(*q_norm.weight),
-                         Var::param(*k_norm.weight), q_norm.eps);
+                         Var::param(*k_norm.weight), q_norm.eps, rope);
   }
   const Var attn = attend(qkv_out);
   if (x.device().is_cuda() && o_proj.tp == nullptr && residual_in_gemm()) {

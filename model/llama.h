@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "model/layers.h"
+#include "model/ops/qk_norm.h"
 #include "model/ops/rope.h"
 
 namespace gtron {
@@ -77,8 +78,11 @@ struct LlamaBlock {
   // RoPE, [B, T, (NH + 2·NKV)·HS] -> [B, T, NH·HS]: the one above passes
   // causal_attention_gqa_rope from pos0; generation rotates each row at its own positions and
   // attends against a key/value cache (Note [decode RoPE] in model/kv_cache.h).
+  // With `rope` (qk_norm on; CUDA), the q/k norm also rotates q and k (Note [RoPE in the q/k
+  // norm] in model/ops/qk_norm.h), for an `attend` that takes them rotated.
   using Attention = TransformerBlock::Attention;
-  Var forward(const Var& x, WeightAccess& w, const Attention& attend) const;
+  Var forward(const Var& x, WeightAccess& w, const Attention& attend,
+              const QkNormRope* rope = nullptr) const;
   // residual + down(silu(gate(g)) ⊙ up(g)) for g = mlp_norm(residual) (Note [llama block
   // residuals]).
   Var mlp(const Var& g, const Var& residual, WeightAccess& w) const;

@@ -73,6 +73,7 @@ namespace {
 struct FlashRope {
   Tensor inv_freq;
   int64_t pos0 = 0;
+  bool rotated = false;  // q and k arrive rotated (Note [RoPE in the q/k norm])
 };
 
 // Every entry point: the flash kernels when `flash`, else the reference kernels of the grouped
@@ -90,7 +91,7 @@ Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64
   GTRON_CHECK(rope == nullptr || flash,
               "attention: RoPE inside the attention needs the flash path");
   Tensor in = qkv.value();  // what the kernels read: qkv, rotated in place with `rope`
-  if (rope != nullptr) {
+  if (rope != nullptr && !rope->rotated) {
     cuda::rope_forward_inplace(in.raw(), rope->inv_freq.data<float>(), B, Tlen, NH, NKV, HS,
                                rope->pos0, qkv.dtype(), s.native());
   }
@@ -190,10 +191,18 @@ Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS) {
   return attention_of(qkv, B, Tlen, NH, NKV, HS, flash);
 }
 
+bool rope_rotated_input_supported(const Var& qkv, int HS) {
+  return qkv.device().is_cuda() && qkv.shape().rank() == 3 &&
+         cuda::flash_attention_supported(HS, qkv.dtype());
+}
+
 Var causal_attention_gqa_rope(const Var& qkv, const Tensor& inv_freq, int NH, int NKV, int HS,
-                              int64_t pos0) {
-  const bool flash = qkv.device().is_cuda() && qkv.shape().rank() == 3 &&
-                     cuda::flash_attention_supported(HS, qkv.dtype());
+                              int64_t pos0, bool rotated) {
+  const bool flash = rope_rotated_input_supported(qkv, HS);
+  GTRON_CHECK(flash || !rotated,
+              "causal_attention_gqa_rope: pre-rotated q and k need the flash path (CUDA, [B, T, W] "
+              "rows, a supported head size); got ",
+              qkv.device().str(), " ", qkv.shape().str(), ", HS ", HS);
   if (!flash) return causal_attention_gqa(rope(qkv, inv_freq, NH, NKV, HS, pos0), NH, NKV, HS);
   GTRON_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "causal_attention_gqa_rope: NKV = ", NKV,
               " k/v heads must divide NH = ", NH, " query heads");
@@ -207,7 +216,7 @@ Var causal_attention_gqa_rope(const Var& qkv, const Tensor& inv_freq, int NH, in
               qkv.device().str());
   GTRON_CHECK(pos0 >= 0 && pos0 + Tlen <= (int64_t{1} << 24),
               "causal_attention_gqa_rope: positions up to ", pos0 + Tlen, " are not exact in fp32");
-  const FlashRope r{inv_freq, pos0};
+  const FlashRope r{inv_freq, pos0, rotated};
   return attention_of(qkv, B, Tlen, NH, NKV, HS, /*flash=*/true, &r);
 }
 

@@ -33,8 +33,14 @@ Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS);
 // composed, and qkv's value is left as it is.
 // REQUIRES: nothing else reads qkv's value after this op (the llama block's q|k|v projection or
 // q/k-norm output, whose own backwards read their inputs, not it).
+// `rotated`: q and k arrive rotated already (qk_rmsnorm's fused RoPE, Note [RoPE in the q/k
+// norm] in model/ops/qk_norm.h); the same backward. REQUIRES then the flash path
+// (rope_rotated_input_supported).
 Var causal_attention_gqa_rope(const Var& qkv, const Tensor& inv_freq, int NH, int NKV, int HS,
-                              int64_t pos0);
+                              int64_t pos0, bool rotated = false);
+// Whether causal_attention_gqa_rope takes pre-rotated q and k for qkv: [B, T, ...] on CUDA where
+// the flash kernels run.
+bool rope_rotated_input_supported(const Var& qkv, int HS);
 
 namespace cpu {
 // qkv: [B, Tlen, 3·NH·HS], out: [B, Tlen, NH·HS]. Also writes lse: [B, NH, Tlen], the log-sum-exp

@@ -7,7 +7,7 @@
 namespace gtron {
 
 Var qk_rmsnorm(const Var& qkv, int NH, int NKV, int64_t HS, const Var& gamma_q, const Var& gamma_k,
-               double eps) {
+               double eps, const QkNormRope* rope) {
   GTRON_CHECK(NH > 0 && NKV > 0 && HS > 0, "qk_rmsnorm: NH ", NH, ", NKV ", NKV, ", HS ", HS);
   const int64_t W = (NH + 2 * NKV) * HS;
   GTRON_CHECK(qkv.shape().rank() >= 1 && qkv.shape()[qkv.shape().rank() - 1] == W,
@@ -23,10 +23,20 @@ Var qk_rmsnorm(const Var& qkv, int NH, int NKV, int64_t HS, const Var& gamma_q, 
   Tensor y = Tensor::empty(qkv.shape(), qkv.dtype(), dev, &s);
   const DType stat = dev.is_cuda() ? DType::kF32 : qkv.dtype();
   Tensor rrms = Tensor::empty(Shape{std::max<int64_t>(N * (NH + NKV), 1)}, stat, dev, &s);
+  GTRON_CHECK(rope == nullptr || (dev.is_cuda() && qkv.shape().rank() == 3),
+              "qk_rmsnorm: the fused RoPE runs on CUDA over [B, T, W] rows; got ", dev.str(), " ",
+              qkv.shape().str());
   if (dev.is_cuda()) {
+    cuda::QkRope r;
+    if (rope != nullptr) {
+      check_shape("qk_rmsnorm rope inv_freq", rope->inv_freq.shape(), Shape{HS / 2});
+      GTRON_CHECK(rope->inv_freq.device() == dev && rope->inv_freq.dtype() == DType::kF32,
+                  "qk_rmsnorm: the RoPE table must be rope_table's f32 table on ", dev.str());
+      r = cuda::QkRope{rope->inv_freq.data<float>(), qkv.shape()[1], rope->pos0};
+    }
     cuda::qk_rmsnorm_forward(qkv.value().raw(), gamma_q.value().raw(), gamma_k.value().raw(),
                              gamma_q.dtype(), y.raw(), rrms.data<float>(), N, NH, NKV, HS, eps,
-                             qkv.dtype(), s.native());
+                             qkv.dtype(), s.native(), rope != nullptr ? &r : nullptr);
   } else {
     dispatch_float(qkv.dtype(), [&](auto tag) {
       using T = decltype(tag);

@@ -29,6 +29,8 @@
 
 #include "model/cuda/kernel_util.cuh"
 #include "model/ops/qk_norm.h"
+#include "model/ops/rope.h"
+#include "model/ops/rope_math.cuh"
 
 namespace gtron::cuda {
 
@@ -154,11 +156,15 @@ constexpr int kMaxLanePer = 8;        // columns a lane owns (HS = 32·kPer <= 2
 constexpr int kMaxGradBlocks = 1024;  // blocks of the fused backward (8192 warps)
 constexpr int kFinishGroups = 32;     // strided groups of the partials' finish
 
-template <typename T, typename P, int kPer>
+// Note [RoPE in the q/k norm] (model/ops/qk_norm.h): with kRope, the row's q and k heads leave
+// rotated. A head's HS = 32·kPer columns split into halves of 16 lanes, so lane l's columns pair
+// with lane l ^ 16's: a shuffle brings the partner's values, each lane keeps its own half of the
+// pair. The values are rounded to T first, as the norm's stored output that RoPE would read.
+template <typename T, typename P, int kPer, bool kRope>
 __global__ void forward_packed_kernel(const T* __restrict__ x, const P* __restrict__ gq,
                                       const P* __restrict__ gk, T* __restrict__ y,
                                       float* __restrict__ rrms, int64_t N, int NH, int NKV,
-                                      float eps) {
+                                      float eps, QkRope rope) {
   constexpr int HS = 32 * kPer;
   const int normed = NH + NKV;
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -177,6 +183,23 @@ __global__ void forward_packed_kernel(const T* __restrict__ x, const P* __restri
   const float r = 1.0f / sqrtf(ss / static_cast<float>(HS) + eps);
 #pragma unroll
   for (int k = 0; k < kPer; ++k) v[k] = v[k] * r * g[k];
+  if constexpr (kRope) {
+    const float pos = static_cast<float>(rope.pos0 + i % rope.Tlen);
+    const bool low = lane < 16;  // this lane holds the pair's first column
+    float p[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      v[k] = to_float(from_float<T>(v[k]));
+      p[k] = __shfl_xor_sync(0xffffffffu, v[k], 16);
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const float f = rope.inv_freq[(lane % 16) * kPer + k];
+      float lo, hi;
+      rope_rotate<1>(pos, f, low ? v[k] : p[k], low ? p[k] : v[k], &lo, &hi);
+      v[k] = low ? lo : hi;
+    }
+  }
   store_floats<kPer>(y + o, v);
   if (lane == 0) rrms[task] = r;
 }
@@ -342,9 +365,12 @@ unsigned grad_blocks(int64_t N, int NH, int NKV) {
 
 void qk_rmsnorm_forward(const void* x, const void* gq, const void* gk, DType param, void* y,
                         float* rrms, int64_t N, int NH, int NKV, int64_t HS, double eps, DType act,
-                        void* stream) {
+                        void* stream, const QkRope* rope) {
   GTRON_CHECK(N >= 0 && NH > 0 && NKV > 0 && HS > 0 && HS <= 1024, "qk_rmsnorm: N ", N, ", NH ", NH,
               ", NKV ", NKV, ", HS ", HS);
+  GTRON_CHECK(rope == nullptr || (rope->inv_freq != nullptr && rope->Tlen > 0 &&
+                                  N % rope->Tlen == 0 && rope->pos0 >= 0 && HS % 2 == 0),
+              "qk_rmsnorm with RoPE: N ", N, " rows of Tlen ", rope ? rope->Tlen : 0, ", HS ", HS);
   if (N == 0) return;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int64_t W = (NH + 2 * NKV) * HS, first = (NH + NKV) * HS;
@@ -355,11 +381,14 @@ void qk_rmsnorm_forward(const void* x, const void* gq, const void* gk, DType par
     const P *gqt = static_cast<const P*>(gq), *gkt = static_cast<const P*>(gk);
     T* yt = static_cast<T*>(y);
     const int per = lane_columns<T, P>(HS, {x, y}, {gq, gk});
+    const QkRope r = rope != nullptr ? *rope : QkRope{};
     if (per > 0) {
       with_lane_columns<T, P>(per, [&](auto k) {
-        forward_packed_kernel<T, P, decltype(k)::value>
-            <<<head_blocks(N, NH, NKV), kWarps * 32, 0, s>>>(xt, gqt, gkt, yt, rrms, N, NH, NKV,
-                                                             static_cast<float>(eps));
+        constexpr int kPer = decltype(k)::value;
+        const auto kernel = rope != nullptr ? forward_packed_kernel<T, P, kPer, true>
+                                            : forward_packed_kernel<T, P, kPer, false>;
+        kernel<<<head_blocks(N, NH, NKV), kWarps * 32, 0, s>>>(xt, gqt, gkt, yt, rrms, N, NH, NKV,
+                                                               static_cast<float>(eps), r);
       });
     } else {
       forward_kernel<T, P><<<head_blocks(N, NH, NKV), kWarps * 32, 0, s>>>(
@@ -367,6 +396,11 @@ void qk_rmsnorm_forward(const void* x, const void* gq, const void* gk, DType par
     }
     CUDA_CHECK_LAUNCH();
     launch_values<T, false>(xt, yt, N, W, first, s);
+    // The general kernels have no fused rotation: RoPE's own pass over the q and k heads.
+    if (rope != nullptr && per == 0) {
+      rope_forward_inplace(y, rope->inv_freq, N / rope->Tlen, rope->Tlen, NH, NKV, HS, rope->pos0,
+                           act, stream);
+    }
   });
 }
 

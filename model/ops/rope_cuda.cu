@@ -1,9 +1,8 @@
 // RoPE on CUDA (Note [rotate-half RoPE] in model/ops/rope.h). Memory-bound: one thread per pair
 // slot of a row. A row of W = (NH + 2·NKV)·HS columns has W/2 slots: the first (NH + NKV)·HS/2
 // rotate the pair (i, i + HS/2) of one q or k head, the rest copy two adjacent v columns.
-// Consecutive threads take consecutive i of a head, so accesses coalesce. fp32 math with the
-// accurate sincosf (angles reach pos·inv_freq[0] = pos radians: the fast __sincosf would lose
-// them).
+// Consecutive threads take consecutive i of a head, so accesses coalesce. The rotation itself is
+// rope_math.cuh's (fp32, the accurate sincosf).
 //
 // Note [packed RoPE]
 // The kernel above moves 2 bytes per load in bf16: on the H200 a pass over the Llama-3.2-1B
@@ -14,6 +13,7 @@
 // are bit-identical.
 #include "model/cuda/kernel_util.cuh"
 #include "model/ops/rope.h"
+#include "model/ops/rope_math.cuh"
 
 namespace gtron::cuda {
 
@@ -64,13 +64,7 @@ __global__ void rope_kernel(const T* __restrict__ x, const float* __restrict__ i
     const int head = p / d.H, i = p - head * d.H;
     c0 = head * 2 * d.H + i;
     c1 = c0 + d.H;
-    const float pos = position(d, r);
-    float s, c;
-    sincosf(pos * inv_freq[i], &s, &c);
-    s *= kSign;
-    const float a = to_float(xr[c0]), b = to_float(xr[c1]);
-    lo = a * c - b * s;
-    hi = b * c + a * s;
+    rope_rotate<kSign>(position(d, r), inv_freq[i], to_float(xr[c0]), to_float(xr[c1]), &lo, &hi);
   } else {
     c0 = 2 * d.rotated_slots + 2 * (p - d.rotated_slots);
     c1 = c0 + 1;
@@ -107,13 +101,8 @@ __global__ void rope_packed_kernel(const T* __restrict__ x, const float* __restr
     load_floats<kV>(xr + c0, a);
     load_floats<kV>(xr + c1, b);
 #pragma unroll
-    for (int k = 0; k < kV; ++k) {
-      float sn, cs;
-      sincosf(pos * inv_freq[i + k], &sn, &cs);
-      sn *= kSign;
-      lo[k] = a[k] * cs - b[k] * sn;
-      hi[k] = b[k] * cs + a[k] * sn;
-    }
+    for (int k = 0; k < kV; ++k)
+      rope_rotate<kSign>(pos, inv_freq[i + k], a[k], b[k], &lo[k], &hi[k]);
     if constexpr (kAccumulate) {
       add_floats<kV>(yr + c0, lo);
       add_floats<kV>(yr + c1, hi);

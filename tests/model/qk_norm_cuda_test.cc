@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "model/ops/qk_norm.h"
+#include "model/ops/rope.h"
+#include "model/stream.h"
 #include "tests/model/cuda_op_check.h"
 #include "tests/model/gradcheck.h"
 
@@ -194,6 +196,69 @@ TEST(QkRmsNormCuda, MisalignedTensorsTakeTheGeneralKernels) {
           EXPECT_LT(rel_diff(got[i], ref[i]), tol) << kSlotNames[i];
         }
       }
+    }
+  }
+}
+
+// Note [RoPE in the q/k norm]: the fused rotation gives the bits of the norm followed by RoPE's
+// in-place pass, on the packed kernels (HS = 32·kPer) and on the general ones (HS 10, and a
+// misaligned x at HS 128, which rotate in RoPE's own pass), in both dtypes, several sequences,
+// positions from pos0 = 5; the backward is the plain one's.
+TEST(QkRmsNormCuda, FusedRopeEqualsNormThenRope) {
+  GTRON_REQUIRE_GPU();
+  struct Case {
+    int NH, NKV;
+    int64_t HS, B, T, skip;
+  };
+  for (const Case c : {Case{4, 2, 64, 2, 37, 0},
+                       {16, 8, 128, 3, 50, 0},
+                       {2, 1, 32, 1, 9, 0},
+                       {2, 2, 256, 2, 5, 0},
+                       {4, 1, 10, 2, 13, 0},
+                       {4, 2, 128, 2, 21, 1}}) {
+    for (DType act : {DType::kBF16, DType::kF32}) {
+      SCOPED_TRACE("NH " + std::to_string(c.NH) + " NKV " + std::to_string(c.NKV) + " HS " +
+                   std::to_string(c.HS) + " skip " + std::to_string(c.skip) + " " +
+                   dtype_name(act));
+      const Shape xs{c.B, c.T, (c.NH + 2 * c.NKV) * c.HS};
+      const Tensor table = rope_table(rope_inv_freq(c.HS, 10000.0), Device::cuda(0), act);
+      const QkNormRope rope{table, 5};
+      std::vector<Tensor> out[2];  // plain then RoPE's pass, fused
+      for (int fused = 0; fused < 2; ++fused) {
+        Var x = Var::leaf(gpu_values(xs, 1, 2.0, act, c.skip));
+        x.set_grad(gpu_values(xs, 4, 0.1, act));
+        Var gq = Var::external(gpu_values(Shape{c.HS}, 2, 0.5, DType::kF32));
+        Var gk = Var::external(gpu_values(Shape{c.HS}, 3, 0.5, DType::kF32));
+        gq.set_grad(gpu_values(Shape{c.HS}, 102, 0.1, DType::kF32));
+        gk.set_grad(gpu_values(Shape{c.HS}, 103, 0.1, DType::kF32));
+        Var y;
+        Tape tape;
+        {
+          TapeScope scope;
+          y = qk_rmsnorm(x, c.NH, c.NKV, c.HS, gq, gk, 1e-6, fused ? &rope : nullptr);
+          tape = scope.take();
+        }
+        if (!fused) {
+          cuda::rope_forward_inplace(y.value().raw(), table.data<float>(), c.B, c.T, c.NH, c.NKV,
+                                     c.HS, 5, act, current_stream(Device::cuda(0)).native());
+        }
+        y.set_grad(gpu_values(xs, 5, 1.0, act));
+        run_tape(std::move(tape));
+        out[fused] = {y.value().to(Device::cpu()), x.grad().to(Device::cpu()),
+                      gq.grad().to(Device::cpu()), gk.grad().to(Device::cpu())};
+      }
+      for (size_t i = 0; i < out[0].size(); ++i) {
+        EXPECT_TRUE(same_bytes(out[1][i], out[0][i])) << kSlotNames[i];
+      }
+      // The rotation did happen: position 5 onward turns every q/k pair by a non-zero angle.
+      EXPECT_GT(
+          rel_diff(out[1][0],
+                   qk_rmsnorm(Var::constant(gpu_values(xs, 1, 2.0, act, c.skip)), c.NH, c.NKV, c.HS,
+                              Var::constant(gpu_values(Shape{c.HS}, 2, 0.5, DType::kF32)),
+                              Var::constant(gpu_values(Shape{c.HS}, 3, 0.5, DType::kF32)), 1e-6)
+                       .value()
+                       .to(Device::cpu())),
+          1e-3);
     }
   }
 }
