@@ -60,12 +60,17 @@ Var qk_rmsnorm(const Var& qkv, int NH, int NKV, int64_t HS, const Var& gamma_q, 
         Tensor scratch;
         if (dg)
           scratch = scratch_floats(cuda::qk_rmsnorm_backward_scratch_floats(N, NH, NKV, HS), s);
+        // The q|k|v projection's output has no other consumer: its gradient slot is usually
+        // empty here, and then written rather than zeroed and added to.
+        bool overwrite = false;
+        void* dx = qkv.requires_grad() ? qkv.grad_for_write(&overwrite).raw() : nullptr;
         cuda::qk_rmsnorm_backward(
             qkv.value().raw(), gamma_q.value().raw(), gamma_k.value().raw(), gamma_q.dtype(),
-            rrms.data<float>(), out.grad().raw(), qkv.requires_grad() ? qkv.grad().raw() : nullptr,
+            rrms.data<float>(), out.grad().raw(), dx,
             gamma_q.requires_grad() ? f32_grad("qk_rmsnorm gamma_q", gamma_q.grad()) : nullptr,
             gamma_k.requires_grad() ? f32_grad("qk_rmsnorm gamma_k", gamma_k.grad()) : nullptr,
-            dg ? scratch.data<float>() : nullptr, N, NH, NKV, HS, out.dtype(), s.native());
+            dg ? scratch.data<float>() : nullptr, N, NH, NKV, HS, out.dtype(), s.native(),
+            overwrite);
         return;
       }
       dispatch_float(out.dtype(), [&](auto tag) {

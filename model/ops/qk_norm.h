@@ -13,7 +13,8 @@ namespace gtron {
 // scaled by gamma_q [HS], each key head's by gamma_k [HS], the value heads copied:
 //   y = x / sqrt(mean(x²) + eps) · gamma.
 // Statistics in the tensor's float type on the CPU, fp32 on CUDA. Backward accumulates into dqkv
-// (the value heads' gradient passes through), dgamma_q and dgamma_k.
+// (the value heads' gradient passes through; on CUDA an empty dqkv slot is written, not zeroed
+// and added to), dgamma_q and dgamma_k.
 //
 // Note [RoPE in the q/k norm]
 // With `rope` (CUDA only), the query and key heads of the result also come out rotated by RoPE at
@@ -59,10 +60,11 @@ void qk_rmsnorm_forward(const void* x, const void* gq, const void* gk, DType par
                         void* stream, const QkRope* rope = nullptr);
 // Floats of scratch qk_rmsnorm_backward needs when a gamma gradient is wanted.
 int64_t qk_rmsnorm_backward_scratch_floats(int64_t N, int NH, int NKV, int64_t HS);
+// dx_overwrite: dx is written instead of added to (the slot was empty: Var::grad_for_write).
 void qk_rmsnorm_backward(const void* x, const void* gq, const void* gk, DType param,
                          const float* rrms, const void* dy, void* dx, float* dgq, float* dgk,
                          float* scratch, int64_t N, int NH, int NKV, int64_t HS, DType act,
-                         void* stream);
+                         void* stream, bool dx_overwrite = false);
 }  // namespace cuda
 
 }  // namespace gtron

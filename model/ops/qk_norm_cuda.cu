@@ -84,7 +84,7 @@ template <typename T, typename P>
 __global__ void dx_kernel(const T* __restrict__ x, const P* __restrict__ gq,
                           const P* __restrict__ gk, const float* __restrict__ rrms,
                           const T* __restrict__ dy, T* __restrict__ dx, int64_t N, int NH, int NKV,
-                          int64_t HS) {
+                          int64_t HS, bool overwrite) {
   const int normed = NH + NKV;
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (task >= N * normed) return;
@@ -102,7 +102,7 @@ __global__ void dx_kernel(const T* __restrict__ x, const P* __restrict__ gq,
   for (int64_t c = lane; c < HS; c += 32) {
     const float xh = to_float(x[o + c]) * r;
     const float d = r * (to_float(dy[o + c]) * to_float(g[c]) - xh * mean);
-    dx[o + c] = from_float<T>(to_float(dx[o + c]) + d);
+    dx[o + c] = from_float<T>(overwrite ? d : to_float(dx[o + c]) + d);
   }
 }
 
@@ -211,7 +211,8 @@ __global__ void __launch_bounds__(kWarps * 32, kPer <= 4 ? 8 : 4)
     backward_packed_kernel(const T* __restrict__ x, const P* __restrict__ gq,
                            const P* __restrict__ gk, const float* __restrict__ rrms,
                            const T* __restrict__ dy, T* __restrict__ dx,
-                           float* __restrict__ partial, int64_t N, int NH, int NKV) {
+                           float* __restrict__ partial, int64_t N, int NH, int NKV,
+                           bool overwrite) {
   constexpr int HS = 32 * kPer;
   __shared__ float sh[kWarps][2][HS];
   const int normed = NH + NKV;
@@ -240,7 +241,11 @@ __global__ void __launch_bounds__(kWarps * 32, kPer <= 4 ? 8 : 4)
       float d[kPer];
 #pragma unroll
       for (int k = 0; k < kPer; ++k) d[k] = r * (dv[k] * g[k] - xv[k] * mean);
-      add_floats<kPer>(dx + o, d);
+      if (overwrite) {
+        store_floats<kPer>(dx + o, d);
+      } else {
+        add_floats<kPer>(dx + o, d);
+      }
     }
     // Selected per element (adding 0 to the other): a pointer to either array would put both in
     // local memory.
@@ -356,6 +361,17 @@ void launch_values(const T* src, T* dst, int64_t N, int64_t W, int64_t first, cu
   CUDA_CHECK_LAUNCH();
 }
 
+// The value heads' gradient: dx = dy (overwrite) or dx += dy.
+template <typename T>
+void values_backward(const void* dy, void* dx, int64_t N, int64_t W, int64_t first, bool overwrite,
+                     cudaStream_t s) {
+  if (overwrite) {
+    launch_values<T, false>(static_cast<const T*>(dy), static_cast<T*>(dx), N, W, first, s);
+  } else {
+    launch_values<T, true>(static_cast<const T*>(dy), static_cast<T*>(dx), N, W, first, s);
+  }
+}
+
 unsigned grad_blocks(int64_t N, int NH, int NKV) {
   return static_cast<unsigned>(
       std::min<int64_t>(ceil_div<int64_t>(N * (NH + NKV), kWarps), kMaxGradBlocks));
@@ -411,7 +427,7 @@ int64_t qk_rmsnorm_backward_scratch_floats(int64_t N, int NH, int NKV, int64_t H
 void qk_rmsnorm_backward(const void* x, const void* gq, const void* gk, DType param,
                          const float* rrms, const void* dy, void* dx, float* dgq, float* dgk,
                          float* scratch, int64_t N, int NH, int NKV, int64_t HS, DType act,
-                         void* stream) {
+                         void* stream, bool dx_overwrite) {
   GTRON_CHECK(N >= 0 && NH > 0 && NKV > 0 && HS > 0 && HS <= 1024, "qk_rmsnorm backward: N ", N,
               ", NH ", NH, ", NKV ", NKV, ", HS ", HS);
   GTRON_CHECK((dgq == nullptr && dgk == nullptr) || scratch != nullptr,
@@ -429,12 +445,11 @@ void qk_rmsnorm_backward(const void* x, const void* gq, const void* gk, DType pa
       with_lane_columns<T, P>(per, [&](auto k) {
         backward_packed_kernel<T, P, decltype(k)::value><<<blocks, kWarps * 32, 0, s>>>(
             static_cast<const T*>(x), static_cast<const P*>(gq), static_cast<const P*>(gk), rrms,
-            static_cast<const T*>(dy), static_cast<T*>(dx), dg ? scratch : nullptr, N, NH, NKV);
+            static_cast<const T*>(dy), static_cast<T*>(dx), dg ? scratch : nullptr, N, NH, NKV,
+            dx_overwrite);
       });
       CUDA_CHECK_LAUNCH();
-      if (dx != nullptr) {
-        launch_values<T, true>(static_cast<const T*>(dy), static_cast<T*>(dx), N, W, first, s);
-      }
+      if (dx != nullptr) values_backward<T>(dy, dx, N, W, first, dx_overwrite, s);
       if (dg) {
         finish_packed_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(2 * HS, 32)),
                                kFinishGroups * 32, 0, s>>>(
@@ -446,9 +461,9 @@ void qk_rmsnorm_backward(const void* x, const void* gq, const void* gk, DType pa
     if (dx != nullptr) {
       dx_kernel<T, P><<<head_blocks(N, NH, NKV), kWarps * 32, 0, s>>>(
           static_cast<const T*>(x), static_cast<const P*>(gq), static_cast<const P*>(gk), rrms,
-          static_cast<const T*>(dy), static_cast<T*>(dx), N, NH, NKV, HS);
+          static_cast<const T*>(dy), static_cast<T*>(dx), N, NH, NKV, HS, dx_overwrite);
       CUDA_CHECK_LAUNCH();
-      launch_values<T, true>(static_cast<const T*>(dy), static_cast<T*>(dx), N, W, first, s);
+      values_backward<T>(dy, dx, N, W, first, dx_overwrite, s);
     }
     if (dgq == nullptr && dgk == nullptr) return;
     const int64_t chunks = ceil_div<int64_t>(N, kChunkRows);

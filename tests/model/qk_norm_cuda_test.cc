@@ -200,6 +200,39 @@ TEST(QkRmsNormCuda, MisalignedTensorsTakeTheGeneralKernels) {
   }
 }
 
+// An empty dx slot is written (not zeroed, then added to): the values of adding into zeros, on
+// the packed and the general kernels.
+TEST(QkRmsNormCuda, EmptyDxSlotIsWritten) {
+  GTRON_REQUIRE_GPU();
+  for (const QkShape sh : {QkShape{16, 8, 128, 300}, {4, 2, 64, 74}, {4, 1, 6, 130}}) {
+    for (DType act : {DType::kBF16, DType::kF32}) {
+      SCOPED_TRACE(sh.str() + " " + dtype_name(act));
+      const Shape xs{sh.N, (sh.NH + 2 * sh.NKV) * sh.HS};
+      std::vector<double> dx[2];
+      for (int preset = 0; preset < 2; ++preset) {
+        Var x = Var::leaf(gpu_values(xs, 1, 2.0, act));
+        if (preset) x.set_grad(Tensor::zeros(xs, act, Device::cuda(0)));
+        const Var gq = Var::constant(gpu_values(Shape{sh.HS}, 2, 0.5, DType::kF32));
+        const Var gk = Var::constant(gpu_values(Shape{sh.HS}, 3, 0.5, DType::kF32));
+        Var y;
+        Tape tape;
+        {
+          TapeScope scope;
+          y = qk_rmsnorm(x, sh.NH, sh.NKV, sh.HS, gq, gk, 1e-6);
+          tape = scope.take();
+        }
+        y.set_grad(gpu_values(xs, 5, 1.0, act));
+        run_tape(std::move(tape));
+        dx[preset] = x.grad().to(Device::cpu()).to_vector();
+      }
+      EXPECT_EQ(dx[0], dx[1]);
+      EXPECT_GT(rel_diff(Tensor::from_vector(dx[0], Shape{xs.numel()}, DType::kF64),
+                         Tensor::zeros(Shape{xs.numel()}, DType::kF64)),
+                0.5);  // not all zeros
+    }
+  }
+}
+
 // Note [RoPE in the q/k norm]: the fused rotation gives the bits of the norm followed by RoPE's
 // in-place pass, on the packed kernels (HS = 32·kPer) and on the general ones (HS 10, and a
 // misaligned x at HS 128, which rotate in RoPE's own pass), in both dtypes, several sequences,
