@@ -26,9 +26,17 @@
 #include "trainer/config_schema.h"
 
 namespace gtron {
+
+namespace config_internal {
+void fail(const std::string& what, const std::string& hint) {
+  throw UserError("config error: " + what + ". Hint: " + hint);
+}
+}  // namespace config_internal
+
 namespace {
 
 using config_internal::edit_distance;
+using config_internal::fail;
 using config_internal::find_key;
 using config_internal::first_key_under;
 using config_internal::is_section;
@@ -40,10 +48,6 @@ using config_internal::schema;
 using config_internal::split_path;
 using config_internal::unknown_key_hint;
 using json = nlohmann::json;
-
-[[noreturn]] void fail(const std::string& what, const std::string& hint) {
-  throw UserError("config error: " + what + ". Hint: " + hint);
-}
 
 // A value as the user wrote it, cut short when long (a whole section given by mistake).
 std::string show_value(const json& v) {
@@ -566,51 +570,5 @@ bool operator==(const Config& a, const Config& b) {
 }
 
 bool operator!=(const Config& a, const Config& b) { return !(a == b); }
-
-DeviceChoice resolve_device(const TrainConfig& train, bool cuda_available) {
-  if (train.device == DeviceChoice::kCuda && !cuda_available) {
-    fail("train.device = \"cuda\": no CUDA device is available on this machine",
-         "use train.device = \"auto\" or \"cpu\" to run on the CPU");
-  }
-  if (train.device == DeviceChoice::kAuto) {
-    return cuda_available ? DeviceChoice::kCuda : DeviceChoice::kCpu;
-  }
-  return train.device;
-}
-
-PrecisionChoice resolve_precision(const TrainConfig& train, DeviceChoice resolved_device) {
-  GTRON_CHECK(resolved_device != DeviceChoice::kAuto, "resolve the device first");
-  const bool cuda = resolved_device == DeviceChoice::kCuda;
-  if (train.precision == PrecisionChoice::kAuto) {
-    return cuda ? PrecisionChoice::kBf16 : PrecisionChoice::kFp32;
-  }
-  if (train.precision == PrecisionChoice::kBf16 && !cuda) {
-    fail(str_cat(
-             "train.precision = \"bf16\": needs a CUDA device, but the run is on cpu (train.device"
-             " = \"",
-             to_string(train.device), "\")"),
-         "use train.precision = \"fp32\" or \"auto\" on CPU");
-  }
-  return train.precision;
-}
-
-int64_t grad_accum_steps(const Config& cfg, int world_size) {
-  const int64_t per_step = cfg.train.micro_batch * (world_size / cfg.parallel.tp);
-  GTRON_CHECK(world_size >= 1 && cfg.train.global_batch % per_step == 0,
-              "call validate() first: global_batch ", cfg.train.global_batch, ", micro_batch ",
-              cfg.train.micro_batch, ", world_size ", world_size);
-  return cfg.train.global_batch / per_step;
-}
-
-std::string checkpoint_dir(const Config& cfg) {
-  if (!cfg.checkpoint.dir.empty()) return cfg.checkpoint.dir;
-  return (std::filesystem::path(cfg.train.out_dir) / "checkpoints").string();
-}
-
-std::string metrics_path(const Config& cfg) {
-  const std::filesystem::path file(cfg.log.metrics_file);
-  if (file.is_absolute()) return file.string();
-  return (std::filesystem::path(cfg.train.out_dir) / file).string();
-}
 
 }  // namespace gtron

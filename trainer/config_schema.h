@@ -15,6 +15,9 @@
 namespace gtron {
 namespace config_internal {
 
+// Throws the UserError of a config fault: "config error: <what>. Hint: <hint>".
+[[noreturn]] void fail(const std::string& what, const std::string& hint);
+
 enum class KeyType { kInt, kFloat, kBool, kString, kEnum };
 
 // Bounds of a numeric key; an absent bound is unbounded. Int keys compare as doubles, exact for

@@ -108,8 +108,7 @@ TEST_F(TransientGrads, TwoMicroBatchesEagerSameLosses) {
   const std::vector<std::string> two = {"train.micro_batch=4"};
   std::vector<std::string> transient = two;
   transient.push_back("train.transient_grads=true");
-  EXPECT_EQ(train(kGpt2, "accum_eager", transient).losses,
-            train(kGpt2, "accum_kept", two).losses);
+  EXPECT_EQ(train(kGpt2, "accum_eager", transient).losses, train(kGpt2, "accum_kept", two).losses);
 }
 
 TEST_F(TransientGrads, LlamaSameLosses) {
