@@ -22,6 +22,8 @@ tokens_per_s counts the new tokens of every row over the whole generation, prefi
 --hf-attn picks transformers' attention (default: its SDPA, as `generate()` comes; on the H200
 the bf16 batch-16 generate() with it did not finish in 200 s, twice, on 2026-12-04:
 `sdpa-no-cudnn` and `eager` are the checks of whether cuDNN's attention plans were the cause).
+--hf-timeout (300 s) bounds transformers' runs of one (dtype, batch): past it, its line carries
+an "error" and the next case runs.
 
 Prints JSON lines: one per run ({"impl", "batch", "dtype", "tokens", "tokens_per_s",
 "prefill_ms", ...}), then one per (batch, dtype) with "gtron_over_transformers" and whether the
@@ -33,6 +35,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -69,6 +72,10 @@ def parse_args():
     p.add_argument("--hf-attn", choices=["sdpa", "sdpa-no-cudnn", "eager"], default="sdpa",
                    help="transformers' attention: its default SDPA; SDPA without the cuDNN "
                         "backend (flash, memory-efficient or math kernels only); or eager")
+    p.add_argument("--hf-timeout", type=int, default=300,
+                   help="seconds transformers' runs at one (dtype, batch) may take in all "
+                        "(warm-up, repeats, the token check); past it the line says so and the "
+                        "next case runs")
     p.add_argument("--gtron-timeout", type=float, default=240,
                    help="seconds a gtron sample may take before it counts as failed")
     return p.parse_args()
@@ -139,6 +146,27 @@ def hf_run(a, model, prompt, batch, dtype):
                   "prefill_ms": round(1e3 * statistics.median(r[1] for r in runs), 3)}
 
 
+class HfTimeout(Exception):
+    pass
+
+
+def hf_run_bounded(a, model, prompt, batch, dtype):
+    """hf_run under a SIGALRM after --hf-timeout s: (None, {"error": ...}) when it fires (a
+    generate() stuck in per-step attention plans must not take the whole command)."""
+    def on_alarm(signum, frame):
+        raise HfTimeout()
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(a.hf_timeout)
+    try:
+        return hf_run(a, model, prompt, batch, dtype)
+    except HfTimeout:
+        torch.cuda.synchronize()
+        return None, {"error": f"timed out after {a.hf_timeout} s"}
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def main():
     a = parse_args()
     work = a.work or tempfile.mkdtemp(prefix="bench_generate_llama_")
@@ -166,9 +194,11 @@ def main():
             if ours is None:
                 continue
             with torch.inference_mode(), sdpa_backends(a):
-                theirs, hf = hf_run(a, model, prompt, batch, dtype)
+                theirs, hf = hf_run_bounded(a, model, prompt, batch, dtype)
             print(json.dumps({"impl": "transformers", "attn": a.hf_attn, "batch": batch,
                               "dtype": dtype, **hf}), flush=True)
+            if theirs is None:
+                continue
             print(json.dumps({"summary": True, "batch": batch, "dtype": dtype,
                               "gtron_over_transformers":
                                   round(stats["tokens_per_s"] / hf["tokens_per_s"], 3),
