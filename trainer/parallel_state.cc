@@ -99,6 +99,12 @@ ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid
   rebuild_owned();
 }
 
+int64_t ParallelState::local_numel() const {
+  int64_t n = 0;
+  for (const Part& part : parts_) n += part.dp->flat_numel();
+  return n;
+}
+
 int64_t ParallelState::grad_generation() const {
   int64_t g = 0;
   for (const Part& part : parts_) g += part.dp->grad_generation();

@@ -61,6 +61,9 @@ class ParallelState {
   // Note [transient gradients] in parallel/ddp.h); take them again after each backward.
   const std::vector<parallel::OwnedSegment>& owned();
   int64_t owned_numel() const { return owned_numel_; }
+  // fp32 elements of this rank's parameters (its GTP shards, TP parts) in the DP flat buffers,
+  // and so of its gradients.
+  int64_t local_numel() const;
   void after_update();
   void ensure_all_ready();
 

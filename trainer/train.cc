@@ -264,6 +264,19 @@ void Run::print_header(const ResolvedData& data) const {
       static_cast<long>(data_ranks()), static_cast<long>(c.train.micro_batch),
       static_cast<long>(accum_), static_cast<long>(c.train.global_batch * c.train.seq_len),
       describe_peak(device_, bf16_).c_str());
+  // What rank 0 holds besides activations (Note [transient gradients] in parallel/ddp.h).
+  const double gib = 1.0 / (1 << 30), weights = 4.0 * static_cast<double>(par_->local_numel());
+  char shadows[64] = "";
+  if (bf16_weights_) {
+    std::snprintf(shadows, sizeof shadows, " | bf16 weight copies %.3f GiB", weights / 2 * gib);
+  }
+  std::printf(
+      "memory on rank 0: fp32 weights %.3f GiB | fp32 gradients %.3f GiB, %s | AdamW moments "
+      "%.3f GiB%s\n",
+      weights * gib, weights * gib,
+      c.train.transient_grads ? "transient (from each step's first write to the update)"
+                              : "held for the run",
+      8.0 * static_cast<double>(par_->owned_numel()) * gib, shadows);
   if (c.graphs.scope != GraphScope::kNone) {
     std::printf("graphs: %s (%ld eager warmups per shape, then capture and replay)\n",
                 to_string(c.graphs.scope), static_cast<long>(c.graphs.warmup));

@@ -51,6 +51,7 @@ struct Trained {
   std::vector<std::string> losses;
   double peak_gib = 0;  // the last record's peak_mem_gib
   double params = 0;    // from the header line
+  std::string output;
 };
 
 class TransientGrads : public ::testing::Test {
@@ -72,6 +73,7 @@ class TransientGrads : public ::testing::Test {
             : run_launcher({"--standalone", "--nproc-per-node", std::to_string(nproc)}, args);
     EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
     Trained t;
+    t.output = r.output;
     t.losses = metrics_losses(dir_ + "/" + name + "/metrics.jsonl");
     EXPECT_EQ(t.losses.size(), 5u) << name;
     const std::string metrics = read_text(dir_ + "/" + name + "/metrics.jsonl");
@@ -91,6 +93,12 @@ TEST_F(TransientGrads, Gpt2SameLossesLowerPeak) {
   const Trained full = train(kGpt2, "full", {"train.transient_grads=true", "graphs.scope=full"});
   EXPECT_EQ(eager.losses, kept.losses);
   EXPECT_EQ(full.losses, kept.losses);
+  // The start-up header says which it is.
+  EXPECT_NE(kept.output.find("fp32 gradients"), std::string::npos) << kept.output;
+  EXPECT_NE(kept.output.find("held for the run"), std::string::npos) << kept.output;
+  EXPECT_NE(eager.output.find("transient (from each step's first write to the update)"),
+            std::string::npos)
+      << eager.output;
   // The peak is the end of the forward: the persistent run holds every gradient there (4 bytes a
   // parameter), the transient one none but a bucket or so.
   ASSERT_GT(kept.params, 0);
