@@ -188,6 +188,30 @@ TEST(IpcTrain, GraphsReuseAndRerunsAreBitIdentical) {
   std::printf("gtp2: reuse off == on, rerun == run (bit for bit)\n");
 }
 
+// train.transient_grads (Note [transient gradients] in parallel/ddp.h) on several ranks of one
+// GPU: GTP = 2 and TP = 2 × GTP = 2, one micro-batch a step, eager and under graphs full, give the
+// persistent buffer's losses bit for bit.
+TEST(IpcTrain, TransientGradsMatchPersistent) {
+  const std::string dir = setup("ipc_transient");
+  for (const Layout& l :
+       {Layout{"gtp2", 2, {"parallel.gtp=2", "train.global_batch=4"}},
+        Layout{"tp2_gtp2", 4, {"parallel.tp=2", "parallel.gtp=2", "train.global_batch=4"}}}) {
+    const std::vector<std::string> ten = {"train.steps=10"};
+    const auto kept = metrics_losses(train(dir, l, ten, "_kept") + "/metrics.jsonl");
+    ASSERT_EQ(kept.size(), 10u) << l.name;
+    for (const char* scope : {"none", "full"}) {
+      const auto got = metrics_losses(train(dir, l,
+                                            {"train.steps=10", "train.transient_grads=true",
+                                             std::string("graphs.scope=") + scope},
+                                            std::string("_transient_") + scope) +
+                                      "/metrics.jsonl");
+      EXPECT_EQ(got, kept) << l.name << " graphs " << scope;
+    }
+    std::printf("%s: transient gradients, eager and graphs full, bit-identical over 10 steps\n",
+                l.name.c_str());
+  }
+}
+
 // A field of the last metrics line that has it (-1 if none has).
 double last_metric(const std::string& run, const std::string& field) {
   std::ifstream f(run + "/metrics.jsonl");
