@@ -7,7 +7,6 @@
 
 #include <cstdlib>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "tests/trainer/cli_util.h"
@@ -84,15 +83,31 @@ class TransientGrads : public ::testing::Test {
     return t;
   }
 
+  // `sets` trained three times as name_kept, name_eager (transient) and name_full (transient,
+  // graphs full); EXPECTs the two transient runs to print the kept run's losses.
+  struct Three {
+    Trained kept, eager, full;
+  };
+  Three expect_same_losses(const char* config, const std::string& name,
+                           const std::vector<std::string>& sets, int nproc = 1) {
+    std::vector<std::string> transient = sets;
+    transient.push_back("train.transient_grads=true");
+    Three t;
+    t.kept = train(config, name + "_kept", sets, nproc);
+    t.eager = train(config, name + "_eager", transient, nproc);
+    transient.push_back("graphs.scope=full");
+    t.full = train(config, name + "_full", transient, nproc);
+    EXPECT_EQ(t.eager.losses, t.kept.losses) << name << " eager";
+    EXPECT_EQ(t.full.losses, t.kept.losses) << name << " graphs full";
+    return t;
+  }
+
   std::string dir_;
 };
 
 TEST_F(TransientGrads, Gpt2SameLossesLowerPeak) {
-  const Trained kept = train(kGpt2, "kept", {});
-  const Trained eager = train(kGpt2, "eager", {"train.transient_grads=true"});
-  const Trained full = train(kGpt2, "full", {"train.transient_grads=true", "graphs.scope=full"});
-  EXPECT_EQ(eager.losses, kept.losses);
-  EXPECT_EQ(full.losses, kept.losses);
+  const Three t = expect_same_losses(kGpt2, "gpt2", {});
+  const Trained &kept = t.kept, &eager = t.eager, &full = t.full;
   // The start-up header says which it is.
   EXPECT_NE(kept.output.find("fp32 gradients"), std::string::npos) << kept.output;
   EXPECT_NE(kept.output.find("held for the run"), std::string::npos) << kept.output;
@@ -119,53 +134,24 @@ TEST_F(TransientGrads, TwoMicroBatchesEagerSameLosses) {
   EXPECT_EQ(train(kGpt2, "accum_eager", transient).losses, train(kGpt2, "accum_kept", two).losses);
 }
 
-TEST_F(TransientGrads, LlamaSameLosses) {
-  const Trained kept = train(kLlama, "llama_kept", {});
-  EXPECT_EQ(train(kLlama, "llama_eager", {"train.transient_grads=true"}).losses, kept.losses);
-  EXPECT_EQ(train(kLlama, "llama_full", {"train.transient_grads=true", "graphs.scope=full"}).losses,
-            kept.losses);
-}
+TEST_F(TransientGrads, LlamaSameLosses) { expect_same_losses(kLlama, "llama", {}); }
 
 TEST_F(TransientGrads, TwoDataRanksSameLosses) {
   // Gloo, the distributed optimizer: the buckets reduce-scatter from their transient memory.
-  const std::vector<std::string> dp = {"train.global_batch=16",
-                                       "parallel.distributed_optimizer=true"};
-  std::vector<std::string> transient = dp;
-  transient.push_back("train.transient_grads=true");
-  const Trained kept = train(kGpt2, "dp2_kept", dp, 2);
-  EXPECT_EQ(train(kGpt2, "dp2_transient", transient, 2).losses, kept.losses);
-  transient.push_back("graphs.scope=full");
-  EXPECT_EQ(train(kGpt2, "dp2_transient_full", transient, 2).losses, kept.losses);
+  expect_same_losses(kGpt2, "dp2", {"train.global_batch=16", "parallel.distributed_optimizer=true"},
+                     2);
 }
 
 TEST_F(TransientGrads, GtpAndTpSameLosses) {
   // GTP = 2 with MTP D = 2 (the head's repeated backwards finalize into one shard) and DP = 2 ×
   // GTP = 2 with overlapped gathers; TP = 2 above the llama member's one key/value head (the
   // replicated rows' gradients summed over TP after the reduction).
-  const std::vector<std::pair<const char*, std::vector<std::string>>> layouts = {
-      {"gtp2", {"parallel.gtp=2", "train.global_batch=16"}},
-      {"dp2gtp2",
-       {"parallel.gtp=2", "train.global_batch=16", "train.micro_batch=4",
-        "parallel.distributed_optimizer=true", "parallel.overlap_param_gather=true"}},
-  };
-  for (const auto& [name, sets] : layouts) {
-    const int nproc = std::string(name) == "gtp2" ? 2 : 4;
-    std::vector<std::string> transient = sets;
-    transient.push_back("train.transient_grads=true");
-    const Trained kept = train(kGpt2, std::string(name) + "_kept", sets, nproc);
-    EXPECT_EQ(train(kGpt2, std::string(name) + "_eager", transient, nproc).losses, kept.losses)
-        << name;
-    transient.push_back("graphs.scope=full");
-    EXPECT_EQ(train(kGpt2, std::string(name) + "_full", transient, nproc).losses, kept.losses)
-        << name;
-  }
-  const std::vector<std::string> tp = {"parallel.tp=2", "model.n_kv_head=1"};
-  std::vector<std::string> transient = tp;
-  transient.push_back("train.transient_grads=true");
-  const Trained kept = train(kLlama, "tp2_kept", tp, 2);
-  EXPECT_EQ(train(kLlama, "tp2_eager", transient, 2).losses, kept.losses);
-  transient.push_back("graphs.scope=full");
-  EXPECT_EQ(train(kLlama, "tp2_full", transient, 2).losses, kept.losses);
+  expect_same_losses(kGpt2, "gtp2", {"parallel.gtp=2", "train.global_batch=16"}, 2);
+  expect_same_losses(kGpt2, "dp2gtp2",
+                     {"parallel.gtp=2", "train.global_batch=16", "train.micro_batch=4",
+                      "parallel.distributed_optimizer=true", "parallel.overlap_param_gather=true"},
+                     4);
+  expect_same_losses(kLlama, "tp2", {"parallel.tp=2", "model.n_kv_head=1"}, 2);
 }
 
 TEST_F(TransientGrads, LayoutsItCannotServeExitTwo) {
