@@ -236,9 +236,21 @@ Var GPT::trunk(const Tensor& inputs) {
 // The recomputed forward runs the same kernels on the same values, and the segment the same
 // closures in the same order as the plain tape would have, so losses and gradients are the same
 // bits; the price is one more forward of every main block (about a third of their time), the
-// gain every block activation but the residual stream. The MTP depths keep theirs. Where the
-// weight access is GTP's, its prefetch chain expects each forward once and in order, and a graph
-// region's capture assumes the same: the config refuses "full" with parallel.gtp > 1 or graphs.
+// gain every block activation but the residual stream. The MTP depths keep theirs.
+// It composes with every layout and graph scope, because the second forward is an ordinary
+// forward recorded inside the backward:
+// - GTP (parallel/gtp.h): the recomputed uses are forward uses of weights already used in this
+//   pass, so no prefetch is armed for them and each gathers on demand; their backwards then
+//   gather again as always. Three gathers a block weight per step instead of two, in exchange
+//   for the activations.
+// - Graphs: under "layers" the block's forward graph holds the no-grad forward and its backward
+//   graph the second forward with the segment's backward; under "full" the one capture holds
+//   both. The readiness calls before a replay cover the second forward, which reads the same
+//   parameters as the first.
+// - TP and sequence parallelism: the second forward runs the same collectives again.
+// tests/trainer/llama_test.cc checks the combinations on the CPU: bit for bit against no
+// recompute in one process (eager, graphs layers and full), and DP, GTP (eager and layers), TP
+// and TP × GTP with sequence parallelism (graphs full) against one process.
 Var GPT::block_forward(int layer, const Var& x) {
   if (cfg_.recompute != Recompute::kFull || !grad_enabled() || !x.requires_grad()) {
     return plain_block_forward(layer, x);

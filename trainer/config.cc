@@ -394,15 +394,6 @@ void check_combinations(const Config& c, int world_size) {
                  ") when data.train and data.val are \"\""),
          "raise data.synthetic.val_tokens");
   }
-  // Note [full recompute]: GTP's prefetch chains and graph regions expect each forward once.
-  const bool gtp = c.parallel.gtp != 1;
-  if (c.train.recompute == RecomputeChoice::kFull && (gtp || c.graphs.scope != GraphScope::kNone)) {
-    fail(str_cat("train.recompute = \"full\": needs parallel.gtp = 1 and graphs.scope = \"none\", "
-                 "but ",
-                 gtp ? str_cat("parallel.gtp = ", c.parallel.gtp)
-                     : str_cat("graphs.scope = \"", to_string(c.graphs.scope), "\"")),
-         "use train.recompute = \"selective\", or parallel.gtp = 1 and graphs.scope = \"none\"");
-  }
   // Note [transient gradients] in parallel/ddp.h: one capture must hold every write of a step.
   if (c.train.transient_grads && c.graphs.scope == GraphScope::kLayers) {
     fail(

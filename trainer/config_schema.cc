@@ -259,8 +259,8 @@ std::vector<KeySpec> build_schema() {
           "mlp.proj weight gradient, which reads a GELU output re-formed by the GELU kernel "
           "instead of the GEMM epilogue (bf16 rounding apart). full (any device) = each main "
           "block keeps only its input and runs its forward again in the backward: the same "
-          "bits, one more forward of the blocks; needs parallel.gtp = 1 and graphs.scope = "
-          "\"none\"."),
+          "bits, one more forward of the blocks; with any layout and graph scope (GTP gathers "
+          "the weights again for it)."),
       key(GTRON_FIELD(train.transient_grads), false, any,
           "Hold each gradient bucket only from its first write in a step to the optimizer's "
           "update, so the fp32 gradients (4 bytes a parameter) are not held beside the "

@@ -9,7 +9,7 @@
 // --NKV (n_kv_head), --HS (head_dim), --F (intermediate_size; each 0: the family's default),
 // --qk-norm 0|1, --rope-theta, --tied 0|1 (tied_embeddings; GPT-2 stays tied). The same flags
 // drive scripts/bench_torch.py's reference model. `--recompute none|selective|full` is
-// train.recompute (GPTConfig::recompute), printed as "recompute" (full: with --graphs none only).
+// train.recompute (GPTConfig::recompute), printed as "recompute".
 // `--transient-grads 0|1` is train.transient_grads (Note [transient gradients] in
 // parallel/ddp.h; not with --graphs layers), printed as "transient_grads". "held_gib" says what
 // the run holds besides its activations when it ends: fp32 masters, gradient buckets, AdamW's
@@ -157,12 +157,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_gpu: --graphs is none, layers or full, got '%s'\n",
                  graphs_flag.c_str());
     std::exit(2);
-  }
-  if (c.recompute == Recompute::kFull && scope != graphs::Scope::kNone) {
-    std::fprintf(stderr,
-                 "bench_gpu: --recompute full runs with --graphs none (as "
-                 "train.recompute = \"full\" needs graphs.scope = \"none\")\n");
-    return 2;
   }
   const bool transient = switch_arg(argc, argv, "transient-grads", false);
   if (transient && scope == graphs::Scope::kLayers) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -138,6 +139,40 @@ TEST(ConfigFiles, Gpt2LoadsAndValidates) {
   validate(c, 1);
   EXPECT_EQ(resolve_device(c.train, true), DeviceChoice::kCuda);
   expect_user_error([&] { resolve_device(c.train, false); }, {"train.device = \"cuda\""});
+}
+
+TEST(ConfigFiles, LlamaShapesLoadAndValidate) {
+  const Config tiny = load_config("configs/llama_tiny.json");
+  EXPECT_EQ(tiny.model.arch, ModelArch::kLlama);
+  EXPECT_EQ(tiny.model.n_kv_head, 2);
+  EXPECT_EQ(tiny.model.intermediate_size, 160);
+  validate(tiny, 1);
+  const Config big = load_config("configs/llama3_1b.json");
+  EXPECT_EQ(big.model.arch, ModelArch::kLlama);
+  EXPECT_EQ(big.model.vocab_size, 128256);
+  EXPECT_EQ(big.model.n_layer, 16);
+  EXPECT_EQ(big.model.n_head, 32);
+  EXPECT_EQ(big.model.n_kv_head, 8);
+  EXPECT_EQ(big.model.head_dim, 64);
+  EXPECT_EQ(big.model.intermediate_size, 8192);
+  EXPECT_EQ(big.model.rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_DOUBLE_EQ(big.model.rope_scaling.factor, 32.0);
+  EXPECT_TRUE(big.model.tied_embeddings);
+  validate(big, 1);
+}
+
+// Every shipped config parses and validates at one process: a key that leaves the schema, or a
+// combination validate() starts refusing, shows up here rather than in a user's first run.
+TEST(ConfigFiles, EveryShippedConfigValidates) {
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator("configs")) {
+    if (e.path().extension() == ".json") files.push_back(e.path().string());
+  }
+  EXPECT_GE(files.size(), 6u);
+  for (const std::string& f : files) {
+    SCOPED_TRACE(f);
+    EXPECT_NO_THROW(validate(load_config(f), 1));
+  }
 }
 
 TEST(ConfigOverrides, NumbersBoolsStringsAndNestedKeys) {
@@ -302,19 +337,17 @@ TEST(ConfigErrors, BackendChecks) {
   expect_text_error(R"({"parallel": {"ipc_timeout_s": 0}})", {"parallel.ipc_timeout_s"});
 }
 
-// Note [full recompute] in model/gpt.cc: "full" runs each block's forward twice, which GTP's
-// prefetch chains and graph regions do not expect.
-TEST(ConfigErrors, FullRecomputeNeedsNoGtpAndNoGraphs) {
-  EXPECT_EQ(from_text(R"({"train": {"recompute": "full"}, "parallel": {"tp": 1}})").train.recompute,
-            RecomputeChoice::kFull);
-  expect_text_error(R"({"train": {"recompute": "full"}, "parallel": {"gtp": 2}})",
-                    {"train.recompute = \"full\"", "parallel.gtp = 1", "parallel.gtp = 2"});
-  expect_text_error(R"({"train": {"recompute": "full"}, "graphs": {"scope": "layers"}})",
-                    {"train.recompute = \"full\"", "graphs.scope = \"layers\""});
-  EXPECT_EQ(from_text(R"({"train": {"recompute": "selective", "global_batch": 16},
-                                 "parallel": {"gtp": 2}})")
-                .train.recompute,
-            RecomputeChoice::kSelective);
+// Note [full recompute] in model/gpt.cc: "full" composes with every layout and graph scope (GTP
+// gathers the weights again for the second forward; a backward graph captures it).
+TEST(ConfigDefaults, FullRecomputeWithGtpAndGraphs) {
+  for (const char* scope : {"none", "layers", "full"}) {
+    const Config c = from_text(str_cat(R"({"train": {"recompute": "full", "global_batch": 16},
+        "parallel": {"gtp": 2}, "graphs": {"scope": ")",
+                                       scope, R"("}})"));
+    EXPECT_EQ(c.train.recompute, RecomputeChoice::kFull) << scope;
+    validate(c, 2);
+  }
+  expect_text_error(R"({"train": {"recompute": "every"}})", {"train.recompute", "\"every\""});
 }
 
 TEST(ConfigErrors, TensorParallelChecks) {

@@ -105,7 +105,8 @@ TEST(Llama, TrainsDeterministicallyAndMatchesTheReference) {
   }
 }
 
-// Graphs layers and full give eager's losses bit for bit; 10 steps + --resume give 20 straight.
+// Graphs layers and full give eager's losses bit for bit, also with train.recompute = "full";
+// 10 steps + --resume give 20 straight.
 TEST(Llama, GraphsAndResumeAreBitExact) {
   const Variant& v = variants()[1];  // qwen3 style: MTP D=2, q/k norms, untied head
   const std::string dir = temp_dir("llama_exact");
@@ -114,6 +115,10 @@ TEST(Llama, GraphsAndResumeAreBitExact) {
   for (const char* scope : {"layers", "full"}) {
     const std::string run = train(dir, v, scope, {std::string("graphs.scope=") + scope});
     EXPECT_EQ(metrics_losses(run + "/metrics.jsonl"), eager) << "graphs " << scope;
+    // Note [full recompute]: the backward graph runs each block's forward again.
+    const std::string full = train(dir, v, std::string(scope) + "_recompute",
+                                   {std::string("graphs.scope=") + scope, "train.recompute=full"});
+    EXPECT_EQ(metrics_losses(full + "/metrics.jsonl"), eager) << "graphs " << scope << ", full";
   }
   // Stopped at step 10 (only that checkpoint kept), then resumed to 20.
   const std::string run = train(dir, v, "resumed", {"checkpoint.every=10"});
@@ -128,8 +133,9 @@ TEST(Llama, GraphsAndResumeAreBitExact) {
 
 // Every parallel layout over processes (Gloo) against one process: DP, GTP (graphs none, layers,
 // full), TP (the q/k norms' partial gradients summed over TP), TP × GTP with sequence parallelism,
-// and train.recompute = "full" (Note [full recompute]: bit for bit in one process; with DP and
-// with TP + sequence parallelism, whose collectives the recomputed forward runs again).
+// and train.recompute = "full" (Note [full recompute]: bit for bit in one process; with DP, with
+// TP + sequence parallelism, whose collectives the recomputed forward runs again, and with GTP,
+// whose weights the recomputed forward gathers again).
 TEST(Llama, EveryLayoutMatchesOneProcess) {
   const std::string dir = temp_dir("llama_layouts");
   // Qwen3 style (MTP D=2, untied head, q/k norms) with two key/value heads: one per TP rank.
@@ -159,6 +165,16 @@ TEST(Llama, EveryLayoutMatchesOneProcess) {
       {"tp2_sp_recompute_full",
        2,
        {"parallel.tp=2", "parallel.sequence_parallel=true", "train.recompute=full"},
+       1e-6},
+      {"gtp2_recompute_full", 2, {"parallel.gtp=2", "train.recompute=full"}, 1e-5},
+      {"gtp2_layers_recompute_full",
+       2,
+       {"parallel.gtp=2", "graphs.scope=layers", "train.recompute=full"},
+       1e-5},
+      {"tp2_gtp2_sp_full_recompute_full",
+       4,
+       {"parallel.tp=2", "parallel.gtp=2", "parallel.sequence_parallel=true", "graphs.scope=full",
+        "train.recompute=full"},
        1e-6},
   };
   for (const Layout& l : layouts) {
