@@ -212,6 +212,35 @@ TEST(IpcTrain, TransientGradsMatchPersistent) {
   }
 }
 
+// train.recompute = "full" (Note [full recompute] in model/gpt.cc) on several ranks of one GPU:
+// GTP = 2 (its weights gathered again for the second forward) and TP = 2 × GTP = 2 with sequence
+// parallelism, eager and under graphs layers and full, give the losses of the same layout
+// without recompute bit for bit.
+TEST(IpcTrain, FullRecomputeMatchesKeptActivations) {
+  const std::string dir = setup("ipc_recompute");
+  for (const Layout& l :
+       {Layout{"gtp2", 2, {"parallel.gtp=2"}},
+        Layout{"tp2_gtp2_sp",
+               4,
+               {"parallel.tp=2", "parallel.gtp=2", "parallel.sequence_parallel=true"}}}) {
+    const auto kept =
+        metrics_losses(train(dir, l, {"train.steps=10"}, "_kept_rc") + "/metrics.jsonl");
+    ASSERT_EQ(kept.size(), 10u) << l.name;
+    for (const char* scope : {"none", "layers", "full"}) {
+      const auto got = metrics_losses(
+          train(dir, l,
+                {"train.steps=10", "train.recompute=full", std::string("graphs.scope=") + scope},
+                std::string("_recompute_") + scope) +
+          "/metrics.jsonl");
+      EXPECT_EQ(got, kept) << l.name << " graphs " << scope;
+    }
+    std::printf(
+        "%s: full recompute, eager and graphs layers and full, bit-identical over 10 "
+        "steps\n",
+        l.name.c_str());
+  }
+}
+
 // A field of the last metrics line that has it (-1 if none has).
 double last_metric(const std::string& run, const std::string& field) {
   std::ifstream f(run + "/metrics.jsonl");
