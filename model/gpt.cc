@@ -239,10 +239,12 @@ Var GPT::trunk(const Tensor& inputs) {
 // gain every block activation but the residual stream. The MTP depths keep theirs.
 // It composes with every layout and graph scope, because the second forward is an ordinary
 // forward recorded inside the backward:
-// - GTP (parallel/gtp.h): the recomputed uses are forward uses of weights already used in this
-//   pass, so no prefetch is armed for them and each gathers on demand; their backwards then
-//   gather again as always. Three gathers a block weight per step instead of two, in exchange
-//   for the activations.
+// - GTP (parallel/gtp.h): the second forward gathers each block weight again (three gathers a
+//   block weight per step instead of two, in exchange for the activations). The forward chain's
+//   prefetches do not serve it (those weights were used in this pass already); begin_recompute()
+//   and end_recompute() mark it, and GTP prefetches each weight of a second forward from the one
+//   before it and the first weight of the next block's second forward at the end of this one
+//   (Note [GTP recompute rounds]).
 // - Graphs: under "layers" the block's forward graph holds the no-grad forward and its backward
 //   graph the second forward with the segment's backward; under "full" the one capture holds
 //   both. The readiness calls before a replay cover the second forward, which reads the same
@@ -268,7 +270,9 @@ Var GPT::block_forward(int layer, const Var& x) {
     Tape segment;
     {
       TapeScope scope;
+      weights_->begin_recompute();
       again = plain_block_forward(layer, in);
+      weights_->end_recompute();
       segment = scope.take();
     }
     again.set_grad(out.grad());

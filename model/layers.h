@@ -36,6 +36,11 @@ class WeightAccess {
   // Called when a forward pass starts: nothing gathered for an earlier pass may serve this one
   // (parameters may have changed since).
   virtual void begin_forward() {}
+  // Bracket a block's second forward inside the backward (Note [full recompute] in model/gpt.cc):
+  // its uses repeat, in order, a stretch of the pass's forward uses, and the blocks' second
+  // forwards come in the same order every micro-batch.
+  virtual void begin_recompute() {}
+  virtual void end_recompute() {}
 
   // The graph capture seam (graphs/graph_runner.h). A capture domain is a region of the model
   // captured together (0: eager; 1: the graphed region); what the access chains across uses (GTP

@@ -301,7 +301,36 @@ void GtpWeights::cancel_prefetches() {
   }
 }
 
-void GtpWeights::begin_forward() { cancel_prefetches(); }
+void GtpWeights::begin_forward() {
+  cancel_prefetches();
+  if (!round_order_.empty()) last_round_order_ = std::move(round_order_);
+  round_order_.clear();
+}
+
+void GtpWeights::begin_recompute() {
+  in_round_ = true;
+  round_pos_ = 0;
+}
+
+void GtpWeights::end_recompute() {
+  in_round_ = false;
+  const size_t next = round_order_.size();  // the round after this one, last micro-batch
+  if (!chain_done_ || next >= last_round_order_.size()) return;
+  Info& first = *last_round_order_[next];
+  if (first.domain == domain_ && !first.armed[kFwd]) gather(first, Direction::kForward, true);
+}
+
+void GtpWeights::round_use(Info& in) {
+  if (round_pos_++ == 0) round_order_.push_back(&in);
+  std::vector<Info*>& round = rounds_[round_order_.back()];
+  if (!chain_done_) {
+    round.push_back(&in);
+    return;
+  }
+  if (round_pos_ >= round.size()) return;
+  Info& next = *round[round_pos_];
+  if (next.domain == domain_ && !next.armed[kFwd]) gather(next, Direction::kForward, true);
+}
 
 Var GtpWeights::use(Parameter& p) {
   Info& in = info(&p);
@@ -318,7 +347,11 @@ Var GtpWeights::use(Parameter& p) {
               in.domain, " but used in domain ", domain_, ": a weight belongs to one region");
   ++in.fwd_uses;
   Tensor full = materialize(in, Direction::kForward);
-  prefetch(in, Direction::kForward);
+  if (in_round_) {
+    round_use(in);  // Note [GTP recompute rounds]
+  } else {
+    prefetch(in, Direction::kForward);
+  }
   Var v = Var::external(full);
   if (v.requires_grad()) {
     ++in.uses_left;

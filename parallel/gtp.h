@@ -59,6 +59,16 @@
 // for every gather and reduce-scatter still in flight (a stream wait, no host sync); the Works
 // stay where they are, so their uses wait on them as before.
 //
+// Note [GTP recompute rounds]
+// Under train.recompute = "full" (Note [full recompute] in model/gpt.cc) each main block runs its
+// forward again inside the backward, between begin_recompute() and end_recompute(): a round. Its
+// uses are weights already used in this pass, which the forward chain does not prefetch for. The
+// first micro-batch records each round's weights in order (keyed by its first weight) and the
+// order of the rounds; later ones prefetch, in the forward direction, each round weight from the
+// use before it, and at a round's end the first weight of the round that came next last time
+// (while the round's segment backward runs). A micro-batch runs the same rounds in the same order,
+// so every such prefetch serves a use of the same pass: none is left armed.
+//
 // Gather buffers come from the ticket cache (memory/weight_cache.h): stable per (weight,
 // direction); chain neighbours never share. Weights of one shape may share a buffer otherwise, so
 // a gather into a shared buffer cancels the pending prefetch of the weight that held it (that
@@ -117,6 +127,9 @@ class GtpWeights : public WeightAccess {
   Var use_bias(Parameter& p) override;
   // Cancels prefetches left from an earlier pass and restarts the per-pass use counts.
   void begin_forward() override;
+  // Note [GTP recompute rounds].
+  void begin_recompute() override;
+  void end_recompute() override;
   // Finalizes every pending reduce-scatter (call after each micro-batch's backward).
   void finish_backward();
   // Capture seam (see above): 0 is the eager domain.
@@ -157,6 +170,8 @@ class GtpWeights : public WeightAccess {
   // Waits for p's gather for this use in `dir` (issuing it now if none is pending).
   Tensor materialize(Info& in, memory::Direction dir);
   void prefetch(const Info& in, memory::Direction dir);
+  // A use inside a recompute round: records the round, or prefetches its next weight.
+  void round_use(Info& in);
   memory::WeightCache& cache(int domain);
   void cancel_prefetches();
   // Note [joined before capture].
@@ -176,6 +191,12 @@ class GtpWeights : public WeightAccess {
   std::map<int, std::unique_ptr<memory::WeightCache>> caches_;  // per domain
   memory::SymmetricPool pool_;                                  // send buffers
   std::deque<Pending> pending_;
+  // Note [GTP recompute rounds]: each round's weights by its first one, the rounds of this
+  // micro-batch and of the one before, and where the running round is.
+  std::unordered_map<const Info*, std::vector<Info*>> rounds_;
+  std::vector<Info*> round_order_, last_round_order_;
+  bool in_round_ = false;
+  size_t round_pos_ = 0;
   std::unordered_map<void*, std::pair<Info*, memory::Direction>> occupant_;  // buffer -> holder
   std::unordered_map<const Parameter*, Tensor> bias_copies_;  // bf16 [C] per bias, bf16 compute
   GtpStats stats_;
