@@ -11,8 +11,8 @@
 // or a synchronous gather now), hand the ops a Var over the full buffer, and — once the first
 // forward has recorded the chain (the order of first use) — start the async gather of weight i+1,
 // after calling i+1's ready callback (its DP gather may still be pending: Note [readiness] in
-// parallel/ddp.h). A use with no prefetch issued for it (a repeat use under MTP, or a block's
-// second forward under full recompute: Note [full recompute] in model/gpt.cc) gathers on demand.
+// parallel/ddp.h). A use with no prefetch issued for it (a repeat use under MTP) gathers on demand.
+// A block's second forward under full recompute prefetches by rounds instead (below).
 // A prefetch is issued only for a use still to come in this pass (forward: i+1 not used yet;
 // backward: i−1 has backward uses left), and a new pass cancels what an earlier pass left armed:
 // a gather never serves a use after the optimizer changed the weight.
