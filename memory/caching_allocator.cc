@@ -1,12 +1,30 @@
 #include "memory/caching_allocator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
 #include <vector>
 
 namespace gtron::memory {
+
+namespace {
+thread_local AllocKind t_kind = AllocKind::kOther;
+}  // namespace
+
+const char* alloc_kind_name(AllocKind kind) {
+  static const char* const names[kAllocKinds] = {"other",         "weights",   "gradients",
+                                                 "optimizer",     "forward",   "backward",
+                                                 "communication", "checkpoint"};
+  return names[static_cast<int>(kind)];
+}
+
+AllocKind current_alloc_kind() { return t_kind; }
+
+AllocKindScope::AllocKindScope(AllocKind kind) : prev_(t_kind) { t_kind = kind; }
+AllocKindScope::~AllocKindScope() { t_kind = prev_; }
 
 struct CachingAllocator::Block {
   char* ptr;
@@ -14,6 +32,7 @@ struct CachingAllocator::Block {
   uintptr_t stream;
   bool small;
   bool free = true;
+  uint8_t kind = 0;       // AllocKind of the live block
   Block* prev = nullptr;  // neighbours inside one segment
   Block* next = nullptr;
 };
@@ -128,7 +147,13 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
   b->free = false;
   live_[b->ptr] = b;
   stats_.allocated += b->size;
-  if (stats_.allocated > stats_.peak_allocated) stats_.peak_allocated = stats_.allocated;
+  b->kind = static_cast<uint8_t>(current_alloc_kind());
+  stats_.allocated_by_kind[b->kind] += b->size;
+  if (stats_.allocated > stats_.peak_allocated) {
+    stats_.peak_allocated = stats_.allocated;
+    std::copy(std::begin(stats_.allocated_by_kind), std::end(stats_.allocated_by_kind),
+              std::begin(stats_.peak_by_kind));
+  }
   return b->ptr;
 }
 
@@ -140,6 +165,7 @@ void CachingAllocator::deallocate(void* ptr) {
   Block* b = it->second;
   live_.erase(it);
   stats_.allocated -= b->size;
+  stats_.allocated_by_kind[b->kind] -= b->size;
   b->free = true;
   FreeSet& set = free_set(b->stream, b->small);
   // Merge with free neighbours; the segment head (prev == nullptr) keeps its identity.
@@ -218,6 +244,8 @@ void CachingAllocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.peak_allocated = stats_.allocated;
   stats_.peak_reserved = stats_.reserved;
+  std::copy(std::begin(stats_.allocated_by_kind), std::end(stats_.allocated_by_kind),
+            std::begin(stats_.peak_by_kind));
 }
 
 std::string CachingAllocator::oom_message(size_t asked) const {

@@ -32,6 +32,38 @@
 
 namespace gtron::memory {
 
+// Note [allocation kinds]
+// What the bytes at the peak are for. A thread-local kind, set by scopes where the memory is
+// asked for (the model's parameters, the gradient buffers, the optimizer's state, the forward,
+// the backward, communication buffers), travels with each block from allocate() to deallocate();
+// the allocator keeps live bytes per kind and copies them at every new peak of `allocated`, so
+// the peak can be told apart (a copy of kAllocKinds numbers per new peak, none in steady state).
+// Nested scopes win: the gradient bucket a backward allocates counts as gradients.
+enum class AllocKind : uint8_t {
+  kOther,
+  kWeights,        // fp32 masters and their bf16 copies
+  kGradients,      // fp32 gradient buffers (main_grad, DP buckets)
+  kOptimizer,      // AdamW moments and the norm's scratch
+  kForward,        // what the forward allocates: activations kept for the backward, its scratch
+  kBackward,       // activation gradients and the backward's scratch
+  kCommunication,  // gathered weights, send and staging buffers of collectives
+  kCheckpoint,     // the copies a checkpoint write gathers
+};
+constexpr int kAllocKinds = 8;
+const char* alloc_kind_name(AllocKind kind);  // "weights", "gradients", ...
+AllocKind current_alloc_kind();
+// Sets the calling thread's kind for its lifetime (RAII).
+class AllocKindScope {
+ public:
+  explicit AllocKindScope(AllocKind kind);
+  ~AllocKindScope();
+  AllocKindScope(const AllocKindScope&) = delete;
+  AllocKindScope& operator=(const AllocKindScope&) = delete;
+
+ private:
+  AllocKind prev_;
+};
+
 struct AllocatorStats {
   size_t allocated = 0;       // bytes in live blocks (rounded sizes)
   size_t reserved = 0;        // bytes held from the backend
@@ -39,6 +71,9 @@ struct AllocatorStats {
   size_t peak_reserved = 0;   // high-water mark of `reserved`
   uint64_t requests = 0;      // allocate() calls
   uint64_t misses = 0;        // allocate() calls that went to the backend
+  // Note [allocation kinds]: live bytes by AllocKind now, and at the peak of `allocated`.
+  size_t allocated_by_kind[kAllocKinds] = {};
+  size_t peak_by_kind[kAllocKinds] = {};
 };
 
 // Raw memory source under the caching policy. Returns nullptr on failure (never throws).

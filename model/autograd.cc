@@ -1,5 +1,6 @@
 #include "model/autograd.h"
 
+#include "memory/caching_allocator.h"
 #include "model/stream.h"
 
 namespace gtron {
@@ -62,6 +63,7 @@ GradReadyDeferral::~GradReadyDeferral() { t_deferral = nullptr; }
 
 Parameter::Parameter(std::string n, Tensor d, bool wd)
     : name(std::move(n)), data(std::move(d)), weight_decay(wd) {
+  memory::AllocKindScope kind(memory::AllocKind::kGradients);  // Note [allocation kinds]
   main_grad = Tensor::zeros(data.shape(), data.dtype(), data.device());
 }
 
@@ -219,6 +221,7 @@ void backward(const Var& loss, double seed) {
   GTRON_CHECK(loss.value().numel() == 1, "backward() takes a scalar loss; got ",
               loss.shape().str());
   GTRON_CHECK(loss.requires_grad(), "backward() of a loss that does not require grad");
+  memory::AllocKindScope kind(memory::AllocKind::kBackward);  // Note [allocation kinds]
   Tensor g = Tensor::from_vector({seed}, loss.shape(), loss.dtype());
   if (loss.device().is_cuda()) g = g.to(loss.device());
   loss.grad().copy_from(g);
@@ -228,6 +231,7 @@ void backward(const Var& loss, double seed) {
 void backward_with(const Var& y, const Tensor& grad) {
   GTRON_CHECK(grad.shape() == y.shape(), "backward_with: grad ", grad.shape().str(), " for ",
               y.shape().str());
+  memory::AllocKindScope kind(memory::AllocKind::kBackward);
   y.grad().copy_from(grad);
   run_tape();
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "memory/caching_allocator.h"
 #include "model/cuda/runtime.h"
 #include "model/ops/add.h"
 #include "model/ops/classifier.h"
@@ -323,6 +324,7 @@ const MTPModule& GPT::mtp_module(int depth) const {
 
 Tensor GPT::logits(const Tensor& inputs) {
   GTRON_CHECK(inputs.rank() == 2 && inputs.dtype() == DType::kI32, "inputs must be i32 [B, T]");
+  memory::AllocKindScope kind(memory::AllocKind::kForward);
   NoGradGuard no_grad;
   weights_->begin_forward();
   const TpContext& tp = params_.tensor_parallel();
@@ -332,6 +334,7 @@ Tensor GPT::logits(const Tensor& inputs) {
 
 GPTOutput GPT::forward(const Tensor& window) {
   GTRON_CHECK(window.rank() == 2 && window.dtype() == DType::kI32, "window must be i32 [B, T+1]");
+  memory::AllocKindScope kind(memory::AllocKind::kForward);  // Note [allocation kinds]
   weights_->begin_forward();
   // Hidden states of every depth first, then the shared head over each: the head's 1 + D uses
   // are consecutive, so are their backwards (Note [GTP repeated backward] in parallel/gtp.h).

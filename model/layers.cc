@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "memory/caching_allocator.h"
 #include "model/init.h"
 #include "model/llama.h"
 #include "model/ops/add.h"
@@ -20,6 +21,7 @@ namespace gtron {
 Parameter& ParamRegistry::add(const std::string& name, const Shape& shape, Init init, double std,
                               bool weight_decay) {
   GTRON_CHECK(find(name) == nullptr, "duplicate parameter name ", name);
+  memory::AllocKindScope kind(memory::AllocKind::kWeights);  // Note [allocation kinds]
   Tensor t = Tensor::empty(shape, dtype_, Device::cpu());
   switch (init) {
     case Init::kNormal:

@@ -1,5 +1,6 @@
 #include "model/mixed_precision.h"
 
+#include "memory/caching_allocator.h"
 #include "model/stream.h"
 
 namespace gtron {
@@ -11,6 +12,7 @@ Tensor& Bf16Weights::current_shadow(Parameter& p) {
   Shadow& s = shadows_[&p];
   Stream& stream = current_stream(p.data.device());
   if (!s.value.defined()) {
+    memory::AllocKindScope kind(memory::AllocKind::kWeights);  // Note [allocation kinds]
     s.value = Tensor::empty(p.data.shape(), DType::kBF16, p.data.device(), &stream);
     s.stale = true;
   }

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "memory/caching_allocator.h"
 #include "model/layers.h"
 #include "model/ops/linear.h"
 
@@ -167,10 +168,12 @@ Parameter& ParamRegistry::add_split(const std::string& name, const Shape& full, 
                                     double std, bool weight_decay, TpSlice slice) {
   Parameter& p = add(name, full, init, std, weight_decay);  // a function of (seed, name)
   if (tp_.size == 1 || slice.split == TpSplit::kNone) return p;
-  const Device dev = p.data.device();  // cut on the host (construction only)
+  const Device dev = p.data.device();                        // cut on the host (construction only)
+  memory::AllocKindScope kind(memory::AllocKind::kWeights);  // Note [allocation kinds]
   p.data =
       tp_local_of(dev.is_cuda() ? p.data.to(Device::cpu()) : p.data, slice, tp_.rank, tp_.size);
   if (dev.is_cuda()) p.data = p.data.to(dev);
+  memory::AllocKindScope grads(memory::AllocKind::kGradients);
   p.main_grad = Tensor::zeros(p.data.shape(), p.data.dtype(), dev);
   slices_[&p] = slice;
   return p;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "memory/caching_allocator.h"
 #include "model/stream.h"
 
 namespace gtron::parallel {
@@ -61,9 +62,13 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator* 
   close();
   flat_numel_ = cursor;
 
-  // Rebind data and main_grad as views into the flat buffers.
-  flat_param_ = Tensor::zeros({std::max<int64_t>(flat_numel_, 1)}, DType::kF32, device_);
+  // Rebind data and main_grad as views into the flat buffers (Note [allocation kinds]).
+  {
+    memory::AllocKindScope kind(memory::AllocKind::kWeights);
+    flat_param_ = Tensor::zeros({std::max<int64_t>(flat_numel_, 1)}, DType::kF32, device_);
+  }
   if (!opt_.transient_grads) {
+    memory::AllocKindScope kind(memory::AllocKind::kGradients);
     flat_grad_ = Tensor::zeros({std::max<int64_t>(flat_numel_, 1)}, DType::kF32, device_);
   }
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -87,7 +92,9 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator* 
     const int64_t hi = lo + chunk;
     bk.state_begin = state_cursor;
     if (opt_.distributed_optimizer) {
+      memory::AllocKindScope kind(memory::AllocKind::kGradients);
       bk.grad_shard = Tensor::zeros({chunk}, DType::kF32, device_);
+      memory::AllocKindScope staging(memory::AllocKind::kCommunication);
       bk.param_staging = Tensor::zeros({chunk}, DType::kF32, device_);
     }
     for (int i : bk.params) {
@@ -171,6 +178,7 @@ void DataParallel::touch(int b) {
   Bucket& bk = buckets_[b];
   Stream& stream = current_stream(device_);
   if (!bk.grad.defined()) {
+    memory::AllocKindScope kind(memory::AllocKind::kGradients);  // Note [allocation kinds]
     bk.grad = Tensor::empty({bk.numel}, DType::kF32, device_, &stream);
     bind_bucket(b);
   }
@@ -321,11 +329,10 @@ void DataParallel::ensure_all_ready() {
 Tensor DataParallel::gather_owned(const Tensor& owned) {
   GTRON_CHECK(owned.numel() == owned_numel_, "owned state has ", owned.numel(), " elements, not ",
               owned_numel_);
+  // Without the distributed optimizer every rank owns the whole layout: `owned` is the result.
+  if (!opt_.distributed_optimizer && flat_numel_ > 0) return owned;
   Tensor full = Tensor::zeros({std::max<int64_t>(flat_numel_, 1)}, DType::kF32, device_);
-  if (!opt_.distributed_optimizer) {
-    if (flat_numel_ > 0) full.copy_from(owned);
-    return full;
-  }
+  if (!opt_.distributed_optimizer) return full;
   std::vector<Work> works;
   std::vector<Tensor> outs;
   for (const Bucket& bk : buckets_) {

@@ -133,7 +133,8 @@ class DataParallel {
 
   // Full flat state from owned state (all-gather per bucket) and back; for checkpoints of
   // optimizer moments. `owned` has owned_numel() elements; `full` flat_numel(). gather_owned's
-  // result lives on device(); scatter_to_owned takes `full` on any device.
+  // result lives on device() (without the distributed optimizer it is `owned` itself, the same
+  // layout); scatter_to_owned takes `full` on any device.
   Tensor gather_owned(const Tensor& owned);
   void scatter_to_owned(const Tensor& full, Tensor& owned) const;
   int64_t flat_numel() const { return flat_numel_; }

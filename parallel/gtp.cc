@@ -2,6 +2,7 @@
 
 #include <functional>
 
+#include "memory/caching_allocator.h"
 #include "model/mixed_precision.h"
 #include "model/ops/add.h"
 #include "model/stream.h"
@@ -100,8 +101,10 @@ GtpWeights::GtpWeights(const std::vector<Parameter*>& sharded, Communicator* gtp
     in->key = memory::PoolKey{in->padded_rows * in->cols, elem(DType::kF32), group};
     Info* raw = in.get();
     info_[p] = std::move(in);
+    memory::AllocKindScope kind(memory::AllocKind::kWeights);  // Note [allocation kinds]
     Tensor shard = shard_of(p, p->data);
     p->data = shard;
+    memory::AllocKindScope grads(memory::AllocKind::kGradients);
     p->main_grad = Tensor::zeros(shard.shape(), DType::kF32, device_);
     (void)raw;
   }
@@ -216,6 +219,7 @@ memory::WeightCache& GtpWeights::cache(int domain) {
 }
 
 void GtpWeights::gather(Info& in, Direction dir, bool async) {
+  memory::AllocKindScope kind(memory::AllocKind::kCommunication);  // Note [allocation kinds]
   const int s = slot(dir);
   memory::WeightCache& c = cache(in.domain);
   if (!in.ticket[s].valid()) {
@@ -366,7 +370,10 @@ Var GtpWeights::use_bias(Parameter& p) {
   p.make_ready();
   Stream& stream = current_stream(device_);
   Tensor& copy = bias_copies_[&p];
-  if (!copy.defined()) copy = Tensor::empty(p.data.shape(), DType::kBF16, device_, &stream);
+  if (!copy.defined()) {
+    memory::AllocKindScope kind(memory::AllocKind::kWeights);
+    copy = Tensor::empty(p.data.shape(), DType::kBF16, device_, &stream);
+  }
   cuda::cast_f32_to_bf16(p.data.data<float>(), copy.raw(), p.data.numel(), stream.native());
   return Var::param_as(p, copy);
 }
@@ -395,7 +402,10 @@ void GtpWeights::pre_backward(Info& in, const Var& v) {
       break;
     }
   }
-  in.active_send = pool_.acquire(in.key);
+  {
+    memory::AllocKindScope kind(memory::AllocKind::kCommunication);
+    in.active_send = pool_.acquire(in.key);
+  }
   Tensor send = Tensor::from_blob(in.active_send, {in.padded_rows, in.cols}, DType::kF32, device_);
   send.zero_();  // the wgrad accumulates (+=); the padding rows stay zero
   v.set_grad(send.rows(0, in.rows));
@@ -408,7 +418,10 @@ void GtpWeights::post_backward(Info& in, const Var& v) {
   pend.in = &in;
   pend.send = in.active_send;
   in.active_send = nullptr;
-  pend.recv = Tensor::empty({in.shard_rows * in.cols}, DType::kF32, device_);
+  {
+    memory::AllocKindScope kind(memory::AllocKind::kCommunication);
+    pend.recv = Tensor::empty({in.shard_rows * in.cols}, DType::kF32, device_);
+  }
   Tensor send = Tensor::from_blob(pend.send, {in.padded_rows * in.cols}, DType::kF32, device_);
   pend.work = gtp_->reduce_scatter(send, pend.recv, ReduceOp::kSum);
   ++stats_.reduce_scatters;

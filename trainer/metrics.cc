@@ -88,7 +88,23 @@ std::string format_json(const StepMetrics& m) {
        ", \"peak_mem_gib\": " + num(m.peak_mem_gib) + ", \"elapsed_s\": " + num(m.elapsed_s) +
        ", \"eta_s\": " + num(m.eta_s);
   for (const auto& [k, v] : m.extra) s += ", \"" + k + "\": " + num(v);
+  if (!m.peak_by_kind.empty()) {
+    s += ", \"peak_gib_by_kind\": {";
+    for (size_t i = 0; i < m.peak_by_kind.size(); ++i) {
+      s += (i ? ", \"" : "\"") + m.peak_by_kind[i].first + "\": " + num(m.peak_by_kind[i].second);
+    }
+    s += "}";
+  }
   return s + "}";
+}
+
+std::vector<std::pair<std::string, double>> peak_gib_by_kind(const memory::AllocatorStats& st) {
+  std::vector<std::pair<std::string, double>> out;
+  for (int k = 0; k < memory::kAllocKinds; ++k) {
+    out.emplace_back(memory::alloc_kind_name(static_cast<memory::AllocKind>(k)),
+                     static_cast<double>(st.peak_by_kind[k]) / (1ull << 30));
+  }
+  return out;
 }
 
 std::string format_val_line(const ValMetrics& m) {

@@ -4,7 +4,8 @@
 //
 // metrics.jsonl holds two kinds of records, told apart by "split":
 //   train: {"split": "train", "step": N, "loss": objective, "main_loss": ..., "mtp_losses": [...],
-//           "lr": ..., "grad_norm": ..., "tokens_per_s": ..., ...extras}
+//           "lr": ..., "grad_norm": ..., "tokens_per_s": ..., ...extras,
+//           "peak_gib_by_kind": {"other": ..., "weights": ..., ...}}
 //   val:   {"split": "val", "step": N, "val_loss": objective, "val_main_loss": ...,
 //           "val_mtp_losses": [...], "val_tokens": n[, "val_bits_per_byte": ...]}
 // "loss" and "val_loss" are the objective main + (λ/D)·Σ_k mtp_k (= main at D = 0). A val record
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/caching_allocator.h"
 #include "model/device.h"
 
 namespace gtron {
@@ -35,7 +37,13 @@ struct StepMetrics {
   double elapsed_s = 0;
   double eta_s = 0;
   std::vector<std::pair<std::string, double>> extra;  // e.g. send-pool bytes (later issues)
+  // The allocator's peak split by what the bytes are for (Note [allocation kinds] in
+  // memory/caching_allocator.h), GiB by kind name; JSON only ("peak_gib_by_kind").
+  std::vector<std::pair<std::string, double>> peak_by_kind;
 };
+
+// The peak of `st` by allocation kind, GiB, in AllocKind order.
+std::vector<std::pair<std::string, double>> peak_gib_by_kind(const memory::AllocatorStats& st);
 
 // One evaluation: the mean validation losses at step `step` (see the top of this file).
 struct ValMetrics {

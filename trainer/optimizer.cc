@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "memory/caching_allocator.h"
 #include "model/cuda/runtime.h"
 #include "model/stream.h"
 #include "trainer/optimizer_cuda.h"
@@ -49,6 +50,7 @@ void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, doubl
 AdamW::AdamW(int64_t state_numel, std::unordered_set<const Parameter*> decayed, AdamWHyper hyper,
              Device device)
     : decayed_(std::move(decayed)), hyper_(hyper), device_(device) {
+  memory::AllocKindScope kind(memory::AllocKind::kOptimizer);  // Note [allocation kinds]
   m_ = Tensor::zeros({std::max<int64_t>(state_numel, 1)}, DType::kF32, device_);
   v_ = Tensor::zeros({std::max<int64_t>(state_numel, 1)}, DType::kF32, device_);
   if (device_.is_cuda()) {
@@ -131,6 +133,7 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
   first_w_ = segments.empty() ? nullptr : segments.front().w;
   const int64_t bytes = num_chunks_ * static_cast<int64_t>(sizeof(cuda::OptimChunk));
   Stream& s = current_stream(device_);
+  memory::AllocKindScope kind(memory::AllocKind::kOptimizer);
   chunks_ = Tensor::empty({std::max<int64_t>((bytes + 3) / 4, 1)}, DType::kI32, device_, &s);
   partials_ = Tensor::zeros({std::max<int64_t>(num_chunks_, 1)}, DType::kF64, device_, &s);
   if (bytes > 0)

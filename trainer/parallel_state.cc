@@ -324,34 +324,35 @@ ParallelState::Part* ParallelState::part_of(const Parameter* p) {
 std::vector<NamedTensor> ParallelState::full_parameters() {
   ensure_all_ready();
   std::vector<NamedTensor> out;
-  for (Parameter* p : model_.parameters()) {
-    Tensor t = gtp_ && gtp_->is_sharded(p) ? gtp_->gather_full(p, p->data) : p->data.clone();
-    out.push_back({p->name, tp_full(p, t)});
-  }
+  for (Parameter* p : model_.parameters()) out.push_back({p->name, host_full(p, p->data)});
   return out;
+}
+
+Tensor ParallelState::host_full(const Parameter* p, const Tensor& local) {
+  const bool gtp_gathered = gtp_ && gtp_->is_sharded(p);
+  const bool fresh = gtp_gathered || (tp_ && model_.tp_slice(p));  // a tensor of its own
+  Tensor t = tp_full(p, gtp_gathered ? gtp_->gather_full(p, local) : local);
+  if (t.device().is_cuda()) return t.to(Device::cpu());
+  return fresh ? t : t.clone();
 }
 
 Tensor ParallelState::full_of(Part& part, const Parameter* p, const Tensor& flat) {
   const int64_t off = part.dp->flat_offset(p);
-  Tensor view = flat.rows(off, off + p->data.numel()).view(p->data.shape());
-  return tp_full(p, gtp_ && gtp_->is_sharded(p) ? gtp_->gather_full(p, view) : view.clone());
+  return host_full(p, flat.rows(off, off + p->data.numel()).view(p->data.shape()));
 }
 
 std::vector<NamedTensor> ParallelState::full_moments(const Tensor& m, const Tensor& v) {
-  std::vector<NamedTensor> ms, vs;
-  for (Part& part : parts_) {
-    const int64_t n = part.dp->owned_numel();
-    Tensor m_slice = m.rows(part.state_offset, part.state_offset + n);
-    Tensor v_slice = v.rows(part.state_offset, part.state_offset + n);
-    Tensor m_flat = part.dp->gather_owned(m_slice);
-    Tensor v_flat = part.dp->gather_owned(v_slice);
-    for (Parameter* p : part.params) {
-      ms.push_back({"m." + p->name, full_of(part, p, m_flat)});
-      vs.push_back({"v." + p->name, full_of(part, p, v_flat)});
+  std::vector<NamedTensor> out;
+  for (const Tensor* moment : {&m, &v}) {  // one flat moment on the device at a time
+    const std::string prefix = moment == &m ? "m." : "v.";
+    for (Part& part : parts_) {
+      const int64_t n = part.dp->owned_numel();
+      const Tensor flat =
+          part.dp->gather_owned(moment->rows(part.state_offset, part.state_offset + n));
+      for (Parameter* p : part.params) out.push_back({prefix + p->name, full_of(part, p, flat)});
     }
   }
-  ms.insert(ms.end(), vs.begin(), vs.end());
-  return ms;
+  return out;
 }
 
 void ParallelState::load(const CheckpointTensors& c, const std::string& dir, Tensor* m, Tensor* v) {

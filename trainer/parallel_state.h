@@ -67,7 +67,14 @@ class ParallelState {
   void after_update();
   void ensure_all_ready();
 
-  // Checkpoints (collective: every rank calls them). Full, unsharded tensors by name.
+  // Checkpoints (collective: every rank calls them). Full, unsharded tensors by name, on the host.
+  //
+  // Note [checkpoints leave the device]
+  // Each tensor goes to the host as soon as its full value exists (a GTP gather, a TP gather),
+  // and a parameter or moment that needs no gather is copied straight to the host: the device
+  // holds at most one tensor's temporary and one flat moment at a time. Device copies of every
+  // parameter and both moments (16 bytes a parameter, as before) were the run's peak under full
+  // recompute, where the activations no longer are.
   std::vector<NamedTensor> full_parameters();
   // "m.<name>" for every parameter, then "v.<name>", from the optimizer's owned state.
   std::vector<NamedTensor> full_moments(const Tensor& m, const Tensor& v);
@@ -107,8 +114,11 @@ class ParallelState {
   // identities for parameters that are whole on every TP rank, and at TP = 1.
   Tensor tp_full(const Parameter* p, const Tensor& t);
   Tensor tp_local(const Parameter* p, const Tensor& full) const;
-  // The full (unsharded) value of p's view of a flat state tensor of `part`'s layout.
+  // The full (unsharded) value of p's view of a flat state tensor of `part`'s layout, on the host.
   Tensor full_of(Part& part, const Parameter* p, const Tensor& flat);
+  // The full value of `local` (p's data, or a view of p's layout) as a host tensor of its own;
+  // any device copy lives only for this call (Note [checkpoints leave the device]).
+  Tensor host_full(const Parameter* p, const Tensor& local);
   // The element ranges of p's data (its TP part, or its GTP shard of it) that are copies of rows
   // replicated over TP ranks, in order; none when p's slice replicates no rows.
   std::vector<std::pair<int64_t, int64_t>> replicated_elements(const Parameter* p) const;

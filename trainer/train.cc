@@ -39,14 +39,6 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// A checkpoint writer reads host memory: CUDA tensors come back first (a sync, at save time only).
-std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
-  for (NamedTensor& nt : tensors) {
-    if (nt.tensor.device().is_cuda()) nt.tensor = nt.tensor.to(Device::cpu());
-  }
-  return tensors;
-}
-
 std::unordered_set<const Parameter*> decayed_parameters(const GPT& model,
                                                         const OptimizerConfig& oc) {
   std::unordered_set<const Parameter*> out;
@@ -302,8 +294,10 @@ std::vector<double> Run::world_mean(const std::vector<double>& values) {
 }
 
 std::string Run::save_checkpoint() {
-  std::vector<NamedTensor> params = on_host(par_->full_parameters());
-  std::vector<NamedTensor> moments = on_host(par_->full_moments(opt_->m(), opt_->v()));
+  memory::AllocKindScope kind(memory::AllocKind::kCheckpoint);  // Note [allocation kinds]
+  // On the host, one tensor at a time (Note [checkpoints leave the device]).
+  std::vector<NamedTensor> params = par_->full_parameters();
+  std::vector<NamedTensor> moments = par_->full_moments(opt_->m(), opt_->v());
   std::string dir;
   if (is_rank0()) {
     TrainerState st{start_, opt_->steps_taken(), cfg_.train.seed, resolved_json(cfg_),
@@ -412,8 +406,9 @@ void Run::log_step(int64_t done, double lr, double gnorm, const std::vector<doub
       static_cast<double>(window_steps_ * cfg_.train.global_batch * cfg_.train.seq_len) / dt;
   sm.mfu = flops_per_step_ * static_cast<double>(window_steps_) / dt /
            (peak_flops(device_, bf16_) * env_.world_size);
-  sm.peak_mem_gib =
-      static_cast<double>(allocator_for(device_).stats().peak_allocated) / (1ull << 30);
+  const memory::AllocatorStats mem = allocator_for(device_).stats();
+  sm.peak_mem_gib = static_cast<double>(mem.peak_allocated) / (1ull << 30);
+  sm.peak_by_kind = peak_gib_by_kind(mem);
   sm.elapsed_s = seconds_since(t_run_);
   sm.extra = par_->metrics();
   if (graphs_->scope() != graphs::Scope::kNone) {
@@ -526,6 +521,17 @@ int Run::finish() {
   }
   if (const auto bpb = bits_per_byte(data_, ev.main_loss)) std::printf(" | %.4f bits/byte", *bpb);
   std::printf(" | %.1f s\n", seconds_since(t_run_));
+  // Note [allocation kinds] in memory/caching_allocator.h.
+  const memory::AllocatorStats mem = allocator_for(device_).stats();
+  std::printf("peak memory on rank 0: %.3f GiB =",
+              static_cast<double>(mem.peak_allocated) / (1ull << 30));
+  const char* sep = " ";
+  for (const auto& [kind, gib] : peak_gib_by_kind(mem)) {
+    if (gib <= 0) continue;
+    std::printf("%s%s %.3f", sep, kind.c_str(), gib);
+    sep = " + ";
+  }
+  std::printf(" GiB\n");
   return kExitOk;
 }
 

@@ -238,6 +238,50 @@ TEST(CachingAllocator, StatsAddUpExactly) {
   EXPECT_EQ(s.peak_allocated, 110 * KiB);
 }
 
+// Note [allocation kinds]: live bytes per kind follow allocate/deallocate, the innermost scope
+// wins, and the peak's split is the one at the moment of the peak.
+TEST(CachingAllocator, PeakSplitsByAllocationKind) {
+  Fixture f;
+  const auto kind = [](AllocKind k) { return static_cast<int>(k); };
+  void* w;
+  void* x;
+  void* y;
+  {
+    AllocKindScope weights(AllocKind::kWeights);
+    w = f.alloc.allocate(3 * MiB);
+    AllocKindScope forward(AllocKind::kForward);
+    x = f.alloc.allocate(5 * MiB);
+  }
+  EXPECT_EQ(current_alloc_kind(), AllocKind::kOther);
+  y = f.alloc.allocate(1 * MiB);  // other
+  AllocatorStats s = f.alloc.stats();
+  EXPECT_EQ(s.allocated_by_kind[kind(AllocKind::kWeights)], 3 * MiB);
+  EXPECT_EQ(s.allocated_by_kind[kind(AllocKind::kForward)], 5 * MiB);
+  EXPECT_EQ(s.allocated_by_kind[kind(AllocKind::kOther)], 1 * MiB);
+  f.alloc.deallocate(x);  // the peak (9 MiB) stays split as it was
+  {
+    AllocKindScope backward(AllocKind::kBackward);
+    x = f.alloc.allocate(2 * MiB);
+  }
+  s = f.alloc.stats();
+  EXPECT_EQ(s.peak_allocated, 9 * MiB);
+  EXPECT_EQ(s.peak_by_kind[kind(AllocKind::kForward)], 5 * MiB);
+  EXPECT_EQ(s.peak_by_kind[kind(AllocKind::kBackward)], 0u);
+  EXPECT_EQ(s.allocated_by_kind[kind(AllocKind::kForward)], 0u);
+  EXPECT_EQ(s.allocated_by_kind[kind(AllocKind::kBackward)], 2 * MiB);
+  size_t sum = 0;
+  for (size_t b : s.peak_by_kind) sum += b;
+  EXPECT_EQ(sum, s.peak_allocated);
+  f.alloc.reset_peak();  // the split restarts from what is live
+  s = f.alloc.stats();
+  EXPECT_EQ(s.peak_by_kind[kind(AllocKind::kBackward)], 2 * MiB);
+  EXPECT_EQ(s.peak_by_kind[kind(AllocKind::kForward)], 0u);
+  EXPECT_STREQ(alloc_kind_name(AllocKind::kCommunication), "communication");
+  for (void* p : {w, x, y}) f.alloc.deallocate(p);
+  s = f.alloc.stats();
+  for (size_t b : s.allocated_by_kind) EXPECT_EQ(b, 0u);
+}
+
 TEST(CachingAllocator, SteadyStateStepsMakeNoMisses) {
   Fixture f;
   // One "training step": activations allocated in forward order, some freed early, the rest in
