@@ -158,6 +158,15 @@ int main(int argc, char** argv) {
                  graphs_flag.c_str());
     std::exit(2);
   }
+  // The runner captures at the third micro-batch (2 eager warm-ups): fewer warm-up steps would
+  // time the capture and count its pool's allocations as steady-state misses.
+  if (scope != graphs::Scope::kNone && warmup < 3) {
+    std::fprintf(stderr,
+                 "bench_gpu: --warmup %d with --graphs %s: needs at least 3 (the graphs are "
+                 "captured at the third step, which must not be timed)\n",
+                 warmup, graphs_flag.c_str());
+    return 2;
+  }
   const bool transient = switch_arg(argc, argv, "transient-grads", false);
   if (transient && scope == graphs::Scope::kLayers) {
     std::fprintf(stderr,
