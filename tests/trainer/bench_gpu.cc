@@ -243,6 +243,15 @@ int main(int argc, char** argv) {
   // --transient-grads only those a graph pinned).
   auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (1ull << 30); };
   const double mfu = tps * model.flops_per_token(T) / peak_flops(dev, bf16);
+  // Note [allocation kinds]: what the allocator held, by kind, at its peak.
+  std::string by_kind;
+  for (int k = 0; k < memory::kAllocKinds; ++k) {
+    char item[64];
+    std::snprintf(item, sizeof(item), "%s\"%s\": %.3f", k ? ", " : "",
+                  memory::alloc_kind_name(static_cast<memory::AllocKind>(k)),
+                  gib(static_cast<int64_t>(st.peak_by_kind[k])));
+    by_kind += item;
+  }
   std::printf(
       "{\"tokens_per_s\": %.1f, \"ms_per_step\": %.3f, \"mfu\": %.4f, \"peak_mem_gib\": %.3f, "
       "\"allocator_misses_steady_state\": %llu, \"reserved_growth_bytes\": %lld, "
@@ -250,7 +259,8 @@ int main(int argc, char** argv) {
       "\"B\": %ld, "
       "\"V\": %ld, \"Vp\": %ld, \"D\": %d, \"steps\": %d, \"warmup\": %d, \"loss\": %.4f, "
       "\"params\": %ld, \"transient_grads\": %d, \"held_gib\": {\"master\": %.3f, "
-      "\"grads\": %.3f, \"adam\": %.3f, \"bf16_shadows\": %.3f}, %s}\n",
+      "\"grads\": %.3f, \"adam\": %.3f, \"bf16_shadows\": %.3f}, \"peak_gib_by_kind\": {%s}, "
+      "%s}\n",
       tps, 1e3 * sec / steps, mfu, static_cast<double>(st.peak_allocated) / (1ull << 30),
       static_cast<unsigned long long>(st.misses - misses0),
       static_cast<long long>(st.reserved) - static_cast<long long>(reserved0), precision.c_str(),
@@ -258,6 +268,6 @@ int main(int argc, char** argv) {
       static_cast<long>(B), static_cast<long>(c.vocab_size), static_cast<long>(c.padded_vocab()),
       c.mtp_depth, steps, warmup, last_loss.item(), static_cast<long>(model.num_parameters()),
       transient ? 1 : 0, gib(4 * dp.flat_numel()), gib(dp.grad_bytes()), gib(8 * dp.owned_numel()),
-      gib(shadows.shadow_bytes()), family_fields(c).c_str());
+      gib(shadows.shadow_bytes()), by_kind.c_str(), family_fields(c).c_str());
   return 0;
 }
