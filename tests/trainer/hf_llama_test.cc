@@ -155,7 +155,8 @@ TEST_P(LlamaRoundTrip, ImportOfExportIsByteIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Styles, LlamaRoundTrip,
                          ::testing::Values(Case{"llama", false, 0, 4}, Case{"llama", true, 2, 4},
-                                           Case{"qwen3", false, 2, 6}, Case{"qwen2", true, 0, 4}));
+                                           Case{"qwen3", false, 2, 6}, Case{"qwen3", true, 0, 6},
+                                           Case{"qwen2", true, 0, 4}));
 
 // Rewrites a safetensors file through `edit` (erase, replace or add tensors).
 void rewrite(const std::string& path, const std::function<void(std::vector<NamedTensor>&)>& edit) {
