@@ -89,11 +89,15 @@ std::string format_json(const StepMetrics& m) {
        ", \"eta_s\": " + num(m.eta_s);
   for (const auto& [k, v] : m.extra) s += ", \"" + k + "\": " + num(v);
   if (!m.peak_by_kind.empty()) {
-    s += ", \"peak_gib_by_kind\": {";
-    for (size_t i = 0; i < m.peak_by_kind.size(); ++i) {
-      s += (i ? ", \"" : "\"") + m.peak_by_kind[i].first + "\": " + num(m.peak_by_kind[i].second);
-    }
-    s += "}";
+    s += ", \"peak_gib_by_kind\": " + format_peak_by_kind_json(m.peak_by_kind);
+  }
+  return s + "}";
+}
+
+std::string format_peak_by_kind_json(const std::vector<std::pair<std::string, double>>& kinds) {
+  std::string s = "{";
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    s += (i ? ", \"" : "\"") + kinds[i].first + "\": " + num(kinds[i].second);
   }
   return s + "}";
 }

@@ -44,6 +44,8 @@ struct StepMetrics {
 
 // The peak of `st` by allocation kind, GiB, in AllocKind order.
 std::vector<std::pair<std::string, double>> peak_gib_by_kind(const memory::AllocatorStats& st);
+// The JSON object {"other": GiB, "weights": GiB, ...} of peak_gib_by_kind's pairs.
+std::string format_peak_by_kind_json(const std::vector<std::pair<std::string, double>>& kinds);
 
 // One evaluation: the mean validation losses at step `step` (see the top of this file).
 struct ValMetrics {

@@ -158,13 +158,14 @@ int main(int argc, char** argv) {
                  graphs_flag.c_str());
     std::exit(2);
   }
-  // The runner captures at the third micro-batch (2 eager warm-ups): fewer warm-up steps would
-  // time the capture and count its pool's allocations as steady-state misses.
-  if (scope != graphs::Scope::kNone && warmup < 3) {
+  // The runner captures after GraphOptions::warmup eager steps: the capture's step must be a
+  // warm-up step, or it is timed and its pool's allocations count as steady-state misses.
+  const int capture_step = graphs::GraphOptions{}.warmup + 1;
+  if (scope != graphs::Scope::kNone && warmup < capture_step) {
     std::fprintf(stderr,
-                 "bench_gpu: --warmup %d with --graphs %s: needs at least 3 (the graphs are "
-                 "captured at the third step, which must not be timed)\n",
-                 warmup, graphs_flag.c_str());
+                 "bench_gpu: --warmup %d with --graphs %s: needs at least %d (the graphs are "
+                 "captured at step %d, which must not be timed)\n",
+                 warmup, graphs_flag.c_str(), capture_step, capture_step);
     return 2;
   }
   const bool transient = switch_arg(argc, argv, "transient-grads", false);
@@ -244,14 +245,7 @@ int main(int argc, char** argv) {
   auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (1ull << 30); };
   const double mfu = tps * model.flops_per_token(T) / peak_flops(dev, bf16);
   // Note [allocation kinds]: what the allocator held, by kind, at its peak.
-  std::string by_kind;
-  for (int k = 0; k < memory::kAllocKinds; ++k) {
-    char item[64];
-    std::snprintf(item, sizeof(item), "%s\"%s\": %.3f", k ? ", " : "",
-                  memory::alloc_kind_name(static_cast<memory::AllocKind>(k)),
-                  gib(static_cast<int64_t>(st.peak_by_kind[k])));
-    by_kind += item;
-  }
+  const std::string by_kind = format_peak_by_kind_json(peak_gib_by_kind(st));
   std::printf(
       "{\"tokens_per_s\": %.1f, \"ms_per_step\": %.3f, \"mfu\": %.4f, \"peak_mem_gib\": %.3f, "
       "\"allocator_misses_steady_state\": %llu, \"reserved_growth_bytes\": %lld, "
@@ -259,7 +253,7 @@ int main(int argc, char** argv) {
       "\"B\": %ld, "
       "\"V\": %ld, \"Vp\": %ld, \"D\": %d, \"steps\": %d, \"warmup\": %d, \"loss\": %.4f, "
       "\"params\": %ld, \"transient_grads\": %d, \"held_gib\": {\"master\": %.3f, "
-      "\"grads\": %.3f, \"adam\": %.3f, \"bf16_shadows\": %.3f}, \"peak_gib_by_kind\": {%s}, "
+      "\"grads\": %.3f, \"adam\": %.3f, \"bf16_shadows\": %.3f}, \"peak_gib_by_kind\": %s, "
       "%s}\n",
       tps, 1e3 * sec / steps, mfu, static_cast<double>(st.peak_allocated) / (1ull << 30),
       static_cast<unsigned long long>(st.misses - misses0),

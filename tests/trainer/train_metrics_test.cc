@@ -73,6 +73,14 @@ TEST_F(TrainMetrics, StepOneValidationRecordsAndTheObjective) {
   for (const json& j : rs) {
     if (j["split"] == "train") {
       ASSERT_EQ(j.at("mtp_losses").size(), 2u) << j;
+      // Note [allocation kinds]: the peak split by kind is an object of GiB that adds up to the
+      // peak (%.6g digits each), with the weights in it.
+      const json& kinds = j.at("peak_gib_by_kind");
+      ASSERT_TRUE(kinds.is_object()) << j;
+      double sum = 0;
+      for (const auto& [name, gib] : kinds.items()) sum += gib.get<double>();
+      EXPECT_NEAR(sum, j.at("peak_mem_gib").get<double>(), 1e-5 * kinds.size()) << j;
+      EXPECT_GT(kinds.at("weights").get<double>(), 0) << j;
       const double objective =
           j["main_loss"].get<double>() +
           0.3 / 2 * (j["mtp_losses"][0].get<double>() + j["mtp_losses"][1].get<double>());
