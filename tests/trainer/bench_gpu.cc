@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
       "\"allocator_misses_steady_state\": %llu, \"reserved_growth_bytes\": %lld, "
       "\"precision\": \"%s\", \"graphs\": \"%s\", \"L\": %d, \"C\": %ld, \"NH\": %d, \"T\": %ld, "
       "\"B\": %ld, "
-      "\"V\": %ld, \"Vp\": %ld, \"D\": %d, \"steps\": %d, \"warmup\": %d, \"loss\": %.4f, "
+      "\"V\": %ld, \"Vp\": %ld, \"D\": %d, \"steps\": %d, \"warmup\": %d, \"loss\": %.9g, "
       "\"params\": %ld, \"transient_grads\": %d, \"held_gib\": {\"master\": %.3f, "
       "\"grads\": %.3f, \"adam\": %.3f, \"bf16_shadows\": %.3f}, \"peak_gib_by_kind\": %s, "
       "%s}\n",
