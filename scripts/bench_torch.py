@@ -243,7 +243,7 @@ def main():
     ap.add_argument("--rope-theta", type=float, default=None, help="RoPE base (llama; 500000)")
     ap.add_argument("--tied", type=int, choices=[0, 1], default=1,
                     help="head tied to the embedding (0: llama only)")
-    ap.add_argument("--transient-grads", type=int, choices=[0, 1], default=0,
+    ap.add_argument("--transient-grads", choices=["0", "1", "auto"], default="auto",
                     help="bench_gpu's flag, accepted so --compare can pass it to both; PyTorch's "
                          "gradients come into being in the backward anyway (set_to_none)")
     ap.add_argument("--steps", type=int, default=50)

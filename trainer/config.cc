@@ -98,6 +98,18 @@ void check_structure(const json& obj, const std::string& prefix, const Origin& o
   }
 }
 
+// Note [auto switches]
+// A switch with an "auto" setting (train.transient_grads) is an enum key whose names are "auto",
+// "false" and "true". Its true and false are written as JSON booleans, as for a bool key, so a
+// config or checkpoint written when the key was a bool still reads: checked_enum() takes a JSON
+// boolean for such a key, and the schema writes the key back as a boolean or "auto".
+bool is_bool_name(const KeySpec& k, const std::string& name) {
+  const auto has = [&](const char* n) {
+    return std::find(k.allowed.begin(), k.allowed.end(), n) != k.allowed.end();
+  };
+  return (name == "true" || name == "false") && has("true") && has("false");
+}
+
 std::string describe_allowed(const KeySpec& k) {
   switch (k.type) {
     case KeyType::kInt:
@@ -109,7 +121,9 @@ std::string describe_allowed(const KeySpec& k) {
       return k.non_empty ? "non-empty string" : "any string";
     case KeyType::kEnum: {
       std::vector<std::string> quoted;
-      for (const std::string& a : k.allowed) quoted.push_back("\"" + a + "\"");
+      for (const std::string& a : k.allowed) {
+        quoted.push_back(is_bool_name(k, a) ? a : "\"" + a + "\"");
+      }
       return join(quoted, ", ");
     }
   }
@@ -161,6 +175,7 @@ json checked_float(const KeySpec& k, const json& v, const Origin* origin) {
 
 json checked_enum(const KeySpec& k, const json& v, const Origin* origin) {
   const std::string allowed = describe_allowed(k);
+  if (v.is_boolean() && is_bool_name(k, "true")) return v.get<bool>() ? "true" : "false";
   if (!v.is_string()) {
     fail(str_cat(show(k.path, v, origin), ": expected one of ", allowed, ", got a JSON ",
                  v.type_name()),
@@ -395,12 +410,14 @@ void check_combinations(const Config& c, int world_size) {
          "raise data.synthetic.val_tokens");
   }
   // Note [transient gradients] in parallel/ddp.h: one capture must hold every write of a step.
-  if (c.train.transient_grads && c.graphs.scope == GraphScope::kLayers) {
+  if (c.train.transient_grads == TransientGradsChoice::kOn &&
+      c.graphs.scope == GraphScope::kLayers) {
     fail(
         "train.transient_grads = true: needs graphs.scope \"none\" or \"full\", but "
         "graphs.scope = \"layers\" (its blocks' captured writes and the head's eager ones share "
         "gradient buckets)",
-        "set train.transient_grads = false, or graphs.scope = \"full\"");
+        "set train.transient_grads = \"auto\" (off with \"layers\") or false, or graphs.scope = "
+        "\"full\"");
   }
 
   if (c.train.precision == PrecisionChoice::kBf16 && c.train.device == DeviceChoice::kCpu) {
@@ -440,12 +457,14 @@ void check_combinations(const Config& c, int world_size) {
               p.tp == 1 ? str_cat(world_size, ", the world size")
                         : str_cat(data_ranks, " = world size / parallel.tp"));
   const int64_t accum = c.train.global_batch / (c.train.micro_batch * data_ranks);
-  if (c.train.transient_grads && c.graphs.scope == GraphScope::kFull && accum > 1) {
+  if (c.train.transient_grads == TransientGradsChoice::kOn && c.graphs.scope == GraphScope::kFull &&
+      accum > 1) {
     fail(str_cat("train.transient_grads = true with graphs.scope = \"full\": needs one "
                  "micro-batch a step, but train.global_batch = ",
                  c.train.global_batch, " is ", accum, " micro-batches of ", c.train.micro_batch,
                  " on each of ", data_ranks, " data rank(s)"),
-         "set train.transient_grads = false, graphs.scope = \"none\", or train.global_batch = "
+         "set train.transient_grads = \"auto\" or false, graphs.scope = \"none\", or "
+         "train.global_batch = "
          "train.micro_batch × data ranks");
   }
 }

@@ -33,6 +33,8 @@ enum class CommBackend { kAuto, kNccl, kIpc, kGloo };
 enum class ModelArch { kGpt2, kLlama };
 enum class RopeScalingType { kNone, kLlama3 };
 enum class RecomputeChoice { kNone, kSelective, kFull };
+// train.transient_grads: "auto", false or true (Note [transient gradients] in parallel/ddp.h).
+enum class TransientGradsChoice { kAuto, kOff, kOn };
 
 // The names the config uses ("cosine", "cuda", ...).
 const char* to_string(ScheduleKind v);
@@ -43,6 +45,7 @@ const char* to_string(CommBackend v);
 const char* to_string(ModelArch v);
 const char* to_string(RopeScalingType v);
 const char* to_string(RecomputeChoice v);
+const char* to_string(TransientGradsChoice v);  // "auto", "false", "true"
 
 // The fields below are value-initialised only; the defaults live in the schema table. Start from
 // default_config() rather than from a bare `Config{}`.
@@ -129,8 +132,9 @@ struct TrainConfig {
   int64_t eval_every = 0;    // steps between evaluations; 0 = only at the end
   int64_t eval_batches = 0;  // micro-batches per evaluation
   RecomputeChoice recompute = RecomputeChoice::kNone;  // what the backward re-forms (GPTConfig)
-  bool transient_grads = false;  // gradient buckets only from first write to the update
-  std::string out_dir;           // run directory (metrics, checkpoints, synthetic data)
+  // Gradient buckets only from first write to the update; see resolve_transient_grads().
+  TransientGradsChoice transient_grads = TransientGradsChoice::kAuto;
+  std::string out_dir;  // run directory (metrics, checkpoints, synthetic data)
 };
 
 struct ParallelConfig {
@@ -226,6 +230,13 @@ PrecisionChoice resolve_precision(const TrainConfig& train, DeviceChoice resolve
 // Micro-batches each rank runs per step: global_batch / (micro_batch · world_size / parallel.tp).
 // REQUIRES: validate(cfg, world_size) passed.
 int64_t grad_accum_steps(const Config& cfg, int world_size);
+
+// Whether the run holds its gradient buckets only from their first write in a step to the update
+// (Note [transient gradients] in parallel/ddp.h). true and false are taken as given (validate()
+// refused true where it cannot hold); "auto" turns it on wherever it can hold: graphs.scope
+// "none", or "full" with one micro-batch a step.
+// REQUIRES: validate(cfg, world_size) passed.
+bool resolve_transient_grads(const Config& cfg, int world_size);
 
 // checkpoint.dir, or <train.out_dir>/checkpoints when it is empty.
 std::string checkpoint_dir(const Config& cfg);

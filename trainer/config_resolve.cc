@@ -1,5 +1,5 @@
 // The config's run-time resolution (trainer/config.h): the device and precision "auto" picks,
-// gradient accumulation, and the paths a run writes to.
+// gradient accumulation, transient gradients, and the paths a run writes to.
 #include <filesystem>
 
 #include "model/check.h"
@@ -43,6 +43,20 @@ int64_t grad_accum_steps(const Config& cfg, int world_size) {
               "call validate() first: global_batch ", cfg.train.global_batch, ", micro_batch ",
               cfg.train.micro_batch, ", world_size ", world_size);
   return cfg.train.global_batch / per_step;
+}
+
+bool resolve_transient_grads(const Config& cfg, int world_size) {
+  switch (cfg.train.transient_grads) {
+    case TransientGradsChoice::kOff:
+      return false;
+    case TransientGradsChoice::kOn:
+      return true;
+    case TransientGradsChoice::kAuto:
+      break;
+  }
+  // The conditions validate() puts on true: one capture must hold every write of a step.
+  return cfg.graphs.scope == GraphScope::kNone ||
+         (cfg.graphs.scope == GraphScope::kFull && grad_accum_steps(cfg, world_size) == 1);
 }
 
 std::string checkpoint_dir(const Config& cfg) {

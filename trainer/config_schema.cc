@@ -56,6 +56,12 @@ const std::vector<std::string>& enum_names(RecomputeChoice) {
   return names;
 }
 
+// A tri-state switch: JSON true and false, or "auto" (Note [auto switches] in config.cc).
+const std::vector<std::string>& enum_names(TransientGradsChoice) {
+  static const std::vector<std::string> names = {"auto", "false", "true"};
+  return names;
+}
+
 template <typename E>
 const char* enum_to_string(E v) {
   return enum_names(v).at(static_cast<size_t>(v)).c_str();
@@ -71,6 +77,7 @@ const char* to_string(CommBackend v) { return enum_to_string(v); }
 const char* to_string(ModelArch v) { return enum_to_string(v); }
 const char* to_string(RopeScalingType v) { return enum_to_string(v); }
 const char* to_string(RecomputeChoice v) { return enum_to_string(v); }
+const char* to_string(TransientGradsChoice v) { return enum_to_string(v); }
 
 namespace config_internal {
 namespace {
@@ -86,6 +93,9 @@ template <typename E, typename = std::enable_if_t<std::is_enum<E>::value>>
 json to_json_value(E v) {
   return enum_to_string(v);
 }
+json to_json_value(TransientGradsChoice v) {  // true and false as JSON booleans
+  return v == TransientGradsChoice::kAuto ? json("auto") : json(v == TransientGradsChoice::kOn);
+}
 
 void from_json_value(const json& j, int64_t* out) { *out = j.get<int64_t>(); }
 void from_json_value(const json& j, uint64_t* out) {
@@ -97,8 +107,10 @@ void from_json_value(const json& j, std::string* out) { *out = j.get<std::string
 template <typename E, typename = std::enable_if_t<std::is_enum<E>::value>>
 void from_json_value(const json& j, E* out) {
   const std::vector<std::string>& names = enum_names(E{});
+  const std::string name =
+      j.is_boolean() ? (j.get<bool>() ? "true" : "false") : j.get<std::string>();
   for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i] == j.get<std::string>()) *out = static_cast<E>(i);
+    if (names[i] == name) *out = static_cast<E>(i);
   }
 }
 
@@ -261,11 +273,12 @@ std::vector<KeySpec> build_schema() {
           "block keeps only its input and runs its forward again in the backward: the same "
           "bits, one more forward of the blocks; with any layout and graph scope (GTP gathers "
           "the weights again for it)."),
-      key(GTRON_FIELD(train.transient_grads), false, any,
+      key(GTRON_FIELD(train.transient_grads), TransientGradsChoice::kAuto, any,
           "Hold each gradient bucket only from its first write in a step to the optimizer's "
           "update, so the fp32 gradients (4 bytes a parameter) are not held beside the "
-          "activations at the end of the forward; the same bits. Needs graphs.scope none or full "
-          "(full: one micro-batch a step)."),
+          "activations at the end of the forward; the same bits, no measured time cost. true "
+          "needs graphs.scope none or full (full: one micro-batch a step); auto = true where "
+          "that holds, else false."),
       key(GTRON_FIELD(train.out_dir), "runs/default", any,
           "Run directory: metrics, checkpoints, synthetic data.", Empty::kForbidden),
       // parallel

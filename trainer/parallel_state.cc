@@ -42,10 +42,11 @@ void cut_copies(const parallel::OwnedSegment& s, int64_t begin,
   cut(end, plain);
 }
 
-parallel::DdpOptions ddp_options(const Config& cfg) {
+parallel::DdpOptions ddp_options(const Config& cfg, const parallel::Grid* grid) {
+  const int world_size = grid != nullptr ? grid->layout.world_size : 1;
   return parallel::DdpOptions{cfg.parallel.distributed_optimizer, cfg.parallel.overlap_param_gather,
                               static_cast<size_t>(cfg.parallel.bucket_mb * (1 << 20)),
-                              cfg.train.transient_grads};
+                              resolve_transient_grads(cfg, world_size)};
 }
 
 }  // namespace
@@ -132,7 +133,7 @@ ParallelState::~ParallelState() {
 
 void ParallelState::add_part(std::vector<Parameter*> params, parallel::Communicator* comm,
                              const Config& cfg, bool gtp_sharded, bool tp_split) {
-  auto dp = std::make_unique<parallel::DataParallel>(params, comm, ddp_options(cfg));
+  auto dp = std::make_unique<parallel::DataParallel>(params, comm, ddp_options(cfg, grid_));
   parts_.push_back({std::move(dp), 0, std::move(params), gtp_sharded, tp_split});
 }
 

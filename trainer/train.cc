@@ -266,8 +266,11 @@ void Run::print_header(const ResolvedData& data) const {
       "memory on rank 0: fp32 weights %.3f GiB | fp32 gradients %.3f GiB, %s | AdamW moments "
       "%.3f GiB%s\n",
       weights * gib, weights * gib,
-      c.train.transient_grads ? "transient (from each step's first write to the update)"
-                              : "held for the run",
+      resolve_transient_grads(c, env_.world_size)
+          ? "transient (from each step's first write to the update)"
+      : c.train.transient_grads == TransientGradsChoice::kAuto
+          ? "held for the run (transient_grads auto: off with this graph scope and accumulation)"
+          : "held for the run",
       8.0 * static_cast<double>(par_->owned_numel()) * gib, shadows);
   if (c.graphs.scope != GraphScope::kNone) {
     std::printf("graphs: %s (%ld eager warmups per shape, then capture and replay)\n",

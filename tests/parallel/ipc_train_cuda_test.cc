@@ -196,7 +196,7 @@ TEST(IpcTrain, TransientGradsMatchPersistent) {
   for (const Layout& l :
        {Layout{"gtp2", 2, {"parallel.gtp=2", "train.global_batch=4"}},
         Layout{"tp2_gtp2", 4, {"parallel.tp=2", "parallel.gtp=2", "train.global_batch=4"}}}) {
-    const std::vector<std::string> ten = {"train.steps=10"};
+    const std::vector<std::string> ten = {"train.steps=10", "train.transient_grads=false"};
     const auto kept = metrics_losses(train(dir, l, ten, "_kept") + "/metrics.jsonl");
     ASSERT_EQ(kept.size(), 10u) << l.name;
     for (const char* scope : {"none", "full"}) {

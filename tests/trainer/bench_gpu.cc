@@ -10,8 +10,9 @@
 // --qk-norm 0|1, --rope-theta, --tied 0|1 (tied_embeddings; GPT-2 stays tied). The same flags
 // drive scripts/bench_torch.py's reference model. `--recompute none|selective|full` is
 // train.recompute (GPTConfig::recompute), printed as "recompute".
-// `--transient-grads 0|1` is train.transient_grads (Note [transient gradients] in
-// parallel/ddp.h; not with --graphs layers), printed as "transient_grads". "held_gib" says what
+// `--transient-grads 0|1|auto` is train.transient_grads (Note [transient gradients] in
+// parallel/ddp.h; 1 not with --graphs layers; auto, the default, = 1 unless --graphs layers),
+// printed as "transient_grads". "held_gib" says what
 // the run holds besides its activations when it ends: fp32 masters, gradient buckets, AdamW's
 // moments and the bf16 shadows.
 #include <chrono>
@@ -168,7 +169,16 @@ int main(int argc, char** argv) {
                  warmup, graphs_flag.c_str(), capture_step, capture_step);
     return 2;
   }
-  const bool transient = switch_arg(argc, argv, "transient-grads", false);
+  // "auto" (the default) as train.transient_grads resolves it: one micro-batch a step here, so on
+  // unless --graphs layers.
+  const std::string transient_flag = flag(argc, argv, "transient-grads", "auto");
+  if (transient_flag != "auto" && transient_flag != "0" && transient_flag != "1") {
+    std::fprintf(stderr, "bench_gpu: --transient-grads is 0, 1 or auto, got '%s'\n",
+                 transient_flag.c_str());
+    return 2;
+  }
+  const bool transient =
+      transient_flag == "auto" ? scope != graphs::Scope::kLayers : transient_flag == "1";
   if (transient && scope == graphs::Scope::kLayers) {
     std::fprintf(stderr,
                  "bench_gpu: --transient-grads 1 runs with --graphs none or full (as "

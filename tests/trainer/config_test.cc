@@ -85,6 +85,7 @@ TEST(ConfigDefaults, MatchTheSchema) {
   EXPECT_EQ(c.train.precision, PrecisionChoice::kAuto);
   EXPECT_EQ(c.train.eval_batches, 4);
   EXPECT_EQ(c.train.recompute, RecomputeChoice::kNone);
+  EXPECT_EQ(c.train.transient_grads, TransientGradsChoice::kAuto);
   EXPECT_EQ(c.train.out_dir, "runs/default");
   EXPECT_EQ(c.parallel.gtp, 1);
   EXPECT_TRUE(c.parallel.distributed_optimizer);
@@ -443,6 +444,52 @@ TEST(ConfigRuntime, DeviceAndPrecisionResolution) {
   EXPECT_STREQ(to_string(ScheduleKind::kWsd), "wsd");
   EXPECT_STREQ(to_string(GraphScope::kFull), "full");
   EXPECT_STREQ(to_string(PrecisionChoice::kFp32), "fp32");
+}
+
+TEST(ConfigRuntime, TransientGradsAutoTrueFalse) {
+  // JSON booleans (the key's form before "auto", kept in old checkpoints), "auto", and --set.
+  EXPECT_EQ(from_text(R"({"train": {"transient_grads": true}})").train.transient_grads,
+            TransientGradsChoice::kOn);
+  EXPECT_EQ(from_text(R"({"train": {"transient_grads": false}})").train.transient_grads,
+            TransientGradsChoice::kOff);
+  EXPECT_EQ(from_text(R"({"train": {"transient_grads": "auto"}})").train.transient_grads,
+            TransientGradsChoice::kAuto);
+  EXPECT_EQ(from_text("{}", {"train.transient_grads=true"}).train.transient_grads,
+            TransientGradsChoice::kOn);
+  EXPECT_EQ(from_text("{}", {"train.transient_grads=false"}).train.transient_grads,
+            TransientGradsChoice::kOff);
+  // Written back as a boolean, and read back the same.
+  const Config on = from_text("{}", {"train.transient_grads=true"});
+  EXPECT_NE(resolved_json(on).find("\"transient_grads\": true"), std::string::npos);
+  EXPECT_EQ(from_text(resolved_json(on)), on);
+  EXPECT_NE(resolved_json(default_config()).find("\"transient_grads\": \"auto\""),
+            std::string::npos);
+  expect_text_error(R"({"train": {"transient_grads": "yes"}})",
+                    {"train.transient_grads", "\"auto\", false, true"});
+  expect_text_error(R"({"train": {"transient_grads": 1}})", {"train.transient_grads"});
+
+  // auto: on eagerly and under graphs full with one micro-batch a step, else off.
+  Config c = default_config();
+  EXPECT_TRUE(resolve_transient_grads(c, 1));
+  c.graphs.scope = GraphScope::kFull;
+  EXPECT_TRUE(resolve_transient_grads(c, 1));
+  c.train.micro_batch = 4;  // two micro-batches a step
+  EXPECT_FALSE(resolve_transient_grads(c, 1));
+  c.train.global_batch = 16;  // one micro-batch of 8 on each of two data ranks
+  c.train.micro_batch = 8;
+  EXPECT_TRUE(resolve_transient_grads(c, 2));
+  EXPECT_FALSE(resolve_transient_grads(c, 1));
+  c.graphs.scope = GraphScope::kLayers;
+  EXPECT_FALSE(resolve_transient_grads(c, 1));
+  c.train.transient_grads = TransientGradsChoice::kOff;
+  c.graphs.scope = GraphScope::kNone;
+  EXPECT_FALSE(resolve_transient_grads(c, 1));
+  c.train.transient_grads = TransientGradsChoice::kOn;
+  EXPECT_TRUE(resolve_transient_grads(c, 1));
+  // Explicit true where it cannot hold is refused; auto there is not.
+  expect_text_error("{}", {"train.transient_grads = true", "graphs.scope"},
+                    {"train.transient_grads=true", "graphs.scope=layers"});
+  EXPECT_EQ(from_text("{}", {"graphs.scope=layers"}).graphs.scope, GraphScope::kLayers);
 }
 
 }  // namespace

@@ -90,10 +90,11 @@ class TransientGrads : public ::testing::Test {
   };
   Three expect_same_losses(const char* config, const std::string& name,
                            const std::vector<std::string>& sets, int nproc = 1) {
-    std::vector<std::string> transient = sets;
+    std::vector<std::string> transient = sets, kept = sets;
     transient.push_back("train.transient_grads=true");
+    kept.push_back("train.transient_grads=false");
     Three t;
-    t.kept = train(config, name + "_kept", sets, nproc);
+    t.kept = train(config, name + "_kept", kept, nproc);
     t.eager = train(config, name + "_eager", transient, nproc);
     transient.push_back("graphs.scope=full");
     t.full = train(config, name + "_full", transient, nproc);
@@ -120,7 +121,8 @@ TEST_F(TransientGrads, Gpt2SameLossesLowerPeak) {
   const double grad_gib = 4.0 * kept.params / (1 << 30);
   EXPECT_GT(kept.peak_gib - eager.peak_gib, 0.8 * grad_gib)
       << kept.peak_gib << " GiB against " << eager.peak_gib;
-  const Trained kept_full = train(kGpt2, "kept_full", {"graphs.scope=full"});
+  const Trained kept_full =
+      train(kGpt2, "kept_full", {"graphs.scope=full", "train.transient_grads=false"});
   EXPECT_EQ(kept_full.losses, kept.losses);
   EXPECT_GT(kept_full.peak_gib - full.peak_gib, 0.8 * grad_gib)
       << kept_full.peak_gib << " GiB against " << full.peak_gib;
@@ -129,9 +131,31 @@ TEST_F(TransientGrads, Gpt2SameLossesLowerPeak) {
 TEST_F(TransientGrads, TwoMicroBatchesEagerSameLosses) {
   // Eager, a bucket is zeroed at the step's first write and the second micro-batch adds to it.
   const std::vector<std::string> two = {"train.micro_batch=4"};
-  std::vector<std::string> transient = two;
+  std::vector<std::string> transient = two, kept = two;
   transient.push_back("train.transient_grads=true");
-  EXPECT_EQ(train(kGpt2, "accum_eager", transient).losses, train(kGpt2, "accum_kept", two).losses);
+  kept.push_back("train.transient_grads=false");
+  EXPECT_EQ(train(kGpt2, "accum_eager", transient).losses, train(kGpt2, "accum_kept", kept).losses);
+}
+
+TEST_F(TransientGrads, AutoIsOnWhereItCanServe) {
+  // The default, "auto": transient eagerly and under graphs full with one micro-batch a step; held
+  // under graphs layers and under full with two micro-batches, where true is refused.
+  const char* kTransient = "transient (from each step's first write to the update)";
+  const char* kHeldAuto = "held for the run (transient_grads auto";
+  const Trained eager = train(kGpt2, "auto_eager", {});
+  EXPECT_NE(eager.output.find(kTransient), std::string::npos) << eager.output;
+  const Trained full = train(kGpt2, "auto_full", {"graphs.scope=full"});
+  EXPECT_NE(full.output.find(kTransient), std::string::npos) << full.output;
+  EXPECT_EQ(full.losses, eager.losses);
+  const Trained layers = train(kGpt2, "auto_layers", {"graphs.scope=layers"});
+  EXPECT_NE(layers.output.find(kHeldAuto), std::string::npos) << layers.output;
+  EXPECT_EQ(layers.losses, eager.losses);
+  const Trained accum = train(kGpt2, "auto_accum", {"graphs.scope=full", "train.micro_batch=4"});
+  EXPECT_NE(accum.output.find(kHeldAuto), std::string::npos) << accum.output;
+  // An explicit false holds them, without the auto note.
+  const Trained off = train(kGpt2, "off", {"train.transient_grads=false"});
+  EXPECT_NE(off.output.find("held for the run |"), std::string::npos) << off.output;
+  EXPECT_EQ(off.losses, eager.losses);
 }
 
 TEST_F(TransientGrads, LlamaSameLosses) { expect_same_losses(kLlama, "llama", {}); }
