@@ -41,7 +41,8 @@ for label in "${tests[@]}" "${benches[@]}"; do
   strip --strip-unneeded ".gpubin/$(basename "$path")"  # the carry limit is 64 MiB
 done
 cp scripts/bench_gpu.sh scripts/bench_gpu_bin.sh scripts/bench_torch.py scripts/profile_gpu.sh \
-  scripts/profile_table.py scripts/trace_gpu.sh scripts/trace_table.py scripts/power_gpu.sh .gpubin/
+  scripts/profile_table.py scripts/trace_gpu.sh scripts/trace_table.py scripts/power_gpu.sh \
+  scripts/kernel_compare.py .gpubin/
 # Shared libraries of this image that a GPU machine may lack (Gloo and its dependencies, libgomp):
 # run there with LD_LIBRARY_PATH=.gpubin/lib. CUDA's own libraries and the C runtime stay out.
 mkdir -p .gpubin/lib
