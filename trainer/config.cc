@@ -103,11 +103,11 @@ void check_structure(const json& obj, const std::string& prefix, const Origin& o
 // "false" and "true". Its true and false are written as JSON booleans, as for a bool key, so a
 // config or checkpoint written when the key was a bool still reads: checked_enum() takes a JSON
 // boolean for such a key, and the schema writes the key back as a boolean or "auto".
-bool is_bool_name(const KeySpec& k, const std::string& name) {
+bool takes_bools(const KeySpec& k) {
   const auto has = [&](const char* n) {
     return std::find(k.allowed.begin(), k.allowed.end(), n) != k.allowed.end();
   };
-  return (name == "true" || name == "false") && has("true") && has("false");
+  return k.type == KeyType::kEnum && has("true") && has("false");
 }
 
 std::string describe_allowed(const KeySpec& k) {
@@ -122,7 +122,8 @@ std::string describe_allowed(const KeySpec& k) {
     case KeyType::kEnum: {
       std::vector<std::string> quoted;
       for (const std::string& a : k.allowed) {
-        quoted.push_back(is_bool_name(k, a) ? a : "\"" + a + "\"");
+        const bool bare = takes_bools(k) && (a == "true" || a == "false");
+        quoted.push_back(bare ? a : "\"" + a + "\"");
       }
       return join(quoted, ", ");
     }
@@ -175,7 +176,7 @@ json checked_float(const KeySpec& k, const json& v, const Origin* origin) {
 
 json checked_enum(const KeySpec& k, const json& v, const Origin* origin) {
   const std::string allowed = describe_allowed(k);
-  if (v.is_boolean() && is_bool_name(k, "true")) return v.get<bool>() ? "true" : "false";
+  if (v.is_boolean() && takes_bools(k)) return v.get<bool>() ? "true" : "false";
   if (!v.is_string()) {
     fail(str_cat(show(k.path, v, origin), ": expected one of ", allowed, ", got a JSON ",
                  v.type_name()),

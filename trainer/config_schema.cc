@@ -107,10 +107,8 @@ void from_json_value(const json& j, std::string* out) { *out = j.get<std::string
 template <typename E, typename = std::enable_if_t<std::is_enum<E>::value>>
 void from_json_value(const json& j, E* out) {
   const std::vector<std::string>& names = enum_names(E{});
-  const std::string name =
-      j.is_boolean() ? (j.get<bool>() ? "true" : "false") : j.get<std::string>();
   for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i] == name) *out = static_cast<E>(i);
+    if (names[i] == j.get<std::string>()) *out = static_cast<E>(i);
   }
 }
 
