@@ -121,6 +121,88 @@ __global__ void norm_backward_dx_kernel(const T* __restrict__ x, const P* __rest
   }
 }
 
+// Note [resident norm dx]
+// Rows wider than the one-pass kernel covers (bf16 C up to 2048 here, 6-8 packs a lane: GPT-2
+// 774M and 1.5B, head size 128 at C = 1536, Llama-3.2-1B) run the dx kernel and the two-pass
+// column sums. The loop kernel above waits on memory once per pack for the sums, reads x, dy and
+// gamma again for dx and then waits on dx before adding: on the H100 at C = 1536, N = 16384 it
+// moved x, dy and dx at about 2 TB/s. This one holds the lane's packs of x and dy in registers
+// and loads the dx it adds into with them, so a row costs one round trip (1.87 ms a step against
+// 2.45 at that shape, 25 norms a step; with the packed partials below the step went from 84.72 /
+// 84.92 to 83.58 / 83.61 ms, alternating in one command, the same loss bits); the expressions and
+// their order are the loop kernel's (the same bits; norm_fast_cuda_test compares them). bf16 rows
+// under norm_fast() only, like the staged kernel; the loop kernel is the reference. Its rows hold
+// 150-220 registers a thread (ptxas converts the packs as it loads them; bounded to 128 it
+// spills): blocks of 4 rows, so 2-3 of them share an SM.
+constexpr int kResidentRows = 4;
+
+template <typename T, typename P, int kPacks, bool kLN, bool kAlso>
+__global__ void __launch_bounds__(kResidentRows * 32)
+    norm_backward_dx_resident_kernel(const T* __restrict__ x, const P* __restrict__ gamma,
+                                     const float* __restrict__ mean, const float* __restrict__ rstd,
+                                     const T* __restrict__ dy, T* __restrict__ dx,
+                                     T* __restrict__ also, bool also_add, int64_t N, int C) {
+  constexpr int kV = kPack<T>;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kResidentRows + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const T* xr = x + row * C;
+  const T* dyr = dy + row * C;
+  T* dxr = dx + row * C;
+  Pack<T, kV> xp[kPacks], dp[kPacks], op[kPacks];
+#pragma unroll
+  for (int j = 0; j < kPacks; ++j) {
+    const int c = (lane + 32 * j) * kV;
+    if (c < C) {
+      xp[j] = *reinterpret_cast<const Pack<T, kV>*>(xr + c);
+      dp[j] = *reinterpret_cast<const Pack<T, kV>*>(dyr + c);
+      op[j] = *reinterpret_cast<const Pack<T, kV>*>(dxr + c);
+    }
+  }
+  const float m = kLN ? mean[row] : 0.0f;
+  const float r = rstd[row];
+  float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPacks; ++j) {
+    const int c = (lane + 32 * j) * kV;
+    if (c >= C) continue;
+    float g[kV];
+    load_floats<kV>(gamma + c, g);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) {
+      const float gg = to_float(dp[j].v[k]) * g[k];
+      sum_g += gg;
+      sum_gx += gg * ((to_float(xp[j].v[k]) - m) * r);
+    }
+  }
+  const float mean_g = kLN ? warp_sum(sum_g) / static_cast<float>(C) : 0.0f;
+  const float mean_gx = warp_sum(sum_gx) / static_cast<float>(C);
+#pragma unroll
+  for (int j = 0; j < kPacks; ++j) {
+    const int c = (lane + 32 * j) * kV;
+    if (c >= C) continue;
+    float g[kV], sum[kV];
+    load_floats<kV>(gamma + c, g);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) {
+      const float xhat = (to_float(xp[j].v[k]) - m) * r;
+      const float out = r * (to_float(dp[j].v[k]) * g[k] - mean_g - xhat * mean_gx);
+      sum[k] = to_float(op[j].v[k]) + out;  // add_floats' arithmetic
+    }
+    store_floats<kV>(dxr + c, sum);
+    if constexpr (kAlso) {  // write_dx's: the sum as stored
+      float stored[kV];
+#pragma unroll
+      for (int k = 0; k < kV; ++k) stored[k] = to_float(from_float<T>(sum[k]));
+      if (also_add) {
+        add_floats<kV>(also + row * C + c, stored);
+      } else {
+        store_floats<kV>(also + row * C + c, stored);
+      }
+    }
+  }
+}
+
 constexpr int kFusedScalarElems = 8;   // elements a lane holds (one-element path)
 constexpr int64_t kFusedMinRows = 16;  // rows per block at least
 constexpr int64_t kFusedMaxBlocks = 256;
@@ -306,6 +388,78 @@ struct NormParamTerm {
   }
 };
 
+// Note [packed norm parameter partials]
+// Where the one-pass backward does not cover the row (C above 1024 in bf16), dgamma and dbeta come
+// from the two-pass column sums (model/cuda/column_sum.cuh), whose generic kernel reads one element
+// a thread: a warp asks for 64 bytes of a bf16 row, and at C = 1536 on the H100 it moved x and dy
+// at about 1.8 TB/s. This kernel is its first pass for bf16 rows in 16-byte packs: pack lane i
+// owns kV consecutive columns, and every column keeps the generic kernel's order (row lane y sums
+// rows y, y + 8, … of the chunk, then the 8 lanes in order y = 0..7, the same chunks): the same
+// partials, bit for bit, and the same finish.
+template <typename T, int kV, bool kLN>
+__global__ void __launch_bounds__(kColTile* kColLanes)
+    norm_param_partials_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                               const float* __restrict__ mean, const float* __restrict__ rstd,
+                               int64_t N, int64_t C, int64_t rows_per_chunk,
+                               float* __restrict__ partial) {
+  constexpr int K = kLN ? 2 : 1;
+  __shared__ float lanes[K][kColLanes][kV][kColTile];
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x) * kV;
+  const int64_t chunk = blockIdx.y;
+  const int64_t r0 = chunk * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < N ? r0 + rows_per_chunk : N;
+  float acc[K][kV];
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int e = 0; e < kV; ++e) acc[k][e] = 0.0f;
+  if (c < C) {
+    // kBatch rows' loads issued before any of their sums (the sums keep the row order).
+    constexpr int kBatch = 4;
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kBatch * kColLanes) {
+      Pack<T, kV> xp[kBatch], dp[kBatch];
+      float m[kBatch], rs[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int64_t rb = r + b * kColLanes;
+        if (rb < r1) {
+          xp[b] = *reinterpret_cast<const Pack<T, kV>*>(x + rb * C + c);
+          dp[b] = *reinterpret_cast<const Pack<T, kV>*>(dy + rb * C + c);
+          m[b] = kLN ? mean[rb] : 0.0f;
+          rs[b] = rstd[rb];
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (r + b * kColLanes >= r1) break;
+#pragma unroll
+        for (int e = 0; e < kV; ++e) {
+          const float d = to_float(dp[b].v[e]);
+          acc[0][e] += d * ((to_float(xp[b].v[e]) - m[b]) * rs[b]);  // NormParamTerm's terms
+          if constexpr (kLN) acc[1][e] += d;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int e = 0; e < kV; ++e) lanes[k][threadIdx.y][e][threadIdx.x] = acc[k][e];
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      float s[kV];
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        s[e] = 0.0f;
+        for (int y = 0; y < kColLanes; ++y) s[e] += lanes[k][y][e][threadIdx.x];
+      }
+      store_floats<kV>(partial + (k * static_cast<int64_t>(gridDim.y) + chunk) * C + c, s);
+    }
+  }
+}
+
 // The second consumer of dx in the fused residual backward (kAlso): written, or added into.
 template <typename T>
 struct DxAlso {
@@ -435,7 +589,18 @@ bool launch_backward(const void* x, const void* gamma, const float* mean, const 
   if (dx != nullptr) {
     const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(N, kRowsPerBlock));
     const int c = static_cast<int>(C);
-    if (packed_backward<T, P>(x, dy, dx, gamma, C)) {
+    const bool packed = packed_backward<T, P>(x, dy, dx, gamma, C);
+    bool resident = false;  // Note [resident norm dx]; the loop kernel is the reference
+    if constexpr (std::is_same_v<T, bf16>) {
+      resident =
+          packed && norm_fast() && with_packs<8>(ceil_div<int64_t>(C / kV, 32), [&](auto k) {
+            norm_backward_dx_resident_kernel<T, P, decltype(k)::value, kLN, kAlso>
+                <<<static_cast<unsigned>(ceil_div<int64_t>(N, kResidentRows)), kResidentRows * 32,
+                   0, st>>>(xp, gp, mean, rstd, dyp, dxp, also.p, also.add, N, c);
+          });
+    }
+    if (resident) {
+    } else if (packed) {
       norm_backward_dx_kernel<T, P, kV, kLN, kAlso><<<blocks, kRowsPerBlock * 32, 0, st>>>(
           xp, gp, mean, rstd, dyp, dxp, also.p, also.add, N, c);
     } else {
@@ -443,6 +608,20 @@ bool launch_backward(const void* x, const void* gamma, const float* mean, const 
           xp, gp, mean, rstd, dyp, dxp, also.p, also.add, N, c);
     }
     CUDA_CHECK_LAUNCH();
+  }
+  if constexpr (std::is_same_v<T, bf16>) {
+    // Note [packed norm parameter partials]; the generic kernel stays the reference.
+    if ((dgamma != nullptr || dbeta != nullptr) && norm_fast() && N > 0 && C % kV == 0 &&
+        is_aligned(x, 16) && is_aligned(dy, 16)) {
+      const int64_t chunks = column_chunks(N);
+      const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(C / kV, kColTile)),
+                      static_cast<unsigned>(chunks));
+      norm_param_partials_kernel<T, kV, kLN><<<grid, dim3(kColTile, kColLanes), 0, st>>>(
+          xp, dyp, mean, rstd, N, C, ceil_div<int64_t>(N, chunks), scratch);
+      CUDA_CHECK_LAUNCH();
+      column_tree_finish<kLN ? 2 : 1>(scratch, chunks, C, dgamma, dbeta, st);
+      return false;
+    }
   }
   column_sums<kLN ? 2 : 1>(NormParamTerm<T, kLN>{xp, dyp, mean, rstd, C}, N, C, scratch, dgamma,
                            dbeta, st);
