@@ -39,7 +39,7 @@ for d in "--steps 20" "--warmup 5" "--D 0" "--graphs full"; do
   flag="${d%% *}"
   have=0
   for a in "${args[@]}"; do [[ "$a" == "$flag" ]] && have=1; done
-  [[ $have -eq 1 ]] || args+=($d)
+  [[ $have -eq 1 ]] || args+=("$flag" "${d#* }")
 done
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
