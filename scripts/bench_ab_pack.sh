@@ -68,7 +68,7 @@ build_as new
 # Gloo and the other libraries of this image a GPU machine may lack (as gpu_tests.sh gathers).
 for bin in .gpuab/bench_gpu_base .gpuab/bench_gpu_new; do
   ldd "$bin" | awk '$3 ~ /^\// {print $3}'
-done | sort -u | grep -v -E '/usr/local/cuda|/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
+done | sort -u | { grep -v -E '/usr/local/cuda|/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' || true; } |
   while read -r lib; do cp -L "$lib" .gpuab/lib/; done
 cp scripts/bench_ab.sh .gpuab/
 mkdir -p .gpupack

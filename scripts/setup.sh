@@ -17,6 +17,7 @@ PACKAGES=(
   fortunes             # English text for the fortunes example (configs/fortunes.json)
   python3-matplotlib   # scripts/plot_metrics.py (Debian python: /usr/bin/python3)
   python3-numpy
+  xz-utils             # tar -J: the GPU packs (gpu_tests.sh, bench_ab_pack.sh) and bench_ab_test
 )
 
 missing=()

@@ -58,4 +58,70 @@ expect_rc 1 env GTRON_AB_DIR="$dir/bin" bash "$ab" -- --B 4
 expect_rc 2 bash "$pack"
 expect_rc 2 bash "$pack" -x
 expect_rc 2 bash "$pack" a b
+
+# bench_ab_pack.sh in a scratch repository, with fake bazel, strip and ldd on PATH: the fake
+# bazel "builds" a bench_gpu that prints the model source it saw, so the two builds show which
+# tree each came from; the working tree must come back as it was, also when a build fails.
+repo="$dir/repo"
+mkdir -p "$repo/scripts" "$repo/model" "$dir/fakebin"
+cp "$pack" "$repo/scripts/bench_ab_pack.sh"
+cp "$ab" "$repo/scripts/bench_ab.sh"
+cat >"$dir/fakebin/bazel" <<'SH'
+#!/usr/bin/env bash
+[[ -e "$FAKE_BAZEL_FAIL" ]] && exit 1
+mkdir -p bazel-bin/tests/trainer
+{ echo '#!/bin/sh'; echo "cat <<'X'"; cat model/*.cc 2>/dev/null; echo X; } >bazel-bin/tests/trainer/bench_gpu
+chmod +x bazel-bin/tests/trainer/bench_gpu
+SH
+cat >"$dir/fakebin/strip" <<'SH'
+#!/bin/sh
+exit 0
+SH
+echo "not a library" >"$dir/fakebin/libfake.so.1"
+cat >"$dir/fakebin/ldd" <<SH
+#!/bin/sh
+echo "	libfake.so.1 => $dir/fakebin/libfake.so.1 (0x0)"
+SH
+chmod +x "$dir/fakebin/bazel" "$dir/fakebin/strip" "$dir/fakebin/ldd"
+(
+  cd "$repo"
+  git init -q .
+  git config user.email t@t
+  git config user.name t
+  echo "int kept = 1;" >model/kept.cc
+  echo "int changed = 1;" >model/changed.cc
+  echo "int removed = 1;" >model/removed.cc
+  git add -A
+  git commit -q -m base
+  echo "int changed = 2;" >model/changed.cc
+  rm model/removed.cc
+  echo "int added = 2;" >model/added.cc
+  git add -N model/added.cc
+)
+snapshot() { (cd "$repo/model" && ls && cat ./*.cc); }
+before="$(snapshot)"
+PATH="$dir/fakebin:$PATH" FAKE_BAZEL_FAIL="$dir/nofile" bash "$repo/scripts/bench_ab_pack.sh" HEAD \
+  >"$dir/pack.out" 2>&1 || fail "bench_ab_pack.sh failed: $(cat "$dir/pack.out")"
+[[ "$(snapshot)" == "$before" ]] || fail "the working tree was not restored"
+base_out="$("$repo/.gpuab/bench_gpu_base")"
+new_out="$("$repo/.gpuab/bench_gpu_new")"
+if ! { grep -q "changed = 1" <<<"$base_out" && grep -q "removed = 1" <<<"$base_out" &&
+  ! grep -q "added" <<<"$base_out"; }; then
+  fail "the base build did not see BASE's tree: $base_out"
+fi
+if ! { grep -q "changed = 2" <<<"$new_out" && grep -q "added = 2" <<<"$new_out" &&
+  ! grep -q "removed" <<<"$new_out"; }; then
+  fail "the new build did not see the working tree: $new_out"
+fi
+tar tJf "$repo/.gpupack/ab.tar.xz" >"$dir/pack.list"
+if ! { grep -q "^.gpuab/bench_ab.sh$" "$dir/pack.list" &&
+  grep -q "^.gpuab/lib/libfake.so.1$" "$dir/pack.list"; }; then
+  fail "the pack lacks bench_ab.sh or the library ldd named: $(cat "$dir/pack.list")"
+fi
+touch "$dir/fail_now"
+expect_rc 1 env PATH="$dir/fakebin:$PATH" FAKE_BAZEL_FAIL="$dir/fail_now" \
+  bash "$repo/scripts/bench_ab_pack.sh" HEAD
+[[ "$(snapshot)" == "$before" ]] || fail "a failed build left BASE's files in the working tree"
+(cd "$repo" && git add -A model && git commit -q -m new)  # nothing differs from HEAD now
+expect_rc 2 env PATH="$dir/fakebin:$PATH" bash "$repo/scripts/bench_ab_pack.sh" HEAD
 echo "bench_ab_test: passed"
