@@ -46,7 +46,7 @@ done
 trap restore EXIT
 echo "bench_ab_pack.sh: ${#changed[@]} file(s) differ from $base: ${changed[*]}" >&2
 rm -rf .gpuab
-mkdir -p .gpuab/lib
+mkdir -p .gpuab
 build_as() {  # build_as NAME: build bench_gpu and keep it, stripped, as .gpuab/bench_gpu_NAME
   bazel build //tests/trainer:bench_gpu
   cp bazel-bin/tests/trainer/bench_gpu ".gpuab/bench_gpu_$1"
@@ -65,11 +65,7 @@ build_as base
 restore
 trap - EXIT
 build_as new
-# Gloo and the other libraries of this image a GPU machine may lack (as gpu_tests.sh gathers).
-for bin in .gpuab/bench_gpu_base .gpuab/bench_gpu_new; do
-  ldd "$bin" | awk '$3 ~ /^\// {print $3}'
-done | sort -u | { grep -v -E '/usr/local/cuda|/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' || true; } |
-  while read -r lib; do cp -L "$lib" .gpuab/lib/; done
+bash scripts/gpu_libs.sh .gpuab/lib .gpuab/bench_gpu_base .gpuab/bench_gpu_new
 cp scripts/bench_ab.sh .gpuab/
 mkdir -p .gpupack
 XZ_OPT="-6 --lzma2=dict=256MiB -T1" tar cJf .gpupack/ab.tar.xz .gpuab

@@ -45,11 +45,7 @@ cp scripts/bench_gpu.sh scripts/bench_gpu_bin.sh scripts/bench_torch.py scripts/
   scripts/kernel_compare.py .gpubin/
 # Shared libraries of this image that a GPU machine may lack (Gloo and its dependencies, libgomp):
 # run there with LD_LIBRARY_PATH=.gpubin/lib. CUDA's own libraries and the C runtime stay out.
-mkdir -p .gpubin/lib
-for bin in .gpubin/*_test .gpubin/bench_{gpu,add_norm,norm} .gpubin/gtron; do
-  ldd "$bin" | awk '$3 ~ /^\// {print $3}'
-done | sort -u | grep -v -E '/usr/local/cuda|/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
-  while read -r lib; do cp -L "$lib" .gpubin/lib/; done
+bash scripts/gpu_libs.sh .gpubin/lib .gpubin/*_test .gpubin/bench_{gpu,add_norm,norm} .gpubin/gtron
 # CUPTI for scripts/trace_gpu.sh's injection library (part of the toolkit here; a GPU machine's
 # CUDA install may lack it).
 cp -L "$(ldd .gpubin/libkernel_trace.so | awk '/libcupti/ {print $3}')" .gpubin/lib/

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # scripts/bench_ab.sh on fake bench_gpu builds whose times are known: the runs alternate base, new;
 # the defaults are appended only where the caller gave no value; the summary's ratio and loss
-# check; bad arguments exit 2, a failing build 1. scripts/bench_ab_pack.sh: bad arguments exit 2.
+# check; bad arguments exit 2, a failing build 1. scripts/bench_ab_pack.sh (and gpu_libs.sh): each
+# build from its tree, the working tree restored, bad arguments exit 2.
 set -euo pipefail
 ab="$1"
 pack="$2"
+libs="$3"
 dir="${TEST_TMPDIR:-/tmp}/bench_ab_test"
 rm -rf "$dir"
 mkdir -p "$dir/bin"
@@ -58,6 +60,7 @@ expect_rc 1 env GTRON_AB_DIR="$dir/bin" bash "$ab" -- --B 4
 expect_rc 2 bash "$pack"
 expect_rc 2 bash "$pack" -x
 expect_rc 2 bash "$pack" a b
+expect_rc 2 bash "$libs" "$dir/only_dest"
 
 # bench_ab_pack.sh in a scratch repository, with fake bazel, strip and ldd on PATH: the fake
 # bazel "builds" a bench_gpu that prints the model source it saw, so the two builds show which
@@ -66,6 +69,7 @@ repo="$dir/repo"
 mkdir -p "$repo/scripts" "$repo/model" "$dir/fakebin"
 cp "$pack" "$repo/scripts/bench_ab_pack.sh"
 cp "$ab" "$repo/scripts/bench_ab.sh"
+cp "$libs" "$repo/scripts/gpu_libs.sh"
 cat >"$dir/fakebin/bazel" <<'SH'
 #!/usr/bin/env bash
 [[ -e "$FAKE_BAZEL_FAIL" ]] && exit 1
