@@ -67,7 +67,10 @@ Parameter::Parameter(std::string n, Tensor d, bool wd)
   main_grad = Tensor::zeros(data.shape(), data.dtype(), data.device());
 }
 
-void Parameter::zero_grad() { main_grad.zero_(); }
+void Parameter::zero_grad() {
+  main_grad.zero_();
+  grad_unwritten = false;
+}
 
 Var Var::constant(Tensor value) {
   Var v;
@@ -119,6 +122,16 @@ Tensor& Var::grad_for_write(bool* overwrite) const {
     impl_->grad = Tensor::empty(impl_->value.shape(), impl_->value.dtype(), impl_->value.device());
   }
   return impl_->param != nullptr ? impl_->param->grad() : impl_->grad;
+}
+
+Tensor& Var::weight_grad(bool* overwrite) const {
+  if (impl_->param == nullptr) {
+    *overwrite = false;
+    return grad();
+  }
+  GTRON_CHECK(requires_grad(), "weight_grad() of a Var that does not require grad");
+  impl_->col_partials = Tensor();  // Note [gradient column partials]: a new write
+  return impl_->param->grad_for_write(overwrite);
 }
 
 Tensor& Var::grad() const {

@@ -36,9 +36,12 @@ struct Parameter {
   int pending_uses = 0;  // uses recorded on the tape whose backward has not run yet
   // Note [transient gradients] (parallel/ddp.h): a DataParallel that keeps gradients only from
   // their first write in a step to the optimizer's update installs this hook; grad() calls it
-  // until it sets grad_current (it binds and zeroes main_grad). Null: main_grad always exists.
+  // until it sets grad_current (it binds main_grad). Null: main_grad always exists.
   std::function<void()> touch_grad;
   bool grad_current = false;
+  // Note [first gradient write]: main_grad holds nothing of this step yet (the hook bound fresh
+  // memory): the first writer overwrites it, or zeroes it first when it adds.
+  bool grad_unwritten = false;
 
   Parameter(std::string name, Tensor data, bool weight_decay = true);
   // Calls `ready` (if any). While a ParamReadLog is active in this thread, also logs this
@@ -49,9 +52,22 @@ struct Parameter {
   void fire_grad_ready();
   void zero_grad();
   // main_grad for a backward that adds into it: made current first when a touch_grad hook is
-  // installed. Every writer of a parameter's gradient goes through here (Var::grad does).
+  // installed, and zeroed while unwritten. Every writer of a parameter's gradient goes through
+  // here or grad_for_write (Var::grad and Var::weight_grad do).
   Tensor& grad() {
     if (touch_grad && !grad_current) touch_grad();
+    if (grad_unwritten) {
+      grad_unwritten = false;
+      main_grad.zero_();
+    }
+    return main_grad;
+  }
+  // main_grad for a backward that writes every element of it: *overwrite says whether it may
+  // write instead of adding (nothing of this step is in it yet; Note [first gradient write]).
+  Tensor& grad_for_write(bool* overwrite) {
+    if (touch_grad && !grad_current) touch_grad();
+    *overwrite = grad_unwritten;
+    grad_unwritten = false;
     return main_grad;
   }
 };
@@ -99,6 +115,11 @@ class Var {
   bool requires_grad() const { return impl_ && impl_->requires_grad; }
   // True once some backward has written into this Var's grad.
   bool has_grad() const { return impl_->param != nullptr || impl_->grad.defined(); }
+  // The dtype of the gradient slot, without touching it (a parameter's main_grad has its data's
+  // dtype). REQUIRES: has_grad().
+  DType grad_dtype() const {
+    return impl_->param != nullptr ? impl_->param->data.dtype() : impl_->grad.dtype();
+  }
   // The gradient slot, zero-initialized on first access. REQUIRES: requires_grad().
   Tensor& grad() const;
   // The gradient slot for a backward that writes every element of it. While the slot is empty it
@@ -106,6 +127,12 @@ class Var {
   // (no zero-fill, no read of zeros). Otherwise *overwrite is cleared and the caller accumulates.
   // REQUIRES: requires_grad().
   Tensor& grad_for_write(bool* overwrite) const;
+  // The gradient slot of a weight use, for a backward that writes every element of it (a weight
+  // gradient GEMM): a parameter's main_grad through Parameter::grad_for_write, so *overwrite is
+  // set on the step's first write to it (Note [first gradient write]); any other slot (a
+  // gathered GTP weight's bound send buffer) is grad()'s, *overwrite cleared.
+  // REQUIRES: requires_grad().
+  Tensor& weight_grad(bool* overwrite) const;
 
   // Note [gradient column partials]
   // A linear that adds a bias to its output y needs Σ_rows dy for the bias gradient, one more

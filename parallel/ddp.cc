@@ -182,9 +182,30 @@ void DataParallel::touch(int b) {
     bk.grad = Tensor::empty({bk.numel}, DType::kF32, device_, &stream);
     bind_bucket(b);
   }
-  bk.grad.zero_(&stream);
+  // Note [first gradient write]: no zero-fill here; each parameter's first writer overwrites or
+  // zeroes its own slice, start_reduction() the slices nobody wrote. The padding that rounds the
+  // bucket to the DP size belongs to no parameter: zeroed now.
+  const int64_t used = bk.params.empty() ? 0 : offset_[bk.params.back()] - bk.begin +
+                                                   params_[bk.params.back()]->data.numel();
+  if (used < bk.numel) bk.grad.rows(used, bk.numel).zero_(&stream);
   if (stream.capturing()) bk.pinned = true;
-  for (int i : bk.params) params_[i]->grad_current = true;
+  for (int i : bk.params) {
+    params_[i]->grad_current = true;
+    params_[i]->grad_unwritten = true;
+  }
+}
+
+void DataParallel::zero_unwritten(int b) {
+  Bucket& bk = buckets_[b];
+  Stream& stream = current_stream(device_);
+  bool all = true;
+  for (int i : bk.params) all = all && params_[i]->grad_unwritten;
+  if (all) bk.grad.zero_(&stream);  // one fill for a bucket nobody wrote
+  for (int i : bk.params) {
+    Parameter* p = params_[i];
+    if (p->grad_unwritten && !all) p->main_grad.zero_(&stream);
+    p->grad_unwritten = false;
+  }
 }
 
 void DataParallel::bind_bucket(int b) {
@@ -223,7 +244,10 @@ void DataParallel::start_reduction(int b) {
   Bucket& bk = buckets_[b];
   GTRON_CHECK(!bk.reduction_started, "bucket ", b, " reduced twice in one step");
   bk.reduction_started = true;
-  if (opt_.transient_grads && !bk.grad.defined()) touch(b);  // written by nobody this step
+  if (opt_.transient_grads) {
+    if (!bk.grad.defined()) touch(b);  // written by nobody this step
+    zero_unwritten(b);
+  }
   Tensor grads = opt_.transient_grads ? bk.grad : flat_grad_.rows(bk.begin, bk.begin + bk.numel);
   if (opt_.distributed_optimizer) {
     bk.reduction = dp_->reduce_scatter(grads, bk.grad_shard, ReduceOp::kSum);

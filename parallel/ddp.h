@@ -56,6 +56,24 @@
 // trainer/config.h), turns it on wherever the capture condition above holds: measured on the GPU
 // it costs no step time, and it is what puts gtron's peak under torch.compile's at large shapes.
 //
+// Note [first gradient write]
+// A freshly touched bucket is not zero-filled. Each of its parameters is marked
+// Parameter::grad_unwritten until something writes its gradient:
+// - a weight-gradient GEMM asks through Var::weight_grad and, on the step's first write, runs
+//   with beta = 0 instead of adding into zeros (linear, the fused MLP ops, norm_linear, the
+//   blocked classifier's first block);
+// - every other writer asks through Parameter::grad(), which zeroes the parameter's slice first;
+// - start_reduction() zeroes the slices nobody wrote (the whole bucket in one fill when nobody
+//   wrote any of it) before the reduction or the optimizer reads them; the padding that rounds a
+//   bucket to the DP size is zeroed at the touch.
+// A GEMM writing A·B gives the bits of one adding A·B into zeros (x + 0 = x; only a -0 result
+// would come out +0), so losses, updates and checkpoints are unchanged. What it saves is the
+// zero-fill of every gradient (4 bytes a parameter) and the read of those zeros by each weight
+// gradient's epilogue: 8.6 GB a step at the Llama-3.2-1B shape. It holds only under transient
+// gradients: their conditions (graphs full with one micro-batch a step, or no graphs) make the
+// first write the host sees in a capture the first write of every replay. The persistent buffer
+// is zeroed by zero_grads() and never marked.
+//
 // Note [readiness]
 // Every parameter carries a ready callback (Parameter::ready): idempotent — dispatch the bucket's
 // gather if not yet, wait if in flight, a state check once done. Anything that reads a parameter
@@ -158,6 +176,9 @@ class DataParallel {
   void install_ready_callbacks();
   // Note [transient gradients]: make bucket b current (allocate, bind, zero) / bind its views.
   void touch(int bucket);
+  // Zeroes the slices of bucket's parameters that nothing wrote in this step (Note [first
+  // gradient write]) and clears their flags.
+  void zero_unwritten(int bucket);
   void bind_bucket(int bucket);
 
   Communicator* dp_;

@@ -45,7 +45,7 @@ bool classifier_supported(const Var& x, const Var& w, const KnownLossGrad* known
   if (!x.device().is_cuda() || x.dtype() != DType::kBF16 || w.dtype() != DType::kBF16) return false;
   if (!x.requires_grad() && !w.requires_grad()) return false;
   // The weight's slot must be bound now (GTP binds a gathered weight's only in its backward).
-  if (w.requires_grad() && (!w.has_grad() || w.grad().dtype() != DType::kF32)) return false;
+  if (w.requires_grad() && (!w.has_grad() || w.grad_dtype() != DType::kF32)) return false;
   const int64_t C = x.shape()[x.shape().rank() - 1];
   return classifier_block_rows(x.value().numel() / C, w.shape()[0]) > 0;
 }
@@ -79,7 +79,8 @@ Var classifier_cross_entropy(const Var& x, const Var& w, const Tensor& targets, 
   Tensor count = Tensor::empty(Shape{1}, DType::kI32, dev, &s);
   Tensor dx;
   if (x.requires_grad()) dx = Tensor::empty(x.shape(), DType::kBF16, dev, &s);
-  Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
+  bool dw_overwrite = false;  // Note [first gradient write] in parallel/ddp.h
+  Tensor* dw = w.requires_grad() ? &w.weight_grad(&dw_overwrite) : nullptr;
 
   const int64_t R = std::min(N, classifier_block_rows(N, Vp));
   Tensor logits = Tensor::empty(Shape{std::max<int64_t>(R, 1), Vp}, DType::kBF16, dev, &s);
@@ -97,7 +98,7 @@ Var classifier_cross_entropy(const Var& x, const Var& w, const Tensor& targets, 
     void* dxb = dx.defined() ? static_cast<char*>(dx.raw()) + r0 * row_bytes : nullptr;
     cuda::linear_backward(xb, w.value().raw(), logits.raw(), dxb, dw ? dw->raw() : nullptr,
                           DType::kF32, nullptr, nullptr, rows, C, Vp, DType::kBF16, s.native(),
-                          /*dx_overwrite=*/true);
+                          /*dx_overwrite=*/true, /*dw_overwrite=*/dw_overwrite && r0 == 0);
   }
   cuda::cross_entropy_onepass_finalize(tg.data<int32_t>(), rmax.data<float>(), rlse.data<float>(),
                                        tlogit.data<float>(), count.data<int32_t>(),

@@ -57,14 +57,15 @@ GeluUp linear_gelu_up(const Var& x, const Var& w, const Var& b) {
       const bool want_db = b.requires_grad();
       Tensor scratch;
       if (want_db) scratch = column_scratch(cuda::linear_backward_scratch_floats(d.N, d.Cout), s);
-      Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
+      bool dw_overwrite = false;  // Note [first gradient write] in parallel/ddp.h
+      Tensor* dw = w.requires_grad() ? &w.weight_grad(&dw_overwrite) : nullptr;
       bool dx_overwrite = false;
       void* dx = x.requires_grad() ? x.grad_for_write(&dx_overwrite).raw() : nullptr;
       cuda::linear_backward(x.value().raw(), w.value().raw(), vpre.grad().raw(), dx,
                             dw ? dw->raw() : nullptr, dw ? dw->dtype() : DType::kF32,
                             want_db ? f32_grad("linear_gelu_up bias", b.grad()) : nullptr,
                             want_db ? scratch.data<float>() : nullptr, d.N, d.Cin, d.Cout,
-                            DType::kBF16, s.native(), dx_overwrite);
+                            DType::kBF16, s.native(), dx_overwrite, dw_overwrite);
     });
   }
   return up;
@@ -110,13 +111,14 @@ Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& r
       const bool want_db = b.defined() && b.requires_grad() && !db_done;
       Tensor scratch;
       if (want_db) scratch = column_scratch(cuda::linear_backward_scratch_floats(d.N, d.Cout), s);
-      Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
+      bool dw_overwrite = false;  // Note [first gradient write] in parallel/ddp.h
+      Tensor* dw = w.requires_grad() ? &w.weight_grad(&dw_overwrite) : nullptr;
       // dw, db as linear's; the input gradient goes to pre through gelu' (below), never to g.
       cuda::linear_backward(g.raw(), w.value().raw(), out.grad().raw(), nullptr,
                             dw ? dw->raw() : nullptr, dw ? dw->dtype() : DType::kF32,
                             want_db ? f32_grad("linear_after_gelu bias", b.grad()) : nullptr,
                             want_db ? scratch.data<float>() : nullptr, d.N, d.Cin, d.Cout,
-                            DType::kBF16, s.native());
+                            DType::kBF16, s.native(), /*dx_overwrite=*/false, dw_overwrite);
       if (!pre.requires_grad()) return;
       bool overwrite = false;
       Tensor& dpre = pre.grad_for_write(&overwrite);
@@ -176,14 +178,15 @@ Var swiglu_linear(const Var& gu, const Var& w, const Var& residual, bool keep_ac
         act = Tensor::empty(a_shape, DType::kBF16, out.device(), &s);
         cuda::swiglu_forward(gu.value().raw(), act.raw(), N, F, DType::kBF16, s.native());
       }
-      Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
+      bool dw_overwrite = false;  // Note [first gradient write] in parallel/ddp.h
+      Tensor* dw = w.requires_grad() ? &w.weight_grad(&dw_overwrite) : nullptr;
       Tensor da;
       if (gu.requires_grad()) da = Tensor::empty(a_shape, DType::kBF16, out.device(), &s);
       // linear's backward as the composed down projection runs it: d a (written) and dw.
       cuda::linear_backward(act.raw(), w.value().raw(), out.grad().raw(),
                             da.defined() ? da.raw() : nullptr, dw ? dw->raw() : nullptr,
                             dw ? dw->dtype() : DType::kF32, nullptr, nullptr, N, F, Cout,
-                            DType::kBF16, s.native(), /*dx_overwrite=*/true);
+                            DType::kBF16, s.native(), /*dx_overwrite=*/true, dw_overwrite);
       if (!da.defined()) return;
       bool overwrite = false;
       Tensor& dgu = gu.grad_for_write(&overwrite);

@@ -60,14 +60,15 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual) {
         const bool want_db = b.defined() && b.requires_grad() && !db_done;
         Tensor scratch;
         if (want_db) scratch = column_scratch(cuda::linear_backward_scratch_floats(N, Cout), s);
-        Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
+        bool dw_overwrite = false;  // Note [first gradient write] in parallel/ddp.h
+        Tensor* dw = w.requires_grad() ? &w.weight_grad(&dw_overwrite) : nullptr;
         bool dx_overwrite = false;
         void* dx = x.requires_grad() ? x.grad_for_write(&dx_overwrite).raw() : nullptr;
         cuda::linear_backward(x.value().raw(), w.value().raw(), out.grad().raw(), dx,
                               dw ? dw->raw() : nullptr, dw ? dw->dtype() : DType::kF32,
                               want_db ? f32_grad("linear bias", b.grad()) : nullptr,
                               want_db ? scratch.data<float>() : nullptr, N, Cin, Cout, out.dtype(),
-                              s.native(), dx_overwrite);
+                              s.native(), dx_overwrite, dw_overwrite);
         return;
       }
       dispatch_float(out.dtype(), [&](auto tag) {

@@ -45,10 +45,11 @@ void linear_bias_grad_from_partials(const float* partial, int64_t chunks, int64_
 // dw is f32 (a main_grad) or act (e.g. a bf16 send buffer); db is f32 whatever `act` is. db is a
 // fixed-order reduction (model/cuda/column_sum.cuh); `scratch` holds
 // linear_backward_scratch_floats(N, Cout) floats.
-// With dx_overwrite, dx is written (beta = 0) instead of accumulated into.
+// With dx_overwrite (dw_overwrite), dx (dw) is written (beta = 0) instead of accumulated into.
 void linear_backward(const void* x, const void* w, const void* dy, void* dx, void* dw,
                      DType dw_dtype, float* db, float* scratch, int64_t N, int64_t Cin,
-                     int64_t Cout, DType act, void* stream, bool dx_overwrite = false);
+                     int64_t Cout, DType act, void* stream, bool dx_overwrite = false,
+                     bool dw_overwrite = false);
 }  // namespace cuda
 
 }  // namespace gtron

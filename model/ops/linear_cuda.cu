@@ -4,6 +4,8 @@
 //                                 (an f32 bias on bf16 y too)
 //   backward dx += dy · w        GEMM (N, Cin, Cout), beta = 1, C in act
 //            dw += dyᵀ · x       GEMM (Cout, Cin, N), A transposed, beta = 1, C in f32 or act
+//                                 (beta = 0 on a gradient's first write: Note [first gradient
+//                                 write] in parallel/ddp.h)
 //            db += Σ_rows dy     one pass over dy, 16-byte loads, fixed-order partials and a
 //                                 tree finish (Note [one-pass column sums] in
 //                                 model/cuda/column_sum.cuh). cuBLASLt's BGRADB epilogue on the
@@ -91,7 +93,8 @@ void linear_bias_grad_from_partials(const float* partial, int64_t chunks, int64_
 
 void linear_backward(const void* x, const void* w, const void* dy, void* dx, void* dw,
                      DType dw_dtype, float* db, float* scratch, int64_t N, int64_t Cin,
-                     int64_t Cout, DType act, void* stream, bool dx_overwrite) {
+                     int64_t Cout, DType act, void* stream, bool dx_overwrite,
+                     bool dw_overwrite) {
   GTRON_CHECK(act == DType::kF32 || act == DType::kBF16, "linear: CUDA activations are f32 or ",
               "bf16; got ", dtype_name(act));
   if (dx != nullptr) {
@@ -107,7 +110,10 @@ void linear_backward(const void* x, const void* w, const void* dy, void* dx, voi
     g.beta = dx_overwrite ? 0.0f : 1.0f;
     gemm(g, stream);
   }
-  if (dw != nullptr) {
+  if (dw != nullptr && dw_overwrite && N == 0) {  // no rows: the written gradient is zero
+    CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(Cout * Cin) * dtype_size(dw_dtype),
+                               static_cast<cudaStream_t>(stream)));
+  } else if (dw != nullptr) {
     GemmArgs g;
     g.a = dy;
     g.trans_a = true;  // dy is stored [N, Cout] = [K, M]
@@ -118,7 +124,7 @@ void linear_backward(const void* x, const void* w, const void* dy, void* dx, voi
     g.k = N;
     g.ab = act;
     g.c_type = dw_dtype;  // gemm() checks it is f32 or act
-    g.beta = 1.0f;
+    g.beta = dw_overwrite ? 0.0f : 1.0f;
     gemm(g, stream);
   }
   if (db != nullptr) {

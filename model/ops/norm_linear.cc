@@ -56,7 +56,8 @@ Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var&
     const bool want_db = b.defined() && b.requires_grad() && !bias_grad_from_partials(out, b, s);
     Tensor lin_scratch;
     if (want_db) lin_scratch = column_scratch(cuda::linear_backward_scratch_floats(N, Cout), s);
-    Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
+    bool dw_overwrite = false;  // Note [first gradient write] in parallel/ddp.h
+    Tensor* dw = w.requires_grad() ? &w.weight_grad(&dw_overwrite) : nullptr;
     const bool want_dn = x.requires_grad() || gamma.requires_grad() || beta.requires_grad();
     Tensor dn;
     if (want_dn) dn = Tensor::empty(x.shape(), act, x.device(), &s);
@@ -64,7 +65,7 @@ Var layernorm_linear(const Var& x, const Var& gamma, const Var& beta, const Var&
                           dw ? dw->raw() : nullptr, dw ? dw->dtype() : DType::kF32,
                           want_db ? f32_grad("layernorm_linear bias", b.grad()) : nullptr,
                           want_db ? lin_scratch.data<float>() : nullptr, N, C, Cout, act,
-                          s.native(), /*dx_overwrite=*/true);
+                          s.native(), /*dx_overwrite=*/true, dw_overwrite);
     if (!want_dn) return;
     if (tp != nullptr) tp->all_reduce(dn, TpReduce::kSum);
     layernorm_backward_cuda(x, gamma, beta, mean, rstd, dn, N, C, s);
@@ -114,7 +115,8 @@ Var rmsnorm_linear(const Var& x, const Var& gamma, const Var& w, const Var& b, d
     const bool want_db = b.defined() && b.requires_grad() && !bias_grad_from_partials(out, b, s);
     Tensor lin_scratch;
     if (want_db) lin_scratch = column_scratch(cuda::linear_backward_scratch_floats(N, Cout), s);
-    Tensor* dw = w.requires_grad() ? &w.grad() : nullptr;
+    bool dw_overwrite = false;  // Note [first gradient write] in parallel/ddp.h
+    Tensor* dw = w.requires_grad() ? &w.weight_grad(&dw_overwrite) : nullptr;
     const bool want_dn = x.requires_grad() || gamma.requires_grad();
     Tensor dn;
     if (want_dn) dn = Tensor::empty(x.shape(), act, x.device(), &s);
@@ -123,7 +125,7 @@ Var rmsnorm_linear(const Var& x, const Var& gamma, const Var& w, const Var& b, d
                           dw ? dw->raw() : nullptr, dw ? dw->dtype() : DType::kF32,
                           want_db ? f32_grad("rmsnorm_linear bias", b.grad()) : nullptr,
                           want_db ? lin_scratch.data<float>() : nullptr, N, C, Cout, act,
-                          s.native(), /*dx_overwrite=*/true);
+                          s.native(), /*dx_overwrite=*/true, dw_overwrite);
     if (!want_dn) return;
     // rmsnorm's backward as the composed op runs it: dx and dgamma accumulated.
     Tensor scratch;

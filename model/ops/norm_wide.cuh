@@ -10,6 +10,7 @@
 
 #include "model/cuda/column_sum.cuh"
 #include "model/cuda/kernel_util.cuh"
+#include "model/ops/norm_backward.cuh"
 #include "model/ops/norm_cuda.cuh"
 
 namespace gtron::cuda {
@@ -56,33 +57,18 @@ __global__ void __launch_bounds__(kResidentRows * 32)
   const float m = kLN ? mean[row] : 0.0f;
   const float r = rstd[row];
   float sum_g = 0.0f, sum_gx = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPacks; ++j) {
-    const int c = (lane + 32 * j) * kV;
-    if (c >= C) continue;
-    float g[kV];
-    load_floats<kV>(gamma + c, g);
-#pragma unroll
-    for (int k = 0; k < kV; ++k) {
-      const float gg = to_float(dp[j].v[k]) * g[k];
-      sum_g += gg;
-      sum_gx += gg * ((to_float(xp[j].v[k]) - m) * r);
-    }
-  }
+  float unused[kLN ? 2 : 1][kPacks * kV];  // the column terms, dead here: the partials kernel forms them
+  lane_row_terms<T, P, kV, kPacks, kLN>(xp, dp, gamma, m, r, C, lane, unused, sum_g, sum_gx);
   const float mean_g = kLN ? warp_sum(sum_g) / static_cast<float>(C) : 0.0f;
   const float mean_gx = warp_sum(sum_gx) / static_cast<float>(C);
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
     const int c = (lane + 32 * j) * kV;
     if (c >= C) continue;
-    float g[kV], sum[kV];
-    load_floats<kV>(gamma + c, g);
+    float sum[kV];
+    lane_dx_terms<T, P, kV>(xp[j], dp[j], gamma + c, m, r, mean_g, mean_gx, sum);
 #pragma unroll
-    for (int k = 0; k < kV; ++k) {
-      const float xhat = (to_float(xp[j].v[k]) - m) * r;
-      const float out = r * (to_float(dp[j].v[k]) * g[k] - mean_g - xhat * mean_gx);
-      sum[k] = to_float(op[j].v[k]) + out;  // add_floats' arithmetic
-    }
+    for (int k = 0; k < kV; ++k) sum[k] = to_float(op[j].v[k]) + sum[k];  // add_floats' arithmetic
     store_floats<kV>(dxr + c, sum);
     if constexpr (kAlso) {  // write_dx's: the sum as stored
       float stored[kV];

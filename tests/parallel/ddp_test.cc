@@ -253,6 +253,53 @@ TEST(DataParallel, TransientBucketsLiveFromFirstWriteToTheUpdate) {
   }
 }
 
+TEST(DataParallel, TransientFirstWriteOverwritesAndUnwrittenSlicesReadZero) {
+  // Note [first gradient write]: a touched bucket is not zero-filled; the first writer of a
+  // parameter is told to overwrite, an adding writer gets its slice zeroed first, and the slices
+  // nobody wrote are zeroed before the reduction reads them.
+  SelfCommunicator self;
+  TwoWeights w;
+  DdpOptions o;
+  o.transient_grads = true;  // the default bucket size: a and b share one bucket
+  DataParallel dp(w.all(), &self, o);
+  auto vec = [](const std::vector<double>& v) {
+    return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, DType::kF32);
+  };
+  for (int step = 0; step < 2; ++step) {
+    dp.zero_grads();
+    bool overwrite = false;
+    Tensor& ga = w.a.grad_for_write(&overwrite);  // the step's first write: touches the bucket
+    EXPECT_TRUE(overwrite) << "step " << step;
+    ASSERT_TRUE(w.b.main_grad.defined());
+    // Stand in for what the allocator left in the bucket: it is not zero-filled.
+    ga.copy_from(vec(std::vector<double>(6, 7.0)).view({2, 3}));
+    w.b.main_grad.copy_from(vec(std::vector<double>(5, 9.0)));
+    ga.copy_from(vec(seq(6, 1)).view({2, 3}));  // a's writer writes every element
+    w.a.grad_for_write(&overwrite);
+    EXPECT_FALSE(overwrite) << "a second write adds";
+    if (step == 0) {
+      Tensor& gb = w.b.grad();  // an adding writer: the slice is zeroed first
+      EXPECT_EQ(gb.to_vector(), std::vector<double>(5, 0.0));
+      gb.copy_from(vec(seq(5, 1)));
+      EXPECT_EQ(w.b.grad().to_vector(), seq(5, 1)) << "zeroed once, not at every grad()";
+    }
+    dp.finish_grads();
+    EXPECT_EQ(w.a.main_grad.to_vector(), seq(6, 1));
+    // Step 1: nobody wrote b, so its slice was zeroed for the reduction.
+    EXPECT_EQ(w.b.main_grad.to_vector(), step == 0 ? seq(5, 1) : std::vector<double>(5, 0.0))
+        << "step " << step;
+    EXPECT_FALSE(w.a.grad_unwritten || w.b.grad_unwritten);
+    dp.after_update();
+  }
+  // The persistent buffer is zeroed by zero_grads() and never marked: every write adds.
+  TwoWeights p;
+  DataParallel persistent(p.all(), &self, DdpOptions());
+  persistent.zero_grads();
+  bool overwrite = true;
+  p.a.grad_for_write(&overwrite);
+  EXPECT_FALSE(overwrite);
+}
+
 TEST(DataParallel, TransientBucketsReduceOverRanks) {
   for (bool distributed : {true, false}) {
     run_ranks(2, [&](int rank, StoreClient& store) {
