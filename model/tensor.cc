@@ -195,6 +195,28 @@ void Tensor::zero_(Stream* stream) {
   }
 }
 
+void zero_all(const std::vector<Tensor>& ts, Stream* stream) {
+  if (ts.empty()) return;
+  const Device device = ts.front().device();
+  Stream& s = stream ? *stream : current_stream(device);
+  std::vector<void*> dst;
+  std::vector<size_t> bytes;
+  for (const Tensor& t : ts) {
+    GTRON_CHECK(t.device() == device, "zero_all: tensors on ", device.str(), " and ",
+                t.device().str());
+    if (t.numel() == 0) continue;
+    dst.push_back(t.raw());
+    bytes.push_back(t.nbytes());
+  }
+  if (device.is_cpu()) {
+    s.run([dst, bytes] {
+      for (size_t i = 0; i < dst.size(); ++i) std::memset(dst[i], 0, bytes[i]);
+    });
+  } else {
+    cuda::zero_ranges_async(dst.data(), bytes.data(), static_cast<int>(dst.size()), s.native());
+  }
+}
+
 void Tensor::copy_from(const Tensor& src, Stream* stream) {
   GTRON_CHECK(src.numel() == numel() && src.dtype() == dtype_, "copy of ", src.shape().str(), " ",
               dtype_name(src.dtype()), " into ", shape_.str(), " ", dtype_name(dtype_));

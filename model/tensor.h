@@ -130,4 +130,9 @@ class Tensor {
   DType dtype_ = DType::kF32;
 };
 
+// Zeroes every tensor of `ts` (all on one device) on `stream` (or the device's current stream):
+// on CUDA one kernel launch per cuda::kZeroRangesPerLaunch tensors instead of a memset each.
+// REQUIRES: on CUDA, tensors of 4-byte aligned whole words (f32, i32, f64, or bf16 pairs).
+void zero_all(const std::vector<Tensor>& ts, Stream* stream = nullptr);
+
 }  // namespace gtron

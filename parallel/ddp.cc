@@ -182,17 +182,23 @@ void DataParallel::touch(int b) {
     bk.grad = Tensor::empty({bk.numel}, DType::kF32, device_, &stream);
     bind_bucket(b);
   }
-  // Note [first gradient write]: no zero-fill here; each parameter's first writer overwrites or
-  // zeroes its own slice, start_reduction() the slices nobody wrote. The padding that rounds the
-  // bucket to the DP size belongs to no parameter: zeroed now.
-  const int64_t used = bk.params.empty() ? 0 : offset_[bk.params.back()] - bk.begin +
-                                                   params_[bk.params.back()]->data.numel();
-  if (used < bk.numel) bk.grad.rows(used, bk.numel).zero_(&stream);
-  if (stream.capturing()) bk.pinned = true;
+  // Note [first gradient write]: no zero-fill of the whole bucket. The small parameters and the
+  // padding that rounds the bucket to the DP size (it belongs to no parameter) are zeroed now, in
+  // one launch; each larger parameter's first writer overwrites or zeroes its own slice, and
+  // start_reduction() the slices nobody wrote.
+  std::vector<Tensor> now;
   for (int i : bk.params) {
-    params_[i]->grad_current = true;
-    params_[i]->grad_unwritten = true;
+    Parameter* p = params_[i];
+    p->grad_current = true;
+    p->grad_unwritten = p->data.numel() > opt_.eager_zero_numel;
+    if (!p->grad_unwritten) now.push_back(p->main_grad);
   }
+  const int64_t used = bk.params.empty() ? 0
+                                         : offset_[bk.params.back()] - bk.begin +
+                                               params_[bk.params.back()]->data.numel();
+  if (used < bk.numel) now.push_back(bk.grad.rows(used, bk.numel));
+  zero_all(now, &stream);
+  if (stream.capturing()) bk.pinned = true;
 }
 
 void DataParallel::zero_unwritten(int b) {

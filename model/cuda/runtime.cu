@@ -1,3 +1,6 @@
+#include <cstdint>
+
+#include "model/check.h"
 #include "model/cuda/check.h"
 #include "model/cuda/runtime.h"
 
@@ -47,6 +50,46 @@ void memcpy_async(void* dst, const void* src, size_t bytes, void* stream) {
 
 void memset_async(void* dst, int value, size_t bytes, void* stream) {
   CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)));
+}
+
+namespace {
+
+struct ZeroRanges {
+  uint32_t* dst[kZeroRangesPerLaunch];
+  uint64_t words[kZeroRangesPerLaunch];
+};
+
+// blockIdx.y: the range; the x blocks stride over its words.
+__global__ void zero_ranges_kernel(ZeroRanges z) {
+  uint32_t* d = z.dst[blockIdx.y];
+  const uint64_t n = z.words[blockIdx.y];
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    d[i] = 0u;
+  }
+}
+
+}  // namespace
+
+void zero_ranges_async(void* const* dst, const size_t* bytes, int n, void* stream) {
+  constexpr int kThreads = 256;
+  for (int at = 0; at < n; at += kZeroRangesPerLaunch) {
+    const int m = n - at < kZeroRangesPerLaunch ? n - at : kZeroRangesPerLaunch;
+    ZeroRanges z = {};
+    uint64_t most = 0;
+    for (int i = 0; i < m; ++i) {
+      GTRON_CHECK(reinterpret_cast<uintptr_t>(dst[at + i]) % 4 == 0 && bytes[at + i] % 4 == 0,
+                  "zero_ranges_async: range ", at + i, " is not 4-byte aligned and sized");
+      z.dst[i] = static_cast<uint32_t*>(dst[at + i]);
+      z.words[i] = bytes[at + i] / 4;
+      most = z.words[i] > most ? z.words[i] : most;
+    }
+    if (most == 0) continue;
+    const uint64_t blocks = (most + kThreads - 1) / kThreads;
+    const dim3 grid(static_cast<unsigned>(blocks < 64 ? blocks : 64), static_cast<unsigned>(m));
+    zero_ranges_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(z);
+    CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 void memcpy_2d_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,

@@ -19,6 +19,11 @@ void stream_wait_event(void* stream, void* event);
 void event_synchronize(void* event);
 void memcpy_async(void* dst, const void* src, size_t bytes, void* stream);
 void memset_async(void* dst, int value, size_t bytes, void* stream);
+// Zeroes n byte ranges, each 4-byte aligned and a multiple of 4 bytes long, in one kernel launch
+// per kZeroRangesPerLaunch ranges: many small fills (the small gradients of a bucket, Note [first
+// gradient write] in parallel/ddp.h) without a memset node each.
+constexpr int kZeroRangesPerLaunch = 32;
+void zero_ranges_async(void* const* dst, const size_t* bytes, int n, void* stream);
 // Strided copies and fills of `height` rows of `width` bytes (row pitches in bytes): cut and pad
 // every row of a matrix in one call.
 void memcpy_2d_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,

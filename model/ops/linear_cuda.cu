@@ -93,8 +93,7 @@ void linear_bias_grad_from_partials(const float* partial, int64_t chunks, int64_
 
 void linear_backward(const void* x, const void* w, const void* dy, void* dx, void* dw,
                      DType dw_dtype, float* db, float* scratch, int64_t N, int64_t Cin,
-                     int64_t Cout, DType act, void* stream, bool dx_overwrite,
-                     bool dw_overwrite) {
+                     int64_t Cout, DType act, void* stream, bool dx_overwrite, bool dw_overwrite) {
   GTRON_CHECK(act == DType::kF32 || act == DType::kBF16, "linear: CUDA activations are f32 or ",
               "bf16; got ", dtype_name(act));
   if (dx != nullptr) {

@@ -264,5 +264,19 @@ TEST(Tensor, StorageIsCachedPerStream) {
   EXPECT_NE(other.raw(), first);
 }
 
+TEST(Tensor, ZeroAllZeroesEveryTensorAndNothingElse) {
+  Tensor flat = Tensor::from_vector(iota(10, 1), {10}, DType::kF32);
+  // Two views of one buffer with a gap between them, and a tensor of its own.
+  Tensor a = flat.rows(0, 3);
+  Tensor b = flat.rows(5, 9);
+  Tensor c = Tensor::from_vector(iota(4, 1), {2, 2}, DType::kF32);
+  Tensor empty = Tensor::empty({0}, DType::kF32, Device::cpu());
+  zero_all({a, empty, b, c});
+  current_stream(Device::cpu()).synchronize();
+  EXPECT_EQ(flat.to_vector(), (std::vector<double>{0, 0, 0, 4, 5, 0, 0, 0, 0, 10}));
+  EXPECT_EQ(c.to_vector(), std::vector<double>(4, 0.0));
+  zero_all({});  // nothing to do
+}
+
 }  // namespace
 }  // namespace gtron

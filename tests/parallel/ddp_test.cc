@@ -261,6 +261,7 @@ TEST(DataParallel, TransientFirstWriteOverwritesAndUnwrittenSlicesReadZero) {
   TwoWeights w;
   DdpOptions o;
   o.transient_grads = true;  // the default bucket size: a and b share one bucket
+  o.eager_zero_numel = 0;    // every parameter waits for its first writer
   DataParallel dp(w.all(), &self, o);
   auto vec = [](const std::vector<double>& v) {
     return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, DType::kF32);
@@ -290,6 +291,26 @@ TEST(DataParallel, TransientFirstWriteOverwritesAndUnwrittenSlicesReadZero) {
         << "step " << step;
     EXPECT_FALSE(w.a.grad_unwritten || w.b.grad_unwritten);
     dp.after_update();
+  }
+  // Small parameters (the default: up to 65536 elements) are zeroed together at the touch.
+  TwoWeights e;
+  DdpOptions eager;
+  eager.transient_grads = true;
+  DataParallel edp(e.all(), &self, eager);
+  for (int step = 0; step < 2; ++step) {
+    edp.zero_grads();
+    e.a.grad();  // touches the bucket
+    EXPECT_FALSE(e.a.grad_unwritten || e.b.grad_unwritten);
+    // Zero at the touch, though step 0 left 9s in the memory the allocator hands out again.
+    EXPECT_EQ(e.b.main_grad.to_vector(), std::vector<double>(5, 0.0)) << "step " << step;
+    bool written = true;
+    Tensor& gb = e.b.grad_for_write(&written);
+    EXPECT_FALSE(written) << "a small parameter's writers add";
+    gb.copy_from(vec(std::vector<double>(5, 9.0)));
+    e.a.grad().copy_from(vec(std::vector<double>(6, 9.0)).view({2, 3}));
+    edp.finish_grads();
+    EXPECT_EQ(e.b.main_grad.to_vector(), std::vector<double>(5, 9.0));
+    edp.after_update();
   }
   // The persistent buffer is zeroed by zero_grads() and never marked: every write adds.
   TwoWeights p;
