@@ -137,6 +137,36 @@ TEST(LinearCuda, BiasGradientAtGpt2Shapes) {
   }
 }
 
+TEST(LinearCuda, WeightGradientWrittenOverEqualsAddedIntoZeros) {
+  GTRON_REQUIRE_GPU();
+  // Note [first gradient write] (parallel/ddp.h): a gradient's first write runs the dw GEMM with
+  // beta = 0 over whatever the memory held; it must give the bits of adding into zeros, and with
+  // no rows it writes zeros.
+  const Device dev = Device::cuda(0);
+  Stream& s = current_stream(dev);
+  constexpr int64_t N = 37, Cin = 67, Cout = 29;
+  const Tensor x =
+      testing::randn_tensor({N, Cin}, 30, 1.0, DType::kF32).to(DType::kBF16).to(dev, &s);
+  const Tensor dy =
+      testing::randn_tensor({N, Cout}, 31, 1.0, DType::kF32).to(DType::kBF16).to(dev, &s);
+  const std::vector<double> garbage(static_cast<size_t>(Cout * Cin), 1e30);
+  Tensor added = Tensor::zeros({Cout, Cin}, DType::kF32, dev);
+  cuda::linear_backward(x.raw(), nullptr, dy.raw(), nullptr, added.raw(), DType::kF32, nullptr,
+                        nullptr, N, Cin, Cout, DType::kBF16, s.native());
+  Tensor written = Tensor::from_vector(garbage, {Cout, Cin}, DType::kF32).to(dev, &s);
+  cuda::linear_backward(x.raw(), nullptr, dy.raw(), nullptr, written.raw(), DType::kF32, nullptr,
+                        nullptr, N, Cin, Cout, DType::kBF16, s.native(), /*dx_overwrite=*/false,
+                        /*dw_overwrite=*/true);
+  const std::vector<double> want = added.to_vector();
+  EXPECT_NE(want, std::vector<double>(want.size(), 0.0));
+  EXPECT_EQ(written.to_vector(), want);
+  Tensor no_rows = Tensor::from_vector(garbage, {Cout, Cin}, DType::kF32).to(dev, &s);
+  cuda::linear_backward(x.raw(), nullptr, dy.raw(), nullptr, no_rows.raw(), DType::kF32, nullptr,
+                        nullptr, /*N=*/0, Cin, Cout, DType::kBF16, s.native(),
+                        /*dx_overwrite=*/false, /*dw_overwrite=*/true);
+  EXPECT_EQ(no_rows.to_vector(), std::vector<double>(want.size(), 0.0));
+}
+
 TEST(AddCuda, MatchesCpuBitForBitInF32) {
   GTRON_REQUIRE_GPU();
   for (int64_t C : {67, 64}) {  // a scalar tail, and whole 16-byte packs
