@@ -202,14 +202,10 @@ void DataParallel::touch(int b) {
 }
 
 void DataParallel::zero_unwritten(int b) {
-  Bucket& bk = buckets_[b];
   Stream& stream = current_stream(device_);
-  bool all = true;
-  for (int i : bk.params) all = all && params_[i]->grad_unwritten;
-  if (all) bk.grad.zero_(&stream);  // one fill for a bucket nobody wrote
-  for (int i : bk.params) {
+  for (int i : buckets_[b].params) {
     Parameter* p = params_[i];
-    if (p->grad_unwritten && !all) p->main_grad.zero_(&stream);
+    if (p->grad_unwritten) p->main_grad.zero_(&stream);
     p->grad_unwritten = false;
   }
 }

@@ -67,9 +67,8 @@
 //   with beta = 0 instead of adding into zeros (linear, the fused MLP ops, norm_linear, the
 //   blocked classifier's first block);
 // - every other writer asks through Parameter::grad(), which zeroes the parameter's slice first;
-// - start_reduction() zeroes the slices nobody wrote (the whole bucket in one fill when nobody
-//   wrote any of it) before the reduction or the optimizer reads them; the padding that rounds a
-//   bucket to the DP size is zeroed at the touch.
+// - start_reduction() zeroes the slices nobody wrote before the reduction or the optimizer reads
+//   them; the padding that rounds a bucket to the DP size is zeroed at the touch.
 // A GEMM writing A·B gives the bits of one adding A·B into zeros (x + 0 = x; only a -0 result
 // would come out +0), so losses, updates and checkpoints are unchanged. What it saves is the
 // zero-fill of every gradient (4 bytes a parameter) and the read of those zeros by each weight
