@@ -24,17 +24,16 @@ constexpr float kLn2 = 0.6931471805599453f;
 // 64p ..) at element p·ROWS·64: the operand layout of the wgmma kernels (Note [wgmma operands]
 // in model/cuda/wgmma.cuh), which describe a panel, not a wider row. For HS = 64 both layouts
 // are the same tile.
-// kThreads: the CTA's threads, all of which call it.
-template <int HS, int ROWS, bool kPanels, int kThreads = kThreadsFa>
+template <int HS, int ROWS, bool kPanels>
 __device__ __forceinline__ void load_rows(bf16* tile, const bf16* g, int64_t ld, int row0,
                                           int len) {
   if constexpr (kPanels) {
 #pragma unroll
     for (int p = 0; p < HS / 64; ++p) {
-      load_tile<64, ROWS, kThreads>(tile + p * ROWS * 64, g + p * 64, ld, row0, len);
+      load_tile<64, ROWS, kThreadsFa>(tile + p * ROWS * 64, g + p * 64, ld, row0, len);
     }
   } else {
-    load_tile<HS, ROWS, kThreads>(tile, g, ld, row0, len);
+    load_tile<HS, ROWS, kThreadsFa>(tile, g, ld, row0, len);
   }
 }
 
@@ -109,8 +108,7 @@ __device__ __forceinline__ void store_rows(const float (&acc)[HS / 8][4], bf16* 
 // the 4 warps in order. flash_column_chunks(B, T) chunks of 3C floats.
 //
 // part[c] = the CTA's sum of column c (c < HS), from every lane's cs (store_rows<HS, true>);
-// red: 4·HS floats of shared memory for each warpgroup (a CTA of two passes each its own). Every
-// thread of the CTA calls it.
+// red: 4·HS floats of shared memory. Every thread of the CTA calls it.
 template <int HS>
 __device__ __forceinline__ void write_column_partials(const float (&cs)[HS / 8][2], int lane,
                                                       int warp, float* red, float* part) {
@@ -126,7 +124,7 @@ __device__ __forceinline__ void write_column_partials(const float (&cs)[HS / 8][
     }
   }
   __syncthreads();
-  for (int c = threadIdx.x % kThreadsFa; c < HS; c += kThreadsFa)
+  for (int c = threadIdx.x; c < HS; c += kThreadsFa)
     part[c] = ((red[c] + red[HS + c]) + red[2 * HS + c]) + red[3 * HS + c];
   __syncthreads();  // red is reused by the next call
 }
@@ -191,12 +189,12 @@ __device__ __forceinline__ void store_grad_rows(const float (&acc_in)[HS / 8][4]
 }
 
 // The causal mask and the online-softmax update of one 16-row accumulator tile (rows row_base
-// and row_base + 8 of this lane), turning s into P in place; corr[rr] is the factor the output
-// accumulator's rows take (rescale_rows) before P·V is added.
-template <int NT>
-__device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&m)[2], float (&l)[2],
-                                             float (&corr)[2], int row_base, int k0, bool masked,
-                                             const FlashForwardArgs& a, int lane, float sl2) {
+// and row_base + 8 of this lane), turning s into P in place and rescaling o.
+template <int HS, int NT>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[HS / 8][4],
+                                               float (&m)[2], float (&l)[2], int row_base, int k0,
+                                               bool masked, const FlashForwardArgs& a, int lane,
+                                               float sl2) {
   const int off = a.Tk - a.Tq;
   if (masked) {
 #pragma unroll
@@ -216,7 +214,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&m)[2], f
     for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
     const float m_new = fmaxf(m[rr], quad_max(mx) * sl2);
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-    corr[rr] = fast_exp2(m[rr] - m_use);
+    const float corr = fast_exp2(m[rr] - m_use);
     m[rr] = m_new;
     float sum = 0.0f;
 #pragma unroll
@@ -227,31 +225,13 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&m)[2], f
         sum += s[nt][e];
       }
     }
-    l[rr] = l[rr] * corr[rr] + sum;
-  }
-}
-
-template <int HS>
-__device__ __forceinline__ void rescale_rows(float (&o)[HS / 8][4], const float (&corr)[2]) {
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
+    l[rr] = l[rr] * corr + sum;
 #pragma unroll
     for (int dt = 0; dt < HS / 8; ++dt) {
-      o[dt][2 * rr] *= corr[rr];
-      o[dt][2 * rr + 1] *= corr[rr];
+      o[dt][2 * rr] *= corr;
+      o[dt][2 * rr + 1] *= corr;
     }
   }
-}
-
-// softmax_tile, then the output rows rescaled.
-template <int HS, int NT>
-__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[HS / 8][4],
-                                               float (&m)[2], float (&l)[2], int row_base, int k0,
-                                               bool masked, const FlashForwardArgs& a, int lane,
-                                               float sl2) {
-  float corr[2];
-  softmax_tile<NT>(s, m, l, corr, row_base, k0, masked, a, lane, sl2);
-  rescale_rows<HS>(o, corr);
 }
 
 // Note [grouped-query flash attention]
@@ -320,14 +300,14 @@ struct KeyWalk {
 
 // The key kernel's query tile qt into buffer `buf`: Q and dO rows by cp.async (the caller commits;
 // kPanels as load_rows) and the tile's log2-unit log-sum-exps and Δ by plain stores (0 past T).
-template <int HS, int kQ, bool kPanels = false, int kThreads = kThreadsFa>
+template <int HS, int kQ, bool kPanels = false>
 __device__ __forceinline__ void load_query_tile(bf16* sQ, bf16* sO, float* sL, float* sD,
                                                 const bf16* gq, const bf16* gdo, int64_t ld,
                                                 int64_t o_ld, const float* lse, const float* dl,
                                                 int qt, int buf, int T) {
-  load_rows<HS, kQ, kPanels, kThreads>(sQ + buf * kQ * HS, gq, ld, qt * kQ, T);
-  load_rows<HS, kQ, kPanels, kThreads>(sO + buf * kQ * HS, gdo, o_ld, qt * kQ, T);
-  for (int i = threadIdx.x; i < kQ; i += kThreads) {
+  load_rows<HS, kQ, kPanels>(sQ + buf * kQ * HS, gq, ld, qt * kQ, T);
+  load_rows<HS, kQ, kPanels>(sO + buf * kQ * HS, gdo, o_ld, qt * kQ, T);
+  for (int i = threadIdx.x; i < kQ; i += kThreadsFa) {
     const int q = qt * kQ + i;
     sL[buf * kQ + i] = q < T ? lse[q] * kLog2e : 0.0f;
     sD[buf * kQ + i] = q < T ? dl[q] : 0.0f;

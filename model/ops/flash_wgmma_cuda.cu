@@ -40,7 +40,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstdlib>
 
 #include "model/cuda/kernel_util.cuh"
 #include "model/cuda/mma_tile.cuh"
@@ -122,26 +121,6 @@ __device__ __forceinline__ void load_kv(bf16* sK, bf16* sV, const bf16* gk, cons
   cp_async_commit();
 }
 
-// O = acc / l and the log-sum-exps of this lane's two rows of warp_row0 ...
-template <int HS>
-__device__ __forceinline__ void finish_forward_rows(const float (&o)[HS / 8][4],
-                                                    const float (&m)[2], const float (&l)[2],
-                                                    const FlashForwardArgs& a, int b, int h,
-                                                    int warp_row0, int lane) {
-  float inv[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const float lt = quad_sum(l[rr]);
-    inv[rr] = 1.0f / lt;
-    const int row = warp_row0 + (lane >> 2) + rr * 8;
-    if ((lane & 3) == 0 && row < a.Tq) {
-      a.lse[static_cast<int64_t>(blockIdx.y) * a.Tq + row] = (m[rr] + log2f(lt)) * kLn2;
-    }
-  }
-  bf16* go = static_cast<bf16*>(a.o) + b * a.o_batch + h * HS;
-  store_rows<HS>(o, go, a.o_ld, warp_row0, a.Tq, lane, inv, false);
-}
-
 // One warpgroup and 64 queries per CTA, keys in tiles of 64. Measured on the H200 (GPT-2 124M):
 // two warpgroups sharing the key/value tiles (128 queries, 127 registers, 2 CTAs per SM) 1.45 ms
 // per step against 1.39 for one (117 registers, 4 CTAs per SM); key tiles of 128 (m64n128 score
@@ -211,212 +190,19 @@ __global__ void __launch_bounds__(kThreadsFa) wg_forward_kernel(FlashForwardArgs
   wg::wait<0>();
   wg::hold(o);
   wg::hold(pa);
-  finish_forward_rows<HS>(o, m, l, a, b, h, warp_row0, lane);
-}
 
-// Two warpgroups, 128 queries per CTA, sharing each key/value tile, kStages tiles in flight.
-// Warpgroup w owns rows q0 + 64w .. q0 + 64w + 63 exactly as wg_forward_kernel's one warpgroup
-// does (the same per-row arithmetic, so the same bits); warpgroup 0 skips the tiles past its
-// diagonal, which only warpgroup 1 reads.
-template <int HS, int kStages>
-constexpr int fwd2_smem() {  // Q[2], K[kStages], V[kStages]
-  return (2 + 2 * kStages) * tile_elems<HS>() * 2 + kAlignPad;
-}
-
-template <int HS, int kStages>
-__global__ void __launch_bounds__(2 * kThreadsFa, 1) wg_forward2_kernel(FlashForwardArgs a) {
-  constexpr int NT = kTile / 8;
-  constexpr int kThreads = 2 * kThreadsFa;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16* sQ = aligned_tiles(smem_raw);
-  bf16* sK = sQ + 2 * tile_elems<HS>();
-  bf16* sV = sK + kStages * tile_elems<HS>();
-
-  const int group = threadIdx.x / kThreadsFa;
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int qb = gridDim.x - 1 - blockIdx.x;  // the longest rows first
-  const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
-  const int hk = h / (a.NH / a.NKV);  // Note [grouped-query flash attention]
-  const int q0 = qb * 2 * kRows;
-  const int off = a.Tk - a.Tq;
-  const bf16* gq = static_cast<const bf16*>(a.q) + b * a.q_batch + h * HS;
-  const bf16* gk = static_cast<const bf16*>(a.k) + b * a.kv_batch + hk * HS;
-  const bf16* gv = static_cast<const bf16*>(a.v) + b * a.kv_batch + hk * HS;
-  auto load_tile_kv = [&](int t) {
-    const int nb = t % kStages;
-    load_rows<HS, kTile, true, kThreads>(sK + nb * tile_elems<HS>(), gk, a.kv_ld, t * kTile, a.Tk);
-    load_rows<HS, kTile, true, kThreads>(sV + nb * tile_elems<HS>(), gv, a.kv_ld, t * kTile, a.Tk);
-    cp_async_commit();
-  };
-
-  load_rows<HS, kRows, true, kThreads>(sQ, gq, a.q_ld, q0, a.Tq);
-  load_rows<HS, kRows, true, kThreads>(sQ + tile_elems<HS>(), gq, a.q_ld, q0 + kRows, a.Tq);
-  const int n_tiles = (min(a.Tk, q0 + 2 * kRows + off) + kTile - 1) / kTile;
-  const int row0 = q0 + group * kRows;
-  const int my_tiles = (min(a.Tk, row0 + kRows + off) + kTile - 1) / kTile;  // >= 1
-  load_tile_kv(0);                                                           // with Q
+  float inv[2];
 #pragma unroll
-  for (int t = 1; t < kStages - 1; ++t) {
-    if (t < n_tiles) load_tile_kv(t);
+  for (int rr = 0; rr < 2; ++rr) {
+    const float lt = quad_sum(l[rr]);
+    inv[rr] = 1.0f / lt;
+    const int row = warp_row0 + (lane >> 2) + rr * 8;
+    if ((lane & 3) == 0 && row < a.Tq) {
+      a.lse[static_cast<int64_t>(blockIdx.y) * a.Tq + row] = (m[rr] + log2f(lt)) * kLn2;
+    }
   }
-  const bf16* myq = sQ + group * tile_elems<HS>();
-
-  float o[HS / 8][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const float sl2 = a.scale * kLog2e;
-  const int warp_row0 = row0 + warp * 16;
-  uint32_t pa[kTile / 16][4] = {};
-
-  int j = 0;
-  do {
-    // Tile j has landed when at most the groups of the tiles after it (up to kStages − 2) are
-    // pending.
-    if constexpr (kStages == 3) {
-      if (j + 1 < n_tiles) {
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-    } else {
-      cp_async_wait<0>();
-    }
-    async_proxy_fence();
-    __syncthreads();
-    const bf16* kt = sK + (j % kStages) * tile_elems<HS>();
-    const bf16* vt = sV + (j % kStages) * tile_elems<HS>();
-    const bool mine = j < my_tiles;
-    float s[NT][4];
-    if (mine) {
-      wg::fence();
-      abt_hs<HS>(s, myq, kt, false);
-      wg::commit();
-    }
-    wg::wait<0>();  // also retires the previous tile's P·V
-    wg::hold(s);
-    wg::hold(o);
-    wg::hold(pa);
-    __syncthreads();  // no product of tile j − 1 reads the buffer tile j + kStages − 1 goes to
-    if (j + kStages - 1 < n_tiles) load_tile_kv(j + kStages - 1);
-    if (mine) {
-      const int k0 = j * kTile;
-      const bool masked = k0 + kTile - 1 > warp_row0 + off || k0 + kTile > a.Tk;
-      online_softmax<HS, NT>(s, o, m, l, warp_row0 + (lane >> 2), k0, masked, a, lane, sl2);
-      wg::to_a(s, pa);
-      wg::fence();
-      pv_hs<HS>(o, pa, vt);
-      wg::commit();
-    }
-  } while (++j < n_tiles);
-  wg::wait<0>();
-  wg::hold(o);
-  wg::hold(pa);
-  finish_forward_rows<HS>(o, m, l, a, b, h, warp_row0, lane);
-}
-
-// wg_forward2_kernel with three key/value stages and the next tile's scores issued before this
-// tile's P·V, so the exponentials of tile j + 1 run while P_j·V_j is on the tensor cores. The
-// output accumulator takes the same operations in the same order (O + P_j·V_j, then × corr_{j+1},
-// then + P_{j+1}·V_{j+1}), so the bits equal wg_forward_kernel's.
-template <int HS>
-__global__ void __launch_bounds__(2 * kThreadsFa, 1) wg_forward_pipe_kernel(FlashForwardArgs a) {
-  constexpr int NT = kTile / 8;
-  constexpr int kStages = 3;
-  constexpr int kThreads = 2 * kThreadsFa;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16* sQ = aligned_tiles(smem_raw);
-  bf16* sK = sQ + 2 * tile_elems<HS>();
-  bf16* sV = sK + kStages * tile_elems<HS>();
-
-  const int group = threadIdx.x / kThreadsFa;
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int qb = gridDim.x - 1 - blockIdx.x;  // the longest rows first
-  const int b = blockIdx.y / a.NH, h = blockIdx.y % a.NH;
-  const int hk = h / (a.NH / a.NKV);  // Note [grouped-query flash attention]
-  const int q0 = qb * 2 * kRows;
-  const int off = a.Tk - a.Tq;
-  const bf16* gq = static_cast<const bf16*>(a.q) + b * a.q_batch + h * HS;
-  const bf16* gk = static_cast<const bf16*>(a.k) + b * a.kv_batch + hk * HS;
-  const bf16* gv = static_cast<const bf16*>(a.v) + b * a.kv_batch + hk * HS;
-  auto load_tile_kv = [&](int t) {
-    const int nb = t % kStages;
-    load_rows<HS, kTile, true, kThreads>(sK + nb * tile_elems<HS>(), gk, a.kv_ld, t * kTile, a.Tk);
-    load_rows<HS, kTile, true, kThreads>(sV + nb * tile_elems<HS>(), gv, a.kv_ld, t * kTile, a.Tk);
-    cp_async_commit();
-  };
-
-  load_rows<HS, kRows, true, kThreads>(sQ, gq, a.q_ld, q0, a.Tq);
-  load_rows<HS, kRows, true, kThreads>(sQ + tile_elems<HS>(), gq, a.q_ld, q0 + kRows, a.Tq);
-  const int n_tiles = (min(a.Tk, q0 + 2 * kRows + off) + kTile - 1) / kTile;
-  const int row0 = q0 + group * kRows;
-  load_tile_kv(0);  // with Q
-  if (n_tiles > 1) load_tile_kv(1);
-  if (n_tiles > 2) load_tile_kv(2);
-  const bf16* myq = sQ + group * tile_elems<HS>();
-
-  float o[HS / 8][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];
-  const float sl2 = a.scale * kLog2e;
-  const int warp_row0 = row0 + warp * 16;
-  const int row_base = warp_row0 + (lane >> 2);
-  auto masked_at = [&](int k0) { return k0 + kTile - 1 > warp_row0 + off || k0 + kTile > a.Tk; };
-  uint32_t pa[kTile / 16][4];
-  float s[NT][4];
-
-  if (n_tiles > 2) {
-    cp_async_wait<2>();
-  } else if (n_tiles > 1) {
-    cp_async_wait<1>();
-  } else {
-    cp_async_wait<0>();
-  }
-  async_proxy_fence();
-  __syncthreads();
-  wg::fence();
-  abt_hs<HS>(s, myq, sK, false);
-  wg::commit();
-  wg::wait<0>();
-  wg::hold(s);
-  softmax_tile<NT>(s, m, l, corr, row_base, 0, masked_at(0), a, lane, sl2);
-  rescale_rows<HS>(o, corr);
-  wg::to_a(s, pa);
-
-  // Iteration j: P_j in pa; tile j + 1 (when there is one) landing or landed.
-  int j = 0;
-  do {
-    const bool next = j + 1 < n_tiles;
-    if (next) {
-      if (j + 2 < n_tiles) {
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      async_proxy_fence();
-      __syncthreads();
-    }
-    // Warpgroup 0 also takes the tile past its diagonal: fully masked, it leaves m, l and O as
-    // they are (corr = 1, P = 0). A product issued on a branch serializes every wgmma (ptxas
-    // C7515/C7520), so the last iteration also forms scores of a stale buffer and drops them.
-    wg::fence();
-    abt_hs<HS>(s, myq, sK + ((j + 1) % kStages) * tile_elems<HS>(), false);
-    wg::commit();
-    pv_hs<HS>(o, pa, sV + (j % kStages) * tile_elems<HS>());
-    wg::commit();
-    wg::wait<1>();  // the scores
-    wg::hold(s);
-    const int k0 = (j + 1) * kTile;
-    if (next) softmax_tile<NT>(s, m, l, corr, row_base, k0, masked_at(k0), a, lane, sl2);
-    wg::wait<0>();  // P_j·V_j
-    wg::hold(o);
-    wg::hold(pa);
-    if (next) {
-      rescale_rows<HS>(o, corr);
-      wg::to_a(s, pa);
-    }
-    if (!next) break;
-    __syncthreads();  // every warpgroup is done with buffer j % 3
-    if (j + 3 < n_tiles) load_tile_kv(j + 3);
-  } while (++j < n_tiles);
-  finish_forward_rows<HS>(o, m, l, a, b, h, warp_row0, lane);
+  bf16* go = static_cast<bf16*>(a.o) + b * a.o_batch + h * HS;
+  store_rows<HS>(o, go, a.o_ld, warp_row0, a.Tq, lane, inv, false);
 }
 
 template <int HS>
@@ -612,230 +398,6 @@ __global__ void __launch_bounds__(kThreadsFa)
                              true);
 }
 
-// wg_backward_kv_kernel with two warpgroups: 128 keys a CTA sharing each query tile (Q, dO,
-// log-sum-exps, Δ). Warpgroup w owns keys k0 + 64w .. exactly as the one-warpgroup kernel's CTA
-// does; the walk starts at the CTA's diagonal, so warpgroup 1 also takes each head's first query
-// tile, fully masked (P = 0, dS = 0: it adds zeros).
-template <int HS>
-constexpr int bwd_kv2_smem() {  // K[2], V[2], Q[2], dO[2], lse[2], Δ[2]
-  return 8 * tile_elems<HS>() * 2 + 4 * kTile * 4 + kAlignPad;
-}
-
-template <int HS, bool kRope>
-__global__ void __launch_bounds__(2 * kThreadsFa, 1)
-    wg_backward_kv2_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
-  constexpr int NT = kTile / 8;
-  constexpr int kThreads = 2 * kThreadsFa;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16* sK = aligned_tiles(smem_raw);
-  bf16* sV = sK + 2 * tile_elems<HS>();
-  bf16* sQ = sV + 2 * tile_elems<HS>();
-  bf16* sO = sQ + 2 * tile_elems<HS>();  // dO tiles
-  float* sL = reinterpret_cast<float*>(sO + 2 * tile_elems<HS>());
-  float* sD = sL + 2 * kTile;
-
-  const int group = threadIdx.x / kThreadsFa;
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int k0 = blockIdx.x * 2 * kRows, kw0 = k0 + group * kRows;
-  const KeyWalk walk(a, k0, kTile);
-  const int b = walk.b, hk = walk.hk;
-  const int64_t ld = a.qkv_ld;
-  const bf16* row = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch;
-
-  auto load_q_tile = [&](int i, int buf) {
-    const BackwardHead<HS> head(a, delta, b, walk.head(i));
-    load_query_tile<HS, kTile, true, kThreads>(sQ, sO, sL, sD, head.q, head.dout, ld, a.o_ld,
-                                               head.lse, head.delta, walk.tile(i), buf, a.T);
-  };
-
-  for (int g = 0; g < 2; ++g) {
-    load_rows<HS, kRows, true, kThreads>(sK + g * tile_elems<HS>(), row + k_column(a, hk), ld,
-                                         k0 + g * kRows, a.T);
-    load_rows<HS, kRows, true, kThreads>(sV + g * tile_elems<HS>(), row + v_column(a, hk), ld,
-                                         k0 + g * kRows, a.T);
-  }
-  load_q_tile(0, 0);
-  cp_async_commit();
-  const bf16* myk = sK + group * tile_elems<HS>();
-  const bf16* myv = sV + group * tile_elems<HS>();
-
-  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
-  const float sl2 = a.scale * kLog2e;
-  const int key_base = kw0 + warp * 16 + (lane >> 2);
-
-  for (int it = 0; it < walk.n; ++it) {
-    const int buf = it & 1;
-    if (it + 1 < walk.n) {
-      load_q_tile(it + 1, buf ^ 1);
-      cp_async_commit();
-      tiles_landed<1>();
-    } else {
-      tiles_landed<0>();
-    }
-    const bf16* qtile = sQ + buf * tile_elems<HS>();
-    const bf16* otile = sO + buf * tile_elems<HS>();
-    const float* L = sL + buf * kTile;
-    const float* D = sD + buf * kTile;
-
-    float p[NT][4];   // Sᵀ, then Pᵀ: [64 keys, 64 queries]
-    float ds[NT][4];  // dPᵀ, then dSᵀ
-    wg::fence();
-    abt_hs<HS>(p, myk, qtile, false);
-    abt_hs<HS>(ds, myv, otile, false);
-    wg::commit();
-    wg::wait<0>();
-    wg::hold(p);
-    wg::hold(ds);
-    const int qs0 = walk.tile(it) * kTile;
-    const bool masked = qs0 < kw0 + kRows || qs0 + kTile > a.T || kw0 + kRows > a.T;
-    key_tile_grads<NT>(p, ds, L, D, sl2, qs0, key_base, masked, a.T, lane);
-    uint32_t pa[4][4], dsa[4][4];
-    wg::to_a(p, pa);
-    wg::to_a(ds, dsa);
-    wg::fence();
-    pv_hs<HS>(dv, pa, otile);
-    pv_hs<HS>(dk, dsa, qtile);
-    wg::commit();
-    wg::wait<0>();
-    wg::hold(dv);
-    wg::hold(dk);
-    __syncthreads();
-  }
-
-  const float one[2] = {1.0f, 1.0f}, sc[2] = {a.scale, a.scale};
-  bf16* dbase = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch;
-  __shared__ float red[2][4 * HS];  // Note [qkv bias partials]
-  const int tile = 2 * static_cast<int>(blockIdx.x) + group;
-  const int64_t kc = k_column(a, hk), vc = v_column(a, hk);
-  store_grad_rows<HS, kRope>(dk, dbase + kc, a, b, tile, kc, kw0 + warp * 16, lane, warp, sc,
-                             red[group], true);
-  store_grad_rows<HS, kRope>(dv, dbase + vc, a, b, tile, vc, kw0 + warp * 16, lane, warp, one,
-                             red[group], false);
-}
-
-// wg_backward_q_kernel with two warpgroups: 128 queries a CTA sharing each key/value tile.
-// Warpgroup w owns rows q0 + 64w .. exactly as the one-warpgroup kernel's CTA does; warpgroup 0
-// also takes the key tile past its diagonal, fully masked (P = 0, so dS = 0 and dQ gets zeros).
-template <int HS>
-constexpr int bwd_q2_smem() {  // Q[2], dO[2], K[2], V[2]
-  return 8 * tile_elems<HS>() * 2 + kAlignPad;
-}
-
-template <int HS, bool kRope>
-__global__ void __launch_bounds__(2 * kThreadsFa, 1)
-    wg_backward_q2_kernel(FlashBackwardArgs a, float* __restrict__ delta) {
-  constexpr int NT = kTile / 8;
-  constexpr int kThreads = 2 * kThreadsFa;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16* sQ = aligned_tiles(smem_raw);
-  bf16* sO = sQ + 2 * tile_elems<HS>();  // dO
-  bf16* sK = sO + 2 * tile_elems<HS>();
-  bf16* sV = sK + 2 * tile_elems<HS>();
-
-  const int group = threadIdx.x / kThreadsFa;
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int qb = gridDim.x - 1 - blockIdx.x;
-  const BackwardHead<HS> head = query_cta_head<HS>(a, delta);
-  const int b = head.b, h = head.h;
-  const int q0 = qb * 2 * kRows, row0 = q0 + group * kRows;
-  const int64_t ld = a.qkv_ld;
-  const bf16 *gq = head.q, *gk = head.k, *gv = head.v, *gdo = head.dout;
-  auto load_tile_kv = [&](int t) {
-    const int nb = t & 1;
-    load_rows<HS, kTile, true, kThreads>(sK + nb * tile_elems<HS>(), gk, ld, t * kTile, a.T);
-    load_rows<HS, kTile, true, kThreads>(sV + nb * tile_elems<HS>(), gv, ld, t * kTile, a.T);
-    cp_async_commit();
-  };
-
-  // O's rows go to the second key and value buffers (warpgroup 0's, then 1's), which tile 1
-  // overwrites only after Δ is formed.
-  const bf16* go = static_cast<const bf16*>(a.o) + b * a.o_batch + h * HS;
-  for (int g = 0; g < 2; ++g) {
-    load_rows<HS, kRows, true, kThreads>(sQ + g * tile_elems<HS>(), gq, ld, q0 + g * kRows, a.T);
-    load_rows<HS, kRows, true, kThreads>(sO + g * tile_elems<HS>(), gdo, a.o_ld, q0 + g * kRows,
-                                         a.T);
-  }
-  load_rows<HS, kRows, true, kThreads>(sK + tile_elems<HS>(), go, a.o_ld, q0, a.T);
-  load_rows<HS, kRows, true, kThreads>(sV + tile_elems<HS>(), go, a.o_ld, q0 + kRows, a.T);
-  load_tile_kv(0);
-  const int n_tiles = (min(a.T, q0 + 2 * kRows) + kTile - 1) / kTile;
-  const bf16* myq = sQ + group * tile_elems<HS>();
-  const bf16* mydo = sO + group * tile_elems<HS>();
-  const bf16* myout = (group == 0 ? sK : sV) + tile_elems<HS>();
-
-  const int row_base = row0 + warp * 16 + (lane >> 2);
-  float L[2], D[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int row = row_base + rr * 8;
-    const int64_t i = static_cast<int64_t>(blockIdx.y) * a.T + row;
-    L[rr] = row < a.T ? a.lse[i] * kLog2e : 0.0f;
-  }
-  cp_async_wait<0>();
-  __syncthreads();
-  // Δ as in wg_backward_q_kernel (Note [Δ in the query kernel]), the same order.
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int r = warp * 16 + (lane >> 2) + rr * 8;
-    float sum = 0.0f;
-#pragma unroll
-    for (int cc = 0; cc < HS / 32; ++cc) {
-      const int chunk = (HS / 32) * (lane & 3) + cc;
-      const int at = (chunk / 8) * kTile * 64 + swz<64>(r, chunk % 8);
-      float x[8], y[8];
-      load_floats<8>(mydo + at, x);
-      load_floats<8>(myout + at, y);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sum += x[e] * y[e];
-    }
-    sum = quad_sum(sum);
-    const int row = row0 + r;
-    D[rr] = row < a.T ? sum : 0.0f;
-    if ((lane & 3) == 0 && row < a.T) delta[static_cast<int64_t>(blockIdx.y) * a.T + row] = sum;
-  }
-  __syncthreads();  // tile 1's loads overwrite O's rows
-  float dq[HS / 8][4] = {};
-  const float sl2 = a.scale * kLog2e;
-
-  int j = 0;
-  do {
-    if (j + 1 < n_tiles) {
-      load_tile_kv(j + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    async_proxy_fence();
-    __syncthreads();
-    const bf16* kt = sK + (j & 1) * tile_elems<HS>();
-    const bf16* vt = sV + (j & 1) * tile_elems<HS>();
-    float p[NT][4], ds[NT][4];
-    wg::fence();
-    abt_hs<HS>(p, myq, kt, false);
-    abt_hs<HS>(ds, mydo, vt, false);
-    wg::commit();
-    wg::wait<0>();
-    wg::hold(p);
-    wg::hold(ds);
-    const int k0 = j * kTile;
-    const bool masked = k0 + kTile > row0 || k0 + kTile > a.T;
-    query_tile_grads<NT>(p, ds, L, D, sl2, k0, row_base, masked, a.T, lane);
-    uint32_t dsa[4][4];
-    wg::to_a(ds, dsa);
-    wg::fence();
-    pv_hs<HS>(dq, dsa, kt);  // dQ += dS · K, K read with keys as the reduced index
-    wg::commit();
-    wg::wait<0>();
-    wg::hold(dq);
-    __syncthreads();
-  } while (++j < n_tiles);
-  const float sc[2] = {a.scale, a.scale};
-  bf16* dq_base = static_cast<bf16*>(a.dqkv) + b * a.qkv_batch + h * HS;
-  __shared__ float red[2][4 * HS];  // Note [qkv bias partials]
-  store_grad_rows<HS, kRope>(dq, dq_base, a, b, 2 * qb + group, h * HS, row0 + warp * 16, lane,
-                             warp, sc, red[group], true);
-}
-
 template <typename Kernel>
 void allow_smem(Kernel k, int bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
@@ -862,38 +424,8 @@ bool flash_wgmma_usable(int64_t HS) {
 
 namespace {
 
-template <int HS, int kStages>
-void forward2_hs(const FlashForwardArgs& a, cudaStream_t st) {
-  static const bool once =
-      (allow_smem(wg_forward2_kernel<HS, kStages>, fwd2_smem<HS, kStages>()), true);
-  (void)once;
-  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.Tq, 2 * kRows)),
-                  static_cast<unsigned>(a.B * a.NH));
-  wg_forward2_kernel<HS, kStages><<<grid, 2 * kThreadsFa, fwd2_smem<HS, kStages>(), st>>>(a);
-  CUDA_CHECK_LAUNCH();
-}
-
-// TEMPORARY A/B switch (GTRON_FWD2=0|2|3, per head size: GTRON_FWD2_64, GTRON_FWD2_128).
-int fwd2_choice(int HS) {
-  const char* e = std::getenv(HS == 64 ? "GTRON_FWD2_64" : "GTRON_FWD2_128");
-  if (e == nullptr) e = std::getenv("GTRON_FWD2");
-  return e == nullptr ? 0 : std::atoi(e);
-}
-
 template <int HS>
 void forward_hs(const FlashForwardArgs& a, cudaStream_t st) {
-  static const int choice = fwd2_choice(HS);
-  if (choice == 2) return forward2_hs<HS, 2>(a, st);
-  if (choice == 3) return forward2_hs<HS, 3>(a, st);
-  if (choice == 4) {
-    static const bool once4 = (allow_smem(wg_forward_pipe_kernel<HS>, fwd2_smem<HS, 3>()), true);
-    (void)once4;
-    const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.Tq, 2 * kRows)),
-                    static_cast<unsigned>(a.B * a.NH));
-    wg_forward_pipe_kernel<HS><<<grid, 2 * kThreadsFa, fwd2_smem<HS, 3>(), st>>>(a);
-    CUDA_CHECK_LAUNCH();
-    return;
-  }
   static const bool once = (allow_smem(wg_forward_kernel<HS>, fwd_smem<HS>()), true);
   (void)once;
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.Tq, kRows)),
@@ -908,39 +440,11 @@ void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
                             allow_smem(wg_backward_q_kernel<HS, kRope>, bwd_q_smem<HS>()), true);
   (void)once;
   const unsigned row_tiles = static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows));
-  static const bool q2 = [] {
-    const char* e = std::getenv(HS == 64 ? "GTRON_BWDQ2_64" : "GTRON_BWDQ2_128");
-    return e != nullptr && std::atoi(e) == 1;
-  }();
-  if (q2) {
-    static const bool once2 =
-        (allow_smem(wg_backward_q2_kernel<HS, kRope>, bwd_q2_smem<HS>()), true);
-    (void)once2;
-    const dim3 q2_grid(static_cast<unsigned>(ceil_div<int64_t>(a.T, 2 * kRows)),
-                       static_cast<unsigned>(a.B * a.NH));
-    wg_backward_q2_kernel<HS, kRope>
-        <<<q2_grid, 2 * kThreadsFa, bwd_q2_smem<HS>(), st>>>(a, delta);  // Δ
-  } else {
-    const dim3 q_grid(row_tiles, static_cast<unsigned>(a.B * a.NH));
-    wg_backward_q_kernel<HS, kRope><<<q_grid, kThreadsFa, bwd_q_smem<HS>(), st>>>(a, delta);
-  }
+  const dim3 q_grid(row_tiles, static_cast<unsigned>(a.B * a.NH));
+  wg_backward_q_kernel<HS, kRope><<<q_grid, kThreadsFa, bwd_q_smem<HS>(), st>>>(a, delta);  // Δ
   CUDA_CHECK_LAUNCH();
-  static const bool kv2 = [] {
-    const char* e = std::getenv(HS == 64 ? "GTRON_BWDKV2_64" : "GTRON_BWDKV2_128");
-    return e != nullptr && std::atoi(e) == 1;
-  }();
-  if (kv2) {
-    static const bool once3 =
-        (allow_smem(wg_backward_kv2_kernel<HS, kRope>, bwd_kv2_smem<HS>()), true);
-    (void)once3;
-    const dim3 kv2_grid(static_cast<unsigned>(ceil_div<int64_t>(a.T, 2 * kRows)),
-                        static_cast<unsigned>(a.B * a.NKV));
-    wg_backward_kv2_kernel<HS, kRope>
-        <<<kv2_grid, 2 * kThreadsFa, bwd_kv2_smem<HS>(), st>>>(a, delta);
-  } else {
-    const dim3 kv_grid(row_tiles, static_cast<unsigned>(a.B * a.NKV));
-    wg_backward_kv_kernel<HS, kRope><<<kv_grid, kThreadsFa, bwd_kv_smem<HS>(), st>>>(a, delta);
-  }
+  const dim3 kv_grid(row_tiles, static_cast<unsigned>(a.B * a.NKV));
+  wg_backward_kv_kernel<HS, kRope><<<kv_grid, kThreadsFa, bwd_kv_smem<HS>(), st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
 }
 
