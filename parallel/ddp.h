@@ -61,8 +61,8 @@
 // DdpOptions::eager_zero_numel elements: norms, biases, q/k norms) are zeroed at once, all of them
 // in one launch: their writers add (the norm backward's column-sum finishes), and zeroing each at
 // its first write would put a memset node in the step for every one (113 at the Qwen3-0.6B
-// shape: 4 norms a layer). Each
-// larger parameter is marked Parameter::grad_unwritten until something writes its gradient:
+// shape: 4 norms a layer). Each larger parameter is marked Parameter::grad_unwritten until
+// something writes its gradient:
 // - a weight-gradient GEMM asks through Var::weight_grad and, on the step's first write, runs
 //   with beta = 0 instead of adding into zeros (linear, the fused MLP ops, norm_linear, the
 //   blocked classifier's first block);

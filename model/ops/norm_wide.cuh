@@ -57,8 +57,8 @@ __global__ void __launch_bounds__(kResidentRows * 32)
   const float m = kLN ? mean[row] : 0.0f;
   const float r = rstd[row];
   float sum_g = 0.0f, sum_gx = 0.0f;
-  float unused[kLN ? 2 : 1]
-              [kPacks * kV];  // the column terms, dead here: the partials kernel forms them
+  // The column terms, dead here: the partials kernel forms them.
+  float unused[kLN ? 2 : 1][kPacks * kV];
   lane_row_terms<T, P, kV, kPacks, kLN>(xp, dp, gamma, m, r, C, lane, unused, sum_g, sum_gx);
   const float mean_g = kLN ? warp_sum(sum_g) / static_cast<float>(C) : 0.0f;
   const float mean_gx = warp_sum(sum_gx) / static_cast<float>(C);
