@@ -1,9 +1,9 @@
 // Layers of the GPT-2 / MTP model: thin structs over Parameters plus a forward() that composes ops.
 //
 // Parameters live in a ParamRegistry (one per model) in creation order with documented names
-// (README "Checkpoint names"). Linear weights are read through a WeightAccess: directly in a
-// single process, through gathered shards under GTP (parallel/ implements it). Norm weights and
-// biases are always whole and read directly.
+// (docs/checkpoints-and-interop.md, "Parameter names"). Linear weights are read through a
+// WeightAccess: directly in a single process, through gathered shards under GTP (parallel/
+// implements it). Norm weights and biases are always whole and read directly.
 #pragma once
 
 #include <cstdint>

@@ -24,7 +24,7 @@
 // then k_proj, then v_proj (Hugging Face's three matrices stacked); gate and up likewise from
 // mlp.gate_up.weight [2F, C] (gate_proj's rows, then up_proj's). One GEMM reads the activations
 // once and launches once; the checkpoint names are gtron's, and the Hugging Face conversion
-// splits and stacks the rows (README "Checkpoint names").
+// splits and stacks the rows (docs/checkpoints-and-interop.md, "Parameter names").
 #pragma once
 
 #include <cstdint>

@@ -6,10 +6,10 @@ Usage: check_llama_hf.py CHECKPOINT_DIR LOGITS_FILE [--tolerance 1e-5] [--device
 Builds transformers' LlamaForCausalLM (or Qwen3ForCausalLM when the checkpoint's model has
 qk_norm) from the checkpoint's resolved config (trainer_state.json), loads gtron's fp32 tensors
 into it (the packed attn.qkv rows split into q_proj, k_proj, v_proj; mlp.gate_up into gate_proj
-and up_proj; README "Checkpoint names"), runs it in fp32 with eager attention on the `tokens` of
-LOGITS_FILE (written by `gtron logits`) and compares with that file's `logits`. Prints one JSON line
-{"family", "hf_class", "rope", "relative", "max_abs_diff", "shape"} and exits 1 when
-max|diff| / max|hf| exceeds the tolerance. Needs torch and transformers.
+and up_proj; docs/checkpoints-and-interop.md, "Parameter names"), runs it in fp32 with eager
+attention on the `tokens` of LOGITS_FILE (written by `gtron logits`) and compares with that file's
+`logits`. Prints one JSON line {"family", "hf_class", "rope", "relative", "max_abs_diff",
+"shape"} and exits 1 when max|diff| / max|hf| exceeds the tolerance. Needs torch and transformers.
 """
 
 import argparse

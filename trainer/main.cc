@@ -364,7 +364,7 @@ int run(int argc, char** argv) {
   auto* print = app.add_subcommand("print-config", "Print the resolved config with every default");
   print->add_option("--config", o.config, "JSON config file (none = all defaults)");
   print->add_option("--set", o.sets, "Override a config key: key.path=value (repeatable)");
-  print->add_flag("--markdown", o.markdown, "Print the table of every key (README format)");
+  print->add_flag("--markdown", o.markdown, "Print the table of every key (docs/configuration.md)");
 
   // CLI11 reports a mistyped subcommand only as "a subcommand is required": name it instead.
   const std::string first = argc > 1 ? argv[1] : "";

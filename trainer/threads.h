@@ -1,8 +1,8 @@
 // The CPU thread count of a gtron process when OMP_NUM_THREADS is unset.
 //
-// Rule (measured, README "CLI"): the physical cores this process may run on (its CPU affinity,
-// hyper-thread siblings counted once) divided by the processes of the job on this node
-// (LOCAL_WORLD_SIZE, default 1), capped at 8 (the CPU kernels stop scaling there); and 1 when
+// Rule (measured, docs/cli.md "CPU threads"): the physical cores this process may run on (its
+// CPU affinity, hyper-thread siblings counted once) divided by the processes of the job on this
+// node (LOCAL_WORLD_SIZE, default 1), capped at 8 (the CPU kernels stop scaling there); and 1 when
 // that leaves fewer than 4 cores: on a small machine OpenMP's spinning workers fight every other
 // process for the same cores (tiny.json ran several times slower with 2 threads than with 1 on a
 // busy 2-core machine). An OMP_NUM_THREADS the user sets is always kept.

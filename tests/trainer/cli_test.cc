@@ -164,7 +164,8 @@ TEST_F(BadInput, CorruptCheckpointAndWrongVocabSample) {
 
 TEST_F(BadInput, CheckpointHoldsTheDocumentedNamesAndShapes) {
   // The independent stdlib-only checker reads the model file of a real checkpoint: every
-  // documented name (README "Checkpoints") with its [out, in] shape. V=64 (padded 64), C=16, T=16.
+  // documented name (docs/checkpoints-and-interop.md) with its [out, in] shape. V=64 (padded 64),
+  // C=16, T=16.
   const std::string out = dir_ + "/names";
   auto r = run_gtron(
       {"train", "--config", config_, "--out", out, "--set", "model.tied_embeddings=false"});

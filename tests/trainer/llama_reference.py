@@ -4,12 +4,12 @@
 Usage: llama_reference.py CHECKPOINT_DIR LOGITS_FILE [--tolerance 1e-5]
 
 Reads CHECKPOINT_DIR/trainer_state.json (the resolved config's "model" keys) and
-CHECKPOINT_DIR/model.safetensors (gtron's names, README "Checkpoint names", llama family), runs
-the main model on the `tokens` tensor of LOGITS_FILE (written by `gtron logits`) and compares with
-that file's `logits`: prints {"max_abs_diff", "relative", "shape"} and exits 1 when
-max|diff| / max|reference| exceeds the tolerance.
+CHECKPOINT_DIR/model.safetensors (gtron's names: docs/checkpoints-and-interop.md, "Parameter
+names", llama family), runs the main model on the `tokens` tensor of LOGITS_FILE (written by
+`gtron logits`) and compares with that file's `logits`: prints {"max_abs_diff", "relative",
+"shape"} and exits 1 when max|diff| / max|reference| exceeds the tolerance.
 
-Written from the README's description of the family (Hugging Face's LlamaForCausalLM and
+Written from docs/models.md's description of the family (Hugging Face's LlamaForCausalLM and
 Qwen3ForCausalLM): RMSNorm, packed q|k|v rows, optional q/k RMSNorm per head before RoPE, RoPE in
 the rotate-half convention (dimension i pairs with i + HS/2) with the optional llama3 frequency
 rewrite, grouped-query causal attention, SwiGLU, final RMSNorm, head (tied to the embedding unless

@@ -1,10 +1,10 @@
 // The llama family end to end on the CPU, through the real gtron binary: training (MTP, GQA,
 // Qwen3's q/k norms and head size, the llama3 RoPE rewrite) is deterministic and learns; the
 // logits agree with a second implementation (tests/trainer/llama_reference.py, numpy float64,
-// written from the README's description of the family); GTP=2 on two processes gives one process's
-// curve; TP above n_kv_head (key/value heads replicated: MQA at TP=2, TP=2 × GTP=2 with sequence
-// parallelism, NKV=2 at TP=4 with the qkv bias) gives one process's curve, and its checkpoints
-// resume at one process and back; bad llama keys exit 2 naming the key.
+// written from docs/models.md's description of the family); GTP=2 on two processes gives one
+// process's curve; TP above n_kv_head (key/value heads replicated: MQA at TP=2, TP=2 × GTP=2
+// with sequence parallelism, NKV=2 at TP=4 with the qkv bias) gives one process's curve, and its
+// checkpoints resume at one process and back; bad llama keys exit 2 naming the key.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,5 +1,6 @@
-// Raw text to samples through a BPE tokenizer, as the README runs it: tokenizer train, prepare,
-// train, eval, sample. The checkpoint carries the tokenizer; a too-small model vocab is refused.
+// Raw text to samples through a BPE tokenizer, as docs/data-and-tokenizers.md runs it: tokenizer
+// train, prepare, train, eval, sample. The checkpoint carries the tokenizer; a too-small model
+// vocab is refused.
 #include <gtest/gtest.h>
 
 #include <fstream>
