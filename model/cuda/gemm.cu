@@ -216,6 +216,15 @@ cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUD
 void check_args(const GemmArgs& g) {
   GTRON_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1, "gemm: m = ", g.m, ", n = ", g.n,
               ", k = ", g.k, ", batch = ", g.batch);
+  if (g.fp8) {
+    GTRON_CHECK(!g.trans_a && g.trans_b && g.batch == 1 && g.bias == nullptr &&
+                    g.epilogue == Epilogue::kNone && g.scale_a != nullptr && g.scale_b != nullptr,
+                "gemm: fp8 takes A [M, K] and B stored [N, K] (trans_b) with both scales, and no "
+                "batch, bias or epilogue");
+    GTRON_CHECK(g.c_type == DType::kF32 || g.c_type == DType::kBF16, "gemm: fp8 C type ",
+                dtype_name(g.c_type), ", expected f32 or bf16");
+    return;
+  }
   GTRON_CHECK(g.ab == DType::kF32 || g.ab == DType::kBF16, "gemm: A/B type ", dtype_name(g.ab),
               ", expected f32 or bf16");
   GTRON_CHECK(g.c_type == DType::kF32 || (g.ab == DType::kBF16 && g.c_type == DType::kBF16),
@@ -265,7 +274,7 @@ std::vector<cublasLtMatmulHeuristicResult_t> heuristics(GemmContext& ctx, const 
       ctx.handle(), desc.d, op1.l, op2.l, out.l, out.l, pref.p, requested, results.data(), &found);
   // An f32 bias on a bf16 output is refused with INVALID_VALUE by some cuBLASLt versions (13.0).
   const bool optional =
-      (g.bias != nullptr && g.bias_type != g.c_type) || g.epilogue != Epilogue::kNone;
+      (g.bias != nullptr && g.bias_type != g.c_type) || g.epilogue != Epilogue::kNone || g.fp8;
   if (st != CUBLAS_STATUS_NOT_SUPPORTED && !(optional && st == CUBLAS_STATUS_INVALID_VALUE)) {
     CUBLAS_CHECK(st);
   }
@@ -319,7 +328,8 @@ bool choose_algo(Chosen* chosen, GemmContext& ctx, const GemmArgs& g, const Gemm
 
 void gemm(const GemmArgs& g, void* stream) {
   GTRON_CHECK(try_gemm(g, stream), "gemm: cuBLASLt has no algorithm for m = ", g.m, ", n = ", g.n,
-              ", k = ", g.k, ", batch = ", g.batch, ", A/B ", dtype_name(g.ab), ", C ",
+              ", k = ", g.k, ", batch = ", g.batch, ", A/B ", g.fp8 ? "e4m3" : dtype_name(g.ab),
+              g.fp8 && g.b_scales == Fp8Scales::kBlocks ? " (B in 128x128 blocks)" : "", ", C ",
               dtype_name(g.c_type), ", trans ", g.trans_a, "/", g.trans_b, g.bias ? ", bias " : "",
               g.bias ? dtype_name(g.bias_type) : "");
 }
@@ -336,7 +346,7 @@ bool try_gemm(const GemmArgs& g, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
 
   // Note [row-major through column-major cuBLAS]: operand 1 is B, operand 2 is A, result Cᵀ.
-  const cudaDataType_t ab = cuda_type(g.ab);
+  const cudaDataType_t ab = g.fp8 ? CUDA_R_8F_E4M3 : cuda_type(g.ab);
   const cudaDataType_t ct = cuda_type(g.c_type);
   Layout op1(ab, g.trans_b ? g.k : g.n, g.trans_b ? g.n : g.k, g.batch, g.stride_b);
   Layout op2(ab, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.batch, g.stride_a);
@@ -347,6 +357,17 @@ bool try_gemm(const GemmArgs& g, void* stream) {
            static_cast<int32_t>(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
   desc.set(CUBLASLT_MATMUL_DESC_TRANSB,
            static_cast<int32_t>(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
+  if (g.fp8) {
+    // cuBLAS's A is our B (Note [row-major through column-major cuBLAS]); our A takes 1x128 tiles.
+    const auto mode_b = static_cast<int32_t>(g.b_scales == Fp8Scales::kBlocks
+                                                 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                                 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
+    const auto mode_a = static_cast<int32_t>(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
+    desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode_b);
+    desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode_a);
+    desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(g.scale_b));
+    desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(g.scale_a));
+  }
   if (g.epilogue != Epilogue::kNone) {
     GTRON_CHECK(g.c_type == DType::kBF16 && g.aux != nullptr && g.aux_ld >= g.n && g.batch == 1,
                 "gemm: GELU epilogues take a bf16 C, an aux buffer of leading dimension >= n and "

@@ -16,6 +16,11 @@
 //   gradient case: bf16 activations accumulating into an fp32 main_grad.
 // The bias has C's type, or is f32 with a bf16 C (bias_type; added to the fp32 accumulator before
 // the one rounding into C). try_gemm reports a problem cuBLASLt has no algorithm for.
+// - fp8 (GemmArgs::fp8 set; `ab` is then unused): A and B are e4m3 codes with fp32 block scales
+//   (Note [fp8 recipe] and [fp8 layouts] in model/ops/fp8.h); A is [M, K] and B is stored [N, K]
+//   (trans_a false, trans_b true: the reduction contiguous in both, as Hopper's FP8 products need);
+//   A's scales are 1x128 tiles along K, B's 1x128 tiles or 128x128 blocks; C is bf16 or f32; no
+//   bias, no epilogue, no batch.
 //
 // Resources: one cuBLASLt handle per device and one workspace per (device, stream), made on the
 // first GEMM that needs them and kept for the life of the process; the chosen algorithm is cached
@@ -44,6 +49,9 @@ namespace gtron::cuda {
 //   projection)
 enum class Epilogue { kNone, kGeluAux, kDGelu };
 
+// FP8 operands' scale layouts (Note [fp8 layouts] in model/ops/fp8.h).
+enum class Fp8Scales { kRows, kBlocks };
+
 struct GemmArgs {
   const void* a = nullptr;  // op(A): [M, K]
   bool trans_a = false;
@@ -63,6 +71,12 @@ struct GemmArgs {
   int64_t aux_ld = 0;
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch matrices
+  // FP8 products: A and B hold e4m3 codes; scale_a (rows layout) and scale_b (b_scales layout)
+  // their fp32 scales.
+  bool fp8 = false;
+  const float* scale_a = nullptr;
+  const float* scale_b = nullptr;
+  Fp8Scales b_scales = Fp8Scales::kRows;
 };
 
 // Runs the product on `stream` (a cudaStream_t) of the current device. REQUIRES: every operand

@@ -118,7 +118,7 @@ std::vector<TunedGemm> parse_tuned_gemm_entries(const std::string& text,
 }
 
 GemmKey gemm_key(const GemmArgs& g) {
-  const int64_t ab_size = static_cast<int64_t>(dtype_size(g.ab));
+  const int64_t ab_size = g.fp8 ? 1 : static_cast<int64_t>(dtype_size(g.ab));
   const int64_t c_size = static_cast<int64_t>(dtype_size(g.c_type));
   GemmKey key{};
   key[kKeyM] = g.m;
@@ -143,6 +143,7 @@ GemmKey gemm_key(const GemmArgs& g) {
   key[kKeyBetaZero] = g.beta == 0.0f;
   key[kKeyEpilogue] = static_cast<int64_t>(g.epilogue);
   key[kKeyAux] = g.aux != nullptr ? alignment(g.aux, 1, 0) + 1000 * g.aux_ld : 0;
+  key[kKeyFp8] = !g.fp8 ? 0 : g.b_scales == Fp8Scales::kBlocks ? 2 : 1;
   return key;
 }
 
@@ -204,7 +205,7 @@ std::string gemm_key_json(const GemmKey& key) {
      << ", \"trans_b\": " << flag(key[kKeyTransB]) << ", \"ab\": \"" << type(key[kKeyAbType])
      << "\", \"c\": \"" << type(key[kKeyCType]) << "\", \"epilogue\": \""
      << epilogue_name(key[kKeyEpilogue]) << "\", \"bias\": " << flag(key[kKeyHasBias])
-     << ", \"beta0\": " << flag(key[kKeyBetaZero]);
+     << ", \"beta0\": " << flag(key[kKeyBetaZero]) << ", \"fp8\": " << key[kKeyFp8];
   return os.str();
 }
 

@@ -56,6 +56,8 @@ enum GemmKeyField {
   kKeyBetaZero,
   kKeyEpilogue,  // static_cast<int>(Epilogue)
   kKeyAux,       // aux alignment + 1000 * aux_ld, 0 without aux
+  kKeyFp8,       // 0: not fp8; 1: fp8, B's scales 1x128 tiles; 2: fp8, B's 128x128 blocks (last:
+                 // the committed table's entries, written before it, leave it 0)
   kGemmKeyFields
 };
 

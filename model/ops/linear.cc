@@ -3,13 +3,16 @@
 #include "model/ops/add.h"
 #include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
+#include "model/ops/fp8.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
 
 namespace gtron {
 
-Var linear(const Var& x, const Var& w, const Var& b, const Var& residual) {
-  if (residual.defined() && !x.device().is_cuda()) return add(residual, linear(x, w, b));
+Var linear(const Var& x, const Var& w, const Var& b, const Var& residual, bool fp8) {
+  if (residual.defined() && !x.device().is_cuda()) {
+    return add(residual, linear(x, w, b, Var(), fp8));
+  }
   const int64_t Cin = x.shape()[x.shape().rank() - 1];
   const int64_t N = x.value().numel() / Cin;
   const int64_t Cout = w.shape()[0];
@@ -27,7 +30,15 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual) {
     check_shape("linear residual", residual.shape(), Shape(ydims));
     check_same_device_dtype("linear residual", x.value(), residual.value());
   }
-  if (dev.is_cuda()) {
+  // FP8 on CUDA where the sizes allow (else the bf16 products); the CPU emulates it at any size.
+  const bool fp8_cuda =
+      fp8 && dev.is_cuda() && x.dtype() == DType::kBF16 && cuda::fp8_gemm_ok(N, Cin, Cout);
+  fp8 = fp8 && (fp8_cuda || !dev.is_cuda());
+  if (fp8_cuda) {
+    fp8::cuda_forward(x.value(), w.value(), b.defined() ? b.value().raw() : nullptr,
+                      b.defined() ? b.dtype() : x.dtype(), y,
+                      residual.defined() ? residual.value().raw() : nullptr, N, Cin, Cout, s);
+  } else if (dev.is_cuda()) {
     cuda::linear_forward(x.value().raw(), w.value().raw(), b.defined() ? b.value().raw() : nullptr,
                          b.defined() ? b.dtype() : x.dtype(), y.raw(), N, Cin, Cout, x.dtype(),
                          s.native(), residual.defined() ? residual.value().raw() : nullptr);
@@ -38,7 +49,11 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual) {
       const T* wp = w.value().data<T>();
       const T* bp = b.defined() ? b.value().data<T>() : nullptr;
       T* yp = y.data<T>();
-      s.run([=] { cpu::linear_forward<T>(xp, wp, bp, yp, N, Cin, Cout); });
+      if (fp8) {
+        s.run([=] { fp8::emulate_forward<T>(xp, wp, bp, yp, N, Cin, Cout); });
+      } else {
+        s.run([=] { cpu::linear_forward<T>(xp, wp, bp, yp, N, Cin, Cout); });
+      }
     });
   }
 
@@ -49,7 +64,7 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual) {
   if (out.requires_grad() && x.device().is_cuda() && b.defined() && b.requires_grad())
     out.request_col_partials();
   if (out.requires_grad()) {
-    record_backward([x, w, b, residual, out, N, Cin, Cout] {
+    record_backward([x, w, b, residual, out, N, Cin, Cout, fp8] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
       // Note [gradient column partials]: taken before anything reads dy.
@@ -64,6 +79,12 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual) {
         Tensor* dw = w.requires_grad() ? &w.weight_grad(&dw_overwrite) : nullptr;
         bool dx_overwrite = false;
         void* dx = x.requires_grad() ? x.grad_for_write(&dx_overwrite).raw() : nullptr;
+        if (fp8) {  // the products in FP8; the bias gradient below from dy unquantized
+          fp8::cuda_backward(x.value(), w.value(), out.grad(), dx, dx_overwrite, dw, dw_overwrite,
+                             N, Cin, Cout, s);
+          dx = nullptr;
+          dw = nullptr;
+        }
         cuda::linear_backward(x.value().raw(), w.value().raw(), out.grad().raw(), dx,
                               dw ? dw->raw() : nullptr, dw ? dw->dtype() : DType::kF32,
                               want_db ? f32_grad("linear bias", b.grad()) : nullptr,
@@ -79,7 +100,11 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual) {
         T* dx = x.requires_grad() ? x.grad().data<T>() : nullptr;
         T* dw = w.requires_grad() ? w.grad().data<T>() : nullptr;
         T* db = b.defined() && b.requires_grad() ? b.grad().data<T>() : nullptr;
-        s.run([=] { cpu::linear_backward<T>(xp, wp, dyp, dx, dw, db, N, Cin, Cout); });
+        if (fp8) {
+          s.run([=] { fp8::emulate_backward<T>(xp, wp, dyp, dx, dw, db, N, Cin, Cout); });
+        } else {
+          s.run([=] { cpu::linear_backward<T>(xp, wp, dyp, dx, dw, db, N, Cin, Cout); });
+        }
       });
     });
   }

@@ -12,7 +12,10 @@ namespace gtron {
 // Backward accumulates: dx += dy·W, dW += dyᵀ·x, db += Σ_rows dy.
 // With `residual` (y's shape, dtype and device): y = residual + x·Wᵀ + b, on CUDA in the GEMM's
 // epilogue (one rounding), elsewhere as add(residual, linear(x, w, b)); dresidual += dy.
-Var linear(const Var& x, const Var& w, const Var& b, const Var& residual = Var());
+// With `fp8`, the three products run in FP8 (Note [fp8 recipe] in model/ops/fp8.h): on CUDA over
+// bf16 activations where cuda::fp8_gemm_ok(N, Cin, Cout) (else the bf16 products), on the CPU as
+// its quantize-dequantize emulation.
+Var linear(const Var& x, const Var& w, const Var& b, const Var& residual = Var(), bool fp8 = false);
 
 namespace cpu {
 template <typename T>

@@ -1,0 +1,115 @@
+// The CUDA FP8 linear's glue (Note [fp8 recipe] in fp8.h): quantize the operands into scratch from
+// the caching allocator, then the cuBLASLt FP8 products (model/cuda/gemm.h).
+//
+// Note [fp8 scratch]
+// Codes and scales live only from their quantizer to the GEMM that reads them: scratch tensors on
+// the op's stream, released as soon as the GEMM is queued (the allocator orders their reuse after
+// it). Nothing is kept from the forward for the backward: the backward quantizes the weight again
+// (its transposed codes) and x along the tokens, so the FP8 path holds no more memory between the
+// passes than the bf16 one.
+#include "model/ops/fp8.h"
+
+#include "model/check.h"
+#include "model/cuda/gemm.h"
+#include "model/ops/device_util.h"
+
+namespace gtron {
+
+namespace cuda {
+
+bool fp8_gemm_ok(int64_t rows, int64_t Cin, int64_t Cout) {
+  auto tiled = [](int64_t n) { return n > 0 && n % fp8::kTile == 0; };
+  return tiled(rows) && tiled(Cin) && tiled(Cout);
+}
+
+}  // namespace cuda
+
+namespace fp8 {
+
+namespace {
+
+// e4m3 codes and fp32 scales of one operand, in scratch on `s`.
+struct Quantized {
+  Tensor codes, scales;
+  uint8_t* q() const { return static_cast<uint8_t*>(codes.raw()); }
+  float* sc() const { return scales.data<float>(); }
+};
+
+Quantized scratch(int64_t elements, int64_t scale_floats, Stream& s) {
+  return Quantized{scratch_bytes(elements, s), scratch_floats(scale_floats, s)};
+}
+
+// w[N, K] in 128x128 blocks, as stored (q) or transposed (qt, [K, N]).
+Quantized quantize_weight(const Tensor& w, int64_t N, int64_t K, bool transposed, Stream& s) {
+  Quantized out =
+      scratch(N * K, transposed ? block_scale_floats(K, N) : block_scale_floats(N, K), s);
+  cuda::fp8_quantize_blocks(w.raw(), w.dtype(), N, K, transposed ? nullptr : out.q(),
+                            transposed ? nullptr : out.sc(), transposed ? out.q() : nullptr,
+                            transposed ? out.sc() : nullptr, s.native());
+  return out;
+}
+
+// C[M, N] (+)= A[M, K]·B[N, K]ᵀ from codes and scales (A in tiles along K).
+void fp8_product(const Quantized& a, const Quantized& b, cuda::Fp8Scales b_scales, void* c,
+                 DType c_type, float beta, int64_t M, int64_t N, int64_t K, Stream& s,
+                 const void* bias = nullptr, DType bias_type = DType::kF32,
+                 const void* residual = nullptr) {
+  cuda::GemmArgs g;
+  g.fp8 = true;
+  g.a = a.codes.raw();
+  g.scale_a = a.sc();
+  g.b = b.codes.raw();
+  g.trans_b = true;
+  g.scale_b = b.sc();
+  g.b_scales = b_scales;
+  g.c = c;
+  g.c_type = c_type;
+  g.m = M;
+  g.n = N;
+  g.k = K;
+  g.beta = beta;
+  g.bias = bias;
+  g.bias_type = bias_type;
+  if (residual != nullptr) {
+    g.c = const_cast<void*>(residual);  // read only
+    g.d = c;
+    g.beta = 1.0f;
+  }
+  cuda::gemm(g, s.native());
+}
+
+}  // namespace
+
+void cuda_forward(const Tensor& x, const Tensor& w, const void* bias, DType bias_dtype, Tensor& y,
+                  const void* residual, int64_t N, int64_t Cin, int64_t Cout, Stream& s) {
+  GTRON_CHECK(cuda::fp8_gemm_ok(N, Cin, Cout) && x.dtype() == DType::kBF16, "fp8 linear: ", N,
+              " rows, Cin ", Cin, ", Cout ", Cout, ", ", dtype_name(x.dtype()));
+  Quantized xq = scratch(N * Cin, row_scale_floats(N, Cin), s);
+  cuda::fp8_quantize_rows(x.raw(), N, Cin, xq.q(), xq.sc(), s.native());
+  const Quantized wq = quantize_weight(w, Cout, Cin, /*transposed=*/false, s);
+  fp8_product(xq, wq, cuda::Fp8Scales::kBlocks, y.raw(), DType::kBF16, 0.0f, N, Cout, Cin, s, bias,
+              bias_dtype, residual);
+}
+
+void cuda_backward(const Tensor& x, const Tensor& w, const Tensor& dy, void* dx, bool dx_overwrite,
+                   Tensor* dw, bool dw_overwrite, int64_t N, int64_t Cin, int64_t Cout, Stream& s) {
+  if (dx != nullptr) {  // dx[N, Cin] = dy[N, Cout]·wᵀᵀ: w's blocks transposed, [Cin, Cout]
+    Quantized dyq = scratch(N * Cout, row_scale_floats(N, Cout), s);
+    cuda::fp8_quantize_rows(dy.raw(), N, Cout, dyq.q(), dyq.sc(), s.native());
+    const Quantized wt = quantize_weight(w, Cout, Cin, /*transposed=*/true, s);
+    fp8_product(dyq, wt, cuda::Fp8Scales::kBlocks, dx, DType::kBF16, dx_overwrite ? 0.0f : 1.0f, N,
+                Cin, Cout, s);
+  }
+  if (dw != nullptr) {  // dw[Cout, Cin] = dyᵀ[Cout, N]·(xᵀ[Cin, N])ᵀ, both in tiles along N
+    Quantized dyt = scratch(N * Cout, row_scale_floats(Cout, N), s);
+    cuda::fp8_quantize_cols(dy.raw(), N, Cout, dyt.q(), dyt.sc(), s.native());
+    Quantized xt = scratch(N * Cin, row_scale_floats(Cin, N), s);
+    cuda::fp8_quantize_cols(x.raw(), N, Cin, xt.q(), xt.sc(), s.native());
+    fp8_product(dyt, xt, cuda::Fp8Scales::kRows, dw->raw(), dw->dtype(), dw_overwrite ? 0.0f : 1.0f,
+                Cout, Cin, N, s);
+  }
+}
+
+}  // namespace fp8
+
+}  // namespace gtron

@@ -1,0 +1,116 @@
+// FP8 (e4m3) block-scaled quantization and the FP8 linear (train.precision = "fp8").
+//
+// Note [fp8 recipe]
+// The recipe DeepSeek-V3 reports for its FP8 training, as cuBLASLt runs it on Hopper:
+// - Activations and output gradients are cut into 1x128 tiles along the reduction dimension of the
+//   GEMM that reads them; weights into 128x128 blocks. Each tile/block has one fp32 scale s, and
+//   holds e4m3 codes q with value = decode(q) · s.
+// - s is a power of two: the smallest 2^e with amax / 2^e <= 448 (e4m3's largest finite value),
+//   e clamped to [-126, 127] (1 for a block of zeros). Dividing by a power of two is exact, so
+//   the only rounding is e4m3's own (to nearest even, saturating at ±448), the CPU and CUDA
+//   quantizers agree bit for bit, and dequantization is exact. It costs at most one bit of the
+//   e4m3 range against amax / 448 scales (the largest code is in (224, 448]).
+// - A GEMM multiplies e4m3 codes on the tensor cores and applies the two scales of each 128-long
+//   stretch of the reduction to its fp32 partial sum (cuBLASLt's VEC128_32F / BLK128x128_32F
+//   modes; 1x128 by 1x128 or 1x128 by 128x128, never 128x128 by 128x128).
+// - The three GEMMs of a linear y = x·wᵀ (x: [M, K], w: [N, K], dy: [M, N]):
+//     forward  y  = x·wᵀ      x in 1x128 tiles along K, w in 128x128 blocks
+//     dgrad    dx = dy·w      dy in 1x128 tiles along N, w's blocks transposed (the same blocks
+//                             and scales: a 128x128 block quantizes the same either way round)
+//     wgrad    dw = dyᵀ·x     dyᵀ and xᵀ in 1x128 tiles along M (the tokens)
+//   The backward is straight-through: gradients flow as if quantization were the identity; only
+//   the products' operands are quantized. Bias gradients and residuals read dy unquantized.
+//
+// Note [fp8 layouts]
+// Codes are row-major like the matrix they encode. Scales, as cuBLASLt wants them:
+// - rows (1x128 along the row, for a [R, K] matrix): s[(k / 128) · R + r], i.e. [ceil(K/128), R]
+//   with the rows innermost. R % 4 == 0 on CUDA (cuBLASLt's 16-byte scale rows).
+// - blocks (128x128, for a [N, K] matrix): s[(n / 128) · ld + k / 128] with
+//   ld = block_scale_ld(K) = ceil(K/128) rounded up to a multiple of 4 (the padding is unread).
+// A tail tile or block shorter than 128 takes the scale of its own elements.
+#pragma once
+
+#include <cstdint>
+
+#include "model/stream.h"
+#include "model/tensor.h"
+
+namespace gtron {
+
+namespace fp8 {
+
+constexpr int64_t kTile = 128;
+constexpr float kE4M3Max = 448.0f;
+
+// e4m3 code of x (OCP E4M3FN: no infinities, S.1111.111 is NaN): rounds to nearest even,
+// saturates finite and infinite values beyond ±448 to ±448; NaN gives 0x7f (with x's sign).
+uint8_t encode_e4m3(float x);
+float decode_e4m3(uint8_t q);
+// The power-of-two exponent of the scale of a tile whose largest magnitude is amax
+// (Note [fp8 recipe]); 0 for amax = 0. REQUIRES: amax >= 0 and finite.
+int scale_exponent(float amax);
+
+inline int64_t tiles(int64_t n) { return (n + kTile - 1) / kTile; }
+// Leading dimension of a [N, K] matrix's 128x128 block scales.
+inline int64_t block_scale_ld(int64_t K) { return (tiles(K) + 3) / 4 * 4; }
+// Floats of scales for a [R, K] matrix in rows / blocks layout.
+inline int64_t row_scale_floats(int64_t R, int64_t K) { return tiles(K) * R; }
+inline int64_t block_scale_floats(int64_t N, int64_t K) { return tiles(N) * block_scale_ld(K); }
+
+// The CPU reference quantizers (Note [fp8 layouts]). A non-finite input makes its tile's scale
+// NaN (so are its dequantized values): a NaN or inf never hides behind saturation.
+void quantize_rows(const float* x, int64_t R, int64_t K, uint8_t* q, float* s);
+void quantize_blocks(const float* w, int64_t N, int64_t K, uint8_t* q, float* s);
+void dequantize_rows(const uint8_t* q, const float* s, int64_t R, int64_t K, float* x);
+void dequantize_blocks(const uint8_t* q, const float* s, int64_t N, int64_t K, float* w);
+// x replaced by dequantize(quantize(x)), rows or blocks (the CPU emulation's operands).
+void round_trip_rows(float* x, int64_t R, int64_t K);
+void round_trip_blocks(float* w, int64_t N, int64_t K);
+
+// Test hook: with false, the FP8 linear's quantizers are the identity on the CPU (an f64
+// gradcheck of its straight-through backward). Process-wide; true unless a test says otherwise.
+void set_quantize_for_testing(bool on);
+bool quantize_enabled();
+
+// The CPU emulation of linear(..., fp8 = true) (model/ops/linear.h): the products of
+// Note [fp8 recipe] on quantized-then-dequantized copies of their operands, computed in T (f32 or
+// f64). Same contracts as cpu::linear_forward / cpu::linear_backward (the backward accumulates;
+// db, the bias gradient, reads dy unquantized).
+template <typename T>
+void emulate_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t Cin,
+                     int64_t Cout);
+template <typename T>
+void emulate_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db, int64_t N,
+                      int64_t Cin, int64_t Cout);
+
+// The CUDA FP8 linear over bf16 activations, scratch from the caching allocator on `s`; the
+// contracts of cuda::linear_forward / cuda::linear_backward (model/ops/linear.h) with act = bf16
+// and no bias gradient (the caller sums dy's columns). REQUIRES: cuda::fp8_gemm_ok(N, Cin, Cout);
+// w (the bf16 shadow) [Cout, Cin].
+void cuda_forward(const Tensor& x, const Tensor& w, const void* bias, DType bias_dtype, Tensor& y,
+                  const void* residual, int64_t N, int64_t Cin, int64_t Cout, Stream& s);
+void cuda_backward(const Tensor& x, const Tensor& w, const Tensor& dy, void* dx, bool dx_overwrite,
+                   Tensor* dw, bool dw_overwrite, int64_t N, int64_t Cin, int64_t Cout, Stream& s);
+
+}  // namespace fp8
+
+namespace cuda {
+// Whether a linear with these sizes runs its three GEMMs in FP8 on CUDA: every one of rows, Cin,
+// Cout a multiple of 128 (the reduction of each GEMM is a whole number of tiles, and every scale
+// row is 16-byte aligned).
+bool fp8_gemm_ok(int64_t rows, int64_t Cin, int64_t Cout);
+
+// The CUDA quantizers, from bf16 (the same codes and scales as the CPU reference given the bf16
+// values as floats), on `stream` (a cudaStream_t). q: uint8 codes, s: fp32 scales.
+// x[R, K] in 1x128 tiles along K (rows layout).
+void fp8_quantize_rows(const void* x, int64_t R, int64_t K, uint8_t* q, float* s, void* stream);
+// x[R, K] in 1x128 tiles along R, written transposed: qt[K, R] and its rows-layout scales
+// st[ceil(R/128), K] (xᵀ quantized as rows). REQUIRES: R % 128 == 0, K % 4 == 0.
+void fp8_quantize_cols(const void* x, int64_t R, int64_t K, uint8_t* qt, float* st, void* stream);
+// w[N, K] (fp32 or bf16: w_dtype) in 128x128 blocks: q[N, K] with blocks-layout scales s, and the
+// transposed codes qt[K, N] with their scales st (blocks layout of the [K, N] matrix).
+void fp8_quantize_blocks(const void* w, DType w_dtype, int64_t N, int64_t K, uint8_t* q, float* s,
+                         uint8_t* qt, float* st, void* stream);
+}  // namespace cuda
+
+}  // namespace gtron

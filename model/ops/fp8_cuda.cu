@@ -1,0 +1,204 @@
+// The CUDA FP8 quantizers (Note [fp8 recipe], [fp8 layouts] in fp8.h): the same codes and scales
+// as the CPU reference (fp8_cpu.cc) bit for bit: power-of-two scales make the scaling exact, and
+// cvt.rn.satfinite rounds like encode_e4m3.
+//
+// Each is one pass over its input (bf16 activations and gradients; the weight in fp32 or bf16):
+// amax of the tile, its scale, then the codes. A tile with a non-finite value gets a NaN scale and
+// NaN codes (0x7f), as on the CPU.
+#include <cuda_fp8.h>
+
+#include <cmath>
+
+#include "model/cuda/kernel_util.cuh"
+#include "model/ops/fp8.h"
+
+namespace gtron::cuda {
+
+namespace {
+
+constexpr int kTile = static_cast<int>(fp8::kTile);
+
+// scale_exponent() of fp8_cpu.cc.
+__device__ __forceinline__ int scale_exponent(float amax) {
+  if (amax == 0.0f) return 0;
+  int e2 = 0;
+  const float f = frexpf(amax, &e2);
+  const int e = e2 - 9 + (f > 0.875f ? 1 : 0);
+  return min(max(e, -126), 127);
+}
+
+// Code of x in a tile of scale exponent e (bad: the tile holds a non-finite value).
+__device__ __forceinline__ uint8_t encode(float x, int e, bool bad) {
+  if (bad) return 0x7f;
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(ldexpf(x, -e), __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ float scale_of(int e, bool bad) { return bad ? NAN : ldexpf(1.0f, e); }
+
+__device__ __forceinline__ float load(const bf16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float load(const float* p) { return *p; }
+
+// One warp a 1x128 tile along K: lane l holds elements [4l, 4l + 4) of it.
+__global__ void quantize_rows_kernel(const bf16* __restrict__ x, int64_t R, int64_t K,
+                                     uint8_t* __restrict__ q, float* __restrict__ s) {
+  const int lane = threadIdx.x & 31;
+  const int64_t tiles_k = (K + kTile - 1) / kTile;
+  const int64_t tile = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (tile >= R * tiles_k) return;
+  const int64_t r = tile / tiles_k, kb = tile % tiles_k;
+  const int64_t k0 = kb * kTile + 4 * lane;
+  float v[4];
+  float amax = 0.0f;
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[i] = k0 + i < K ? load(x + r * K + k0 + i) : 0.0f;
+    bad |= !isfinite(v[i]);
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+  bad = __any_sync(0xffffffffu, bad);
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const int e = bad ? 0 : scale_exponent(amax);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (k0 + i < K) q[r * K + k0 + i] = encode(v[i], e, bad);
+  if (lane == 0) s[kb * R + r] = scale_of(e, bad);
+}
+
+// A 128 (rows) x 64 (columns) tile of x[R, K] per block of 256 threads: each column's 128 values
+// are one tile of xᵀ; written transposed, qt[K, R], scales st[R / 128, K].
+constexpr int kColsPerBlock = 64;
+
+__global__ void quantize_cols_kernel(const bf16* __restrict__ x, int64_t R, int64_t K,
+                                     uint8_t* __restrict__ qt, float* __restrict__ st) {
+  __shared__ float tile[kTile][kColsPerBlock + 1];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kColsPerBlock;
+  for (int i = threadIdx.x; i < kTile * kColsPerBlock; i += blockDim.x) {
+    const int r = i / kColsPerBlock, c = i % kColsPerBlock;
+    tile[r][c] = c0 + c < K ? load(x + (r0 + r) * K + c0 + c) : 0.0f;
+  }
+  __syncthreads();
+  // Four threads a column (adjacent lanes), 32 rows each.
+  const int c = threadIdx.x / 4, part = threadIdx.x % 4;
+  float amax = 0.0f;
+  bool bad = false;
+  for (int r = part * 32; r < part * 32 + 32; ++r) {
+    bad |= !isfinite(tile[r][c]);
+    amax = fmaxf(amax, fabsf(tile[r][c]));
+  }
+  for (int o = 1; o < 4; o <<= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    bad |= __shfl_xor_sync(0xffffffffu, static_cast<int>(bad), o) != 0;
+  }
+  if (c0 + c >= K) return;
+  const int e = bad ? 0 : scale_exponent(amax);
+  uint8_t codes[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) codes[i] = encode(tile[part * 32 + i][c], e, bad);
+  uint4* dst = reinterpret_cast<uint4*>(qt + (c0 + c) * R + r0 + part * 32);
+  dst[0] = *reinterpret_cast<const uint4*>(codes);
+  dst[1] = *reinterpret_cast<const uint4*>(codes + 16);
+  if (part == 0) st[(r0 / kTile) * K + c0 + c] = scale_of(e, bad);
+}
+
+// One 128x128 block of w[N, K] per block of 256 threads: codes as stored (q) and transposed (qt),
+// with the block's scale in both scale layouts; the padding of each scale row is zeroed.
+template <typename T>
+__global__ void quantize_blocks_kernel(const T* __restrict__ w, int64_t N, int64_t K,
+                                       uint8_t* __restrict__ q, float* __restrict__ s,
+                                       uint8_t* __restrict__ qt, float* __restrict__ st) {
+  __shared__ uint8_t codes[kTile][kTile + 4];
+  __shared__ float warp_max[8];
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(kTile), N - n0));
+  const int cols = static_cast<int>(min(static_cast<int64_t>(kTile), K - k0));
+  float amax = 0.0f;
+  bool bad = false;
+  for (int i = threadIdx.x; i < kTile * kTile; i += blockDim.x) {
+    const int r = i / kTile, c = i % kTile;
+    if (r < rows && c < cols) {
+      const float v = load(w + (n0 + r) * K + k0 + c);
+      bad |= !isfinite(v);
+      amax = fmaxf(amax, fabsf(v));
+    }
+  }
+  bad = __syncthreads_or(bad) != 0;
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = 0.0f;
+  for (int i = 0; i < static_cast<int>(blockDim.x / 32); ++i) amax = fmaxf(amax, warp_max[i]);
+  const int e = bad ? 0 : scale_exponent(amax);
+  for (int i = threadIdx.x; i < kTile * kTile; i += blockDim.x) {
+    const int r = i / kTile, c = i % kTile;
+    if (r < rows && c < cols) {
+      const uint8_t code = encode(load(w + (n0 + r) * K + k0 + c), e, bad);
+      if (q != nullptr) q[(n0 + r) * K + k0 + c] = code;
+      codes[r][c] = code;
+    }
+  }
+  const int64_t tiles_n = (N + kTile - 1) / kTile, tiles_k = (K + kTile - 1) / kTile;
+  const int64_t ld = (tiles_k + 3) / 4 * 4, ld_t = (tiles_n + 3) / 4 * 4;
+  if (threadIdx.x == 0) {
+    if (s != nullptr) {
+      s[blockIdx.y * ld + blockIdx.x] = scale_of(e, bad);
+      if (blockIdx.x == tiles_k - 1)
+        for (int64_t j = tiles_k; j < ld; ++j) s[blockIdx.y * ld + j] = 0.0f;
+    }
+    if (st != nullptr) {
+      st[blockIdx.x * ld_t + blockIdx.y] = scale_of(e, bad);
+      if (blockIdx.y == tiles_n - 1)
+        for (int64_t j = tiles_n; j < ld_t; ++j) st[blockIdx.x * ld_t + j] = 0.0f;
+    }
+  }
+  if (qt == nullptr) return;
+  __syncthreads();
+  for (int i = threadIdx.x; i < kTile * kTile; i += blockDim.x) {
+    const int c = i / kTile, r = i % kTile;  // qt row c, its element r
+    if (r < rows && c < cols) qt[(k0 + c) * N + n0 + r] = codes[r][c];
+  }
+}
+
+}  // namespace
+
+void fp8_quantize_rows(const void* x, int64_t R, int64_t K, uint8_t* q, float* s, void* stream) {
+  const int64_t tiles = R * fp8::tiles(K);
+  if (tiles == 0) return;
+  constexpr int kThreads = 256;
+  quantize_rows_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(tiles * 32, kThreads)), kThreads,
+                         0, static_cast<cudaStream_t>(stream)>>>(static_cast<const bf16*>(x), R, K,
+                                                                 q, s);
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_quantize_cols(const void* x, int64_t R, int64_t K, uint8_t* qt, float* st, void* stream) {
+  GTRON_CHECK(R % fp8::kTile == 0 && K % 4 == 0, "fp8_quantize_cols: R = ", R, ", K = ", K,
+              "; R a multiple of 128 and K of 4");
+  if (R == 0 || K == 0) return;
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(K, kColsPerBlock)),
+                  static_cast<unsigned>(R / fp8::kTile));
+  quantize_cols_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const bf16*>(x), R, K, qt, st);
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_quantize_blocks(const void* w, DType w_dtype, int64_t N, int64_t K, uint8_t* q, float* s,
+                         uint8_t* qt, float* st, void* stream) {
+  GTRON_CHECK(w_dtype == DType::kF32 || w_dtype == DType::kBF16,
+              "fp8_quantize_blocks: ", dtype_name(w_dtype), " weights; expected f32 or bf16");
+  if (N == 0 || K == 0) return;
+  const dim3 grid(static_cast<unsigned>(fp8::tiles(K)), static_cast<unsigned>(fp8::tiles(N)));
+  cudaStream_t st_ = static_cast<cudaStream_t>(stream);
+  if (w_dtype == DType::kF32) {
+    quantize_blocks_kernel<float>
+        <<<grid, 256, 0, st_>>>(static_cast<const float*>(w), N, K, q, s, qt, st);
+  } else {
+    quantize_blocks_kernel<bf16>
+        <<<grid, 256, 0, st_>>>(static_cast<const bf16*>(w), N, K, q, s, qt, st);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace gtron::cuda

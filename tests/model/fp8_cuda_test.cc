@@ -1,0 +1,246 @@
+// FP8 on CUDA (GPU test; skipped without a GPU): the quantizers give the CPU reference's codes
+// and scales bit for bit; linear(..., fp8 = true) through cuBLASLt's block-scaled FP8 GEMMs
+// matches the CPU emulation on the same bf16 values (the same codes: the difference is the
+// GEMMs' accumulation order and the bf16 outputs), reruns bit-identically; and, timed, the FP8
+// products of Llama-3.2-1B's linears against the bf16 ones (printed as JSON lines).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "model/dtype.h"
+#include "model/ops/device_util.h"
+#include "model/ops/fp8.h"
+#include "model/ops/linear.h"
+#include "model/stream.h"
+#include "tests/model/cuda_op_check.h"
+#include "tests/model/gradcheck.h"
+
+namespace gtron {
+namespace {
+
+// bf16 values of mixed magnitudes: tiles of very different scales, one all-zero tile.
+std::vector<BF16> bf16_values(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<BF16> v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float mag = std::ldexp(1.0f, static_cast<int>((i / 128) % 23) - 11);
+    v[i] = float_to_bf16((i / 128) % 17 == 5 ? 0.0f : d(rng) * mag);
+  }
+  return v;
+}
+
+std::vector<float> as_floats(const std::vector<BF16>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = bf16_to_float(v[i]);
+  return f;
+}
+
+template <typename T>
+T* to_device(const std::vector<T>& v) {
+  T* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return p;
+}
+
+template <typename T>
+std::vector<T> to_host(const T* p, size_t n) {
+  std::vector<T> v(n);
+  EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+// Codes equal; scales equal (NaN where the CPU has NaN).
+void expect_same(const std::vector<uint8_t>& q, const std::vector<uint8_t>& ref_q,
+                 const std::vector<float>& s, const std::vector<float>& ref_s, const char* what) {
+  ASSERT_EQ(q.size(), ref_q.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < q.size(); ++i) bad += q[i] != ref_q[i];
+  EXPECT_EQ(bad, 0) << what << ": codes differing from the CPU reference";
+  ASSERT_EQ(s.size(), ref_s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (std::isnan(ref_s[i])) {
+      EXPECT_TRUE(std::isnan(s[i])) << what << " scale " << i;
+    } else {
+      EXPECT_EQ(s[i], ref_s[i]) << what << " scale " << i;
+    }
+  }
+}
+
+TEST(Fp8Cuda, RowTilesMatchTheCpuBitForBit) {
+  GTRON_REQUIRE_GPU();
+  for (auto [R, K] : {std::pair<int64_t, int64_t>{256, 384}, {36, 300}}) {
+    std::vector<BF16> x = bf16_values(R * K, 1);
+    x[5 * K + 7] = float_to_bf16(NAN);
+    const std::vector<float> xf = as_floats(x);
+    std::vector<uint8_t> ref_q(R * K);
+    std::vector<float> ref_s(fp8::row_scale_floats(R, K));
+    fp8::quantize_rows(xf.data(), R, K, ref_q.data(), ref_s.data());
+    BF16* dx = to_device(x);
+    uint8_t* dq = nullptr;
+    float* ds = nullptr;
+    ASSERT_EQ(cudaMalloc(&dq, R * K), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&ds, ref_s.size() * 4), cudaSuccess);
+    cuda::fp8_quantize_rows(dx, R, K, dq, ds, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_same(to_host(dq, R * K), ref_q, to_host(ds, ref_s.size()), ref_s, "rows");
+    cudaFree(dx);
+    cudaFree(dq);
+    cudaFree(ds);
+  }
+}
+
+TEST(Fp8Cuda, ColumnTilesMatchTheCpuTransposedBitForBit) {
+  GTRON_REQUIRE_GPU();
+  const int64_t R = 384, K = 200;
+  const std::vector<BF16> x = bf16_values(R * K, 2);
+  std::vector<float> xt(R * K);  // xᵀ [K, R], quantized as rows on the CPU
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < K; ++k) xt[k * R + r] = bf16_to_float(x[r * K + k]);
+  std::vector<uint8_t> ref_q(R * K);
+  std::vector<float> ref_s(fp8::row_scale_floats(K, R));
+  fp8::quantize_rows(xt.data(), K, R, ref_q.data(), ref_s.data());
+  BF16* dx = to_device(x);
+  uint8_t* dq = nullptr;
+  float* ds = nullptr;
+  ASSERT_EQ(cudaMalloc(&dq, R * K), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&ds, ref_s.size() * 4), cudaSuccess);
+  cuda::fp8_quantize_cols(dx, R, K, dq, ds, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_same(to_host(dq, R * K), ref_q, to_host(ds, ref_s.size()), ref_s, "cols");
+  cudaFree(dx);
+  cudaFree(dq);
+  cudaFree(ds);
+}
+
+TEST(Fp8Cuda, BlocksMatchTheCpuBothWaysRound) {
+  GTRON_REQUIRE_GPU();
+  const int64_t N = 300, K = 520;
+  for (DType wt : {DType::kF32, DType::kBF16}) {
+    const std::vector<BF16> wb = bf16_values(N * K, 3);
+    std::vector<float> wf = as_floats(wb);
+    if (wt == DType::kF32)  // f32 masters: values bf16 cannot hold
+      for (size_t i = 0; i < wf.size(); ++i) wf[i] *= 1.0f + 1e-3f * static_cast<float>(i % 7);
+    std::vector<float> wtf(N * K);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) wtf[k * N + n] = wf[n * K + k];
+    std::vector<uint8_t> ref_q(N * K), ref_qt(N * K);
+    std::vector<float> ref_s(fp8::block_scale_floats(N, K)), ref_st(fp8::block_scale_floats(K, N));
+    fp8::quantize_blocks(wf.data(), N, K, ref_q.data(), ref_s.data());
+    fp8::quantize_blocks(wtf.data(), K, N, ref_qt.data(), ref_st.data());
+    void* dw = wt == DType::kF32 ? static_cast<void*>(to_device(wf)) : to_device(wb);
+    uint8_t *dq = nullptr, *dqt = nullptr;
+    float *ds = nullptr, *dst = nullptr;
+    ASSERT_EQ(cudaMalloc(&dq, N * K), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dqt, N * K), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&ds, ref_s.size() * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dst, ref_st.size() * 4), cudaSuccess);
+    cuda::fp8_quantize_blocks(dw, wt, N, K, dq, ds, dqt, dst, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_same(to_host(dq, N * K), ref_q, to_host(ds, ref_s.size()), ref_s, "blocks");
+    expect_same(to_host(dqt, N * K), ref_qt, to_host(dst, ref_st.size()), ref_st, "blocks^T");
+    cudaFree(dw);
+    cudaFree(dq);
+    cudaFree(dqt);
+    cudaFree(ds);
+    cudaFree(dst);
+  }
+}
+
+// linear(..., fp8 = true), forward and backward, against the CPU emulation (the case helper rounds
+// every value to bf16 first, so both sides quantize the same values to the same codes).
+testing::OpCase fp8_linear_case(int64_t N, int64_t Cin, int64_t Cout, bool bias, bool residual) {
+  testing::OpCase c;
+  c.f = [bias, residual](const std::vector<Var>& in, const std::vector<Var>& p) {
+    return linear(in[0], p[0], bias ? p[1] : Var(), residual ? in[1] : Var(), /*fp8=*/true);
+  };
+  c.inputs = {testing::randn_tensor({N, Cin}, 1)};
+  if (residual) c.inputs.push_back(testing::randn_tensor({N, Cout}, 6));
+  c.params = {testing::randn_tensor({Cout, Cin}, 2, 0.05)};
+  if (bias) c.params.push_back(testing::randn_tensor({Cout}, 3));
+  return c;
+}
+
+TEST(Fp8Cuda, LinearMatchesTheCpuEmulation) {
+  GTRON_REQUIRE_GPU();
+  testing::expect_cuda_matches_cpu(fp8_linear_case(256, 384, 128, false, false), DType::kBF16,
+                                   testing::kBF16Tol);
+  testing::expect_cuda_matches_cpu(fp8_linear_case(384, 256, 640, false, false), DType::kBF16,
+                                   testing::kBF16Tol);
+}
+
+TEST(Fp8Cuda, LinearWithBiasAndResidualMatchesTheCpuEmulation) {
+  GTRON_REQUIRE_GPU();
+  testing::expect_cuda_matches_cpu(fp8_linear_case(256, 128, 256, true, false), DType::kBF16,
+                                   testing::kBF16Tol);
+  testing::expect_cuda_matches_cpu(fp8_linear_case(256, 128, 256, false, true), DType::kBF16,
+                                   testing::kBF16Tol);
+}
+
+// The FP8 and bf16 products of the Llama-3.2-1B linears (B·T = 8192 rows), timed with CUDA events
+// after a warm-up; asserts the FP8 output within the e4m3 bound of the bf16 one, prints
+// {"gemm": ..., "bf16_us": ..., "fp8_us": ..., "tflops_fp8": ...} per shape.
+TEST(Fp8Cuda, LlamaShapesTimedAgainstBf16) {
+  GTRON_REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  Stream& s = current_stream(dev);
+  struct Shape3 {
+    const char* name;
+    int64_t N, Cin, Cout;
+  };
+  const Shape3 shapes[] = {{"qkv", 8192, 2048, 3072},
+                           {"o", 8192, 2048, 2048},
+                           {"gate_up", 8192, 2048, 16384},
+                           {"down", 8192, 8192, 2048}};
+  for (const Shape3& sh : shapes) {
+    Tensor xb =
+        testing::randn_tensor({sh.N, sh.Cin}, 1, 1.0, DType::kF32).to(DType::kBF16).to(dev, &s);
+    Tensor wb =
+        testing::randn_tensor({sh.Cout, sh.Cin}, 2, 0.02, DType::kF32).to(DType::kBF16).to(dev, &s);
+    Var xv = Var::constant(xb), wv = Var::constant(wb);
+    NoGradGuard ng;
+    auto time_us = [&](bool fp8, Tensor* out) {
+      Var y;
+      for (int i = 0; i < 3; ++i) y = linear(xv, wv, Var(), Var(), fp8);
+      cudaEvent_t a, b;
+      cudaEventCreate(&a);
+      cudaEventCreate(&b);
+      constexpr int kReps = 20;
+      cudaEventRecord(a, static_cast<cudaStream_t>(s.native()));
+      for (int i = 0; i < kReps; ++i) y = linear(xv, wv, Var(), Var(), fp8);
+      cudaEventRecord(b, static_cast<cudaStream_t>(s.native()));
+      cudaEventSynchronize(b);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+      *out = y.value();
+      return 1e3 * ms / kReps;
+    };
+    Tensor y8, y16;
+    const double us8 = time_us(true, &y8), us16 = time_us(false, &y16);
+    const std::vector<double> a = y8.to_vector(), r = y16.to_vector();
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      num += (a[i] - r[i]) * (a[i] - r[i]);
+      den += r[i] * r[i];
+    }
+    const double rel = std::sqrt(num / den);
+    EXPECT_LT(rel, 0.08) << sh.name;  // e4m3 keeps 3 mantissa bits: ~2-4% normwise
+    const double flops = 2.0 * sh.N * sh.Cin * sh.Cout;
+    std::printf(
+        "{\"gemm\": \"%s\", \"rows\": %ld, \"cin\": %ld, \"cout\": %ld, \"bf16_us\": %.1f, "
+        "\"fp8_us\": %.1f, \"tflops_bf16\": %.1f, \"tflops_fp8\": %.1f, \"rel_diff\": %.4f}\n",
+        sh.name, static_cast<long>(sh.N), static_cast<long>(sh.Cin), static_cast<long>(sh.Cout),
+        us16, us8, flops / us16 * 1e-6, flops / us8 * 1e-6, rel);
+  }
+}
+
+}  // namespace
+}  // namespace gtron
