@@ -43,6 +43,7 @@ GPT::GPT(const GPTConfig& cfg, DType dtype, Device device, uint64_t seed)
   params_.tensor_parallel().size = cfg.tp_size;
   params_.tensor_parallel().through_group = cfg.tp_through_group;
   params_.tensor_parallel().sequence_parallel = cfg.sequence_parallel && cfg.tp_size > 1;
+  params_.set_fp8_linears(cfg.fp8);
   const int64_t C = cfg.n_embd;
   const int64_t Vp = cfg.padded_vocab();
   const TpSlice vocab_rows{TpSplit::kRows, 1};

@@ -59,6 +59,9 @@ struct GPTConfig {
   bool tp_through_group = false;   // tests: the TP layers at tp_size 1 too (TpContext)
   bool sequence_parallel = false;  // Note [sequence parallelism]; needs tp_size > 1
   Recompute recompute = Recompute::kNone;
+  // train.precision = "fp8": the block and MTP linears' products in FP8 (Note [fp8 recipe] in
+  // model/ops/fp8.h); the embedding and head stay.
+  bool fp8 = false;
 
   int64_t padded_vocab() const { return (vocab_size + 63) / 64 * 64; }  // Vp
   bool llama() const { return arch == Arch::kLlama; }

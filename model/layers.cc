@@ -53,7 +53,8 @@ Parameter* ParamRegistry::find(const std::string& name) const {
 }
 
 LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, int64_t out,
-                         bool has_bias, double std, TpMode mode, int groups) {
+                         bool has_bias, double std, TpMode mode, int groups)
+    : fp8(reg.fp8_linears()) {
   const bool row = mode == TpMode::kRow;
   const TpSlice w_slice{mode == TpMode::kNone ? TpSplit::kNone
                         : row                 ? TpSplit::kColumns
@@ -72,7 +73,8 @@ LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in
 
 LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, bool has_bias,
                          double std, const std::vector<int64_t>& group_rows,
-                         const std::vector<int>& group_replicas) {
+                         const std::vector<int>& group_replicas)
+    : fp8(reg.fp8_linears()) {
   int64_t out = 0;
   for (int64_t g : group_rows) out += g;
   TpSlice slice{TpSplit::kRows, static_cast<int>(group_rows.size()), group_rows, group_replicas};
@@ -89,7 +91,7 @@ LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in
 Var LinearLayer::forward(const Var& x, WeightAccess& w, const Var& residual) const {
   if (tp != nullptr) return residual.defined() ? add(residual, tp_forward(x, w)) : tp_forward(x, w);
   Var wv = w.use(*weight);
-  Var y = linear(x, wv, bias ? w.use_bias(*bias) : Var(), residual);
+  Var y = linear(x, wv, bias ? w.use_bias(*bias) : Var(), residual, fp8);
   w.used(*weight, wv);
   return y;
 }
@@ -133,7 +135,10 @@ void set_residual_in_gemm_for_testing(bool on) {
 }
 
 Var TransformerBlock::mlp(const Var& x, const Var& residual, WeightAccess& w) const {
-  if (!fused_mlp_supported(x)) return add(residual, mlp_proj.forward(gelu(fc.forward(x, w)), w));
+  // FP8 linears: the composed ops (the fused MLP's GEMMs are bf16 with GELU epilogues).
+  if (!fused_mlp_supported(x) || fc.fp8) {
+    return add(residual, mlp_proj.forward(gelu(fc.forward(x, w)), w));
+  }
   // CUDA bf16: GELU rides in the two GEMMs' epilogues (model/ops/fused_mlp.h). The weight
   // accesses come in the same order as the composed path's (use/used fc, then proj). Split over
   // TP: fc's input and proj's output pass the TP seams, as in LinearLayer::tp_forward.
@@ -162,7 +167,7 @@ Var TransformerBlock::mlp(const Var& x, const Var& residual, WeightAccess& w) co
 Var TransformerBlock::qkv_of(const Var& x, WeightAccess& w) const {
   // Sequence parallelism gathers ln1's output between the two: the composed ops.
   const bool sp = qkv.tp != nullptr && qkv.tp->sequence_parallel;
-  if (!x.device().is_cuda() || sp) return qkv.forward(ln1.forward(x), w);
+  if (!x.device().is_cuda() || sp || qkv.fp8) return qkv.forward(ln1.forward(x), w);
   // CUDA: ln1's output is recomputed in the backward instead of kept (model/ops/norm_linear.h);
   // split over TP, its backward sums the gradient of ln1's output over the group (tp_copy's).
   GTRON_CHECK(qkv.tp == nullptr || qkv.tp->group != nullptr, "tensor-parallel layer ",

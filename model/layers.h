@@ -81,6 +81,9 @@ class ParamRegistry {
   const std::vector<Parameter*>& all() const { return order_; }
   Parameter* find(const std::string& name) const;
   DType dtype() const { return dtype_; }
+  // Whether the LinearLayers made from now on run their products in FP8 (GPTConfig::fp8).
+  void set_fp8_linears(bool on) { fp8_linears_ = on; }
+  bool fp8_linears() const { return fp8_linears_; }
   // The TP place of this model; set before the first add_split().
   TpContext& tensor_parallel() { return tp_; }
   const TpContext& tensor_parallel() const { return tp_; }
@@ -101,6 +104,7 @@ class ParamRegistry {
   TpContext tp_;
   std::unordered_map<const Parameter*, TpSlice> slices_;
   std::vector<const Parameter*> tp_partial_;
+  bool fp8_linears_ = false;
 };
 
 struct LinearLayer {
@@ -108,6 +112,7 @@ struct LinearLayer {
   Parameter* bias = nullptr;       // [out] or null
   TpMode tp_mode = TpMode::kNone;  // Note [tensor-parallel layout]
   const TpContext* tp = nullptr;   // the registry's, when the model is split
+  bool fp8 = false;                // products in FP8 (ParamRegistry::fp8_linears at creation)
   LinearLayer() = default;
   // `groups`: equal output-row groups a column-parallel split cuts one by one (qkv: 3).
   LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, int64_t out, bool bias,

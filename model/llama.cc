@@ -59,7 +59,7 @@ LlamaBlock::LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaD
 // composed ops, bit for bit the same values.
 Var LlamaBlock::norm_linear(const RMSNormLayer& norm, const LinearLayer& lin, const Var& x,
                             WeightAccess& w) const {
-  if (!recompute_act || lin.tp != nullptr || !fused_mlp_supported(x)) {
+  if (!recompute_act || lin.tp != nullptr || !fused_mlp_supported(x) || lin.fp8) {
     return lin.forward(norm.forward(x), w);
   }
   const Var gamma = Var::param(*norm.weight);
@@ -105,7 +105,7 @@ Var LlamaBlock::mlp(const Var& g, const Var& residual, WeightAccess& w) const {
 }
 
 Var LlamaBlock::mlp_after_gate_up(const Var& gu, const Var& residual, WeightAccess& w) const {
-  if (down.tp == nullptr && residual_in_gemm() && fused_mlp_supported(gu)) {
+  if (down.tp == nullptr && residual_in_gemm() && fused_mlp_supported(gu) && !down.fp8) {
     // SwiGLU, down and the residual in one op that may drop the SwiGLU output (Note
     // [recomputing the SwiGLU output]); the composed ops below, bit for bit.
     Var wd = w.use(*down.weight);

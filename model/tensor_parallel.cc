@@ -209,11 +209,11 @@ Var LinearLayer::tp_forward(const Var& x, WeightAccess& w) const {
   Var wv = w.use(*weight);
   if (tp_mode == TpMode::kRow) {
     Var b = bias ? w.use_bias(*bias) : Var();
-    Var partial = linear(x, wv, bias_in_gemm() ? b : Var());
+    Var partial = linear(x, wv, bias_in_gemm() ? b : Var(), Var(), fp8);
     w.used(*weight, wv);
     return tp_output(partial, b);
   }
-  Var y = linear(tp_input(x), wv, bias ? w.use_bias(*bias) : Var());
+  Var y = linear(tp_input(x), wv, bias ? w.use_bias(*bias) : Var(), Var(), fp8);
   w.used(*weight, wv);
   if (tp_mode != TpMode::kColumnGathered) return y;
   TensorParallelGroup& g = *tp->group;

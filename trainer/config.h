@@ -27,7 +27,7 @@ namespace gtron {
 
 enum class ScheduleKind { kCosine, kLinear, kConstant, kWsd };
 enum class DeviceChoice { kAuto, kCpu, kCuda };
-enum class PrecisionChoice { kAuto, kFp32, kBf16 };
+enum class PrecisionChoice { kAuto, kFp32, kBf16, kFp8 };
 enum class GraphScope { kNone, kLayers, kFull };
 enum class CommBackend { kAuto, kNccl, kIpc, kGloo };
 enum class ModelArch { kGpt2, kLlama };

@@ -31,7 +31,7 @@ const std::vector<std::string>& enum_names(DeviceChoice) {
   return names;
 }
 const std::vector<std::string>& enum_names(PrecisionChoice) {
-  static const std::vector<std::string> names = {"auto", "fp32", "bf16"};
+  static const std::vector<std::string> names = {"auto", "fp32", "bf16", "fp8"};
   return names;
 }
 const std::vector<std::string>& enum_names(GraphScope) {
@@ -257,7 +257,9 @@ std::vector<KeySpec> build_schema() {
       key(GTRON_FIELD(train.device), DeviceChoice::kAuto, any,
           "auto = cuda when a GPU is present, else cpu."),
       key(GTRON_FIELD(train.precision), PrecisionChoice::kAuto, any,
-          "auto = bf16 on cuda, fp32 on cpu; bf16 needs cuda."),
+          "auto = bf16 on cuda, fp32 on cpu; bf16 needs cuda. fp8 = the block linears' products "
+          "in FP8 e4m3 with DeepSeek-V3's block scales (1x128 activation and gradient tiles, "
+          "128x128 weight blocks), the rest as bf16; on cpu its exact emulation over fp32."),
       key(GTRON_FIELD(train.eval_every), 0, at_least(0),
           "Steps between evaluations; 0 = only at the end."),
       key(GTRON_FIELD(train.eval_batches), 4, at_least(1), "Micro-batches per evaluation."),

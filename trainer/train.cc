@@ -252,9 +252,13 @@ void Run::print_header(const ResolvedData& data) const {
       "micro x %ld accum | %ld tokens/step | MFU peak %s\n",
       env_.world_size, env_.world_size / static_cast<int>(c.parallel.gtp * c.parallel.tp),
       static_cast<long>(c.parallel.gtp), static_cast<long>(c.parallel.tp), device_.str().c_str(),
-      bf16_ ? "bf16 mixed precision" : "fp32", static_cast<long>(c.train.global_batch),
-      static_cast<long>(data_ranks()), static_cast<long>(c.train.micro_batch),
-      static_cast<long>(accum_), static_cast<long>(c.train.global_batch * c.train.seq_len),
+      c.train.precision == PrecisionChoice::kFp8
+          ? (bf16_ ? "fp8 linears, bf16 mixed precision" : "fp8 linears emulated over fp32")
+      : bf16_ ? "bf16 mixed precision"
+              : "fp32",
+      static_cast<long>(c.train.global_batch), static_cast<long>(data_ranks()),
+      static_cast<long>(c.train.micro_batch), static_cast<long>(accum_),
+      static_cast<long>(c.train.global_batch * c.train.seq_len),
       describe_peak(device_, bf16_).c_str());
   // What rank 0 holds besides activations (Note [transient gradients] in parallel/ddp.h).
   const double gib = 1.0 / (1 << 30), weights = 4.0 * static_cast<double>(par_->local_numel());

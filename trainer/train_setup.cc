@@ -85,6 +85,7 @@ GPTConfig gpt_config(const Config& cfg) {
   g.rms_norm_eps = m.rms_norm_eps;
   g.qk_norm = m.qk_norm;
   g.qkv_bias = m.qkv_bias;
+  g.fp8 = cfg.train.precision == PrecisionChoice::kFp8;
   g.recompute = cfg.train.recompute == RecomputeChoice::kFull        ? Recompute::kFull
                 : cfg.train.recompute == RecomputeChoice::kSelective ? Recompute::kSelective
                                                                      : Recompute::kNone;
@@ -162,7 +163,7 @@ DevicePlan pick_device(const Config& cfg, const parallel::DistEnv& env) {
   const PrecisionChoice p = resolve_precision(cfg.train, d);
   if (d == DeviceChoice::kCuda) {
     const int index = env.world_size > 1 ? env.local_rank % gpus : 0;
-    return {Device::cuda(index), p == PrecisionChoice::kBf16};
+    return {Device::cuda(index), p == PrecisionChoice::kBf16 || p == PrecisionChoice::kFp8};
   }
   if (backend == CommBackend::kNccl && env.world_size > 1) {
     throw UserError(

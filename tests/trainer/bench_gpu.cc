@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
   using namespace gtron;
   const int64_t T = arg(argc, argv, "T", 1024);
   const int64_t B = arg(argc, argv, "B", 16);
-  const GPTConfig c = model_config(argc, argv, T);
+  GPTConfig c = model_config(argc, argv, T);
   if (cuda_device_count() == 0) {
     std::fprintf(stderr, "bench_gpu: no CUDA device\n");
     return 1;
@@ -185,11 +185,14 @@ int main(int argc, char** argv) {
                  "train.transient_grads needs)\n");
     return 2;
   }
-  const bool bf16 = precision == "bf16";
+  // fp8: bf16 shadows, the block linears' products in FP8 (train.precision = "fp8").
+  const bool bf16 = precision == "bf16" || precision == "fp8";
   if (!bf16 && precision != "fp32") {
-    std::fprintf(stderr, "bench_gpu: --precision is bf16 or fp32, got '%s'\n", precision.c_str());
+    std::fprintf(stderr, "bench_gpu: --precision is bf16, fp8 or fp32, got '%s'\n",
+                 precision.c_str());
     return 2;
   }
+  c.fp8 = precision == "fp8";
 
   const Device dev = Device::cuda(0);
   Stream& stream = current_stream(dev);
