@@ -161,14 +161,6 @@ struct HfArch {
       want, "; hint: gtron imports GPT-2 (GPT2LMHeadModel) and llama-family directories only"));
 }
 
-int64_t positive_field(const json& j, const std::string& path, const char* field) {
-  if (!j.contains(field)) arch_fail(path, field, "missing", "a positive integer");
-  const json& v = j[field];
-  if (!v.is_number_integer() || v.get<int64_t>() <= 0)
-    arch_fail(path, field, v.dump(), "a positive integer");
-  return v.get<int64_t>();
-}
-
 // `field` as given, or `fallback` (GPT2Config's default) when config.json omits it.
 json field_or(const json& j, const char* field, const json& fallback) {
   return j.contains(field) ? j[field] : fallback;
@@ -181,11 +173,11 @@ HfArch check_gpt2_config(const json& j, const std::string& path) {
     arch_fail(path, "model_type", type.dump(),
               "\"gpt2\" (or the llama family's \"llama\", \"qwen2\", \"qwen3\")");
   HfArch a{};
-  a.vocab_size = positive_field(j, path, "vocab_size");
-  a.n_positions = positive_field(j, path, "n_positions");
-  a.n_embd = positive_field(j, path, "n_embd");
-  a.n_layer = positive_field(j, path, "n_layer");
-  a.n_head = positive_field(j, path, "n_head");
+  a.vocab_size = hf_config_size(j, path, "vocab_size");
+  a.n_positions = hf_config_size(j, path, "n_positions");
+  a.n_embd = hf_config_size(j, path, "n_embd");
+  a.n_layer = hf_config_size(j, path, "n_layer");
+  a.n_head = hf_config_size(j, path, "n_head");
   const json act = field_or(j, "activation_function", "gelu_new");
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")
     arch_fail(path, "activation_function", act.dump(),
@@ -206,6 +198,26 @@ HfArch check_gpt2_config(const json& j, const std::string& path) {
   if (!tied.is_boolean()) arch_fail(path, "tie_word_embeddings", tied.dump(), "true or false");
   a.tied = tied.get<bool>();
   return a;
+}
+
+// The name `h` stores GPT-2 tensor `name` (no "transformer.") under: with the prefix or without.
+std::string stored_name(const HfHeaders& h, const std::string& name) {
+  const std::string prefixed = kPrefix + name;
+  return h.shapes.count(prefixed) != 0 ? prefixed : name;
+}
+
+// Note [config.json sizes against the tensors]: vocab_size and n_embd against wte.weight [V, C],
+// n_positions against wpe.weight [Tmax, C], n_layer against the blocks h.{i}; n_head, which no
+// tensor holds, must divide n_embd. The rest of the model's shapes follow from these.
+void check_gpt2_sizes(const HfArch& a, const HfHeaders& h, const std::string& path) {
+  const std::string wte = stored_name(h, "wte.weight"), wpe = stored_name(h, "wpe.weight");
+  check_size_against_tensor(h, path, "vocab_size", a.vocab_size, wte, 0);
+  check_size_against_tensor(h, path, "n_embd", a.n_embd, wte, 1);
+  check_size_against_tensor(h, path, "n_positions", a.n_positions, wpe, 0);
+  check_layers_against_tensors(h, path, "n_layer", a.n_layer, {kPrefix + std::string("h."), "h."});
+  if (a.n_embd % a.n_head != 0)
+    arch_fail(path, "n_head", std::to_string(a.n_head),
+              str_cat("a divisor of n_embd = ", a.n_embd));
 }
 
 // The gtron model.* keys a GPT-2 config.json fixes.
@@ -351,8 +363,8 @@ std::string import_hf(const HfImportOptions& o) {
   const json hf_json = parse_json_file(config_path, "config");
   const bool llama =
       hf_json.is_object() && is_llama_model_type(hf_json.value("model_type", json()));
-  const json model_keys = llama ? llama_model_keys(hf_json, config_path)
-                                : gpt2_model_keys(check_gpt2_config(hf_json, config_path));
+  const HfArch arch = llama ? HfArch{} : check_gpt2_config(hf_json, config_path);
+  const json model_keys = llama ? llama_model_keys(hf_json, config_path) : gpt2_model_keys(arch);
   const std::string gtron_path = o.hf_dir + "/" + kGtronFile;
   json gtron = json::object();
   if (fs::is_regular_file(gtron_path, ec)) {
@@ -362,7 +374,16 @@ std::string import_hf(const HfImportOptions& o) {
       throw UserError("'" + gtron_path + "' is not a gtron export state file (format \"" +
                       kGtronFormat + "\" with a step); hint: delete it to import without it");
   }
+  // Note [config.json sizes against the tensors]: before the model is built from them.
+  const HfHeaders headers = read_hf_headers(o.hf_dir);
+  if (llama) {
+    check_llama_sizes(model_keys, headers, config_path);
+  } else {
+    check_gpt2_sizes(arch, headers, config_path);
+  }
   const Config cfg = import_config(o, model_keys, gtron);
+  // --set may still resize the model: refuse one this machine cannot hold, as eval does.
+  check_cpu_memory(cfg, /*training=*/false, 0, "gtron import of " + o.hf_dir);
   GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
   std::map<std::string, Tensor> mtp;
   if (fs::is_regular_file(o.hf_dir + "/" + kMtpFile, ec)) {

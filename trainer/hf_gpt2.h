@@ -70,7 +70,9 @@ struct HfImportOptions {
 // n_layer, n_head, n_embd, tied_embeddings) come from config.json; the MTP depths 1..mtp.depth from
 // mtp.safetensors when it holds them, else freshly initialized from train.seed. A model_type of
 // "llama", "qwen2" or "qwen3" is read as the llama family (trainer/hf_llama.h); anything but a
-// GPT-2 architecture otherwise is refused naming the config field that differs. Throws UserError.
+// GPT-2 architecture otherwise is refused naming the config field that differs. config.json's
+// sizes are checked against the safetensors headers before the model is built (Note [config.json
+// sizes against the tensors] in trainer/hf_weights.h). Throws UserError.
 // Returns a one-line summary of what was imported.
 std::string import_hf(const HfImportOptions& options);
 

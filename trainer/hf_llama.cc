@@ -3,6 +3,7 @@
 #include <cmath>
 #include <set>
 
+#include "trainer/hf_weights.h"
 #include "trainer/io/checkpoint.h"
 #include "trainer/train.h"
 
@@ -73,14 +74,6 @@ Shape with_rows(const Shape& shape, int64_t rows) {
                           ", gtron's llama family needs ", want,
                           "; hint: gtron imports LlamaForCausalLM, Qwen2ForCausalLM and "
                           "Qwen3ForCausalLM directories (and GPT-2's)"));
-}
-
-int64_t positive(const json& j, const std::string& path, const char* field) {
-  if (!j.contains(field)) field_fail(path, field, "missing", "a positive integer");
-  const json& v = j[field];
-  if (!v.is_number_integer() || v.get<int64_t>() <= 0)
-    field_fail(path, field, v.dump(), "a positive integer");
-  return v.get<int64_t>();
 }
 
 // j[key] (config.json's field `prefix` + `key`) as a positive number, `fallback` when absent or
@@ -248,17 +241,17 @@ json llama_model_keys(const json& j, const std::string& path) {
   const json type = j.value("model_type", json());
   if (!is_llama_model_type(type))
     field_fail(path, "model_type", type.dump(), "\"llama\", \"qwen2\" or \"qwen3\"");
-  const int64_t C = positive(j, path, "hidden_size");
-  const int64_t NH = positive(j, path, "num_attention_heads");
+  const int64_t C = hf_config_size(j, path, "hidden_size");
+  const int64_t NH = hf_config_size(j, path, "num_attention_heads");
   const int64_t NKV = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
-                          ? positive(j, path, "num_key_value_heads")
+                          ? hf_config_size(j, path, "num_key_value_heads")
                           : NH;
   if (NH % NKV != 0)
     field_fail(path, "num_key_value_heads", std::to_string(NKV),
                str_cat("a divisor of num_attention_heads = ", NH));
   int64_t HS = 0;
   if (j.contains("head_dim") && !j["head_dim"].is_null()) {
-    HS = positive(j, path, "head_dim");
+    HS = hf_config_size(j, path, "head_dim");
   } else if (C % NH != 0) {
     field_fail(path, "head_dim", "missing",
                str_cat("a head size (hidden_size = ", C,
@@ -276,20 +269,38 @@ json llama_model_keys(const json& j, const std::string& path) {
     field_fail(path, "attention_bias", "true", "false (gtron has no o_proj bias)");
   const RopeKeys rope = rope_keys(j, path);
   return {{"arch", "llama"},
-          {"vocab_size", positive(j, path, "vocab_size")},
-          {"context_length", positive(j, path, "max_position_embeddings")},
-          {"n_layer", positive(j, path, "num_hidden_layers")},
+          {"vocab_size", hf_config_size(j, path, "vocab_size")},
+          {"context_length", hf_config_size(j, path, "max_position_embeddings")},
+          {"n_layer", hf_config_size(j, path, "num_hidden_layers")},
           {"n_head", NH},
           {"n_embd", C},
           {"n_kv_head", NKV},
           {"head_dim", HS},
-          {"intermediate_size", positive(j, path, "intermediate_size")},
+          {"intermediate_size", hf_config_size(j, path, "intermediate_size")},
           {"rope_theta", rope.theta},
           {"rope_scaling", rope.scaling},
           {"rms_norm_eps", positive_number(j, path, "rms_norm_eps", 1e-6)},
           {"qk_norm", type == "qwen3"},
           {"qkv_bias", qkv_bias},
           {"tied_embeddings", flag(j, path, "tie_word_embeddings", false)}};
+}
+
+void check_llama_sizes(const json& keys, const HfHeaders& h, const std::string& path) {
+  const auto key = [&](const char* k) { return keys[k].get<int64_t>(); };
+  const int64_t C = key("n_embd"), NH = key("n_head"), NKV = key("n_kv_head");
+  const int64_t HS = key("head_dim") > 0 ? key("head_dim") : C / NH;  // each <= 2^31: no overflow
+  const std::string layer0 = std::string(kPrefix) + "layers.0.";
+  check_size_against_tensor(h, path, "vocab_size", key("vocab_size"), "model.embed_tokens.weight",
+                            0);
+  check_size_against_tensor(h, path, "hidden_size", C, "model.embed_tokens.weight", 1);
+  check_layers_against_tensors(h, path, "num_hidden_layers", key("n_layer"),
+                               {std::string(kPrefix) + "layers."});
+  check_size_against_tensor(h, path, "num_attention_heads × head_dim", NH * HS,
+                            layer0 + "self_attn.q_proj.weight", 0);
+  check_size_against_tensor(h, path, "num_key_value_heads × head_dim", NKV * HS,
+                            layer0 + "self_attn.k_proj.weight", 0);
+  check_size_against_tensor(h, path, "intermediate_size", key("intermediate_size"),
+                            layer0 + "mlp.gate_proj.weight", 0);
 }
 
 void fill_llama_model(GPT& model, const std::map<std::string, Tensor>& hf,

@@ -46,6 +46,7 @@
 
 #include "model/gpt.h"
 #include "trainer/config.h"
+#include "trainer/hf_weights.h"
 #include "trainer/io/safetensors.h"
 
 namespace gtron {
@@ -63,6 +64,15 @@ bool is_llama_model_type(const nlohmann::ordered_json& model_type);
 // Checks config.json (`j`, read from `path`) and returns the gtron model.* keys it fixes. Throws
 // UserError naming the config.json field.
 nlohmann::ordered_json llama_model_keys(const nlohmann::ordered_json& j, const std::string& path);
+
+// Note [config.json sizes against the tensors] (trainer/hf_weights.h) for `keys`, the result of
+// llama_model_keys for config.json at `path`: vocab_size and hidden_size against
+// model.embed_tokens.weight [V, C]; num_hidden_layers against the layers model.layers.{i};
+// num_attention_heads × head_dim, num_key_value_heads × head_dim and intermediate_size against
+// the rows of layer 0's q_proj, k_proj and gate_proj. max_position_embeddings, which no tensor
+// holds, has the bound only. Throws UserError naming the field and the tensor.
+void check_llama_sizes(const nlohmann::ordered_json& keys, const HfHeaders& h,
+                       const std::string& path);
 
 // Fills every main (non-MTP) parameter of `model` from `hf` (names as stored in `file`). Throws
 // UserError naming a missing, mis-shaped or extra tensor.

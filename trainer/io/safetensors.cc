@@ -22,6 +22,9 @@ namespace {
 // A header larger than this is not a tensor index but a corrupt length field (the official
 // implementation uses the same bound).
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+// Elements of one tensor, and so the largest dimension: 2^48 (a petabyte of f32) is beyond any
+// file, and it keeps numel * element size and every dimension as an int64_t far from overflow.
+constexpr uint64_t kMaxElements = 1ull << 48;
 // Bytes per fread/fwrite call on the data section.
 constexpr size_t kIoChunk = 8u << 20;
 
@@ -175,8 +178,10 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
   for (const auto& d : shape) {
     if (!d.is_number_unsigned())
       fail(path, str_cat(where, " has shape ", shape.dump(), ", expected non-negative integers"));
-    if (__builtin_mul_overflow(numel, d.get<uint64_t>(), &numel) || numel > (1ull << 48))
-      fail(path, str_cat(where, " has shape ", shape.dump(), ", too many elements"));
+    // Each dimension on its own too: beside a zero dimension the product says nothing.
+    if (d.get<uint64_t>() > kMaxElements ||
+        __builtin_mul_overflow(numel, d.get<uint64_t>(), &numel) || numel > kMaxElements)
+      fail(path, str_cat(where, " has shape ", shape.dump(), ", too many elements (at most 2^48)"));
     e.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
   }
   const auto& offs = v["data_offsets"];
@@ -253,16 +258,24 @@ SafetensorsMetadata parse_metadata(const std::string& path, const nlohmann::orde
   return out;
 }
 
-// read_safetensors with the dtypes of `mode`: entries of a widened type are read through a
-// staging buffer (the CRC covers the bytes on disk) and widened into f32 tensors.
-SafetensorsFile read_file(const std::string& path, const ReadMode& mode) {
-  FilePtr f(std::fopen(path.c_str(), "rb"));
-  if (!f) fail(path, str_cat("cannot open: ", std::strerror(errno)), "check the path");
-  const uint64_t size = file_size(path, f.get());
+// A validated header, the file positioned at the first data byte.
+struct Header {
+  FilePtr f;
+  std::vector<Entry> entries;  // in data order, tiling the data section exactly
+  SafetensorsMetadata metadata;
+};
+
+// Reads and checks everything before the data section (the policy's list, all but the CRC).
+// Nothing is allocated from a size the file states before it is checked against the file's size.
+Header read_header(const std::string& path, const ReadMode& mode) {
+  Header h;
+  h.f.reset(std::fopen(path.c_str(), "rb"));
+  if (!h.f) fail(path, str_cat("cannot open: ", std::strerror(errno)), "check the path");
+  const uint64_t size = file_size(path, h.f.get());
   if (size < 8)
     fail(path, str_cat("truncated: ", size, " bytes, fewer than the 8-byte header length field"));
   unsigned char len[8];
-  read_exact(path, f.get(), len, 8, "the header length field");
+  read_exact(path, h.f.get(), len, 8, "the header length field");
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(len[i]) << (8 * i);
   if (n > size - 8 || n > kMaxHeaderBytes)
@@ -271,7 +284,7 @@ SafetensorsFile read_file(const std::string& path, const ReadMode& mode) {
                  " bytes after the length field", n > kMaxHeaderBytes ? " (limit 100 MiB)" : ""),
          "the file is truncated or not a safetensors file");
   std::string text(n, '\0');
-  read_exact(path, f.get(), text.data(), n, "the header");
+  read_exact(path, h.f.get(), text.data(), n, "the header");
 
   // ordered_json keeps the file's key order, the tie-break between empty tensors at one offset.
   nlohmann::ordered_json header;
@@ -283,21 +296,27 @@ SafetensorsFile read_file(const std::string& path, const ReadMode& mode) {
   }
   if (!header.is_object())
     fail(path, str_cat("the header is a JSON ", header.type_name(), ", expected an object"));
-
-  SafetensorsFile out;
-  std::vector<Entry> entries;
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__") {
-      out.metadata = parse_metadata(path, value);
+      h.metadata = parse_metadata(path, value);
     } else {
-      entries.push_back(parse_entry(path, key, value, mode));
+      h.entries.push_back(parse_entry(path, key, value, mode));
     }
   }
-  check_layout(path, &entries, size - 8 - n);
+  check_layout(path, &h.entries, size - 8 - n);
+  return h;
+}
 
+// read_safetensors with the dtypes of `mode`: entries of a widened type are read through a
+// staging buffer (the CRC covers the bytes on disk) and widened into f32 tensors.
+SafetensorsFile read_file(const std::string& path, const ReadMode& mode) {
+  Header h = read_header(path, mode);
+  SafetensorsFile out;
+  out.metadata = std::move(h.metadata);
+  std::FILE* f = h.f.get();
   uint32_t crc = 0;
   std::vector<char> staging;
-  for (const Entry& e : entries) {
+  for (const Entry& e : h.entries) {
     Tensor t = Tensor::empty(Shape(e.shape), e.dtype->load_as);
     const bool widen = dtype_size(e.dtype->load_as) != e.dtype->bytes;
     const size_t bytes = e.end - e.begin;
@@ -306,7 +325,7 @@ SafetensorsFile read_file(const std::string& path, const ReadMode& mode) {
     for (size_t done = 0; done < bytes; done += kIoChunk) {
       const size_t chunk = std::min(kIoChunk, bytes - done);
       char* dst = widen ? staging.data() : p + done;
-      read_exact(path, f.get(), dst, chunk, str_cat("tensor '", e.name, "'").c_str());
+      read_exact(path, f, dst, chunk, str_cat("tensor '", e.name, "'").c_str());
       crc = crc32(dst, chunk, crc);
       if (widen) widen16(*e.dtype, dst, chunk / 2, t.data<float>() + done / 2);
     }
@@ -400,5 +419,12 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
 SafetensorsFile read_safetensors(const std::string& path) { return read_file(path, kNative); }
 
 SafetensorsFile read_safetensors_f32(const std::string& path) { return read_file(path, kWidened); }
+
+std::vector<SafetensorsEntry> read_safetensors_f32_header(const std::string& path) {
+  std::vector<SafetensorsEntry> out;
+  for (const Entry& e : read_header(path, kWidened).entries)
+    out.push_back({e.name, e.dtype->name, Shape(e.shape)});
+  return out;
+}
 
 }  // namespace gtron

@@ -22,11 +22,14 @@
 //   digits, in __metadata__["gtron.crc32"]; the reader verifies it when present (files written by
 //   other tools have none) and removes it from the metadata it returns, so a write/read round trip
 //   gives back exactly the metadata that was written.
-// - The reader trusts nothing: header length within the file, JSON well formed, every entry typed,
-//   dtype known, numel * element size == the entry's byte span, spans contiguous from 0 with no gap
-//   or overlap, and file size == 8 + N + data size. Any violation is a UserError naming the file
-//   and the problem. It reads tensor bytes straight into their tensors (no second copy of the
-//   data).
+// - The reader trusts nothing: header length within the file (and at most 100 MiB), JSON well
+//   formed, every entry typed, dtype known, rank at most Shape::kMaxRank, every dimension and
+//   numel at most 2^48, numel * element size == the entry's byte span, spans contiguous from 0
+//   with no gap or overlap, and file size == 8 + N + data size. Any violation is a UserError naming
+//   the file, the tensor and the field. All of it is checked before a tensor is allocated, so
+//   nothing is allocated in proportion to a size the file states but does not hold: what a read
+//   allocates is bounded by the file's size (twice it for a widened 16-bit tensor). It reads
+//   tensor bytes straight into their tensors (no second copy of the data).
 // - Writes go straight to `path`; atomicity is the job of the caller (checkpoint_io writes into a
 //   temporary directory that is renamed into place).
 //
@@ -71,6 +74,19 @@ SafetensorsFile read_safetensors(const std::string& path);
 // other dtype is a UserError naming the tensor and dtype. Validation is read_safetensors' (the CRC
 // covers the bytes on disk).
 SafetensorsFile read_safetensors_f32(const std::string& path);
+
+// One tensor as its header entry describes it.
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;  // as on disk: "F32", "BF16", "F16"
+  Shape shape;
+};
+
+// The tensors read_safetensors_f32 would load from `path`, in data order, from the header alone:
+// every check of read_safetensors_f32 but the CRC (which needs the data) passes first, and no
+// tensor is allocated. For callers that check sizes from another file (a Hugging Face
+// config.json) against the shapes before allocating a model. Throws UserError.
+std::vector<SafetensorsEntry> read_safetensors_f32_header(const std::string& path);
 
 // CRC-32 with the IEEE 802.3 polynomial (reflected 0xEDB88320, init and final xor 0xFFFFFFFF), the
 // same value as zlib's crc32() and Python's binascii.crc32(). Chain calls by passing the previous
