@@ -19,9 +19,17 @@
 // Decoding concatenates the bytes of the tokens (an added token gives its content).
 //
 // Note [token ids]
-// Ids are whatever the file says. A tokenizer gtron trains (trainer/text/bpe_train.h) gives id b to
-// the single byte b (0..255, so a byte-level model's tokens mean the same), then one id per merge
-// in merge order, then the special tokens in the order given.
+// Ids are whatever the file says, within bounds: a tokenizer keeps one entry per id up to the
+// largest (token_bytes; holes are nullopt), so an id decides how much is allocated. Reading
+// tokenizer.json therefore checks every id it gives (model.vocab, added_tokens, the
+// post-processor template's special_tokens) before anything is sized by it: an integer in
+// [0, min(N + 2^20, 2^24)), N the number of tokens the file lists (model.vocab's entries plus
+// added_tokens'). So the table holds the file's tokens and at most 2^20 holes (about 40 MB); 2^24
+// is 64 times the 262,144 tokens of Gemma 3, the largest vocabulary in common use. Anything else
+// is a UserError naming the file and the field (e.g. model.vocab["ab"], added_tokens[0].id).
+// A tokenizer gtron trains (trainer/text/bpe_train.h) gives id b to the single byte b (0..255, so a
+// byte-level model's tokens mean the same), then one id per merge in merge order, then the special
+// tokens in the order given.
 //
 // Supported tokenizer.json: model.type "BPE" without dropout, byte fallback or subword
 // prefix/suffix, ignore_merges true or false; pre_tokenizer ByteLevel (use_regex true, the GPT-2

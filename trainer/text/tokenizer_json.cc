@@ -1,5 +1,6 @@
 // tokenizer.json reading and writing for Tokenizer (see trainer/text/tokenizer.h for what is
 // supported).
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -25,6 +26,27 @@ constexpr const char* kSupported =
 
 [[noreturn]] void refuse(const std::string& what, const std::string& why) {
   throw UserError(str_cat("tokenizer '", what, "': ", why, ". ", kSupported, "."));
+}
+
+// Note [token ids]: the bounds on every id.
+constexpr int64_t kMaxTokenIds = int64_t{1} << 24;
+constexpr int64_t kMaxIdHoles = int64_t{1} << 20;
+
+// The token id `v`, read from the file's field `field`, checked against Note [token ids]'s bounds
+// before anything is sized by it; `listed` is the number of tokens the file lists.
+int32_t checked_id(const json& v, const std::string& field, int64_t listed,
+                   const std::string& what) {
+  const int64_t limit = std::min(listed + kMaxIdHoles, kMaxTokenIds);
+  // An unsigned value above INT64_MAX reads back negative, so it fails too.
+  if (v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < limit) {
+    return static_cast<int32_t>(v.get<int64_t>());
+  }
+  throw UserError(str_cat("tokenizer '", what, "': ", field, " is ", v.dump(),
+                          ", not a token id of this file: ids are integers in [0, ", limit,
+                          "), at most 2^20 past the ", listed,
+                          " tokens it lists (model.vocab and added_tokens) and below 2^24. Hint: ",
+                          "correct the id, or re-create the file with the tokenizers library or ",
+                          "`gtron tokenizer train`."));
 }
 
 bool null_or(const json& obj, const char* key, const json& allowed) {
@@ -124,7 +146,7 @@ void read_pre_tokenizer(const json& j, TokenizerSpec* spec, const std::string& w
 }
 
 // A TemplateProcessing's single template: special tokens, then $A, then special tokens.
-void read_template(const json& proc, const std::string& where, TokenizerSpec* spec,
+void read_template(const json& proc, const std::string& where, int64_t listed, TokenizerSpec* spec,
                    const std::string& what) {
   const json& single = proc.contains("single") ? proc["single"] : json();
   const json& specials = proc.contains("special_tokens") ? proc["special_tokens"] : json();
@@ -150,15 +172,20 @@ void read_template(const json& proc, const std::string& where, TokenizerSpec* sp
                            ".special_tokens around one {\"Sequence\": {\"id\": \"A\"}})"));
     }
     auto& ids = seen_a ? spec->template_after : spec->template_before;
-    for (const json& id : specials[name.get<std::string>()]["ids"])
-      ids.push_back(id.get<int32_t>());
+    const json& given = specials[name.get<std::string>()]["ids"];
+    for (size_t k = 0; k < given.size(); ++k) {
+      ids.push_back(checked_id(given[k],
+                               str_cat(where, ".special_tokens[", name.dump(), "].ids[", k, "]"),
+                               listed, what));
+    }
   }
   if (!seen_a) refuse(what, str_cat(where, ".single has no {\"Sequence\": {\"id\": \"A\"}}"));
 }
 
 // The post_processor: null, ByteLevel (offsets only: no ids change), TemplateProcessing, or a
 // Sequence of those with at most one template.
-void read_post_processor(const json& j, TokenizerSpec* spec, const std::string& what) {
+void read_post_processor(const json& j, int64_t listed, TokenizerSpec* spec,
+                         const std::string& what) {
   if (!j.contains("post_processor") || j["post_processor"].is_null()) return;
   const json& post = j["post_processor"];
   std::vector<std::pair<const json*, std::string>> parts;
@@ -173,7 +200,7 @@ void read_post_processor(const json& j, TokenizerSpec* spec, const std::string& 
   for (const auto& [proc, where] : parts) {
     const std::string type = type_of(*proc);
     if (type == "TemplateProcessing" && templates++ == 0) {
-      read_template(*proc, where, spec, what);
+      read_template(*proc, where, listed, spec, what);
     } else if (type != "ByteLevel") {
       refuse(what, str_cat(where, " ", proc->dump(),
                            " is not supported (expected ByteLevel or one TemplateProcessing)"));
@@ -182,22 +209,31 @@ void read_post_processor(const json& j, TokenizerSpec* spec, const std::string& 
   spec->post_processor_json = post.dump();
 }
 
-std::vector<SpecialToken> read_added_tokens(const json& j, const std::string& what) {
+// The number of tokens the file lists: model.vocab's and added_tokens' entries (an added token
+// is often in model.vocab too: then this counts it twice, which only loosens the bound).
+int64_t listed_tokens(const json& j) {
+  const bool added = j.contains("added_tokens") && j["added_tokens"].is_array();
+  return static_cast<int64_t>(j["model"]["vocab"].size() + (added ? j["added_tokens"].size() : 0));
+}
+
+std::vector<SpecialToken> read_added_tokens(const json& j, int64_t listed,
+                                            const std::string& what) {
   std::vector<SpecialToken> out;
   if (!j.contains("added_tokens") || j["added_tokens"].is_null()) return out;
   if (!j["added_tokens"].is_array()) refuse(what, "added_tokens is not an array");
-  for (const json& t : j["added_tokens"]) {
+  for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
+    const json& t = j["added_tokens"][i];
     if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
         !t.contains("content") || !t["content"].is_string() || t["content"] == "") {
       refuse(what, str_cat("added token ", t.dump(), " needs an integer id and a content"));
     }
+    const int32_t id = checked_id(t["id"], str_cat("added_tokens[", i, "].id"), listed, what);
     if (t.value("lstrip", false) || t.value("rstrip", false) || t.value("single_word", false)) {
       refuse(what, str_cat("added token ", t.dump(), ": lstrip, rstrip, single_word unsupported"));
     }
     // tokenizers' defaults when a flag is missing: special false, normalized = !special.
     const bool special = t.value("special", false);
-    out.push_back({t["content"].get<std::string>(), t["id"].get<int32_t>(), special,
-                   t.value("normalized", !special)});
+    out.push_back({t["content"].get<std::string>(), id, special, t.value("normalized", !special)});
   }
   return out;
 }
@@ -218,10 +254,11 @@ std::pair<std::string, std::string> merge_parts(const json& m, const std::string
 
 TokenizerSpec spec_from_json(const json& j, const std::string& what) {
   check_structure(j, what);
+  const int64_t listed = listed_tokens(j);
   TokenizerSpec spec;
-  spec.specials = read_added_tokens(j, what);
+  spec.specials = read_added_tokens(j, listed, what);
   read_pre_tokenizer(j, &spec, what);
-  read_post_processor(j, &spec, what);
+  read_post_processor(j, listed, &spec, what);
   spec.ignore_merges = j["model"].value("ignore_merges", false);
   spec.nfc = j.contains("normalizer") && j["normalizer"].is_object();  // checked: NFC
   std::unordered_map<std::string, int32_t> special_of;
@@ -231,16 +268,16 @@ TokenizerSpec spec_from_json(const json& j, const std::string& what) {
     size = std::max<int64_t>(size, int64_t{s.id} + 1);
   }
   const json& vocab = j["model"]["vocab"];
-  for (const auto& [token, id] : vocab.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1LL << 31)) {
-      refuse(what, str_cat("vocab entry \"", token, "\" has id ", id.dump()));
-    }
-    size = std::max<int64_t>(size, id.get<int64_t>() + 1);
-  }
-  spec.token_bytes.resize(static_cast<size_t>(size));
-  std::unordered_map<std::string, int32_t> id_of;
+  std::vector<std::pair<std::string, int32_t>> entries;
   for (const auto& [token, id_json] : vocab.items()) {
-    const auto id = id_json.get<int32_t>();
+    const int32_t id =
+        checked_id(id_json, str_cat("model.vocab[", json(token).dump(), "]"), listed, what);
+    entries.emplace_back(token, id);
+    size = std::max<int64_t>(size, int64_t{id} + 1);
+  }
+  spec.token_bytes.resize(static_cast<size_t>(size));  // Note [token ids]: < listed + 2^20
+  std::unordered_map<std::string, int32_t> id_of;
+  for (const auto& [token, id] : entries) {
     auto special = special_of.find(token);
     std::optional<std::string> bytes = special != special_of.end()
                                            ? std::optional<std::string>(token)
@@ -251,7 +288,6 @@ TokenizerSpec spec_from_json(const json& j, const std::string& what) {
     id_of[token] = id;
   }
   for (const SpecialToken& s : spec.specials) {
-    if (s.id < 0) refuse(what, str_cat("added token \"", s.content, "\" has a negative id"));
     if (!spec.token_bytes[s.id]) spec.token_bytes[s.id] = s.content;
   }
   for (const json& m : j["model"]["merges"]) {
