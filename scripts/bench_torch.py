@@ -36,6 +36,60 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+def _rowwise_fp8(t):
+    """t [R, K] in e4m3 with one fp32 scale per row (amax / 448): codes and the [R, 1] scales."""
+    amax = t.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12)
+    scale = amax / 448.0
+    return (t.float() / scale).to(torch.float8_e4m3fn), scale
+
+
+class _RowwiseFp8Matmul(torch.autograd.Function):
+    """y = x·wᵀ with the three products in FP8 through torch._scaled_mm, row-wise scales (the
+    recipe torchao calls rowwise): x by token, w by output row (forward) or by input column
+    (input gradient), dy by token (input gradient) or by output feature (weight gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        xq, xs = _rowwise_fp8(x)
+        wq, ws = _rowwise_fp8(w)
+        return torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=torch.bfloat16)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dyq, dys = _rowwise_fp8(dy)
+        wtq, wts = _rowwise_fp8(w.t().contiguous())  # [K, N]: scales per input column
+        dx = torch._scaled_mm(dyq, wtq.t(), scale_a=dys, scale_b=wts.t(),
+                              out_dtype=torch.bfloat16)
+        dytq, dyts = _rowwise_fp8(dy.t().contiguous())  # [N, M]: per output feature
+        xtq, xts = _rowwise_fp8(x.t().contiguous())  # [K, M]: per input feature
+        dw = torch._scaled_mm(dytq, xtq.t(), scale_a=dyts, scale_b=xts.t(),
+                              out_dtype=torch.float32)
+        return dx, dw.to(w.dtype)
+
+
+class Fp8Linear(nn.Linear):
+    """nn.Linear whose products run in row-wise FP8 (`--fp8 rowwise`); bf16 autocast outside."""
+
+    def forward(self, x):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+        with torch.autocast("cuda", enabled=False):
+            y = _RowwiseFp8Matmul.apply(x2, self.weight.to(torch.bfloat16))
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.view(*shape[:-1], y.shape[-1])
+
+
+def use_fp8_linears(model):
+    """Every block and MTP nn.Linear becomes an Fp8Linear (the head and embedding stay)."""
+    for module in model.modules():
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear and name != "lm_head":
+                child.__class__ = Fp8Linear
+
+
 class Block(nn.Module):
     def __init__(self, C, NH):
         super().__init__()
@@ -246,6 +300,9 @@ def main():
     ap.add_argument("--transient-grads", choices=["0", "1", "auto"], default="auto",
                     help="bench_gpu's flag, accepted so --compare can pass it to both; PyTorch's "
                          "gradients come into being in the backward anyway (set_to_none)")
+    ap.add_argument("--fp8", choices=["none", "rowwise"], default="none",
+                    help="rowwise: the block and MTP linears' products in FP8 e4m3 through "
+                         "torch._scaled_mm with row-wise scales (the PyTorch FP8 reference)")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1337)
@@ -267,6 +324,8 @@ def main():
                       a.mtp_weight).to(dev)
     else:
         model = GPT(a.V, a.T, a.L, a.C, a.NH, a.D, a.mtp_weight).to(dev)
+    if a.fp8 == "rowwise":
+        use_fp8_linears(model)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() == 2 and not n.startswith("w")]
     no_decay = [p for n, p in model.named_parameters() if p.dim() != 2 or n.startswith("w")]
@@ -305,7 +364,7 @@ def main():
         "tokens_per_s": round(a.B * a.T / (ms / 1e3), 1),
         "ms_per_step": round(ms, 3),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
-        "system": "torch", "mode": a.mode, "torch": torch.__version__,
+        "system": "torch", "mode": a.mode, "fp8": a.fp8, "torch": torch.__version__,
         "L": a.L, "C": a.C, "NH": a.NH, "T": a.T, "B": a.B, "V": a.V, "D": a.D,
         "steps": a.steps, "warmup": a.warmup, "loss": round(loss.item(), 4), "params": n_params,
         **family,

@@ -34,7 +34,9 @@ REASSOCIATED = 1e-4
 TENSOR_PARALLEL = 1e-6
 FLOOR_GAP = 0.1
 FP8_NEAR = 0.02
-# FP8 across layouts: the first step is bit-identical; from then on a reassociated fp32 gradient sum
+# FP8 across layouts: the first step agrees within TENSOR_PARALLEL (its forward sees the same weights
+# and codes; only the reduction of the loss and of TP's partial sums is reassociated); from then on
+# a reassociated fp32 gradient sum
 # (1e-8) can move a master weight across an e4m3 rounding boundary, and one flipped code moves the
 # curve by FP8's own quantization noise (1e-5 to 4e-4 measured here, the size of FP8 against fp32,
 # 7e-4), which then stays at that size instead of growing. A dropped or doubled gradient moves the
@@ -96,6 +98,7 @@ MATRIX = [
     ("llama resume@20 D=2", "llama_d2", 1, 1, [], "resume"),
     ("llama fp8 1proc D=2", "llama_fp8", 1, 1, [], "exact"),
     ("llama fp8 DP=2xGTP=2 D=2", "llama_fp8", 4, 2, [], "fp8"),
+    ("llama fp8 TP=2xGTP=2 D=2", "llama_fp8", 4, 2, ["parallel.tp=2"], "fp8"),
     ("llama fp8 resume@20 D=2", "llama_fp8", 1, 1, [], "resume"),
     ("long tiny (floor)", "long_tiny", 1, 1, [], "exact"),
     ("long llama (floor)", "long_llama", 1, 1, [], "exact"),
@@ -206,8 +209,9 @@ def compare(kind, golden, got):
         if bad:
             return False, worst, f"step {bad[0] + 1}: {got[bad[0]]} != golden {want[bad[0]]}"
         return True, worst, ""
-    if kind == "fp8" and got[0] != want[0]:
-        return False, worst, f"step 1: {got[0]} != golden {want[0]} (the first step is exact)"
+    first = abs(float(got[0]) - float(want[0])) / abs(float(want[0]))
+    if kind == "fp8" and first > TENSOR_PARALLEL:
+        return False, worst, f"step 1: {got[0]} vs golden {want[0]} (the first step within 1e-6)"
     tolerance = {"tp": TENSOR_PARALLEL, "fp8": FP8_REASSOCIATED}.get(kind, REASSOCIATED)
     if worst >= tolerance:
         i = max(range(len(want)), key=lambda k: abs(float(want[k]) - float(got[k])) / abs(float(want[k])))
