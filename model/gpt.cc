@@ -59,7 +59,8 @@ GPT::GPT(const GPTConfig& cfg, DType dtype, Device device, uint64_t seed)
   const LlamaDims ldims = cfg.llama_dims();
   if (cfg.llama()) {
     for (int l = 0; l < cfg.n_layer; ++l) {
-      llama_blocks_.emplace_back(params_, "blocks." + std::to_string(l), ldims, device);
+      llama_blocks_.emplace_back(params_, "blocks." + std::to_string(l), ldims, device,
+                                 cfg.moe_block(l) ? &cfg.moe : nullptr);
     }
     norm_f_ = RMSNormLayer(params_, "norm_f", C, cfg.rms_norm_eps);
   } else {
@@ -345,6 +346,13 @@ GPTOutput GPT::forward(const Tensor& window) {
         mtp_[k - 1].forward(hidden.back(), embed(window_inputs(window, k)), *weights_));
   }
   GPTOutput out;
+  // The MoE balance losses, block by block (each block's forward kept its own).
+  for (const LlamaBlock& b : llama_blocks_) {
+    if (!b.moe) continue;
+    Var a = b.moe->take_aux_loss();
+    if (!a.defined()) continue;
+    out.moe_aux_loss = out.moe_aux_loss.defined() ? add(out.moe_aux_loss, a) : a;
+  }
   for (int k = 0; k <= cfg_.mtp_depth; ++k) {
     const double weight = k == 0 ? 1.0 : cfg_.mtp_loss_weight / cfg_.mtp_depth;
     Var ce = head_loss(hidden[k], window_targets(window, k), weight);
@@ -355,6 +363,29 @@ GPTOutput GPT::forward(const Tensor& window) {
       out.mtp_losses.push_back(ce);
       out.loss = add(out.loss, scale(ce, weight));
     }
+  }
+  if (out.moe_aux_loss.defined()) out.loss = add(out.loss, out.moe_aux_loss);
+  return out;
+}
+
+std::vector<MoeLayerStats> GPT::moe_stats() const {
+  std::vector<MoeLayerStats> out;
+  for (size_t l = 0; l < llama_blocks_.size(); ++l) {
+    if (llama_blocks_[l].moe) out.push_back(llama_blocks_[l].moe->stats(static_cast<int>(l)));
+  }
+  return out;
+}
+
+void GPT::moe_update_bias() {
+  for (LlamaBlock& b : llama_blocks_) {
+    if (b.moe) b.moe->update_bias();
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> GPT::buffers() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const LlamaBlock& b : llama_blocks_) {
+    if (b.moe) out.emplace_back(b.moe->bias_name(), b.moe->expert_bias());
   }
   return out;
 }
@@ -375,6 +406,12 @@ double GPT::flops_per_token(int64_t T) const {
   if (wpe_ != nullptr) n -= static_cast<double>(wpe_->data.numel());
   if (!cfg_.tied_embeddings) n -= head;
   n += cfg_.mtp_depth * head;
+  // A token passes through top_k of a MoE layer's E experts (3·C·F weights each).
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    if (!cfg_.llama() || !cfg_.moe_block(l)) continue;
+    n -= static_cast<double>(cfg_.moe.E - cfg_.moe.top_k) * 3.0 * C *
+         static_cast<double>(cfg_.moe.F);
+  }
   const double layers = cfg_.n_layer + cfg_.mtp_depth;
   const LlamaDims d = cfg_.llama_dims();
   const double width = cfg_.llama() ? static_cast<double>(d.NH * d.HS) : C;

@@ -62,17 +62,24 @@ struct GPTConfig {
   // train.precision = "fp8": the block and MTP linears' products in FP8 (Note [fp8 recipe] in
   // model/ops/fp8.h); the embedding and head stay.
   bool fp8 = false;
+  // The llama family's mixture-of-experts MLP (model/moe.h) in main blocks l >=
+  // moe.first_dense_layers when moe.E > 0; the MTP depths stay dense.
+  MoeDims moe;
 
   int64_t padded_vocab() const { return (vocab_size + 63) / 64 * 64; }  // Vp
   bool llama() const { return arch == Arch::kLlama; }
+  bool moe_block(int layer) const { return moe.E > 0 && layer >= moe.first_dense_layers; }
   // The llama family's block dimensions, defaults resolved.
   LlamaDims llama_dims() const;
 };
 
 struct GPTOutput {
-  Var loss;                     // scalar: CE_main + (λ/D)·Σ_k CE_k
+  Var loss;                     // scalar: CE_main + (λ/D)·Σ_k CE_k (+ moe_aux_loss)
   Var main_loss;                // scalar CE of the next-token head
   std::vector<Var> mtp_losses;  // D scalars, CE_k of depth k (unweighted)
+  // Σ over the MoE layers of their balance losses (weighted; model/ops/moe_router.h), in
+  // `loss`; undefined without MoE or with moe.aux_loss_weight 0.
+  Var moe_aux_loss;
 };
 
 class GPT {
@@ -140,6 +147,16 @@ class GPT {
   Parameter& token_embedding() const { return *wte_; }  // [Vp, C]
   Parameter& position_embedding() const;                // [Tmax, C]; GPT-2 family only
   Parameter& output_head() const { return *head_; }     // [Vp, C]
+
+  // Mixture of experts (GPTConfig::moe). The load and balance of each MoE layer since the last
+  // update, in block order (empty for a dense model).
+  std::vector<MoeLayerStats> moe_stats() const;
+  // After each optimizer step: the sigmoid routers' bias update, then the load counts reset
+  // (Note [router bias] in model/moe.h).
+  void moe_update_bias();
+  // Model state that is not a parameter, by checkpoint name: the MoE router biases (the tensors
+  // themselves: copy into them to restore). Empty for a dense model.
+  std::vector<std::pair<std::string, Tensor>> buffers() const;
 
  private:
   // inputs i32 [B, T] -> last hidden state [B, T, C] (before the final norm).

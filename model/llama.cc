@@ -16,7 +16,7 @@
 namespace gtron {
 
 LlamaBlock::LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaDims& d,
-                       Device device)
+                       Device device, const MoeDims* moe_dims)
     : HS(d.HS), qk_norm_on(d.qk_norm), recompute_act(d.recompute_act) {
   const int tp = reg.tensor_parallel().size;
   GTRON_CHECK(d.NH > 0 && d.NKV > 0 && d.NH % d.NKV == 0 && d.HS > 0 && d.HS % 2 == 0 && d.F > 0,
@@ -48,8 +48,12 @@ LlamaBlock::LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaD
   }
   o_proj = LinearLayer(reg, name + ".attn.proj", d.NH * d.HS, d.C, false, resid_std, M::kRow);
   mlp_norm = RMSNormLayer(reg, name + ".mlp_norm", d.C, d.eps);
-  gate_up = LinearLayer(reg, name + ".mlp.gate_up", d.C, 2 * d.F, false, d.std, M::kColumn, 2);
-  down = LinearLayer(reg, name + ".mlp.down", d.F, d.C, false, resid_std, M::kRow);
+  if (moe_dims != nullptr) {
+    moe = std::make_shared<MoeLayer>(reg, name + ".mlp", d.C, *moe_dims, d.std, resid_std);
+  } else {
+    gate_up = LinearLayer(reg, name + ".mlp.gate_up", d.C, 2 * d.F, false, d.std, M::kColumn, 2);
+    down = LinearLayer(reg, name + ".mlp.down", d.F, d.C, false, resid_std, M::kRow);
+  }
   inv_freq = rope_table(rope_inv_freq(d.HS, d.rope_theta, d.llama3_scaling ? &d.llama3 : nullptr),
                         device, reg.dtype());
 }
@@ -85,6 +89,9 @@ Var LlamaBlock::forward(const Var& x, WeightAccess& w, int64_t pos0) const {
 
 Var LlamaBlock::forward(const Var& x, WeightAccess& w, const Attention& attend,
                         const QkNormRope* rope) const {
+  GTRON_CHECK(moe == nullptr || !x.device().is_cuda(),
+              "model.moe: the CUDA path is not built yet (mixture-of-experts blocks run on the "
+              "CPU only)");
   Var qkv_out = norm_linear(attn_norm, qkv, x, w);  // [B, T, (NH + 2·NKV)·HS]
   if (qk_norm_on) {
     qkv_out = qk_rmsnorm(qkv_out, NH, NKV, HS, Var::param(*q_norm.weight),
@@ -101,6 +108,7 @@ Var LlamaBlock::forward(const Var& x, WeightAccess& w, const Attention& attend,
 }
 
 Var LlamaBlock::mlp(const Var& g, const Var& residual, WeightAccess& w) const {
+  if (moe) return add(residual, moe->forward(g, w));
   return mlp_after_gate_up(gate_up.forward(g, w), residual, w);
 }
 

@@ -28,10 +28,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "model/layers.h"
+#include "model/moe.h"
 #include "model/ops/qk_norm.h"
 #include "model/ops/rope.h"
 
@@ -62,16 +64,21 @@ struct LlamaBlock {
   LinearLayer qkv;                   // [(NH + 2·NKV)·HS, C] (Note [packed llama projections])
   RMSNormLayer q_norm, k_norm;       // [HS], qk_norm only
   LinearLayer o_proj;                // [C, NH·HS], residual-scaled init
-  LinearLayer gate_up;               // [2F, C]
-  LinearLayer down;                  // [C, F], residual-scaled init
-  int NH = 0, NKV = 0;               // this rank's query and key/value heads
+  LinearLayer gate_up;               // [2F, C] (dense MLP only)
+  LinearLayer down;                  // [C, F], residual-scaled init (dense MLP only)
+  // The mixture-of-experts MLP in place of gate_up and down (model/moe.h); null: dense. Shared,
+  // not copied, by copies of the block (it holds the router bias and load counts).
+  std::shared_ptr<MoeLayer> moe;
+  int NH = 0, NKV = 0;  // this rank's query and key/value heads
   int64_t HS = 0;
   bool qk_norm_on = false;
   bool recompute_act = false;
   Tensor inv_freq;  // [HS/2] RoPE frequencies (rope_table: f32 on CUDA, the model's dtype on CPU)
 
   LlamaBlock() = default;
-  LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaDims& d, Device device);
+  // `moe` (optional): the block's MLP is that mixture of experts (model/moe.h).
+  LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaDims& d, Device device,
+             const MoeDims* moe = nullptr);
   // x: [B, T, C] -> [B, T, C]: causal self-attention over positions pos0 .. pos0 + T − 1.
   Var forward(const Var& x, WeightAccess& w, int64_t pos0 = 0) const;
   // The same block with another attention over the packed q|k|v after the q/k norms and before
@@ -84,7 +91,7 @@ struct LlamaBlock {
   Var forward(const Var& x, WeightAccess& w, const Attention& attend,
               const QkNormRope* rope = nullptr) const;
   // residual + down(silu(gate(g)) ⊙ up(g)) for g = mlp_norm(residual) (Note [llama block
-  // residuals]).
+  // residuals]); residual + moe(g) for a mixture-of-experts block.
   Var mlp(const Var& g, const Var& residual, WeightAccess& w) const;
   // The MLP from gate_up's output gu = [gate | up] on.
   Var mlp_after_gate_up(const Var& gu, const Var& residual, WeightAccess& w) const;

@@ -1,0 +1,106 @@
+#include "model/ops/moe_dispatch.h"
+
+#include "model/ops/shape_check.h"
+#include "model/stream.h"
+
+namespace gtron {
+
+MoePlan moe_plan(const Tensor& ids, int64_t E, int64_t* load) {
+  GTRON_CHECK(!ids.device().is_cuda(), "moe_plan: model.moe: the CUDA path is not built yet");
+  GTRON_CHECK(ids.dtype() == DType::kI32 && ids.rank() == 2 && E > 0, "moe_plan: ids ",
+              ids.shape().str(), " ", dtype_name(ids.dtype()), ", expected i32 [N, k]; E ", E);
+  MoePlan p;
+  p.N = ids.dim(0);
+  p.k = static_cast<int>(ids.dim(1));
+  p.E = E;
+  Stream& s = current_stream(ids.device());
+  p.pos = Tensor::empty({p.N * p.k}, DType::kI32, ids.device(), &s);
+  p.src = Tensor::empty({p.N * p.k}, DType::kI32, ids.device(), &s);
+  p.offsets = Tensor::empty({E + 1}, DType::kI32, ids.device(), &s);
+  const int32_t* ip = ids.data<int32_t>();
+  int32_t* pos = p.pos.data<int32_t>();
+  int32_t* src = p.src.data<int32_t>();
+  int32_t* off = p.offsets.data<int32_t>();
+  const int64_t N = p.N;
+  const int k = p.k;
+  s.run([=] { cpu::moe_plan(ip, N, k, E, pos, src, off, load); });
+  return p;
+}
+
+Var moe_dispatch(const Var& x, const MoePlan& plan) {
+  const int64_t C = x.shape()[x.shape().rank() - 1];
+  GTRON_CHECK(x.value().numel() == plan.N * C, "moe_dispatch: x ", x.shape().str(), " for ", plan.N,
+              " tokens");
+  GTRON_CHECK(!x.device().is_cuda(), "moe_dispatch: model.moe: the CUDA path is not built yet");
+  const int64_t N = plan.N;
+  const int k = plan.k;
+  Stream& s = current_stream(x.device());
+  Tensor xp = Tensor::empty({N * k, C}, x.dtype(), x.device(), &s);
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = x.value().data<T>();
+    const int32_t* src = plan.src.data<int32_t>();
+    T* out = xp.data<T>();
+    s.run([=] { cpu::moe_dispatch_forward<T>(in, src, out, N, k, C); });
+  });
+  Var out = Var::output(xp, x.requires_grad());
+  if (out.requires_grad()) {
+    record_backward([x, out, pos = plan.pos, N, k, C] {
+      if (!out.has_grad()) return;
+      dispatch_float(out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        const T* dxp = out.grad().data<T>();
+        const int32_t* pp = pos.data<int32_t>();
+        T* dx = x.grad().data<T>();
+        current_stream(out.device()).run([=] {
+          cpu::moe_dispatch_backward<T>(dxp, pp, dx, N, k, C);
+        });
+      });
+    });
+  }
+  return out;
+}
+
+Var moe_combine(const Var& yp, const Var& gates, const MoePlan& plan, const Shape& out_shape) {
+  GTRON_CHECK(!yp.device().is_cuda(), "moe_combine: model.moe: the CUDA path is not built yet");
+  const int64_t N = plan.N;
+  const int k = plan.k;
+  GTRON_CHECK(yp.shape().rank() == 2 && yp.shape()[0] == N * k, "moe_combine: yp ",
+              yp.shape().str(), ", expected [", N * k, ", C]");
+  const int64_t C = yp.shape()[1];
+  check_shape("moe_combine gates", gates.shape(), Shape{N, k});
+  check_same_device_dtype("moe_combine", yp.value(), gates.value());
+  GTRON_CHECK(out_shape.numel() == N * C && out_shape[out_shape.rank() - 1] == C,
+              "moe_combine: output ", out_shape.str(), " for ", N, " rows of ", C);
+  Stream& s = current_stream(yp.device());
+  Tensor y = Tensor::empty(out_shape, yp.dtype(), yp.device(), &s);
+  dispatch_float(yp.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* ypp = yp.value().data<T>();
+    const T* gp = gates.value().data<T>();
+    const int32_t* pp = plan.pos.data<int32_t>();
+    T* out = y.data<T>();
+    s.run([=] { cpu::moe_combine_forward<T>(ypp, gp, pp, out, N, k, C); });
+  });
+  Var out = Var::output(y, yp.requires_grad() || gates.requires_grad());
+  if (out.requires_grad()) {
+    record_backward([yp, gates, out, pos = plan.pos, N, k, C] {
+      if (!out.has_grad()) return;
+      dispatch_float(out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        const T* ypp = yp.value().data<T>();
+        const T* gp = gates.value().data<T>();
+        const int32_t* pp = pos.data<int32_t>();
+        const T* dy = out.grad().data<T>();
+        T* dyp = yp.requires_grad() ? yp.grad().data<T>() : nullptr;
+        T* dg = gates.requires_grad() ? gates.grad().data<T>() : nullptr;
+        current_stream(out.device()).run([=] {
+          cpu::moe_combine_backward<T>(ypp, gp, pp, dy, dyp, dg, N, k, C);
+        });
+      });
+    });
+  }
+  return out;
+}
+
+}  // namespace gtron
