@@ -14,6 +14,8 @@ PACKAGES=(
   libgloo-dev
   libpcre2-dev         # the tokenizer's pre-tokenization regex (Unicode properties, JIT)
   libicu-dev           # NFC normalization for tokenizer.json files that ask for it (Qwen2's)
+  zlib1g-dev           # prepare/tokenizer train: .jsonl.gz input
+  libzstd-dev          # prepare/tokenizer train: .jsonl.zst input
   fortunes             # English text for the fortunes example (configs/fortunes.json)
   python3-matplotlib   # scripts/plot_metrics.py (Debian python: /usr/bin/python3)
   python3-numpy
