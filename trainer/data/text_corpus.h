@@ -14,8 +14,10 @@ std::string read_file_bytes(const std::string& path, const std::string& what);
 
 // Reads `files` in order. Each file is one document; with a non-empty separator_line, a file is
 // also cut at every line equal to separator_line (the line itself is dropped, e.g. "%" in the
-// fortune files). Documents of only whitespace are dropped. Throws UserError naming a missing or
-// unreadable file, or when no document is left.
+// fortune files). Documents of only whitespace are dropped. Every file is read as text whatever
+// its name (`gtron tokenizer encode`); `gtron prepare` and `gtron tokenizer train` stream their
+// inputs through trainer/data/document_stream.h, which cuts text files the same way. Throws
+// UserError naming a missing or unreadable file, or when no document is left.
 std::vector<std::string> read_documents(const std::vector<std::string>& files,
                                         const std::string& separator_line);
 
@@ -29,6 +31,13 @@ struct DocumentSplit {
 // REQUIRES (else UserError): 0 <= val_fraction < 1; when val_fraction > 0, at least one document
 // on each side. val_fraction 0 puts every document into train.
 DocumentSplit split_documents(size_t n, double val_fraction);
+
+// The same split one document at a time, for a corpus that streams: the rule of the note, and its
+// requirements checked before (check_val_fraction) and after (check_document_split) the documents
+// are read. Both throw the UserErrors split_documents throws.
+bool is_validation_document(int64_t i, double val_fraction);
+void check_val_fraction(double val_fraction);
+void check_document_split(int64_t train_documents, int64_t val_documents, double val_fraction);
 
 int64_t total_bytes(const std::vector<std::string>& documents, const std::vector<size_t>& which);
 
