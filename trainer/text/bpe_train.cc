@@ -47,33 +47,6 @@ void check_options(const BpeTrainOptions& o) {
   }
 }
 
-// Step 1 of Note [BPE training]: unique pieces with their counts, sorted by bytes.
-std::vector<std::pair<std::string, int64_t>> count_words(const std::vector<std::string_view>& texts,
-                                                         const std::vector<SpecialToken>& specials,
-                                                         SplitPattern pattern,
-                                                         BpeTrainStats* stats) {
-  Pretokenizer pre(pattern);
-  std::unordered_map<std::string, int64_t> counts;
-  std::string key;
-  auto count_piece = [&](std::string_view piece) {
-    key.assign(piece.data(), piece.size());
-    ++counts[key];
-    ++stats->pieces;
-  };
-  for (std::string_view text : texts) {
-    for (size_t pos = 0; pos < text.size();) {
-      const auto [at, which] = find_special(text, pos, specials);
-      const size_t end = std::min(at, text.size());
-      pre.split(text.substr(pos, end - pos), count_piece);
-      if (at == std::string_view::npos) break;
-      pos = at + specials[which].content.size();
-    }
-  }
-  std::vector<std::pair<std::string, int64_t>> words(counts.begin(), counts.end());
-  std::sort(words.begin(), words.end());
-  return words;
-}
-
 // The training state of Note [BPE training], steps 2-4.
 class Merger {
  public:
@@ -198,32 +171,85 @@ class Merger {
 
 }  // namespace
 
-TokenizerSpec train_bpe(const std::vector<std::string_view>& texts, const BpeTrainOptions& options,
-                        BpeTrainStats* stats) {
-  check_options(options);
+BpeWordCounter::BpeWordCounter(BpeTrainOptions options, int workers)
+    : options_(std::move(options)) {
+  check_options(options_);
+  GTRON_CHECK(workers >= 1, "BpeWordCounter needs a worker, got ", workers);
+  for (const std::string& s : options_.specials) specials_.push_back({s, 0});
+  // A few partitions per worker balance the merge loop.
+  const size_t partitions = static_cast<size_t>(workers) * 4;
+  totals_.resize(partitions);
+  for (int w = 0; w < workers; ++w) {
+    workers_.push_back({Pretokenizer(options_.pattern), std::vector<Table>(partitions), 0, {}});
+  }
+}
+
+// Special tokens are cut out first; they never take part in merges (step 1 of the note).
+void BpeWordCounter::count(int worker, std::string_view text) {
+  Worker& w = workers_[static_cast<size_t>(worker)];
+  const size_t partitions = w.tables.size();
+  auto count_piece = [&](std::string_view piece) {
+    w.key.assign(piece.data(), piece.size());
+    ++w.tables[std::hash<std::string_view>()(piece) % partitions][w.key];
+    ++w.pieces;
+  };
+  for (size_t pos = 0; pos < text.size();) {
+    const auto [at, which] = find_special(text, pos, specials_);
+    const size_t end = std::min(at, text.size());
+    w.pretokenizer.split(text.substr(pos, end - pos), count_piece);
+    if (at == std::string_view::npos) break;
+    pos = at + specials_[which].content.size();
+  }
+}
+
+void BpeWordCounter::merge(WorkerPool& pool) {
+  pool.parallel_for(totals_.size(), [&](size_t p, int) {
+    for (Worker& w : workers_) {
+      for (auto& [word, n] : w.tables[p]) totals_[p][word] += n;
+      w.tables[p].clear();
+    }
+  });
+}
+
+TokenizerSpec BpeWordCounter::train(BpeTrainStats* stats) {
   BpeTrainStats local;
   if (stats == nullptr) stats = &local;
   *stats = BpeTrainStats{};
-  std::vector<SpecialToken> specials;
-  for (const std::string& s : options.specials) specials.push_back({s, 0});
-  const auto words = count_words(texts, specials, options.pattern, stats);
+  std::vector<std::pair<std::string, int64_t>> words;
+  for (Table& t : totals_) {
+    for (auto& [word, n] : t) words.emplace_back(word, n);
+    Table().swap(t);
+  }
+  std::sort(words.begin(), words.end());
+  for (const Worker& w : workers_) stats->pieces += w.pieces;
   stats->unique_words = static_cast<int64_t>(words.size());
 
   Merger merger(words);
-  const int64_t target = options.vocab_size - static_cast<int64_t>(specials.size());
-  while (merger.num_tokens() < target && merger.merge_next(options.min_pair_count)) {
+  std::vector<std::pair<std::string, int64_t>>().swap(words);
+  const int64_t target = options_.vocab_size - static_cast<int64_t>(specials_.size());
+  while (merger.num_tokens() < target && merger.merge_next(options_.min_pair_count)) {
   }
   TokenizerSpec spec;
   for (const std::string& b : merger.token_bytes()) spec.token_bytes.emplace_back(b);
   spec.merges = merger.merges();
+  std::vector<SpecialToken> specials = specials_;
   for (SpecialToken& s : specials) {
     s.id = static_cast<int32_t>(spec.token_bytes.size());
     spec.token_bytes.emplace_back(s.content);
   }
   spec.specials = specials;
-  spec.pattern = options.pattern;
+  spec.pattern = options_.pattern;
   stats->merges = static_cast<int64_t>(spec.merges.size());
   return spec;
+}
+
+TokenizerSpec train_bpe(const std::vector<std::string_view>& texts, const BpeTrainOptions& options,
+                        BpeTrainStats* stats) {
+  BpeWordCounter counter(options, 1);
+  for (std::string_view text : texts) counter.count(0, text);
+  WorkerPool pool(1);
+  counter.merge(pool);
+  return counter.train(stats);
 }
 
 }  // namespace gtron

@@ -22,8 +22,11 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
+#include "trainer/data/worker_pool.h"
+#include "trainer/text/pretokenize.h"
 #include "trainer/text/tokenizer.h"
 
 namespace gtron {
@@ -45,5 +48,38 @@ struct BpeTrainStats {
 // a special that is not valid UTF-8 (tokenizer.json is UTF-8).
 TokenizerSpec train_bpe(const std::vector<std::string_view>& texts, const BpeTrainOptions& options,
                         BpeTrainStats* stats = nullptr);
+
+// Note [parallel BPE counting]
+// Step 1 of Note [BPE training] for a corpus that streams through many threads: each worker counts
+// the pieces of the texts it is given into its own tables, one per partition of the pieces (by a
+// hash of their bytes); merge() adds the tables into the totals, one partition per loop index, and
+// empties them. Counts are integer sums and the words are sorted before merging starts, so the
+// tokenizer is the same for any number of workers and any split of the texts among them.
+class BpeWordCounter {
+ public:
+  // Validates the options (as train_bpe does). REQUIRES: workers >= 1.
+  BpeWordCounter(BpeTrainOptions options, int workers);
+
+  // Counts the pieces of `text` for `worker`. Thread-safe for distinct workers.
+  void count(int worker, std::string_view text);
+  // Adds every worker's tables into the totals (on the pool's threads). Call it between loops,
+  // e.g. after each batch, so the workers' tables stay small.
+  void merge(WorkerPool& pool);
+  // Steps 2-4 of Note [BPE training] on the totals (merge() first). Leaves the counter empty.
+  TokenizerSpec train(BpeTrainStats* stats = nullptr);
+
+ private:
+  using Table = std::unordered_map<std::string, int64_t>;
+  struct Worker {
+    Pretokenizer pretokenizer;
+    std::vector<Table> tables;  // one per partition
+    int64_t pieces = 0;
+    std::string key;
+  };
+  BpeTrainOptions options_;
+  std::vector<SpecialToken> specials_;
+  std::vector<Worker> workers_;
+  std::vector<Table> totals_;  // one per partition
+};
 
 }  // namespace gtron

@@ -9,8 +9,11 @@
 #include <string_view>
 
 #include "model/check.h"
+#include "trainer/data/document_stream.h"
 #include "trainer/data/shards.h"
 #include "trainer/data/text_corpus.h"
+#include "trainer/data/text_source.h"
+#include "trainer/data/worker_pool.h"
 #include "trainer/text/bpe_train.h"
 #include "trainer/text/pretokenize.h"
 #include "trainer/text/tokenizer.h"
@@ -33,16 +36,44 @@ int tokenizer_train_command(const TokenizerTrainArgs& args) {
                             split_pattern_names()));
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<std::string> docs = read_documents(args.text, args.doc_separator);
-  const DocumentSplit split = split_documents(docs.size(), args.val_fraction);
-  std::vector<std::string_view> texts;
-  for (size_t i : split.train) texts.emplace_back(docs[i]);
+  check_val_fraction(args.val_fraction);
+  const std::vector<TextInput> inputs = expand_text_inputs(args.text);
+  WorkerPool pool(args.threads > 0 ? args.threads : usable_hardware_threads());
   BpeTrainOptions options;
   options.vocab_size = args.vocab_size;
   options.specials = args.specials;
   options.pattern = *pattern;
+  BpeWordCounter counter(options, pool.size());  // checks the options before any reading
+  DocumentStreamOptions stream;
+  stream.doc_separator = args.doc_separator;
+  stream.text_field = args.text_field;
+  stream.max_docs = args.max_docs;
+  stream.progress_label = "tokenizer train";
+  int64_t train_docs = 0, val_docs = 0, train_bytes = 0;
+  const DocumentStreamStats read =
+      stream_documents(inputs, stream, pool, [&](std::vector<Document>& docs) {
+        pool.parallel_for(docs.size(), [&](size_t i, int worker) {
+          if (!is_validation_document(docs[i].index, args.val_fraction)) {
+            counter.count(worker, docs[i].text);
+          }
+        });
+        counter.merge(pool);
+        for (const Document& d : docs) {
+          if (is_validation_document(d.index, args.val_fraction)) {
+            ++val_docs;
+          } else {
+            ++train_docs;
+            train_bytes += static_cast<int64_t>(d.text.size());
+          }
+        }
+      });
+  if (read.documents == 0) {
+    throw UserError(str_cat("the text inputs (", inputs.front().path,
+                            (inputs.size() > 1 ? ", ..." : ""), ") hold no text."));
+  }
+  check_document_split(train_docs, val_docs, args.val_fraction);
   BpeTrainStats stats;
-  Tokenizer tok(train_bpe(texts, options, &stats), args.out);
+  Tokenizer tok(counter.train(&stats), args.out);
   const std::filesystem::path parent = std::filesystem::path(args.out).parent_path();
   std::error_code ec;
   if (!parent.empty() && !std::filesystem::create_directories(parent, ec) && ec) {
@@ -54,8 +85,8 @@ int tokenizer_train_command(const TokenizerTrainArgs& args) {
                                          {"merges", stats.merges},
                                          {"unique_words", stats.unique_words},
                                          {"pieces", stats.pieces},
-                                         {"train_documents", split.train.size()},
-                                         {"train_bytes", total_bytes(docs, split.train)},
+                                         {"train_documents", train_docs},
+                                         {"train_bytes", train_bytes},
                                          {"seconds", seconds_since(t0)}};
   std::printf("%s\n", report.dump().c_str());
   return 0;
