@@ -11,6 +11,7 @@
 
 #include "parallel/store.h"
 #include "trainer/config.h"
+#include "trainer/data/text_source.h"
 #include "trainer/hf_gpt2.h"
 #include "trainer/io/checkpoint.h"
 #include "trainer/io/checkpoint_io.h"
@@ -40,6 +41,9 @@ struct Options {
   std::vector<std::string> text;
   std::string tokenizer;
   std::string doc_separator;
+  std::string text_field = "text";  // prepare --text-field: JSON lines' text member
+  int64_t max_docs = 0;             // prepare --max-docs (0 = all)
+  int threads = 0;                  // prepare --threads (0 = every hardware thread)
   std::string synthetic;
   double val_fraction = 0.1;
   int64_t order = 2;
@@ -181,6 +185,20 @@ int cmd_import(const Options& o) {
   return kExitOk;
 }
 
+// The one plain text file the byte-level tokenizer reads (a glob may name it).
+std::string byte_level_text_file(const std::vector<std::string>& args) {
+  const std::vector<TextInput> inputs = expand_text_inputs(args);
+  if (inputs.size() != 1 || inputs[0].format != TextFormat::kText ||
+      inputs[0].compression != Compression::kNone) {
+    throw UserError(
+        str_cat("gtron prepare: the byte-level tokenizer takes one plain text file; --text gives ",
+                inputs.size(), " input(s), the first '", inputs[0].path,
+                "'. Hint: pass --tokenizer tokenizer.json to prepare several files, JSON lines or "
+                "compressed files"));
+  }
+  return inputs[0].path;
+}
+
 int cmd_prepare(const Options& o) {
   if (o.out.empty()) throw UserError("gtron prepare: --out DIR is required");
   if (!o.text.empty() && !o.synthetic.empty()) {
@@ -191,16 +209,19 @@ int cmd_prepare(const Options& o) {
     t.files = o.text;
     t.tokenizer = o.tokenizer;
     t.doc_separator = o.doc_separator;
+    t.text_field = o.text_field;
+    t.max_docs = o.max_docs;
+    t.threads = o.threads;
     t.val_fraction = o.val_fraction;
     prepare_tokenized_text(t, o.out);
   } else if (!o.tokenizer.empty() || !o.doc_separator.empty()) {
     throw UserError("gtron prepare: --tokenizer and --doc-separator go with --text FILE...");
-  } else if (o.text.size() > 1) {
+  } else if (!o.text.empty() && (o.max_docs > 0 || o.text_field != "text")) {
     throw UserError(
-        "gtron prepare: the byte-level tokenizer takes one --text file. Hint: pass --tokenizer "
-        "tokenizer.json to prepare several files");
+        "gtron prepare: --max-docs and --text-field go with --tokenizer (the byte-level tokenizer "
+        "reads one text file whole)");
   } else if (!o.text.empty()) {
-    prepare_text(o.text[0], o.out, o.val_fraction);
+    prepare_text(byte_level_text_file(o.text), o.out, o.val_fraction);
   } else if (o.synthetic == "markov") {
     prepare_synthetic_markov(static_cast<int>(o.order), static_cast<int>(o.vocab), o.alpha,
                              o.prepare_tokens, o.val_tokens, o.prepare_seed, o.out, o.bigram);
@@ -321,10 +342,23 @@ int run(int argc, char** argv) {
 
   auto* prepare = app.add_subcommand(
       "prepare", "Write token shards: text (bytes or BPE) or a synthetic source");
-  prepare->add_option("--text", o.text, "Text files (byte-level: one file)");
+  prepare->add_option("--text", o.text,
+                      "Text inputs: files, directories or globs; .txt, .jsonl, .jsonl.gz, "
+                      ".jsonl.zst by name (byte-level: one text file)");
   prepare->add_option("--tokenizer", o.tokenizer, "tokenizer.json to encode the text with");
   prepare->add_option("--doc-separator", o.doc_separator,
-                      "With --tokenizer: a line that separates documents (e.g. %)");
+                      "With --tokenizer: a line that separates documents in text files (e.g. %)");
+  prepare->add_option("--text-field", o.text_field,
+                      "With --tokenizer: the member of each JSON line that holds the text");
+  prepare
+      ->add_option("--max-docs", o.max_docs,
+                   "With --tokenizer: read at most N documents (0 = all), for quick trials")
+      ->check(CLI::NonNegativeNumber);
+  prepare
+      ->add_option("--threads", o.threads,
+                   "With --tokenizer: worker threads (0 = every hardware thread); the shards are "
+                   "the same for any count")
+      ->check(CLI::Range(0, 4096));
   prepare->add_option("--val-fraction", o.val_fraction, "Fraction of the text for validation");
   prepare->add_option("--synthetic", o.synthetic, "Synthetic source: markov");
   prepare->add_option("--order", o.order, "Markov order K")->check(CLI::PositiveNumber);
@@ -345,7 +379,11 @@ int run(int argc, char** argv) {
   tokenizer->require_subcommand(1);
   auto* tok_train = tokenizer->add_subcommand("train", "Train a tokenizer on text files");
   TokenizerTrainArgs& tt = o.tok_train;
-  tok_train->add_option("--text", tt.text, "Text files (one document each)")->required();
+  tok_train
+      ->add_option("--text", tt.text,
+                   "Text inputs: files, directories or globs; .txt, .jsonl, .jsonl.gz, .jsonl.zst "
+                   "by name (a text file is one document)")
+      ->required();
   tok_train->add_option("--vocab-size", tt.vocab_size, "Tokens: 256 bytes + merges + specials")
       ->required();
   tok_train->add_option("--out", tt.out, "tokenizer.json to write")->required();
@@ -353,7 +391,18 @@ int run(int argc, char** argv) {
   tok_train->add_option("--pattern", tt.pattern,
                         "Pre-tokenization split pattern: gpt2 (default), llama3 or qwen2");
   tok_train->add_option("--doc-separator", tt.doc_separator,
-                        "A line that separates documents inside a file (e.g. %)");
+                        "A line that separates documents inside a text file (e.g. %)");
+  tok_train->add_option("--text-field", tt.text_field,
+                        "The member of each JSON line that holds the text");
+  tok_train
+      ->add_option("--max-docs", tt.max_docs,
+                   "Read at most N documents (0 = all), for quick trials")
+      ->check(CLI::NonNegativeNumber);
+  tok_train
+      ->add_option("--threads", tt.threads,
+                   "Worker threads (0 = every hardware thread); the tokenizer is the same for any "
+                   "count")
+      ->check(CLI::Range(0, 4096));
   tok_train->add_option("--val-fraction", tt.val_fraction,
                         "Leave out the validation split `prepare --val-fraction` makes");
   auto* tok_encode = tokenizer->add_subcommand("encode", "Encode text files; print the speed");

@@ -4,16 +4,20 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
-#include <sstream>
-#include <unordered_map>
 
 #include "model/check.h"
+#include "trainer/data/document_stream.h"
 #include "trainer/data/markov.h"
+#include "trainer/data/shard_writer.h"
 #include "trainer/data/shards.h"
 #include "trainer/data/text_corpus.h"
+#include "trainer/data/text_source.h"
+#include "trainer/data/worker_pool.h"
 #include "trainer/io/sha256.h"
 #include "trainer/text/tokenizer.h"
 
@@ -45,6 +49,22 @@ PrepareResult result_for(const std::string& out_dir, int64_t vocab, int64_t toke
   return r;
 }
 
+// A shard file of ours: train_NNN.bin or val_NNN.bin (a corpus beyond one shard continues in 001),
+// or its temporary (NAME.tmp) when `tmp_too`. The prefix ("train_" or "val_") goes to *prefix.
+bool is_shard_name(std::string name, bool tmp_too, std::string* prefix = nullptr) {
+  auto ends_with = [&](const std::string& s) {
+    return name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  if (tmp_too && ends_with(".tmp")) name.resize(name.size() - 4);
+  if (!ends_with(".bin")) return false;
+  const size_t us = name.find('_');
+  const std::string head = name.substr(0, us + 1),
+                    digits = name.substr(us + 1, name.size() - us - 5);
+  if (prefix != nullptr) *prefix = head;
+  return (head == "train_" || head == "val_") && digits.size() >= 3 &&
+         digits.find_first_not_of("0123456789") == std::string::npos;
+}
+
 std::string refuse(const std::string& out_dir, const std::string& why) {
   return str_cat("prepare output directory '", out_dir, "': ", why,
                  ". Hint: choose another output directory, or delete this one to re-prepare.");
@@ -53,20 +73,40 @@ std::string refuse(const std::string& out_dir, const std::string& why) {
 // True when out_dir is empty or every entry is a file an interrupted prepare may have left (shards,
 // their temporaries, the meta temporary), so overwriting it destroys nothing of the user's.
 bool only_partial_prepare_files(const std::string& out_dir) {
-  const std::set<std::string> ours = {kTrainFile,
-                                      kValFile,
-                                      std::string(kTrainFile) + ".tmp",
-                                      std::string(kValFile) + ".tmp",
-                                      std::string(kMetaFile) + ".tmp",
-                                      kTokenizerFile,
+  const std::set<std::string> ours = {std::string(kMetaFile) + ".tmp", kTokenizerFile,
                                       std::string(kTokenizerFile) + ".tmp"};
   std::error_code ec;
   fs::directory_iterator it(out_dir, ec);
   if (ec) throw UserError(refuse(out_dir, str_cat("cannot list it: ", ec.message())));
   for (const auto& entry : it) {
-    if (ours.count(entry.path().filename().string()) == 0) return false;
+    const std::string name = entry.path().filename().string();
+    if (ours.count(name) == 0 && !is_shard_name(name, /*tmp_too=*/true)) return false;
   }
   return true;
+}
+
+// The shard files of `prefix` ("train" or "val") in out_dir, in order.
+std::vector<std::string> shard_files(const std::string& out_dir, const std::string& prefix) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
+    std::string head;
+    if (is_shard_name(entry.path().filename().string(), /*tmp_too=*/false, &head) &&
+        head == prefix + "_") {
+      files.push_back(entry.path().string());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Tokens in the shards of `prefix`, each read and validated against vocab.
+int64_t shard_tokens(const std::string& out_dir, const std::string& prefix, int64_t vocab) {
+  int64_t n = 0;
+  for (const std::string& f : shard_files(out_dir, prefix)) {
+    n += static_cast<int64_t>(read_shard(f, vocab).size());
+  }
+  return n;
 }
 
 // meta[key] when it is an integer, else -1 (a hand-edited meta.json must not crash the check).
@@ -74,33 +114,43 @@ int64_t meta_int(const json& meta, const char* key) {
   return meta.contains(key) && meta[key].is_number_integer() ? meta[key].get<int64_t>() : -1;
 }
 
-// Applies Policy [idempotent prepare]. Returns true when out_dir holds a complete previous output
-// with the same `params` (every key of params equal in meta.json) whose shards validate; false when
-// the caller should write (out_dir now exists). Throws UserError when it must refuse.
-bool reuse_or_claim(const std::string& out_dir, const json& params) {
+// True when prepare may write into out_dir (Policy [idempotent prepare]): it does not exist, or
+// holds only what an interrupted prepare leaves. False when it holds a complete previous output
+// (a meta.json). Throws UserError when it must refuse (not a directory, files of someone else's).
+bool claimable(const std::string& out_dir) {
   std::error_code ec;
-  if (!fs::exists(out_dir, ec)) {
-    if (!fs::create_directories(out_dir, ec) && ec) {
-      throw UserError(refuse(out_dir, str_cat("cannot create it: ", ec.message())));
-    }
-    return false;
-  }
+  if (!fs::exists(out_dir, ec)) return true;
   if (!fs::is_directory(out_dir, ec)) {
     throw UserError(refuse(out_dir, "exists and is not a directory"));
   }
-  if (only_partial_prepare_files(out_dir)) return false;  // also true when empty
-  const std::string meta_path = join(out_dir, kMetaFile);
-  std::ifstream in(meta_path);
-  if (!in) {
+  if (only_partial_prepare_files(out_dir)) return true;  // also true when empty
+  if (!fs::exists(join(out_dir, kMetaFile), ec)) {
     throw UserError(
         refuse(out_dir, "is not empty and has no meta.json, so it is not a gtron prepare output"));
   }
+  return false;
+}
+
+void create_out_dir(const std::string& out_dir) {
+  std::error_code ec;
+  if (!fs::create_directories(out_dir, ec) && ec) {
+    throw UserError(refuse(out_dir, str_cat("cannot create it: ", ec.message())));
+  }
+}
+
+json previous_meta(const std::string& out_dir) {
+  std::ifstream in(join(out_dir, kMetaFile));
   json meta;
   try {
     in >> meta;
   } catch (const json::exception& e) {
     throw UserError(refuse(out_dir, str_cat("its meta.json is not valid JSON (", e.what(), ")")));
   }
+  return meta;
+}
+
+// Throws UserError naming the first key of `params` whose value differs in meta.
+void check_same_params(const std::string& out_dir, const json& meta, const json& params) {
   for (const auto& [key, want] : params.items()) {
     if (!meta.is_object() || !meta.contains(key) || meta[key] != want) {
       const std::string got = meta.is_object() && meta.contains(key) ? meta[key].dump() : "missing";
@@ -109,32 +159,31 @@ bool reuse_or_claim(const std::string& out_dir, const json& params) {
                                   " is ", got, " there, but ", want.dump(), " was requested")));
     }
   }
-  // Same parameters: the shards must be intact and hold the recorded counts.
+}
+
+// Same parameters: the shards must be intact and hold the recorded counts.
+void check_previous_shards(const std::string& out_dir, const json& meta) {
   const int64_t vocab = meta_int(meta, "vocab");
-  const auto train_n = static_cast<int64_t>(read_shard(join(out_dir, kTrainFile), vocab).size());
-  const auto val_n = static_cast<int64_t>(read_shard(join(out_dir, kValFile), vocab).size());
+  const int64_t train_n = shard_tokens(out_dir, "train", vocab);
+  const int64_t val_n = shard_tokens(out_dir, "val", vocab);
   if (vocab < 1 || train_n != meta_int(meta, "tokens") || val_n != meta_int(meta, "val_tokens")) {
     throw UserError(refuse(out_dir, str_cat("its shards hold ", train_n, " + ", val_n,
                                             " tokens, which does not match its meta.json")));
   }
-  return true;
 }
 
-// [eot] + tokens of each document in `which`, concatenated.
-// Each document as `start` + its tokens (+ the template's closing ids, if any).
-std::vector<uint32_t> encode_documents(Tokenizer& tok, const std::vector<std::string>& docs,
-                                       const std::vector<size_t>& which,
-                                       const std::vector<int32_t>& start) {
-  std::vector<uint32_t> tokens;
-  std::vector<int32_t> ids;
-  const std::vector<int32_t>& after = tok.spec().template_after;
-  for (size_t d : which) {
-    ids = start;
-    tok.encode_append(docs[d], &ids);
-    ids.insert(ids.end(), after.begin(), after.end());
-    tokens.insert(tokens.end(), ids.begin(), ids.end());
+// Applies Policy [idempotent prepare]. Returns true when out_dir holds a complete previous output
+// with the same `params` (every key of params equal in meta.json) whose shards validate; false when
+// the caller should write (out_dir now exists). Throws UserError when it must refuse.
+bool reuse_or_claim(const std::string& out_dir, const json& params) {
+  if (claimable(out_dir)) {
+    create_out_dir(out_dir);
+    return false;
   }
-  return tokens;
+  const json meta = previous_meta(out_dir);
+  check_same_params(out_dir, meta, params);
+  check_previous_shards(out_dir, meta);
+  return true;
 }
 
 std::string read_text_file(const std::string& path) {
@@ -155,14 +204,71 @@ uint64_t fnv1a64(const std::string& bytes) {
   return fnv1a64_continue(0xcbf29ce484222325ULL, bytes);
 }
 
-// Entropy in nats of the token frequencies: the loss of a model that ignores context.
-double unigram_entropy(const std::vector<uint32_t>& tokens) {
-  std::unordered_map<uint32_t, int64_t> counts;
-  for (uint32_t t : tokens) ++counts[t];
+// Entropy in nats of the token frequencies (counts[t]: occurrences of token t): the loss of a
+// model that ignores context. Summed in token order, so it does not depend on hashing.
+double unigram_entropy(const std::vector<int64_t>& counts) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
   double h = 0;
-  const auto n = static_cast<double>(tokens.size());
-  for (const auto& [t, c] : counts) h -= c / n * std::log(c / n);
+  const auto n = static_cast<double>(total);
+  for (int64_t c : counts) {
+    if (c > 0) h -= static_cast<double>(c) / n * std::log(static_cast<double>(c) / n);
+  }
   return h;
+}
+
+// What identifies the texts (Policy [idempotent prepare]): their bytes and the FNV-1a 64 hash of
+// the documents in order, each followed by a 0 byte.
+struct TextIdentity {
+  int64_t bytes = 0;
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  void add(const std::string& doc) {
+    bytes += static_cast<int64_t>(doc.size());
+    hash = fnv1a64_continue(hash, doc) * 0x100000001b3ULL;  // then the 0 byte: h = (h ^ 0) * p
+  }
+};
+
+// The output directory and the parents a prepare creates, removed again (when empty) unless
+// keep() was called: an error leaves nothing behind. The ShardWriters, destroyed first, remove
+// their temporaries.
+class CreatedDirs {
+ public:
+  explicit CreatedDirs(const std::string& out_dir) {
+    std::error_code ec;
+    for (fs::path p = fs::absolute(out_dir); !p.empty() && !fs::exists(p, ec);
+         p = p.parent_path()) {
+      created_.push_back(p);  // deepest first
+    }
+    create_out_dir(out_dir);
+  }
+  ~CreatedDirs() {
+    if (kept_) return;
+    std::error_code ec;
+    for (const fs::path& p : created_) fs::remove(p, ec);  // only an empty directory goes
+  }
+  CreatedDirs(const CreatedDirs&) = delete;
+  CreatedDirs& operator=(const CreatedDirs&) = delete;
+  void keep() { kept_ = true; }
+
+ private:
+  std::vector<fs::path> created_;
+  bool kept_ = false;
+};
+
+// Shard files of ours (and their temporaries) that an interrupted earlier prepare left beyond the
+// ones just written: the glob train_*.bin must see only this output.
+void remove_stale_shards(const std::string& out_dir, const std::vector<std::string>& written) {
+  std::set<std::string> keep;
+  for (const std::string& f : written) keep.insert(fs::path(f).filename().string());
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (keep.count(name) == 0 && is_shard_name(name, /*tmp_too=*/true)) {
+      stale.push_back(entry.path());
+    }
+  }
+  for (const fs::path& p : stale) fs::remove(p, ec);
 }
 
 uint64_t splitmix64(uint64_t x) {
@@ -215,10 +321,116 @@ PrepareResult prepare_text(const std::string& text_file, const std::string& out_
   return result_for(out_dir, 256, train_n, val_n, false);
 }
 
+namespace {
+
+// Counts of the documents encoded into the shards; [0] train, [1] validation.
+struct EncodedCorpus {
+  TextIdentity text;
+  int64_t documents[2] = {0, 0};
+  int64_t bytes[2] = {0, 0};
+  std::vector<int64_t> train_counts;  // occurrences of each token id in the train shards
+};
+
+// One batch of documents and their ids, on its way to the shards.
+struct EncodedBatch {
+  std::vector<Document> docs;
+  std::vector<std::vector<int32_t>> ids;  // per document: start + its tokens + the closing ids
+};
+
+// Streams the documents (Note [document stream]) and encodes each batch on every worker with its
+// own Tokenizer (Tokenizer is not thread-safe). A sink thread then hashes the batch's documents
+// and appends their ids to the train or the validation shards in input order (Note [document
+// split]) while the next batch is encoded: the serial part stays off the critical path.
+EncodedCorpus encode_corpus(const std::string& tokenizer_text, const TokenizedTextOptions& options,
+                            const std::vector<int32_t>& start, const std::vector<TextInput>& inputs,
+                            const DocumentStreamOptions& stream, WorkerPool& pool,
+                            ShardWriter* train, ShardWriter* val) {
+  const auto workers = static_cast<size_t>(pool.size());
+  std::vector<std::optional<Tokenizer>> encoders(workers);
+  pool.parallel_for(workers, [&](size_t i, int) {
+    encoders[i].emplace(Tokenizer::from_json_text(tokenizer_text, options.tokenizer));
+  });
+  const std::vector<int32_t> after = encoders[0]->spec().template_after;
+  const auto vocab = static_cast<size_t>(encoders[0]->vocab_size());
+  // Token counts of the train documents, per worker (summed at the end: integer sums).
+  std::vector<std::vector<int64_t>> counts(workers, std::vector<int64_t>(vocab, 0));
+  EncodedCorpus c;
+  EncodedBatch sinking;    // the batch the sink is writing
+  std::future<void> sink;  // declared after `sinking`: destroyed (joined) first
+  auto write = [&c, &options, train, val](const EncodedBatch& b) {
+    for (size_t i = 0; i < b.docs.size(); ++i) {
+      const bool is_val = is_validation_document(b.docs[i].index, options.val_fraction);
+      c.text.add(b.docs[i].text);
+      ++c.documents[is_val];
+      c.bytes[is_val] += static_cast<int64_t>(b.docs[i].text.size());
+      (is_val ? val : train)->append(b.ids[i]);
+    }
+  };
+  stream_documents(inputs, stream, pool, [&](std::vector<Document>& docs) {
+    EncodedBatch batch;
+    batch.docs = std::move(docs);
+    batch.ids.resize(batch.docs.size());
+    pool.parallel_for(batch.docs.size(), [&](size_t i, int worker) {
+      const Document& d = batch.docs[i];
+      std::vector<int32_t>& ids = batch.ids[i];
+      ids = start;
+      try {
+        encoders[static_cast<size_t>(worker)]->encode_append(d.text, &ids);
+      } catch (const UserError& e) {
+        throw UserError(str_cat(document_where(inputs, d), ": ", e.what()));
+      }
+      ids.insert(ids.end(), after.begin(), after.end());
+      if (!is_validation_document(d.index, options.val_fraction)) {
+        std::vector<int64_t>& mine = counts[static_cast<size_t>(worker)];
+        for (int32_t t : ids) ++mine[static_cast<size_t>(t)];
+      }
+    });
+    if (sink.valid()) sink.get();  // the previous batch is written (or its error thrown here)
+    sinking = std::move(batch);
+    sink = std::async(std::launch::async, [&] { write(sinking); });
+  });
+  if (sink.valid()) sink.get();
+  c.train_counts.assign(vocab, 0);
+  for (const std::vector<int64_t>& mine : counts) {
+    for (size_t t = 0; t < vocab; ++t) c.train_counts[t] += mine[t];
+  }
+  return c;
+}
+
+[[noreturn]] void no_text(const std::vector<TextInput>& inputs) {
+  throw UserError(str_cat("the text inputs (", inputs.front().path,
+                          (inputs.size() > 1 ? ", ..." : ""), ") hold no text."));
+}
+
+// out_dir holds a complete previous output: it is reused when its parameters and its texts are
+// these (the texts are read and hashed, not encoded), else refused.
+PrepareResult reuse_previous(const std::string& out_dir, const json& params,
+                             const std::vector<TextInput>& inputs, DocumentStreamOptions stream,
+                             WorkerPool& pool, int64_t vocab, double val_fraction) {
+  const json meta = previous_meta(out_dir);
+  check_same_params(out_dir, meta, params);  // other parameters: refused before any reading
+  stream.progress_label = "prepare (hashing the texts to compare with " + out_dir + ")";
+  TextIdentity text;
+  int64_t split[2] = {0, 0};
+  stream_documents(inputs, stream, pool, [&](std::vector<Document>& docs) {
+    for (const Document& d : docs) {
+      text.add(d.text);
+      ++split[is_validation_document(d.index, val_fraction)];
+    }
+  });
+  if (split[0] + split[1] == 0) no_text(inputs);
+  check_document_split(split[0], split[1], val_fraction);
+  check_same_params(out_dir, meta, {{"text_bytes", text.bytes}, {"text_fnv1a64", text.hash}});
+  check_previous_shards(out_dir, meta);
+  return result_for(out_dir, vocab, meta_int(meta, "tokens"), meta_int(meta, "val_tokens"), true);
+}
+
+}  // namespace
+
 PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
                                      const std::string& out_dir) {
   const std::string tokenizer_text = read_file_bytes(options.tokenizer, "tokenizer");
-  Tokenizer tok = Tokenizer::from_json_text(tokenizer_text, options.tokenizer);
+  const Tokenizer tok = Tokenizer::from_json_text(tokenizer_text, options.tokenizer);
   const std::optional<std::vector<int32_t>> start = tok.document_start(options.eot);
   if (!start) {
     throw UserError(str_cat("tokenizer '", options.tokenizer, "' has no special token \"",
@@ -227,37 +439,39 @@ PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
                             "train it with --special '",
                             options.eot, "'."));
   }
-  const std::vector<std::string> docs = read_documents(options.files, options.doc_separator);
-  if (!(options.val_fraction > 0.0)) {
+  if (!(options.val_fraction > 0.0 && options.val_fraction < 1.0)) {
     throw UserError(str_cat("prepare: --val-fraction ", options.val_fraction,
                             " is not allowed; expected a fraction strictly between 0 and 1."));
   }
-  const DocumentSplit split = split_documents(docs.size(), options.val_fraction);
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const std::string& d : docs) hash = fnv1a64_continue(hash, d + '\0');
+  const std::vector<TextInput> inputs = expand_text_inputs(options.files);
   json params = {{"source", "text"},
                  {"tokenizer", "bpe"},
                  {"tokenizer_sha256", sha256_hex(tokenizer_text)},
-                 {"text_bytes", total_bytes(docs, split.train) + total_bytes(docs, split.val)},
-                 {"text_fnv1a64", hash},
                  {"doc_separator", options.doc_separator},
                  {"val_fraction", options.val_fraction}};
+  WorkerPool pool(options.threads > 0 ? options.threads : usable_hardware_threads());
+  DocumentStreamOptions stream;
+  stream.doc_separator = options.doc_separator;
+  stream.text_field = options.text_field;
+  stream.max_docs = options.max_docs;
+  stream.progress_label = "prepare";
   const int64_t vocab = tok.vocab_size();
-  if (reuse_or_claim(out_dir, params)) {
-    json meta = json::parse(read_file_bytes(join(out_dir, kMetaFile), "meta"));
-    return result_for(out_dir, vocab, meta_int(meta, "tokens"), meta_int(meta, "val_tokens"), true);
+  if (!claimable(out_dir)) {
+    return reuse_previous(out_dir, params, inputs, stream, pool, vocab, options.val_fraction);
   }
-  const std::vector<uint32_t> train = encode_documents(tok, docs, split.train, *start);
-  const std::vector<uint32_t> val = encode_documents(tok, docs, split.val, *start);
-  if (train.size() > static_cast<size_t>(kMaxShardTokens) ||
-      val.size() > static_cast<size_t>(kMaxShardTokens)) {
-    throw UserError(str_cat("prepare: ", train.size(), " + ", val.size(),
-                            " tokens; each shard holds at most 2^31-1. Hint: fewer texts."));
-  }
+  CreatedDirs created(out_dir);
   const int version = vocab <= 65536 ? kShardVersionU16 : kShardVersionU32;
+  ShardWriter train(out_dir, "train", version), val(out_dir, "val", version);
+  const EncodedCorpus c =
+      encode_corpus(tokenizer_text, options, *start, inputs, stream, pool, &train, &val);
+  if (c.documents[0] + c.documents[1] == 0) no_text(inputs);
+  check_document_split(c.documents[0], c.documents[1], options.val_fraction);
+  params["text_bytes"] = c.text.bytes;
+  params["text_fnv1a64"] = c.text.hash;
   write_file_atomic(join(out_dir, kTokenizerFile), tokenizer_text);
-  write_shard(join(out_dir, kValFile), val, version);
-  write_shard(join(out_dir, kTrainFile), train, version);
+  std::vector<std::string> written = val.commit();
+  for (std::string& f : train.commit()) written.push_back(std::move(f));
+  remove_stale_shards(out_dir, written);
   json meta = params;
   meta["vocab"] = vocab;
   meta["doc_start_ids"] = *start;
@@ -267,18 +481,18 @@ PrepareResult prepare_tokenized_text(const TokenizedTextOptions& options,
     meta["eot_id"] = *eot;
   }
   json files = json::array();
-  for (const std::string& f : options.files) files.push_back(fs::absolute(f).string());
+  for (const TextInput& in : inputs) files.push_back(fs::absolute(in.path).string());
   meta["text_files"] = files;  // informational; identity is the content
-  meta["documents"] = split.train.size();
-  meta["val_documents"] = split.val.size();
-  meta["tokens"] = train.size();
-  meta["val_tokens"] = val.size();
-  meta["unigram_entropy"] = unigram_entropy(train);
-  meta["train_bytes"] = total_bytes(docs, split.train);
-  meta["val_bytes"] = total_bytes(docs, split.val);
+  meta["documents"] = c.documents[0];
+  meta["val_documents"] = c.documents[1];
+  meta["tokens"] = train.tokens();
+  meta["val_tokens"] = val.tokens();
+  meta["unigram_entropy"] = unigram_entropy(c.train_counts);
+  meta["train_bytes"] = c.bytes[0];
+  meta["val_bytes"] = c.bytes[1];
   write_file_atomic(join(out_dir, kMetaFile), meta.dump(2) + "\n");
-  return result_for(out_dir, vocab, static_cast<int64_t>(train.size()),
-                    static_cast<int64_t>(val.size()), false);
+  created.keep();
+  return result_for(out_dir, vocab, train.tokens(), val.tokens(), false);
 }
 
 PrepareResult prepare_synthetic_markov(int order, int vocab, double alpha, int64_t tokens,
