@@ -139,12 +139,12 @@ TEST(GemmTable, EntryLineAndJson) {
   const TunedGemm e{"NVIDIA H200", 130100, sample_key(), 3, 16};
   EXPECT_EQ(tuned_gemm_entry(e),
             "{\"NVIDIA H200\", 130100, {10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, "
-            "24, 25, 26, 27, 28, 29}, 3, 16},");
+            "24, 25, 26, 27, 28, 29, 30}, 3, 16},");
   const GemmKey key = gemm_key(sample_args());
   EXPECT_EQ(gemm_key_json(key),
             "\"m\": 256, \"n\": 384, \"k\": 512, \"batch\": 1, \"trans_a\": false, \"trans_b\": "
             "true, \"ab\": \"bf16\", \"c\": \"bf16\", \"epilogue\": \"none\", \"bias\": false, "
-            "\"beta0\": true");
+            "\"beta0\": true, \"fp8\": 0");
 }
 
 TEST(GemmTable, TableTextParsesBackWhatEntryLinesPrint) {
