@@ -56,9 +56,29 @@ std::vector<T> to_host(const T* p, size_t n) {
   return v;
 }
 
+// Codes and scales on the device, freed with the object.
+struct DeviceCodes {
+  uint8_t* q = nullptr;
+  float* s = nullptr;
+  size_t n = 0, scales = 0;
+  DeviceCodes(size_t elements, size_t scale_floats) : n(elements), scales(scale_floats) {
+    EXPECT_EQ(cudaMalloc(&q, n), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(&s, scales * sizeof(float)), cudaSuccess);
+  }
+  ~DeviceCodes() {
+    cudaFree(q);
+    cudaFree(s);
+  }
+  DeviceCodes(const DeviceCodes&) = delete;
+  DeviceCodes& operator=(const DeviceCodes&) = delete;
+};
+
 // Codes equal; scales equal (NaN where the CPU has NaN).
-void expect_same(const std::vector<uint8_t>& q, const std::vector<uint8_t>& ref_q,
-                 const std::vector<float>& s, const std::vector<float>& ref_s, const char* what) {
+void expect_same(const DeviceCodes& d, const std::vector<uint8_t>& ref_q,
+                 const std::vector<float>& ref_s, const char* what) {
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint8_t> q = to_host(d.q, d.n);
+  const std::vector<float> s = to_host(d.s, d.scales);
   ASSERT_EQ(q.size(), ref_q.size());
   int64_t bad = 0;
   for (size_t i = 0; i < q.size(); ++i) bad += q[i] != ref_q[i];
@@ -83,16 +103,10 @@ TEST(Fp8Cuda, RowTilesMatchTheCpuBitForBit) {
     std::vector<float> ref_s(fp8::row_scale_floats(R, K));
     fp8::quantize_rows(xf.data(), R, K, ref_q.data(), ref_s.data());
     BF16* dx = to_device(x);
-    uint8_t* dq = nullptr;
-    float* ds = nullptr;
-    ASSERT_EQ(cudaMalloc(&dq, R * K), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&ds, ref_s.size() * 4), cudaSuccess);
-    cuda::fp8_quantize_rows(dx, R, K, dq, ds, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    expect_same(to_host(dq, R * K), ref_q, to_host(ds, ref_s.size()), ref_s, "rows");
+    DeviceCodes d(R * K, ref_s.size());
+    cuda::fp8_quantize_rows(dx, R, K, d.q, d.s, nullptr);
+    expect_same(d, ref_q, ref_s, "rows");
     cudaFree(dx);
-    cudaFree(dq);
-    cudaFree(ds);
   }
 }
 
@@ -107,16 +121,10 @@ TEST(Fp8Cuda, ColumnTilesMatchTheCpuTransposedBitForBit) {
   std::vector<float> ref_s(fp8::row_scale_floats(K, R));
   fp8::quantize_rows(xt.data(), K, R, ref_q.data(), ref_s.data());
   BF16* dx = to_device(x);
-  uint8_t* dq = nullptr;
-  float* ds = nullptr;
-  ASSERT_EQ(cudaMalloc(&dq, R * K), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&ds, ref_s.size() * 4), cudaSuccess);
-  cuda::fp8_quantize_cols(dx, R, K, dq, ds, nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  expect_same(to_host(dq, R * K), ref_q, to_host(ds, ref_s.size()), ref_s, "cols");
+  DeviceCodes d(R * K, ref_s.size());
+  cuda::fp8_quantize_cols(dx, R, K, d.q, d.s, nullptr);
+  expect_same(d, ref_q, ref_s, "cols");
   cudaFree(dx);
-  cudaFree(dq);
-  cudaFree(ds);
 }
 
 TEST(Fp8Cuda, BlocksMatchTheCpuBothWaysRound) {
@@ -135,21 +143,11 @@ TEST(Fp8Cuda, BlocksMatchTheCpuBothWaysRound) {
     fp8::quantize_blocks(wf.data(), N, K, ref_q.data(), ref_s.data());
     fp8::quantize_blocks(wtf.data(), K, N, ref_qt.data(), ref_st.data());
     void* dw = wt == DType::kF32 ? static_cast<void*>(to_device(wf)) : to_device(wb);
-    uint8_t *dq = nullptr, *dqt = nullptr;
-    float *ds = nullptr, *dst = nullptr;
-    ASSERT_EQ(cudaMalloc(&dq, N * K), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&dqt, N * K), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&ds, ref_s.size() * 4), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&dst, ref_st.size() * 4), cudaSuccess);
-    cuda::fp8_quantize_blocks(dw, wt, N, K, dq, ds, dqt, dst, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    expect_same(to_host(dq, N * K), ref_q, to_host(ds, ref_s.size()), ref_s, "blocks");
-    expect_same(to_host(dqt, N * K), ref_qt, to_host(dst, ref_st.size()), ref_st, "blocks^T");
+    DeviceCodes d(N * K, ref_s.size()), dt(N * K, ref_st.size());
+    cuda::fp8_quantize_blocks(dw, wt, N, K, d.q, d.s, dt.q, dt.s, nullptr);
+    expect_same(d, ref_q, ref_s, "blocks");
+    expect_same(dt, ref_qt, ref_st, "blocks^T");
     cudaFree(dw);
-    cudaFree(dq);
-    cudaFree(dqt);
-    cudaFree(ds);
-    cudaFree(dst);
   }
 }
 
