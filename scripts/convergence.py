@@ -14,7 +14,7 @@ Tolerance policy (also written into each golden file):
               what a dropped gradient or a wrong scale does (>1e-2 within a few steps).
   * 1e-6    — tensor-parallel members (parallel.tp > 1, alone or with DP/GTP): the TP issue's
               bound, held at every step (measured ~1e-7: partial GEMM and softmax sums).
-The long runs (GPT-2 and llama) must also end within 0.1 nats/token of the data's entropy floor (meta.json).
+The long runs (GPT-2, llama and llama MoE) must also end within 0.1 nats/token of the data's entropy floor (meta.json).
 Prints a table and a final line "N passed, N failed"; exits 1 on any failure. Standard library only.
 """
 import argparse
@@ -30,6 +30,7 @@ GOLDEN = os.path.join(ROOT, "tests", "golden")
 CONV = os.path.join(ROOT, "configs", "convergence.json")
 TINY = os.path.join(ROOT, "configs", "tiny.json")
 LLAMA_TINY = os.path.join(ROOT, "configs", "llama_tiny.json")
+MOE_TINY = os.path.join(ROOT, "configs", "moe_tiny.json")
 REASSOCIATED = 1e-4
 TENSOR_PARALLEL = 1e-6
 FLOOR_GAP = 0.1
@@ -60,6 +61,16 @@ GOLDENS = {
                          "train.precision=fp8"]),
     "long_llama": (LLAMA_TINY, ["log.every=1", "checkpoint.every=0", "model.qk_norm=true",
                                 "mtp.depth=2"]),
+    # Mixture of experts (model/moe.h): block 0 dense, block 1 with 4 routed experts (top 2) and
+    # a shared one, the sigmoid router with its bias updates (which a resume must restore) and
+    # the balance loss; a dense MTP depth.
+    "moe_d1": (CONV, ["model.arch=llama", "model.n_head=4", "model.n_kv_head=2",
+                      "model.intermediate_size=64", "mtp.depth=1", "model.moe.num_experts=4",
+                      "model.moe.top_k=2", "model.moe.num_shared_experts=1",
+                      "model.moe.expert_intermediate_size=32", "model.moe.first_dense_layers=1",
+                      "model.moe.router=sigmoid", "model.moe.bias_update_rate=0.01",
+                      "model.moe.aux_loss_weight=0.01"]),
+    "long_moe": (MOE_TINY, ["log.every=1", "checkpoint.every=0"]),
 }
 
 # (name, golden, ranks, gtp, extra sets, kind): kind "exact" | "reassociated" | "tp" | "resume" |
@@ -100,8 +111,11 @@ MATRIX = [
     ("llama fp8 DP=2xGTP=2 D=2", "llama_fp8", 4, 2, [], "fp8"),
     ("llama fp8 TP=2xGTP=2 D=2", "llama_fp8", 4, 2, ["parallel.tp=2"], "fp8"),
     ("llama fp8 resume@20 D=2", "llama_fp8", 1, 1, [], "resume"),
+    ("moe 1proc D=1", "moe_d1", 1, 1, [], "exact"),
+    ("moe resume@20 D=1", "moe_d1", 1, 1, [], "resume"),
     ("long tiny (floor)", "long_tiny", 1, 1, [], "exact"),
     ("long llama (floor)", "long_llama", 1, 1, [], "exact"),
+    ("long moe (floor)", "long_moe", 1, 1, [], "exact"),
 ]
 
 

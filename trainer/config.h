@@ -33,6 +33,7 @@ enum class CommBackend { kAuto, kNccl, kIpc, kGloo };
 enum class ModelArch { kGpt2, kLlama };
 enum class RopeScalingType { kNone, kLlama3 };
 enum class RecomputeChoice { kNone, kSelective, kFull };
+enum class MoeRouterChoice { kSoftmax, kSigmoid };  // model.moe.router
 // train.transient_grads: "auto", false or true (Note [transient gradients] in parallel/ddp.h).
 enum class TransientGradsChoice { kAuto, kOff, kOn };
 
@@ -45,6 +46,7 @@ const char* to_string(CommBackend v);
 const char* to_string(ModelArch v);
 const char* to_string(RopeScalingType v);
 const char* to_string(RecomputeChoice v);
+const char* to_string(MoeRouterChoice v);
 const char* to_string(TransientGradsChoice v);  // "auto", "false", "true"
 
 // The fields below are value-initialised only; the defaults live in the schema table. Start from
@@ -57,6 +59,19 @@ struct RopeScalingConfig {
   double low_freq_factor = 0;
   double high_freq_factor = 0;
   int64_t original_max_position_embeddings = 0;
+};
+
+// The llama family's mixture-of-experts MLP (model/moe.h); num_experts = 0 is the dense model.
+struct MoeConfig {
+  int64_t num_experts = 0;               // E: routed experts per MoE block
+  int64_t top_k = 0;                     // experts per token
+  int64_t num_shared_experts = 0;        // always-on experts (one SwiGLU of that many widths)
+  int64_t expert_intermediate_size = 0;  // each expert's SwiGLU width (0: intermediate_size's)
+  int64_t first_dense_layers = 0;        // blocks [0, k) keep the dense MLP
+  MoeRouterChoice router = MoeRouterChoice::kSoftmax;
+  bool norm_topk_prob = false;  // softmax: renormalize the top-k gates
+  double bias_update_rate = 0;  // sigmoid: the aux-loss-free bias step
+  double aux_loss_weight = 0;   // Switch balance loss weight
 };
 
 struct ModelConfig {
@@ -77,6 +92,7 @@ struct ModelConfig {
   double rms_norm_eps = 0;
   bool qk_norm = false;   // Qwen3: per-head RMSNorm of q and k before RoPE
   bool qkv_bias = false;  // Qwen2: biases on the q, k, v projections
+  MoeConfig moe;          // the llama family only
 
   // Vp: vocab_size rounded up to a multiple of 64 (rows of the embedding and head).
   int64_t padded_vocab() const;

@@ -51,6 +51,11 @@ const std::vector<std::string>& enum_names(RopeScalingType) {
   return names;
 }
 
+const std::vector<std::string>& enum_names(MoeRouterChoice) {
+  static const std::vector<std::string> names = {"softmax", "sigmoid"};
+  return names;
+}
+
 const std::vector<std::string>& enum_names(RecomputeChoice) {
   static const std::vector<std::string> names = {"none", "selective", "full"};
   return names;
@@ -77,6 +82,7 @@ const char* to_string(CommBackend v) { return enum_to_string(v); }
 const char* to_string(ModelArch v) { return enum_to_string(v); }
 const char* to_string(RopeScalingType v) { return enum_to_string(v); }
 const char* to_string(RecomputeChoice v) { return enum_to_string(v); }
+const char* to_string(MoeRouterChoice v) { return enum_to_string(v); }
 const char* to_string(TransientGradsChoice v) { return enum_to_string(v); }
 
 namespace config_internal {
@@ -201,6 +207,41 @@ std::vector<KeySpec> build_schema() {
           "llama: per-head RMSNorm of q and k before RoPE (Qwen3)."),
       key(GTRON_FIELD(model.qkv_bias), false, any,
           "llama: biases on the q, k, v projections (Qwen2)."),
+      key(GTRON_FIELD(model.moe.num_experts), 0, at_least(0),
+          "llama: routed experts E of each mixture-of-experts MLP; 0 = the dense SwiGLU MLP (the "
+          "other model.moe keys then do nothing). The CPU only so far, one process, graphs.scope "
+          "none, train.recompute none or selective."),
+      key(GTRON_FIELD(model.moe.top_k), 2, at_least(1),
+          "llama MoE: experts each token is sent to (dropless: every token reaches all of them); "
+          "<= model.moe.num_experts."),
+      key(GTRON_FIELD(model.moe.num_shared_experts), 0, at_least(0),
+          "llama MoE: shared experts every token passes through besides its routed ones, as one "
+          "SwiGLU MLP num_shared_experts × expert_intermediate_size wide (DeepSeek-V3: 1)."),
+      key(GTRON_FIELD(model.moe.expert_intermediate_size), 0, at_least(0),
+          "llama MoE: SwiGLU width of each expert; 0 = the dense width (model.intermediate_size, "
+          "or its default)."),
+      key(GTRON_FIELD(model.moe.first_dense_layers), 0, at_least(0),
+          "llama MoE: the first k blocks keep the dense MLP (DeepSeek-V3: 3); < model.n_layer. "
+          "MTP depths are always dense."),
+      key(GTRON_FIELD(model.moe.router), MoeRouterChoice::kSoftmax, any,
+          "llama MoE: softmax (Qwen3-MoE, Mixtral: softmax over the experts, top-k of the "
+          "probabilities, renormalized with norm_topk_prob) or sigmoid (DeepSeek-V3: sigmoid "
+          "affinities, top-k of affinity + a per-expert bias, gates = the chosen affinities "
+          "normalized to sum 1). Ties go to the lower expert index."),
+      key(GTRON_FIELD(model.moe.norm_topk_prob), true, any,
+          "llama MoE, softmax router: renormalize each token's top-k probabilities to sum 1 "
+          "(Qwen3-MoE: true, Mixtral: true); the sigmoid router always normalizes."),
+      key(GTRON_FIELD(model.moe.bias_update_rate), 0.0, at_least(0),
+          "llama MoE, sigmoid router: the aux-loss-free balancing of DeepSeek-V3 (0 = off): "
+          "after each optimizer step every expert's routing bias moves by this much towards "
+          "balance, b_e += rate · sign(mean load − load_e), from the tokens it received in the "
+          "step; the bias only chooses experts, never scales them. Saved in checkpoints. "
+          "DeepSeek-V3: 0.001."),
+      key(GTRON_FIELD(model.moe.aux_loss_weight), 0.0, at_least(0),
+          "llama MoE: weight w of the Switch-Transformer balance loss added to the objective per "
+          "MoE block, w · E · Σ_e f_e · P_e (f_e: the fraction of routed slots expert e received, "
+          "P_e: its mean router probability; sigmoid: affinities normalized per token); 0 = "
+          "off. Typical: 0.001 to 0.01."),
       // mtp
       key(GTRON_FIELD(mtp.depth), 0, closed(0, 16),
           "Multi-token-prediction depths D (0 = off); < train.seq_len."),

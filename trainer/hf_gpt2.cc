@@ -322,6 +322,12 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
   verify_checkpoint_dir(checkpoint_dir);
   const TrainerState st = read_trainer_state(checkpoint_dir);
   const Config cfg = checkpoint_command_config("export", checkpoint_dir, config_path, sets);
+  if (cfg.model.moe.num_experts > 0) {
+    throw UserError(str_cat(
+        "export --hf: checkpoint '", checkpoint_dir,
+        "' is a mixture-of-experts model (model.moe.num_experts = ", cfg.model.moe.num_experts,
+        "), which the Hugging Face conversion does not write yet"));
+  }
   GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
   load_model_weights(checkpoint_dir, model);
   const bool llama = cfg.model.arch == ModelArch::kLlama;

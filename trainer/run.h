@@ -18,6 +18,7 @@
 #include "trainer/config.h"
 #include "trainer/data/sampler.h"
 #include "trainer/data/shards.h"
+#include "trainer/io/checkpoint.h"
 #include "trainer/metrics.h"
 #include "trainer/optimizer.h"
 #include "trainer/parallel_state.h"
@@ -68,6 +69,9 @@ class Run {
   int finish();
   // train --init: every parameter from checkpoint `dir` (shapes checked), fresh optimizer.
   void init_weights(const std::string& dir);
+  // The model's state beyond its parameters (GPT::buffers: the MoE router biases) from the
+  // tensors of checkpoint `dir`; UserError naming a missing or mis-shaped one.
+  void load_buffers(const CheckpointTensors& c, const std::string& dir);
   bool is_rank0() const { return env_.rank == 0; }
   // The ranks that see different micro-batches (world / TP: TP peers share theirs), and this
   // rank's place among them.
@@ -113,6 +117,7 @@ class Run {
   Tensor step_rows_;
   std::vector<double> row_lr_;
   std::vector<std::pair<std::string, double>> comm_extra_;  // log.comm_timing, for log_step
+  std::vector<MoeLayerStats> moe_stats_;  // the last step's expert load, for log_step
   Schedule sched_;
   MetricsWriter metrics_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0, log.tensorboard

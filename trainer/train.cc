@@ -101,6 +101,23 @@ int test_grid_of_one() {
   return mode;
 }
 
+// The MoE layers' load and balance (model/moe.h) as metric columns: per MoE block l, the fewest
+// and most routed slots an expert received in the step, their coefficient of variation, the
+// balance loss (when weighted) and the router bias norm (sigmoid router).
+std::vector<std::pair<std::string, double>> moe_extra(const std::vector<MoeLayerStats>& stats,
+                                                      const MoeConfig& moe) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const MoeLayerStats& s : stats) {
+    const std::string p = "moe" + std::to_string(s.layer) + "_";
+    out.push_back({p + "load_min", static_cast<double>(s.tokens_min)});
+    out.push_back({p + "load_max", static_cast<double>(s.tokens_max)});
+    out.push_back({p + "load_cv", s.load_cv});
+    if (moe.aux_loss_weight > 0) out.push_back({p + "aux", s.aux_loss});
+    if (moe.router == MoeRouterChoice::kSigmoid) out.push_back({p + "bias_norm", s.bias_norm});
+  }
+  return out;
+}
+
 }  // namespace
 
 namespace internal {
@@ -112,6 +129,11 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
   device_ = plan.device;
   bf16_ = plan.bf16;
   if (device_.is_cuda()) cuda::set_device(device_.index);
+  if (cfg_.model.moe.num_experts > 0 && device_.is_cuda()) {
+    throw UserError(str_cat("model.moe: the CUDA path is not built yet (train.device = \"",
+                            to_string(cfg_.train.device), "\" chose ", device_.str(),
+                            "). Hint: --set train.device=cpu"));
+  }
   const int grid_of_one = test_grid_of_one();
   if (env_.world_size > 1 || grid_of_one > 0) {
     rdv_ = parallel::rendezvous(env_);
@@ -189,6 +211,7 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
     if (auto dir = find_latest_complete(root)) {
       CheckpointTensors c = read_checkpoint_tensors(*dir, /*with_optimizer=*/true);
       par_->load(c, *dir, &opt_->m(), &opt_->v());
+      load_buffers(c, *dir);
       resumed = true;
       opt_->set_steps_taken(c.optimizer_steps);
       if (bf16_weights_) bf16_weights_->refresh();
@@ -225,8 +248,14 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
 void Run::init_weights(const std::string& dir) {
   verify_checkpoint_dir(dir);
   CheckpointTensors c = read_checkpoint_tensors(dir, /*with_optimizer=*/false);
+  const std::vector<std::pair<std::string, Tensor>> buffers = model_->buffers();
+  const auto is_buffer = [&](const std::string& name) {
+    for (const auto& b : buffers)
+      if (b.first == name) return true;
+    return false;
+  };
   for (const auto& [name, tensor] : c.params) {
-    if (model_->find(name) == nullptr)
+    if (model_->find(name) == nullptr && !is_buffer(name))
       throw UserError(
           str_cat("--init: checkpoint '", dir, "' has tensor '", name, "' ", tensor.shape().str(),
                   ", which the configured model has no place for",
@@ -234,9 +263,16 @@ void Run::init_weights(const std::string& dir) {
                   "(its trainer_state.json holds its config)"));
   }
   par_->load(c, dir, nullptr, nullptr);  // names the first missing or mis-shaped tensor
+  load_buffers(c, dir);
   if (bf16_weights_) bf16_weights_->refresh();
   if (is_rank0())
     std::printf("initialized weights from %s (fresh optimizer, step 0)\n", dir.c_str());
+}
+
+void Run::load_buffers(const CheckpointTensors& c, const std::string& dir) {
+  for (auto& [name, tensor] : model_->buffers()) {
+    tensor.copy_from(checked_tensor(c.params, name, tensor.shape(), dir + "/model.safetensors"));
+  }
 }
 
 void Run::print_header(const ResolvedData& data) const {
@@ -304,6 +340,7 @@ std::string Run::save_checkpoint() {
   memory::AllocKindScope kind(memory::AllocKind::kCheckpoint);  // Note [allocation kinds]
   // On the host, one tensor at a time (Note [checkpoints leave the device]).
   std::vector<NamedTensor> params = par_->full_parameters();
+  for (const auto& [name, tensor] : model_->buffers()) params.push_back({name, tensor.clone()});
   std::vector<NamedTensor> moments = par_->full_moments(opt_->m(), opt_->v());
   std::string dir;
   if (is_rank0()) {
@@ -426,6 +463,8 @@ void Run::log_step(int64_t done, double lr, double gnorm, const std::vector<doub
   }
   sm.extra.insert(sm.extra.end(), comm_extra_.begin(), comm_extra_.end());
   comm_extra_.clear();
+  const std::vector<std::pair<std::string, double>> moe = moe_extra(moe_stats_, cfg_.model.moe);
+  sm.extra.insert(sm.extra.end(), moe.begin(), moe.end());
   if (device_.is_cuda()) {
     // Steady state makes no backend allocations: misses and reserved bytes stay flat.
     const memory::AllocatorStats st = allocator_for(device_).stats();
@@ -490,6 +529,9 @@ int Run::train() {
     }
     opt_->step(par_->owned(), lr, clip_scale(gnorm, cfg_.optimizer.grad_clip));
     par_->after_update();
+    // Note [router bias] in model/moe.h: the step's load, then the bias update.
+    moe_stats_ = model_->moe_stats();
+    model_->moe_update_bias();
     if (summary_) summary_->losses.push_back(losses[0]);
     ++window_steps_;
     const int64_t done = step + 1;

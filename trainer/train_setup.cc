@@ -86,6 +86,19 @@ GPTConfig gpt_config(const Config& cfg) {
   g.qk_norm = m.qk_norm;
   g.qkv_bias = m.qkv_bias;
   g.fp8 = cfg.train.precision == PrecisionChoice::kFp8;
+  const MoeConfig& moe = m.moe;
+  if (moe.num_experts > 0) {
+    g.moe.E = static_cast<int>(moe.num_experts);
+    g.moe.top_k = static_cast<int>(moe.top_k);
+    g.moe.num_shared = static_cast<int>(moe.num_shared_experts);
+    g.moe.F = moe.expert_intermediate_size > 0 ? moe.expert_intermediate_size : g.llama_dims().F;
+    g.moe.first_dense_layers = static_cast<int>(moe.first_dense_layers);
+    g.moe.router =
+        moe.router == MoeRouterChoice::kSigmoid ? MoeRouterKind::kSigmoid : MoeRouterKind::kSoftmax;
+    g.moe.norm_topk_prob = moe.norm_topk_prob;
+    g.moe.aux_loss_weight = moe.aux_loss_weight;
+    g.moe.bias_update_rate = moe.bias_update_rate;
+  }
   g.recompute = cfg.train.recompute == RecomputeChoice::kFull        ? Recompute::kFull
                 : cfg.train.recompute == RecomputeChoice::kSelective ? Recompute::kSelective
                                                                      : Recompute::kNone;

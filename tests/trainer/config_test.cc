@@ -162,6 +162,64 @@ TEST(ConfigFiles, LlamaShapesLoadAndValidate) {
   validate(big, 1);
 }
 
+TEST(ConfigFiles, MoeTinyLoadsAndValidates) {
+  const Config c = load_config("configs/moe_tiny.json");
+  const MoeConfig& moe = c.model.moe;
+  EXPECT_EQ(c.model.arch, ModelArch::kLlama);
+  EXPECT_EQ(moe.num_experts, 8);
+  EXPECT_EQ(moe.top_k, 2);
+  EXPECT_EQ(moe.num_shared_experts, 1);
+  EXPECT_EQ(moe.expert_intermediate_size, 64);
+  EXPECT_EQ(moe.first_dense_layers, 1);
+  EXPECT_EQ(moe.router, MoeRouterChoice::kSigmoid);
+  EXPECT_TRUE(moe.norm_topk_prob);
+  EXPECT_DOUBLE_EQ(moe.bias_update_rate, 0.01);
+  EXPECT_DOUBLE_EQ(moe.aux_loss_weight, 0.001);
+  validate(c, 1);
+  // The defaults: dense.
+  const MoeConfig d = default_config().model.moe;
+  EXPECT_EQ(d.num_experts, 0);
+  EXPECT_EQ(d.top_k, 2);
+  EXPECT_EQ(d.router, MoeRouterChoice::kSoftmax);
+  EXPECT_EQ(d.expert_intermediate_size, 0);
+  EXPECT_DOUBLE_EQ(d.aux_loss_weight, 0);
+}
+
+// model.moe: the llama family's, in one process on the CPU for now; each refusal names the key.
+TEST(ConfigErrors, MoeChecks) {
+  const std::string llama = R"("arch": "llama", "n_layer": 2, "n_head": 4, "n_embd": 64)";
+  auto moe = [&](const std::string& moe_keys, const std::string& rest = "") {
+    return R"({"model": {)" + llama + R"(, "moe": {)" + moe_keys + "}}" + rest + "}";
+  };
+  from_text(moe(R"("num_experts": 4, "top_k": 2, "router": "sigmoid", "bias_update_rate": 0.01)"));
+  // Set keys do nothing at num_experts = 0, the default (a dense llama or GPT-2 model).
+  from_text(R"({"model": {"moe": {"top_k": 9, "first_dense_layers": 99}}})");
+  expect_text_error(R"({"model": {"moe": {"num_experts": 4}}})",
+                    {"model.moe.num_experts = 4", "model.arch = \"gpt2\"", "llama"});
+  expect_text_error(moe(R"("num_experts": 4, "top_k": 5)"),
+                    {"model.moe.top_k = 5", "model.moe.num_experts (4)"});
+  expect_text_error(moe(R"("num_experts": 4, "top_k": 0)"), {"model.moe.top_k", ">= 1"});
+  expect_text_error(moe(R"("num_experts": 4, "first_dense_layers": 2)"),
+                    {"model.moe.first_dense_layers = 2", "model.n_layer (2)"});
+  expect_text_error(moe(R"("num_experts": 4, "bias_update_rate": 0.001)"),
+                    {"model.moe.bias_update_rate = 0.001", "sigmoid"});
+  expect_text_error(moe(R"("num_experts": 4, "router": "top1")"),
+                    {"model.moe.router", "softmax", "sigmoid"});
+  expect_text_error(moe(R"("num_experts": 4, "aux_loss_weight": -1)"),
+                    {"model.moe.aux_loss_weight"});
+  expect_text_error(moe(R"("num_experts": 4)", R"(, "train": {"device": "cuda"})"),
+                    {"model.moe: the CUDA path is not built yet"});
+  expect_text_error(moe(R"("num_experts": 4)", R"(, "graphs": {"scope": "layers"})"),
+                    {"graphs.scope", "model.moe"});
+  expect_text_error(moe(R"("num_experts": 4)", R"(, "train": {"recompute": "full"})"),
+                    {"train.recompute = \"full\"", "model.moe"});
+  expect_text_error(
+      moe(R"("num_experts": 4)", R"(, "parallel": {"gtp": 2}, "train": {"global_batch": 16})"),
+      {"model.moe runs in one process"});
+  const Config c = from_text(moe(R"("num_experts": 4)"));
+  expect_user_error([&] { validate(c, 2); }, {"model.moe runs in one process"});
+}
+
 // Every shipped config parses and validates at one process: a key that leaves the schema, or a
 // combination validate() starts refusing, shows up here rather than in a user's first run.
 TEST(ConfigFiles, EveryShippedConfigValidates) {

@@ -128,6 +128,9 @@ void load_model_weights(const std::string& dir, GPT& model) {
   for (Parameter* p : model.parameters()) {
     p->data.copy_from(checked_tensor(c.params, p->name, p->data.shape(), file));
   }
+  for (auto& [name, tensor] : model.buffers()) {  // the MoE router biases
+    tensor.copy_from(checked_tensor(c.params, name, tensor.shape(), file));
+  }
 }
 
 }  // namespace gtron

@@ -1,7 +1,8 @@
 // Training checkpoints: what goes into a checkpoint directory and how it comes back.
 //
 //   model.safetensors      every parameter by its documented name, fp32, full (unsharded) and in
-//                          PyTorch layout (linear weights [out, in]); a tied head is stored once
+//                          PyTorch layout (linear weights [out, in]); a tied head is stored once;
+//                          the model's buffers too (GPT::buffers: the MoE router biases)
 //   optimizer.safetensors  AdamW moments "m.<name>" and "v.<name>", full, fp32; metadata t
 //   trainer_state.json     {"step", "optimizer_steps", "seed", "config": <resolved config>}
 //   tokenizer.json         the data's BPE tokenizer (only for data prepared with one)
@@ -66,7 +67,8 @@ CheckpointTensors read_checkpoint_tensors(const std::string& dir, bool with_opti
 const Tensor& checked_tensor(const std::map<std::string, Tensor>& tensors, const std::string& name,
                              const Shape& shape, const std::string& file);
 
-// Loads every parameter of an unsharded model (eval, sample). Throws UserError.
+// Loads every parameter of an unsharded model, and its buffers (GPT::buffers: the MoE router
+// biases; eval, sample). Throws UserError.
 void load_model_weights(const std::string& dir, GPT& model);
 
 }  // namespace gtron
