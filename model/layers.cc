@@ -62,6 +62,7 @@ LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in
                         groups};
   const TpSlice b_slice{row ? TpSplit::kNone : w_slice.split, groups};  // row: bias replicated
   weight = &reg.add_split(name + ".weight", {out, in}, Init::kNormal, std, true, w_slice);
+  if (fp8) reg.mark_fp8_weight(*weight);
   if (has_bias) {
     bias = &reg.add_split(name + ".bias", {out}, Init::kZeros, 0, /*weight_decay=*/false, b_slice);
   }
@@ -79,6 +80,7 @@ LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in
   for (int64_t g : group_rows) out += g;
   TpSlice slice{TpSplit::kRows, static_cast<int>(group_rows.size()), group_rows, group_replicas};
   weight = &reg.add_split(name + ".weight", {out, in}, Init::kNormal, std, true, slice);
+  if (fp8) reg.mark_fp8_weight(*weight);
   if (has_bias) {
     bias = &reg.add_split(name + ".bias", {out}, Init::kZeros, 0, /*weight_decay=*/false, slice);
   }

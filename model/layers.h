@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "model/autograd.h"
@@ -84,6 +85,9 @@ class ParamRegistry {
   // Whether the LinearLayers made from now on run their products in FP8 (GPTConfig::fp8).
   void set_fp8_linears(bool on) { fp8_linears_ = on; }
   bool fp8_linears() const { return fp8_linears_; }
+  // The weights of the FP8 LinearLayers made so far.
+  void mark_fp8_weight(const Parameter& p) { fp8_weights_.insert(&p); }
+  const std::unordered_set<const Parameter*>& fp8_weights() const { return fp8_weights_; }
   // The TP place of this model; set before the first add_split().
   TpContext& tensor_parallel() { return tp_; }
   const TpContext& tensor_parallel() const { return tp_; }
@@ -105,6 +109,7 @@ class ParamRegistry {
   std::unordered_map<const Parameter*, TpSlice> slices_;
   std::vector<const Parameter*> tp_partial_;
   bool fp8_linears_ = false;
+  std::unordered_set<const Parameter*> fp8_weights_;
 };
 
 struct LinearLayer {

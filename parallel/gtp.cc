@@ -5,6 +5,7 @@
 #include "memory/caching_allocator.h"
 #include "model/mixed_precision.h"
 #include "model/ops/add.h"
+#include "model/ops/fp8.h"
 #include "model/stream.h"
 
 namespace gtron::parallel {
@@ -14,6 +15,7 @@ using memory::Direction;
 namespace {
 constexpr int kFwd = 0, kBwd = 1;
 int slot(Direction d) { return d == Direction::kForward ? kFwd : kBwd; }
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 memory::ElemType elem(DType d) {
   return {static_cast<int32_t>(d), static_cast<int32_t>(dtype_size(d))};
 }
@@ -50,6 +52,19 @@ std::unique_ptr<memory::SymmetricBackend> default_send_backend(Device device) {
 }
 }  // namespace
 
+// Note [fp8 gathers]
+// With FP8 linears (GtpOptions::fp8_weights) a weight whose shard is a whole number of 128-row
+// blocks gathers e4m3 codes instead of its compute-dtype values: each rank quantizes its shard
+// (the same 128x128 blocks, from the same values, that one process's linear quantizes its full
+// weight in: a block never straddles two shards) into one packed chunk, [codes | block scales],
+// the chunks are all-gathered into the tail of the weight's gather buffer, and the use dequantizes
+// them into the buffer's head, the full weight in the compute dtype. The linear then quantizes that
+// weight again: every value is already on its block's e4m3 grid, so it gets back the same values
+// (a block whose largest code fell to 224 or less takes half the scale and twice the codes, the
+// same products), and the losses are those of one process. The gathers move one byte a weight
+// (plus a float a block) instead of two (bf16) or four (f32); the buffer holds both regions.
+// Weights whose shards are not whole blocks gather as before.
+
 struct GtpWeights::Info {
   Parameter* p = nullptr;
   int64_t id = 0;
@@ -65,6 +80,10 @@ struct GtpWeights::Info {
   void* active_send = nullptr;  // the send buffer of the use whose backward is running
   memory::PoolKey key;
   Tensor shard_lo;  // [shard_rows * cols] compute-dtype copy of the shard (bf16 gathers only)
+  // Note [fp8 gathers]: bytes of the codes and of a whole packed chunk (0: no FP8 gathers), where
+  // the gathered chunks start in the buffer (in compute-dtype elements), this rank's chunk.
+  int64_t fp8_codes = 0, fp8_chunk = 0, fp8_at = 0;
+  Tensor shard_fp8;
 };
 
 struct GtpWeights::Pending {
@@ -99,6 +118,12 @@ GtpWeights::GtpWeights(const std::vector<Parameter*>& sharded, Communicator* gtp
     in->padded_rows = (in->rows + G - 1) / G * G;
     in->shard_rows = in->padded_rows / G;
     in->key = memory::PoolKey{in->padded_rows * in->cols, elem(DType::kF32), group};
+    if (opt_.fp8_weights.count(p) != 0 && in->shard_rows % fp8::kTile == 0) {
+      in->fp8_codes = round_up(in->shard_rows * in->cols, 16);
+      in->fp8_chunk =
+          in->fp8_codes + round_up(4 * fp8::block_scale_floats(in->shard_rows, in->cols), 16);
+      in->fp8_at = round_up(in->padded_rows * in->cols, 128);
+    }
     Info* raw = in.get();
     info_[p] = std::move(in);
     memory::AllocKindScope kind(memory::AllocKind::kWeights);  // Note [allocation kinds]
@@ -223,7 +248,10 @@ void GtpWeights::gather(Info& in, Direction dir, bool async) {
   const int s = slot(dir);
   memory::WeightCache& c = cache(in.domain);
   if (!in.ticket[s].valid()) {
-    in.ticket[s] = c.ticket(in.id, dir, in.padded_rows * in.cols, elem(opt_.compute_dtype));
+    const int64_t es = static_cast<int64_t>(dtype_size(opt_.compute_dtype));
+    const int64_t numel = in.fp8_chunk > 0 ? in.fp8_at + (gtp_->size() * in.fp8_chunk + es - 1) / es
+                                           : in.padded_rows * in.cols;
+    in.ticket[s] = c.ticket(in.id, dir, numel, elem(opt_.compute_dtype));
   }
   void* buf = c.buffer(in.ticket[s]);
   // A weight of the same shape may hold this buffer with a prefetch pending: cancel it (the
@@ -253,7 +281,13 @@ void GtpWeights::gather(Info& in, Direction dir, bool async) {
     cuda::cast_f32_to_bf16(shard.data<float>(), in.shard_lo.raw(), shard.numel(), stream.native());
     shard = in.shard_lo;
   }
-  Work w = gtp_->all_gather(shard, out);
+  Work w;
+  if (in.fp8_chunk > 0) {
+    w = gather_fp8(in, shard, buf);
+  } else {
+    w = gtp_->all_gather(shard, out);
+    stats_.gathered_bytes += static_cast<int64_t>(out.nbytes());
+  }
   ++stats_.gathers_issued;
   if (async) {
     in.armed[s] = true;
@@ -275,8 +309,49 @@ Tensor GtpWeights::materialize(Info& in, Direction dir) {
     gather(in, dir, /*async=*/false);
   }
   void* buf = cache(in.domain).buffer(in.ticket[s]);
+  if (in.fp8_chunk > 0) dequantize_gathered(in, buf);
   return Tensor::from_blob(buf, {in.padded_rows, in.cols}, opt_.compute_dtype, device_)
       .rows(0, in.rows);
+}
+
+Work GtpWeights::gather_fp8(Info& in, const Tensor& shard, void* buf) {
+  Stream& stream = current_stream(device_);
+  if (!in.shard_fp8.defined()) {
+    in.shard_fp8 = Tensor::empty({in.fp8_chunk / 4}, DType::kF32, device_, &stream);
+  }
+  uint8_t* q = static_cast<uint8_t*>(in.shard_fp8.raw());
+  float* sc = reinterpret_cast<float*>(q + in.fp8_codes);
+  const int64_t rows = in.shard_rows, cols = in.cols;
+  if (device_.is_cuda()) {
+    cuda::fp8_quantize_blocks(shard.raw(), shard.dtype(), rows, cols, q, sc, nullptr, nullptr,
+                              stream.native());
+  } else {
+    const float* x = shard.data<float>();
+    stream.run([=] { fp8::quantize_blocks(x, rows, cols, q, sc); });
+  }
+  const int64_t es = static_cast<int64_t>(dtype_size(opt_.compute_dtype));
+  Tensor recv = Tensor::from_blob(static_cast<char*>(buf) + in.fp8_at * es,
+                                  {gtp_->size() * in.fp8_chunk / 4}, DType::kF32, device_);
+  stats_.gathered_bytes += static_cast<int64_t>(recv.nbytes());
+  ++stats_.fp8_gathers;
+  return gtp_->all_gather(in.shard_fp8, recv);
+}
+
+void GtpWeights::dequantize_gathered(const Info& in, void* buf) {
+  Stream& stream = current_stream(device_);
+  const int64_t es = static_cast<int64_t>(dtype_size(opt_.compute_dtype));
+  const int64_t rows = in.shard_rows, cols = in.cols;
+  const uint8_t* packed = static_cast<const uint8_t*>(buf) + in.fp8_at * es;
+  for (int64_t r = 0; r < gtp_->size(); ++r) {
+    const uint8_t* q = packed + r * in.fp8_chunk;
+    const float* sc = reinterpret_cast<const float*>(q + in.fp8_codes);
+    void* out = static_cast<char*>(buf) + r * rows * cols * es;
+    if (device_.is_cuda()) {
+      cuda::fp8_dequantize_blocks(q, sc, rows, cols, out, opt_.compute_dtype, stream.native());
+    } else {
+      stream.run([=] { fp8::dequantize_blocks(q, sc, rows, cols, static_cast<float*>(out)); });
+    }
+  }
 }
 
 void GtpWeights::prefetch(const Info& in, Direction dir) {

@@ -83,6 +83,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -100,6 +101,8 @@ struct GtpOptions {
   // mixed precision: each shard is cast to a bf16 copy on the stream right before its gather, so
   // the gathers move half the bytes; weight gradients, send buffers and shards stay f32).
   DType compute_dtype = DType::kF32;
+  // The weights of FP8 linears (GPT::fp8_weight): Note [fp8 gathers] in gtp.cc.
+  std::unordered_set<const Parameter*> fp8_weights;
 };
 
 struct GtpStats {
@@ -107,6 +110,8 @@ struct GtpStats {
   int64_t prefetch_hits = 0;    // uses served by a prefetch
   int64_t reduce_scatters = 0;  // reduce-scatters started
   int64_t reused_send_buffers = 0;
+  int64_t gathered_bytes = 0;  // bytes each rank received from its all-gathers
+  int64_t fp8_gathers = 0;     // all-gathers that moved e4m3 codes (Note [fp8 gathers])
 };
 
 class GtpWeights : public WeightAccess {
@@ -170,6 +175,10 @@ class GtpWeights : public WeightAccess {
   // Waits for p's gather for this use in `dir` (issuing it now if none is pending).
   Tensor materialize(Info& in, memory::Direction dir);
   void prefetch(const Info& in, memory::Direction dir);
+  // Note [fp8 gathers] (gtp.cc): quantize this rank's shard and all-gather the packed chunks into
+  // the tail of `buf`; after the gather, dequantize them into its head.
+  Work gather_fp8(Info& in, const Tensor& shard, void* buf);
+  void dequantize_gathered(const Info& in, void* buf);
   // A use inside a recompute round: records the round, or prefetches its next weight.
   void round_use(Info& in);
   memory::WeightCache& cache(int domain);

@@ -79,7 +79,8 @@ ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid
     }
     gtp_ = std::make_unique<parallel::GtpWeights>(
         sharded, grid_->gtp.get(),
-        parallel::GtpOptions{cfg.parallel.gtp_reuse_repeated_send_buffer, compute_dtype},
+        parallel::GtpOptions{cfg.parallel.gtp_reuse_repeated_send_buffer, compute_dtype,
+                             model.fp8_weights()},
         std::move(send_backend));
     model.set_weight_access(gtp_.get());
     for (const Parameter* p : sharded) {

@@ -111,6 +111,10 @@ void fp8_quantize_cols(const void* x, int64_t R, int64_t K, uint8_t* qt, float* 
 // transposed codes qt[K, N] with their scales st (blocks layout of the [K, N] matrix).
 void fp8_quantize_blocks(const void* w, DType w_dtype, int64_t N, int64_t K, uint8_t* q, float* s,
                          uint8_t* qt, float* st, void* stream);
+// out[N, K] (f32 or bf16: out_dtype) = the values of codes q[N, K] with blocks-layout scales s
+// (exact: a code times a power of two; bf16 holds it unless it falls below bf16's subnormals).
+void fp8_dequantize_blocks(const uint8_t* q, const float* s, int64_t N, int64_t K, void* out,
+                           DType out_dtype, void* stream);
 }  // namespace cuda
 
 }  // namespace gtron

@@ -161,7 +161,34 @@ __global__ void quantize_blocks_kernel(const T* __restrict__ w, int64_t N, int64
   }
 }
 
+template <typename T>
+__global__ void dequantize_blocks_kernel(const uint8_t* __restrict__ q, const float* __restrict__ s,
+                                         int64_t N, int64_t K, int64_t ld, T* __restrict__ out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N * K) return;
+  const int64_t n = i / K, k = i % K;
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(q[i], __NV_E4M3);
+  out[i] = from_float<T>(__half2float(__half(h)) * s[(n / kTile) * ld + k / kTile]);
+}
+
 }  // namespace
+
+void fp8_dequantize_blocks(const uint8_t* q, const float* s, int64_t N, int64_t K, void* out,
+                           DType out_dtype, void* stream) {
+  GTRON_CHECK(out_dtype == DType::kF32 || out_dtype == DType::kBF16,
+              "fp8_dequantize_blocks: ", dtype_name(out_dtype), " output; expected f32 or bf16");
+  if (N * K == 0) return;
+  const unsigned blocks = static_cast<unsigned>(ceil_div<int64_t>(N * K, 256));
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const int64_t ld = fp8::block_scale_ld(K);
+  if (out_dtype == DType::kF32) {
+    dequantize_blocks_kernel<float>
+        <<<blocks, 256, 0, st>>>(q, s, N, K, ld, static_cast<float*>(out));
+  } else {
+    dequantize_blocks_kernel<bf16><<<blocks, 256, 0, st>>>(q, s, N, K, ld, static_cast<bf16*>(out));
+  }
+  CUDA_CHECK_LAUNCH();
+}
 
 void fp8_quantize_rows(const void* x, int64_t R, int64_t K, uint8_t* q, float* s, void* stream) {
   const int64_t tiles = R * fp8::tiles(K);

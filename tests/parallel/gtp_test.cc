@@ -183,6 +183,56 @@ TEST(Gtp, RepeatedBackwardReusesItsSendBuffer) {
   }
 }
 
+// Note [fp8 gathers]: with FP8 linears, a weight whose shard is whole 128-row blocks (here
+// mlp.fc, [512, 128]: 256 rows a shard) gathers e4m3 codes and block scales; the others gather
+// f32. The losses and gradients are those of gathering f32, bit for bit, and of one process at the
+// first step; the gathers move fewer bytes.
+TEST(Gtp, Fp8GathersMoveCodesAndKeepTheLoss) {
+  GPTConfig c = config(0, true);
+  c.n_embd = 128;
+  c.fp8 = true;
+  GPT ref(c, DType::kF32, Device::cpu(), 5);
+  GPTOutput ro = ref.forward(window(1));
+  backward(ro.loss);
+  struct Result {
+    double loss = 0;
+    std::vector<double> grads;
+    GtpStats stats;
+  };
+  Result res[2][2];  // [fp8 gathers][rank]
+  for (const bool fp8_gathers : {false, true}) {
+    run_ranks(2, [&](int rank, StoreClient& store) {
+      GlooCommunicator comm(store, fp8_gathers ? "fp8" : "f32", rank, 2);
+      GPT model(c, DType::kF32, Device::cpu(), 5);
+      GtpOptions opt;
+      if (fp8_gathers) opt.fp8_weights = model.fp8_weights();
+      GtpWeights gtp(shardable(model), &comm, opt);
+      model.set_weight_access(&gtp);
+      Result& r = res[fp8_gathers][rank];
+      r.loss = step(model, gtp, window(1), 0.5);
+      step(model, gtp, window(2), 0.5);  // a second pass: prefetched gathers too
+      r.stats = gtp.stats();
+      for (Parameter* p : shardable(model)) {
+        const std::vector<double> g = p->main_grad.to_vector();
+        r.grads.insert(r.grads.end(), g.begin(), g.end());
+      }
+    });
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(res[1][rank].loss, ro.loss.value().item()) << "rank " << rank;
+    EXPECT_EQ(res[1][rank].loss, res[0][rank].loss);
+    EXPECT_EQ(res[1][rank].grads, res[0][rank].grads) << "rank " << rank;
+    EXPECT_EQ(res[0][rank].stats.fp8_gathers, 0);
+    // Two blocks' mlp.fc, forward and backward, two passes.
+    EXPECT_EQ(res[1][rank].stats.fp8_gathers, 2 * 2 * 2);
+    EXPECT_EQ(res[1][rank].stats.gathers_issued, res[0][rank].stats.gathers_issued);
+    // Each fc gather: a shard's 256x128 codes and its 2 block rows of scales (4 floats each, the
+    // leading dimension padded to 4) from each of 2 ranks, instead of 512x128 f32.
+    const int64_t saved = 8 * (int64_t{512} * 128 * 4 - 2 * (256 * 128 + 2 * 4 * 4));
+    EXPECT_EQ(res[0][rank].stats.gathered_bytes - res[1][rank].stats.gathered_bytes, saved);
+  }
+}
+
 TEST(Gtp, CaptureGuardFiresWhenThePoolIsEmpty) {
   run_ranks(2, [](int rank, StoreClient& store) {
     GlooCommunicator comm(store, "guard", rank, 2);
