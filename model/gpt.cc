@@ -382,6 +382,27 @@ void GPT::moe_update_bias() {
   }
 }
 
+std::vector<int64_t> GPT::moe_load() const {
+  std::vector<int64_t> out;
+  for (const LlamaBlock& b : llama_blocks_) {
+    if (b.moe) out.insert(out.end(), b.moe->load().begin(), b.moe->load().end());
+  }
+  return out;
+}
+
+void GPT::set_moe_load(const std::vector<int64_t>& load) {
+  size_t at = 0;
+  for (const LlamaBlock& b : llama_blocks_) {
+    if (!b.moe) continue;
+    std::vector<int64_t>& l = b.moe->load();
+    GTRON_CHECK(at + l.size() <= load.size(), "set_moe_load: ", load.size(), " counts");
+    std::copy(load.begin() + static_cast<int64_t>(at),
+              load.begin() + static_cast<int64_t>(at + l.size()), l.begin());
+    at += l.size();
+  }
+  GTRON_CHECK(at == load.size(), "set_moe_load: ", load.size(), " counts for ", at);
+}
+
 std::vector<std::pair<std::string, Tensor>> GPT::buffers() const {
   std::vector<std::pair<std::string, Tensor>> out;
   for (const LlamaBlock& b : llama_blocks_) {

@@ -158,6 +158,10 @@ class GPT {
   // After each optimizer step: the sigmoid routers' bias update, then the load counts reset
   // (Note [router bias] in model/moe.h).
   void moe_update_bias();
+  // The MoE layers' load counts since the last update, concatenated in block order ([E] each),
+  // and their replacement (same length): data-parallel ranks sum them between the two.
+  std::vector<int64_t> moe_load() const;
+  void set_moe_load(const std::vector<int64_t>& load);
   // Model state that is not a parameter, by checkpoint name: the MoE router biases (the tensors
   // themselves: copy into them to restore). Empty for a dense model.
   std::vector<std::pair<std::string, Tensor>> buffers() const;

@@ -22,8 +22,13 @@
 // permuted row buffer with offsets, so expert parallelism cuts the list: rank r of EP keeps the
 // experts [r·E/EP, (r + 1)·E/EP), a contiguous stretch of parameters, and the rows an all-to-all
 // brings it are the offsets' contiguous blocks of those experts, already in (expert, token)
-// order. The expert GEMMs take the block linears' precision: with train.precision = "fp8" they
-// run linear's FP8 recipe per expert (the router stays in full precision, as DeepSeek-V3's).
+// order. Not yet under GTP: grouped_linear holds the use() of every expert weight of a layer at
+// once, while GTP's gather buffers are shared by same-shaped weights that are not chain
+// neighbours (the ticket cache in parallel/gtp.h), so expert e + 2's gather would overwrite
+// expert e's before the op reads it; EP (each rank's experts whole) or a per-expert
+// use -> GEMM -> used sequence lifts that. The expert GEMMs take the block linears' precision: with
+// train.precision = "fp8" they run linear's FP8 recipe per expert (the router stays in full
+// precision, as DeepSeek-V3's).
 //
 // Note [router bias]
 // The sigmoid router's aux-loss-free balancing (DeepSeek-V3): a per-expert bias b [E] added to
@@ -31,7 +36,9 @@
 // gradient, no optimizer state): after each optimizer step, update_bias() moves it by
 // b_e += rate · sign(mean_load − load_e) from the slots each expert received since the last
 // update (counted by forwards in grad mode only, so evaluation does not count), and resets the
-// counts. It is the layer's state, saved in checkpoints as <name>.router.expert_bias.
+// counts. It is the layer's state, saved in checkpoints as <name>.router.expert_bias. Under data
+// parallelism the trainer sums the counts over the data ranks first (exact: integers), so the
+// bias moves by the global batch's load, the same on every rank and in every layout.
 #pragma once
 
 #include <cstdint>
@@ -85,6 +92,9 @@ class MoeLayer {
   // Note [router bias]: the sigmoid router's bias update (when rate > 0), then the load reset.
   void update_bias();
   void reset_load();
+  // The slots each expert received since the last reset, [E]: data-parallel ranks sum theirs
+  // before update_bias(), so every rank moves its bias the same way (Note [router bias]).
+  std::vector<int64_t>& load() { return load_; }
   // The router bias [E] in the model's dtype (state saved in checkpoints).
   Tensor& expert_bias() { return bias_; }
   const std::string& bias_name() const { return bias_name_; }

@@ -209,8 +209,9 @@ std::vector<KeySpec> build_schema() {
           "llama: biases on the q, k, v projections (Qwen2)."),
       key(GTRON_FIELD(model.moe.num_experts), 0, at_least(0),
           "llama: routed experts E of each mixture-of-experts MLP; 0 = the dense SwiGLU MLP (the "
-          "other model.moe keys then do nothing). The CPU only so far, one process, graphs.scope "
-          "none, train.recompute none or selective."),
+          "other model.moe keys then do nothing). So far on the CPU, with data parallelism only "
+          "(no TP, GTP or expert parallelism), graphs.scope none, train.recompute none or "
+          "selective."),
       key(GTRON_FIELD(model.moe.top_k), 2, at_least(1),
           "llama MoE: experts each token is sent to (dropless: every token reaches all of them); "
           "<= model.moe.num_experts."),

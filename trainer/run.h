@@ -72,6 +72,8 @@ class Run {
   // The model's state beyond its parameters (GPT::buffers: the MoE router biases) from the
   // tensors of checkpoint `dir`; UserError naming a missing or mis-shaped one.
   void load_buffers(const CheckpointTensors& c, const std::string& dir);
+  // Sums the MoE load counts of this step over the data ranks (Note [router bias]). Collective.
+  void sum_moe_load();
   bool is_rank0() const { return env_.rank == 0; }
   // The ranks that see different micro-batches (world / TP: TP peers share theirs), and this
   // rank's place among them.

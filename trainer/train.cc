@@ -269,6 +269,16 @@ void Run::init_weights(const std::string& dir) {
     std::printf("initialized weights from %s (fresh optimizer, step 0)\n", dir.c_str());
 }
 
+void Run::sum_moe_load() {
+  const std::vector<int64_t> load = model_->moe_load();
+  std::vector<double> v(load.begin(), load.end());  // exact: counts far below 2^53
+  Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, DType::kF64);
+  grid_.data_group()->all_reduce(t, parallel::ReduceOp::kSum).synchronize();
+  std::vector<int64_t> sum;
+  for (double x : t.to_vector()) sum.push_back(static_cast<int64_t>(x));
+  model_->set_moe_load(sum);
+}
+
 void Run::load_buffers(const CheckpointTensors& c, const std::string& dir) {
   for (auto& [name, tensor] : model_->buffers()) {
     tensor.copy_from(checked_tensor(c.params, name, tensor.shape(), dir + "/model.safetensors"));
@@ -483,6 +493,7 @@ void Run::log_step(int64_t done, double lr, double gnorm, const std::vector<doub
     v.push_back({"train/lr", sm.lr});
     v.push_back({"train/grad_norm", sm.grad_norm});
     v.push_back({"train/tokens_per_s", sm.tokens_per_s});
+    for (const auto& [k, x] : moe) v.push_back({"moe/" + k, x});
     tensorboard_->add_scalars(done, v);
     tensorboard_->flush();
   }
@@ -529,7 +540,9 @@ int Run::train() {
     }
     opt_->step(par_->owned(), lr, clip_scale(gnorm, cfg_.optimizer.grad_clip));
     par_->after_update();
-    // Note [router bias] in model/moe.h: the step's load, then the bias update.
+    // Note [router bias] in model/moe.h: the step's load over the data ranks, then the bias
+    // update.
+    if (grid_.world && cfg_.model.moe.num_experts > 0) sum_moe_load();
     moe_stats_ = model_->moe_stats();
     model_->moe_update_bias();
     if (summary_) summary_->losses.push_back(losses[0]);

@@ -185,7 +185,8 @@ TEST(ConfigFiles, MoeTinyLoadsAndValidates) {
   EXPECT_DOUBLE_EQ(d.aux_loss_weight, 0);
 }
 
-// model.moe: the llama family's, in one process on the CPU for now; each refusal names the key.
+// model.moe: the llama family's, on the CPU with data parallelism only for now; each refusal
+// names the key.
 TEST(ConfigErrors, MoeChecks) {
   const std::string llama = R"("arch": "llama", "n_layer": 2, "n_head": 4, "n_embd": 64)";
   auto moe = [&](const std::string& moe_keys, const std::string& rest = "") {
@@ -214,10 +215,13 @@ TEST(ConfigErrors, MoeChecks) {
   expect_text_error(moe(R"("num_experts": 4)", R"(, "train": {"recompute": "full"})"),
                     {"train.recompute = \"full\"", "model.moe"});
   expect_text_error(
+      moe(R"("num_experts": 4)", R"(, "parallel": {"tp": 2}, "train": {"global_batch": 16})"),
+      {"parallel.tp > 1", "model.moe", "set parallel.tp = 1"});
+  expect_text_error(
       moe(R"("num_experts": 4)", R"(, "parallel": {"gtp": 2}, "train": {"global_batch": 16})"),
-      {"model.moe runs in one process"});
-  const Config c = from_text(moe(R"("num_experts": 4)"));
-  expect_user_error([&] { validate(c, 2); }, {"model.moe runs in one process"});
+      {"parallel.gtp > 1", "model.moe"});
+  // Data parallelism is built (the load counts are summed over the data ranks).
+  validate(from_text(moe(R"("num_experts": 4)", R"(, "train": {"global_batch": 16})")), 2);
 }
 
 // Every shipped config parses and validates at one process: a key that leaves the schema, or a
