@@ -1,11 +1,12 @@
 // Generation for the llama family (issue 27 item 3), in f64 on the CPU over tiny models of every
 // shape the family has: grouped-query and multi-query attention, Qwen3's q/k norms with a head
 // size that is not C / NH, Qwen2's qkv bias, llama3 RoPE scaling, tied and untied heads, two MTP
-// depths. (a) Incremental decoding (ragged prefills, single tokens, wider windows, rows at
-// different positions) gives the full forward's logits at every position, main model and each
-// depth, within 1e-10 relative; (b) greedy decoding with --speculative gives the tokens of plain
-// cached decoding and of full recomputation; (c) after a rollback (wrong tokens fed, then the
-// right ones from the same position) the logits are those of a fresh decode, bit for bit.
+// depths, a mixture-of-experts block. (a) Incremental decoding (ragged prefills, single tokens,
+// wider windows, rows at different positions) gives the full forward's logits at every position,
+// main model and each depth, within 1e-10 relative; (b) greedy decoding with --speculative gives
+// the tokens of plain cached decoding and of full recomputation; (c) after a rollback (wrong tokens
+// fed, then the right ones from the same position) the logits are those of a fresh decode, bit for
+// bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -66,6 +67,16 @@ std::vector<Case> cases() {
   // ones interpolated within the positions decoded here.
   llama3.rope_scaling = {4.0, 1.0, 4.0, 16};
   all.push_back({"llama3_scaling_qkv_bias_untied", llama3});
+  // Mixture of experts (model/moe.h) in block 1: routing is per token, so a cached decode routes
+  // every position as the full forward does.
+  GPTConfig moe = base_config();
+  moe.moe.E = 4;
+  moe.moe.top_k = 2;
+  moe.moe.num_shared = 1;
+  moe.moe.F = 8;
+  moe.moe.first_dense_layers = 1;
+  moe.moe.router = MoeRouterKind::kSigmoid;
+  all.push_back({"moe_sigmoid_shared", moe});
   return all;
 }
 
