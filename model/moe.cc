@@ -18,8 +18,11 @@ MoeLayer::MoeLayer(ParamRegistry& reg, const std::string& name, int64_t C, const
               d.num_shared);
   GTRON_CHECK(!reg.tensor_parallel().active(), "MoE layer ", name,
               ": tensor parallelism is not built for MoE yet");
+  // Note [MoE layout]: the router keeps full precision (not an FP8 linear, nor an FP8 weight).
+  const bool fp8 = reg.fp8_linears();
+  reg.set_fp8_linears(false);
   router_ = LinearLayer(reg, name + ".router", C, d.E, false, std);
-  router_.fp8 = false;  // Note [MoE layout]: the router keeps full precision
+  reg.set_fp8_linears(fp8);
   for (int e = 0; e < d.E; ++e) {
     const std::string ex = name + ".experts." + std::to_string(e);
     gate_up_.emplace_back(reg, ex + ".gate_up", C, 2 * d.F, false, std);

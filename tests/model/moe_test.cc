@@ -80,6 +80,17 @@ TEST(MoeLayer, ParameterNamesAndShapes) {
   EXPECT_EQ(moe.bias_name(), "blocks.1.mlp.router.expert_bias");
 }
 
+// train.precision = "fp8": the expert and shared linears are FP8 ones, the router is not.
+TEST(MoeLayer, Fp8LeavesTheRouterInFullPrecision) {
+  ParamRegistry reg(DType::kF32, Device::cpu(), 1);
+  reg.set_fp8_linears(true);
+  MoeLayer moe(reg, "moe", 6, tiny_moe(MoeRouterKind::kSoftmax), 0.3, 0.1);
+  EXPECT_TRUE(reg.fp8_linears());
+  EXPECT_EQ(reg.fp8_weights().count(reg.find("moe.router.weight")), 0u);
+  EXPECT_EQ(reg.fp8_weights().count(reg.find("moe.experts.2.down.weight")), 1u);
+  EXPECT_EQ(reg.fp8_weights().count(reg.find("moe.shared.gate_up.weight")), 1u);
+}
+
 // The whole MoE MLP (router, top-k gates, dispatch, the grouped experts, combine, the shared
 // expert) and, separately, its balance loss: every input and parameter, both routers.
 TEST(MoeLayer, GradCheckWithSharedExpertAndBalanceLoss) {
