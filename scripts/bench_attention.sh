@@ -47,8 +47,10 @@ if [[ -z "$bin" ]]; then
     bazel build //tests/model:bench_attention >&2; })
   bin="$root/bazel-bin/tests/model/bench_attention"
 fi
+# The libraries packed beside the binary, for the binary alone (PyTorch keeps the machine's own).
+bin_libs="${LD_LIBRARY_PATH:-}"
 if [[ -d "$(dirname "$bin")/lib" ]]; then
-  export LD_LIBRARY_PATH="$(dirname "$bin")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  bin_libs="$(dirname "$bin")/lib${bin_libs:+:$bin_libs}"
 fi
 
 # Split the flags: --variants to the binary, --backends to the Python script, the rest to both.
@@ -79,7 +81,7 @@ done
 dir="${GTRON_BENCH_DIR:-$(mktemp -d)}"
 mkdir -p "$dir"
 set +e
-"$bin" "${g_args[@]}" | tee "$dir/gtron.jsonl"
+LD_LIBRARY_PATH="$bin_libs" "$bin" "${g_args[@]}" | tee "$dir/gtron.jsonl"
 g_rc=${PIPESTATUS[0]}
 PYTHONUNBUFFERED=1 python3 "$py" "${t_args[@]}" | tee "$dir/torch.jsonl"
 t_rc=${PIPESTATUS[0]}

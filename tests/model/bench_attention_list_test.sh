@@ -98,12 +98,14 @@ python3 "$py" --table "$dir/bad.jsonl" 2>"$dir/py.err" >/dev/null || rc=$?
 [[ $rc -eq 2 ]] && grep -q "not a JSON line" "$dir/py.err" || die "bad table input: $rc"
 
 # 6. bench_attention.sh with a fake binary (next to the script, as on the GPU machine) and a fake
-# python3 whose sweep prints canned lines: the flag split, the files, the table, the exit status.
-mkdir -p "$dir/sh" "$dir/fakebin" "$dir/out"
+# python3 whose sweep prints canned lines: the flag split, the packed libraries for the binary
+# alone, the files, the table, the exit status.
+mkdir -p "$dir/sh/lib" "$dir/fakebin" "$dir/out"
 cp "$sh" "$py" "$dir/sh/"
 cat >"$dir/sh/bench_attention" <<EOF
 #!/usr/bin/env bash
 echo "\$*" >"$dir/bin_args.txt"
+echo "\${LD_LIBRARY_PATH:-}" >"$dir/bin_libs.txt"
 grep -v '"rope"' "$dir/gtron.jsonl" | grep -v '"nkv": 8'
 exit \${FAKE_GTRON_RC:-0}
 EOF
@@ -113,6 +115,7 @@ cat >"$dir/fakebin/python3" <<EOF
 #!/usr/bin/env bash
 if [[ " \$* " == *" --table "* ]]; then exec "$real_python" "\$@"; fi
 echo "\$*" >"$dir/py_args.txt"
+echo "\${LD_LIBRARY_PATH:-}" >"$dir/py_libs.txt"
 grep '"hs": 128' "$dir/torch.jsonl"
 EOF
 chmod +x "$dir/fakebin/python3"
@@ -124,6 +127,8 @@ want="bench_attention.py --hs 128 --backends cudnn,fa2 --repeats 5"
 [[ "$(cat "$dir/py_args.txt")" == *"$want" ]] ||
   die "python args: $(cat "$dir/py_args.txt")"
 [[ -s "$dir/out/gtron.jsonl" && -s "$dir/out/torch.jsonl" ]] || die "JSON files not kept"
+[[ "$(cat "$dir/bin_libs.txt")" == "$dir/sh/lib"* ]] || die "binary libs: $(cat "$dir/bin_libs.txt")"
+! grep -q "$dir/sh/lib" "$dir/py_libs.txt" || die "python got the packed libraries"
 grep -q "0.75" "$dir/sh.txt" || die "no table: $(cat "$dir/sh.txt")"
 rc=0
 FAKE_GTRON_RC=1 PATH="$dir/fakebin:$PATH" GTRON_BENCH_DIR="$dir/out" \
