@@ -202,10 +202,10 @@ def sweep(a):
     def time_ms(call):
         for i in range(a.warmup):
             call(i % a.rotate)
-        # The GPU sleeps (~20 ms at 2 GHz) while the host queues the timed calls, so Python's
+        # The GPU sleeps (~50 ms at 2 GHz) while the host queues the timed calls, so Python's
         # per-call overhead never leaves the GPU idle between two events.
         torch.cuda.synchronize()
-        torch.cuda._sleep(40_000_000)
+        torch.cuda._sleep(100_000_000)
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(a.repeats)]
         for i, (s, e) in enumerate(ev):
