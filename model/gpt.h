@@ -106,9 +106,7 @@ class GPT {
   const GPTConfig& config() const { return cfg_; }
   const std::vector<Parameter*>& parameters() const { return params_.all(); }
   // The weights of the FP8 linears (GPTConfig::fp8; empty without it).
-  const std::unordered_set<const Parameter*>& fp8_weights() const {
-    return params_.fp8_weights();
-  }
+  const std::unordered_set<const Parameter*>& fp8_weights() const { return params_.fp8_weights(); }
   Parameter* find(const std::string& name) const { return params_.find(name); }
   int64_t num_parameters() const;
   // Training FLOPs per token for sequence length T: 6·N + 6·L'·C·T, N = weights entering GEMMs
