@@ -18,6 +18,9 @@ namespace config_internal {
 // Throws the UserError of a config fault: "config error: <what>. Hint: <hint>".
 [[noreturn]] void fail(const std::string& what, const std::string& hint);
 
+// model.moe against the other keys (config_moe.cc); no-op for a dense model.
+void check_moe(const Config& c);
+
 enum class KeyType { kInt, kFloat, kBool, kString, kEnum };
 
 // Bounds of a numeric key; an absent bound is unbounded. Int keys compare as doubles, exact for
