@@ -29,6 +29,10 @@
 
 namespace gtron::internal {
 
+// The MoE layers' load and balance as metric columns (train_moe.cc).
+std::vector<std::pair<std::string, double>> moe_metric_columns(
+    const std::vector<MoeLayerStats>& stats, const MoeConfig& moe);
+
 struct DevicePlan {
   Device device;
   bool bf16 = false;  // bf16 mixed precision (Note [bf16 shadows] in model/mixed_precision.h)

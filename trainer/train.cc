@@ -101,23 +101,6 @@ int test_grid_of_one() {
   return mode;
 }
 
-// The MoE layers' load and balance (model/moe.h) as metric columns: per MoE block l, the fewest
-// and most routed slots an expert received in the step, their coefficient of variation, the
-// balance loss (when weighted) and the router bias norm (sigmoid router).
-std::vector<std::pair<std::string, double>> moe_extra(const std::vector<MoeLayerStats>& stats,
-                                                      const MoeConfig& moe) {
-  std::vector<std::pair<std::string, double>> out;
-  for (const MoeLayerStats& s : stats) {
-    const std::string p = "moe" + std::to_string(s.layer) + "_";
-    out.push_back({p + "load_min", static_cast<double>(s.tokens_min)});
-    out.push_back({p + "load_max", static_cast<double>(s.tokens_max)});
-    out.push_back({p + "load_cv", s.load_cv});
-    if (moe.aux_loss_weight > 0) out.push_back({p + "aux", s.aux_loss});
-    if (moe.router == MoeRouterChoice::kSigmoid) out.push_back({p + "bias_norm", s.bias_norm});
-  }
-  return out;
-}
-
 }  // namespace
 
 namespace internal {
@@ -267,22 +250,6 @@ void Run::init_weights(const std::string& dir) {
   if (bf16_weights_) bf16_weights_->refresh();
   if (is_rank0())
     std::printf("initialized weights from %s (fresh optimizer, step 0)\n", dir.c_str());
-}
-
-void Run::sum_moe_load() {
-  const std::vector<int64_t> load = model_->moe_load();
-  std::vector<double> v(load.begin(), load.end());  // exact: counts far below 2^53
-  Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, DType::kF64);
-  grid_.data_group()->all_reduce(t, parallel::ReduceOp::kSum).synchronize();
-  std::vector<int64_t> sum;
-  for (double x : t.to_vector()) sum.push_back(static_cast<int64_t>(x));
-  model_->set_moe_load(sum);
-}
-
-void Run::load_buffers(const CheckpointTensors& c, const std::string& dir) {
-  for (auto& [name, tensor] : model_->buffers()) {
-    tensor.copy_from(checked_tensor(c.params, name, tensor.shape(), dir + "/model.safetensors"));
-  }
 }
 
 void Run::print_header(const ResolvedData& data) const {
@@ -473,7 +440,8 @@ void Run::log_step(int64_t done, double lr, double gnorm, const std::vector<doub
   }
   sm.extra.insert(sm.extra.end(), comm_extra_.begin(), comm_extra_.end());
   comm_extra_.clear();
-  const std::vector<std::pair<std::string, double>> moe = moe_extra(moe_stats_, cfg_.model.moe);
+  const std::vector<std::pair<std::string, double>> moe =
+      moe_metric_columns(moe_stats_, cfg_.model.moe);
   sm.extra.insert(sm.extra.end(), moe.begin(), moe.end());
   if (device_.is_cuda()) {
     // Steady state makes no backend allocations: misses and reserved bytes stay flat.
