@@ -64,18 +64,17 @@ float amax_of(const float* x, int64_t n, int64_t step) {
   return m;
 }
 
-// The scale of a tile of largest magnitude amax, and the codes of its values.
-float tile_scale(float amax) {
-  return std::isnan(amax) ? std::numeric_limits<float>::quiet_NaN()
-                          : std::ldexp(1.0f, scale_exponent(amax));
-}
-
-uint8_t encode_scaled(float x, float scale) {
-  if (std::isnan(scale)) return 0x7f;
+// A tile of largest magnitude amax (NaN: it holds a non-finite value): its scale 2^e, and the
+// codes of its values, x / 2^e exactly.
+struct TileScale {
+  bool bad = false;
   int e = 0;
-  std::frexp(scale, &e);
-  return encode_e4m3(std::ldexp(x, 1 - e));  // x / scale, exact (scale = 2^(e-1))
-}
+  explicit TileScale(float amax) : bad(std::isnan(amax)), e(bad ? 0 : scale_exponent(amax)) {}
+  float scale() const {
+    return bad ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, e);
+  }
+  uint8_t encode(float x) const { return bad ? 0x7f : encode_e4m3(std::ldexp(x, -e)); }
+};
 
 std::atomic<bool> g_quantize{true};
 
@@ -85,9 +84,9 @@ void quantize_rows(const float* x, int64_t R, int64_t K, uint8_t* q, float* s) {
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t kb = 0; kb < tiles(K); ++kb) {
       const int64_t k0 = kb * kTile, n = std::min(kTile, K - k0);
-      const float scale = tile_scale(amax_of(x + r * K + k0, n, 1));
-      s[kb * R + r] = scale;
-      for (int64_t k = k0; k < k0 + n; ++k) q[r * K + k] = encode_scaled(x[r * K + k], scale);
+      const TileScale t(amax_of(x + r * K + k0, n, 1));
+      s[kb * R + r] = t.scale();
+      for (int64_t k = k0; k < k0 + n; ++k) q[r * K + k] = t.encode(x[r * K + k]);
     }
   }
 }
@@ -104,10 +103,10 @@ void quantize_blocks(const float* w, int64_t N, int64_t K, uint8_t* q, float* s)
         amax = std::isnan(a) ? a : std::max(amax, a);
         if (std::isnan(amax)) break;
       }
-      const float scale = tile_scale(amax);
-      s[nb * ld + kb] = scale;
+      const TileScale t(amax);
+      s[nb * ld + kb] = t.scale();
       for (int64_t n = n0; n < n0 + nn; ++n)
-        for (int64_t k = k0; k < k0 + nk; ++k) q[n * K + k] = encode_scaled(w[n * K + k], scale);
+        for (int64_t k = k0; k < k0 + nk; ++k) q[n * K + k] = t.encode(w[n * K + k]);
     }
     for (int64_t kb = tiles(K); kb < ld; ++kb) s[nb * ld + kb] = 0.0f;  // padding, unread
   }
