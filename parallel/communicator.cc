@@ -45,4 +45,44 @@ void check_broadcast_root(const Communicator& comm, int root) {
               " outside [0, ", comm.size(), ")");
 }
 
+Work Communicator::all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts,
+                              Tensor& out, const std::vector<int64_t>& recv_counts) {
+  (void)in;
+  (void)send_counts;
+  (void)out;
+  (void)recv_counts;
+  throw CommError(str_cat("all_to_all is not built for communicator '", name(), "' on ",
+                          device().str(),
+                          ". Hint: expert parallelism (parallel.ep) runs over Gloo (the CPU) "
+                          "and NCCL; use one of them"));
+}
+
+void check_all_to_all_args(const Communicator& comm, const Tensor& in,
+                           const std::vector<int64_t>& send_counts, const Tensor& out,
+                           const std::vector<int64_t>& recv_counts) {
+  check_tensor_args(comm, "all_to_all", in);
+  check_tensor_args(comm, "all_to_all", out);
+  GTRON_CHECK(in.dtype() == out.dtype(), "all_to_all: in is ", dtype_name(in.dtype()), ", out is ",
+              dtype_name(out.dtype()));
+  const size_t n = static_cast<size_t>(comm.size());
+  GTRON_CHECK(send_counts.size() == n && recv_counts.size() == n, "all_to_all on '", comm.name(),
+              "': ", send_counts.size(), " send and ", recv_counts.size(), " receive counts for ",
+              n, " ranks");
+  int64_t sent = 0, received = 0;
+  for (size_t p = 0; p < n; ++p) {
+    GTRON_CHECK(send_counts[p] >= 0 && recv_counts[p] >= 0, "all_to_all on '", comm.name(),
+                "': negative count for rank ", p);
+    sent += send_counts[p];
+    received += recv_counts[p];
+  }
+  GTRON_CHECK(in.numel() == sent && out.numel() == received, "all_to_all on '", comm.name(),
+              "': in has ", in.numel(), " elements for ", sent, " sent, out ", out.numel(), " for ",
+              received, " received");
+  GTRON_CHECK(send_counts[static_cast<size_t>(comm.rank())] ==
+                  recv_counts[static_cast<size_t>(comm.rank())],
+              "all_to_all on '", comm.name(), "': rank ", comm.rank(), " sends itself ",
+              send_counts[static_cast<size_t>(comm.rank())], " elements but expects ",
+              recv_counts[static_cast<size_t>(comm.rank())]);
+}
+
 }  // namespace gtron::parallel

@@ -12,6 +12,12 @@
 // - all_gather: `out` (size * in.numel() elements) holds rank r's `in` at elements
 //   [r * n, (r + 1) * n). reduce_scatter: `in` (size * out.numel()) is reduced over ranks and rank
 //   r receives chunk r. Every rank receives bit-identical reduced values for identical inputs.
+// - all_to_all (all-to-all-v): `in` is size() blocks laid end to end in rank order, block p
+//   (send_counts[p] elements) going to rank p; `out` receives size() blocks in rank order, block q
+//   (recv_counts[q] elements) coming from rank q. Counts are in elements and may be zero or differ
+//   between peers; recv_counts[q] on rank p must equal send_counts[p] on rank q (exchange the
+//   counts first when they are data-dependent: an all_to_all of one count per peer). Bytes are
+//   moved as they are, so any dtype works. Block p == rank() is a local copy.
 // - Errors: a failed collective (a peer died, a timeout) throws CommError from synchronize(), and
 //   from wait() on a CPU stream that is not capturing. The communicator is then broken: every later
 //   collective fails the same way.
@@ -20,6 +26,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "model/device.h"
 #include "model/stream.h"
@@ -85,6 +92,11 @@ class Communicator {
   virtual Work all_reduce(Tensor& inout, ReduceOp op = ReduceOp::kSum) = 0;
   // REQUIRES: 0 <= root < size().
   virtual Work broadcast(Tensor& inout, int root) = 0;
+  // REQUIRES: same dtype; size() counts each, every count >= 0; in.numel() == Σ send_counts,
+  // out.numel() == Σ recv_counts; no overlap. Backends without it throw CommError ("not built")
+  // at the call: this default.
+  virtual Work all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                          const std::vector<int64_t>& recv_counts);
   // Returns when every rank has reached it and every collective issued before it is done.
   virtual void barrier() = 0;
 };
@@ -94,5 +106,8 @@ void check_all_gather_args(const Communicator& comm, const Tensor& in, const Ten
 void check_reduce_scatter_args(const Communicator& comm, const Tensor& in, const Tensor& out);
 void check_tensor_args(const Communicator& comm, const char* op, const Tensor& t);
 void check_broadcast_root(const Communicator& comm, int root);
+void check_all_to_all_args(const Communicator& comm, const Tensor& in,
+                           const std::vector<int64_t>& send_counts, const Tensor& out,
+                           const std::vector<int64_t>& recv_counts);
 
 }  // namespace gtron::parallel

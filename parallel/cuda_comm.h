@@ -40,13 +40,14 @@ namespace gtron::parallel {
 // stream waiting in Work::wait), in milliseconds, measured with CUDA event pairs.
 struct CommTiming {
   double all_gather_ms = 0, reduce_scatter_ms = 0, all_reduce_ms = 0, broadcast_ms = 0;
+  double all_to_all_ms = 0;
   double exposed_ms = 0;  // caller-stream time blocked in waits: communication not hidden
   int64_t collectives = 0;
 };
 
 class CommTimer;  // cuda_comm.cc
 
-enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast };
+enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kAllToAll };
 
 class CudaCommunicator : public Communicator {
  public:

@@ -2,6 +2,7 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
@@ -224,6 +225,31 @@ Work GlooCommunicator::broadcast(Tensor& inout, int root) {
     opts.setTag(tag);
     opts.setTimeout(timeout_);
     gloo::broadcast(opts);
+  });
+}
+
+Work GlooCommunicator::all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts,
+                                  Tensor& out, const std::vector<int64_t>& recv_counts) {
+  check_all_to_all_args(*this, in, send_counts, out, recv_counts);
+  if (size_ == 1) {
+    if (in.numel() == 0) return Work();
+    return submit("all_to_all",
+                  [in, out](uint32_t) { std::memcpy(out.raw(), in.raw(), in.nbytes()); });
+  }
+  // Counts in bytes: alltoallv then moves any dtype. An empty side points at a byte of its own
+  // (an undefined or empty tensor has no address to give).
+  const int64_t elem = static_cast<int64_t>(dtype_size(in.dtype()));
+  std::vector<int64_t> send_bytes, recv_bytes;
+  for (int64_t c : send_counts) send_bytes.push_back(c * elem);
+  for (int64_t c : recv_counts) recv_bytes.push_back(c * elem);
+  return submit("all_to_all", [this, in, out, send_bytes, recv_bytes](uint32_t tag) {
+    char spare_in = 0, spare_out = 0;
+    gloo::AlltoallvOptions opts(context_);
+    opts.setInput<char>(in.numel() > 0 ? static_cast<char*>(in.raw()) : &spare_in, send_bytes);
+    opts.setOutput<char>(out.numel() > 0 ? static_cast<char*>(out.raw()) : &spare_out, recv_bytes);
+    opts.setTag(tag);
+    opts.setTimeout(timeout_);
+    gloo::alltoallv(opts);
   });
 }
 

@@ -11,6 +11,8 @@
 //   (sum; max for all_reduce and reduce_scatter).
 // - reduce_scatter = Gloo allreduce of a scratch copy of `in`, then a copy of this rank's chunk:
 //   twice the traffic of a true reduce-scatter, but every rank gets bit-identical sums.
+// - all_to_all = Gloo alltoallv over bytes (any dtype); zero-sized blocks are allowed, and a
+//   rank with nothing to send or receive still takes part (its buffers stand in as one byte).
 // - A failure (peer gone, timeout) breaks the communicator: see communicator.h, "Errors".
 // - Destruction waits for the collectives already queued (every rank issued them) and then stops
 //   the worker.
@@ -25,6 +27,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "parallel/communicator.h"
 #include "parallel/grid.h"
@@ -64,6 +67,8 @@ class GlooCommunicator final : public Communicator {
   Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::kSum) override;
   Work all_reduce(Tensor& inout, ReduceOp op = ReduceOp::kSum) override;
   Work broadcast(Tensor& inout, int root) override;
+  Work all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                  const std::vector<int64_t>& recv_counts) override;
   void barrier() override;
 
  private:

@@ -20,6 +20,8 @@
 // - Windows (Note [IPC windows]): buffers every rank registers in the same order; a
 //   reduce_scatter from a window reads the peers' inputs in place. The GTP send pool lives in them
 //   (make_ipc_symmetric_backend), as it lives in NCCL symmetric windows on NCCL.
+// - all_to_all is not built here: the base class's CommError says so (expert parallelism runs
+//   over Gloo and NCCL).
 // - Teardown: a last barrier (skipped once broken) so no peer still reads this arena when it is
 //   freed; then peers' handles are closed and the arena freed.
 //

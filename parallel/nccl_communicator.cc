@@ -101,6 +101,33 @@ Work NcclCommunicator::broadcast(Tensor& inout, int root) {
   });
 }
 
+Work NcclCommunicator::all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts,
+                                  Tensor& out, const std::vector<int64_t>& recv_counts) {
+  check_all_to_all_args(*this, in, send_counts, out, recv_counts);
+  const size_t elem = dtype_size(in.dtype());
+  return launch(in, out, CollectiveKind::kAllToAll, [&](void* s) {
+    char* send = in.numel() > 0 ? static_cast<char*>(in.raw()) : nullptr;
+    char* recv = out.numel() > 0 ? static_cast<char*>(out.raw()) : nullptr;
+    int64_t send_at = 0, recv_at = 0;
+    NCCL_CHECK(ncclGroupStart());
+    for (int p = 0; p < size_; ++p) {
+      const int64_t sc = send_counts[static_cast<size_t>(p)];
+      const int64_t rc = recv_counts[static_cast<size_t>(p)];
+      if (sc > 0) {
+        NCCL_CHECK(ncclSend(send + send_at * elem, static_cast<size_t>(sc), nccl_type(in.dtype()),
+                            p, as_comm(comm_), as_stream(s)));
+      }
+      if (rc > 0) {
+        NCCL_CHECK(ncclRecv(recv + recv_at * elem, static_cast<size_t>(rc), nccl_type(in.dtype()),
+                            p, as_comm(comm_), as_stream(s)));
+      }
+      send_at += sc;
+      recv_at += rc;
+    }
+    NCCL_CHECK(ncclGroupEnd());
+  });
+}
+
 void NcclCommunicator::barrier() {
   // NCCL has no barrier: a one-element all-reduce that the host waits for does the same.
   if (!barrier_buf_.defined()) barrier_buf_ = Tensor::zeros({1}, DType::kF32, device(), &stream());

@@ -5,6 +5,8 @@
 //   "<name>/nccl_id"; every rank then joins with ncclCommInitRank on its device.
 // - Streams, the ordering against the caller's stream, Works and timing: parallel/cuda_comm.h.
 // - Types: f32, bf16, f64 and i32; sum and max.
+// - all_to_all: one NCCL group of a send and a receive per peer (zero-count blocks skipped),
+//   counts in elements of the tensors' dtype.
 // - Errors from NCCL or CUDA calls abort with call, file, line and device (the backend-call policy
 //   of model/check.h).
 //
@@ -13,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "memory/symmetric_pool.h"
 #include "model/stream.h"
@@ -43,6 +46,8 @@ class NcclCommunicator final : public CudaCommunicator {
   Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::kSum) override;
   Work all_reduce(Tensor& inout, ReduceOp op = ReduceOp::kSum) override;
   Work broadcast(Tensor& inout, int root) override;
+  Work all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                  const std::vector<int64_t>& recv_counts) override;
   void barrier() override;
 
  private:

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "parallel/communicator.h"
 
@@ -20,6 +21,9 @@ class SelfCommunicator : public Communicator {
   Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::kSum) override;
   Work all_reduce(Tensor& inout, ReduceOp op = ReduceOp::kSum) override;
   Work broadcast(Tensor& inout, int root) override;
+  // One block, to itself: a copy.
+  Work all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                  const std::vector<int64_t>& recv_counts) override;
   void barrier() override {}
 
  private:
