@@ -11,6 +11,7 @@
 #include "model/ops/norm.h"
 #include "trainer/config.h"
 #include "trainer/hf_llama.h"
+#include "trainer/hf_qwen3_moe.h"
 #include "trainer/hf_weights.h"
 #include "trainer/io/checkpoint.h"
 #include "trainer/io/checkpoint_io.h"
@@ -171,7 +172,7 @@ HfArch check_gpt2_config(const json& j, const std::string& path) {
   const json type = field_or(j, "model_type", nullptr);
   if (type != "gpt2")
     arch_fail(path, "model_type", type.dump(),
-              "\"gpt2\" (or the llama family's \"llama\", \"qwen2\", \"qwen3\")");
+              "\"gpt2\" (or the llama family's \"llama\", \"qwen2\", \"qwen3\", \"qwen3_moe\")");
   HfArch a{};
   a.vocab_size = hf_config_size(j, path, "vocab_size");
   a.n_positions = hf_config_size(j, path, "n_positions");
@@ -240,7 +241,14 @@ Config import_config(const HfImportOptions& o, const json& model_keys, const jso
     source = o.hf_dir + "/" + kGtronFile;
   }
   if (!base.is_object()) throw UserError("config '" + source + "' is not a JSON object");
-  for (const auto& [key, value] : model_keys.items()) base["model"][key] = value;
+  for (const auto& [key, value] : model_keys.items()) {
+    // model.moe: the keys config.json fixes over the base's (which keeps aux_loss_weight).
+    if (key == "moe" && base["model"].contains("moe") && base["model"]["moe"].is_object()) {
+      base["model"]["moe"].update(value);
+    } else {
+      base["model"][key] = value;
+    }
+  }
   // A base that leaves the sequence length open trains on the model's whole context.
   if (!base.contains("train") || !base["train"].contains("seq_len"))
     base["train"]["seq_len"] = model_keys["context_length"];
@@ -322,14 +330,11 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
   verify_checkpoint_dir(checkpoint_dir);
   const TrainerState st = read_trainer_state(checkpoint_dir);
   const Config cfg = checkpoint_command_config("export", checkpoint_dir, config_path, sets);
-  if (cfg.model.moe.num_experts > 0) {
-    throw UserError(str_cat(
-        "export --hf: checkpoint '", checkpoint_dir,
-        "' is a mixture-of-experts model (model.moe.num_experts = ", cfg.model.moe.num_experts,
-        "), which the Hugging Face conversion does not write yet"));
-  }
+  const bool moe = cfg.model.moe.num_experts > 0;
+  if (moe) check_qwen3_moe_export(cfg, checkpoint_dir);
   GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
   load_model_weights(checkpoint_dir, model);
+  if (moe) check_qwen3_moe_bias(model, checkpoint_dir);
   const bool llama = cfg.model.arch == ModelArch::kLlama;
   std::vector<NamedTensor> hf, mtp;
   if (llama) hf = llama_hf_tensors(model, cfg.model.vocab_size);
@@ -406,16 +411,24 @@ std::string import_hf(const HfImportOptions& o) {
   const int fresh = fill_mtp(model, mtp, o.hf_dir);
   std::vector<NamedTensor> params;
   for (Parameter* p : model.parameters()) params.push_back({p->name, p->data});
+  // The MoE router biases (zero: Qwen3-MoE's router has none), after the parameters as train
+  // writes them.
+  for (const auto& [name, tensor] : model.buffers()) params.push_back({name, tensor});
   const int64_t step = gtron.contains("step") ? gtron["step"].get<int64_t>() : 0;
   const TrainerState st{step, 0, cfg.train.seed, resolved_json(cfg)};
   save_weights_checkpoint(o.out_dir, params, st, [&](const std::string& tmp) {
     copy_file_if_present(o.hf_dir, tmp, kTokenizer);
   });
-  return str_cat("imported ", o.hf_dir, " into ", o.out_dir, ": ", llama ? "llama" : "gpt2",
-                 " L=", cfg.model.n_layer, " C=", cfg.model.n_embd, " NH=", cfg.model.n_head,
-                 " V=", cfg.model.vocab_size, " Tmax=", cfg.model.context_length,
-                 cfg.model.tied_embeddings ? " tied" : " untied", ", MTP D=", cfg.mtp.depth, " (",
-                 fresh, " MTP tensors freshly initialized)");
+  return str_cat(
+      "imported ", o.hf_dir, " into ", o.out_dir, ": ", llama ? "llama" : "gpt2",
+      " L=", cfg.model.n_layer, " C=", cfg.model.n_embd, " NH=", cfg.model.n_head,
+      " V=", cfg.model.vocab_size, " Tmax=", cfg.model.context_length,
+      cfg.model.tied_embeddings ? " tied" : " untied",
+      cfg.model.moe.num_experts > 0
+          ? str_cat(", MoE E=", cfg.model.moe.num_experts, " top_k=", cfg.model.moe.top_k,
+                    " first_dense_layers=", cfg.model.moe.first_dense_layers)
+          : std::string(),
+      ", MTP D=", cfg.mtp.depth, " (", fresh, " MTP tensors freshly initialized)");
 }
 
 }  // namespace gtron

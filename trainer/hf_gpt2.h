@@ -69,7 +69,8 @@ struct HfImportOptions {
 // trainer_state.json; no optimizer state). The model.* shape keys (vocab_size, context_length,
 // n_layer, n_head, n_embd, tied_embeddings) come from config.json; the MTP depths 1..mtp.depth from
 // mtp.safetensors when it holds them, else freshly initialized from train.seed. A model_type of
-// "llama", "qwen2" or "qwen3" is read as the llama family (trainer/hf_llama.h); anything but a
+// "llama", "qwen2", "qwen3" or "qwen3_moe" is read as the llama family (trainer/hf_llama.h,
+// trainer/hf_qwen3_moe.h); anything but a
 // GPT-2 architecture otherwise is refused naming the config field that differs. config.json's
 // sizes are checked against the safetensors headers before the model is built (Note [config.json
 // sizes against the tensors] in trainer/hf_weights.h). Throws UserError.

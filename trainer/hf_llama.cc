@@ -3,6 +3,7 @@
 #include <cmath>
 #include <set>
 
+#include "trainer/hf_qwen3_moe.h"
 #include "trainer/hf_weights.h"
 #include "trainer/io/checkpoint.h"
 #include "trainer/train.h"
@@ -49,6 +50,17 @@ LlamaSlot llama_slot(const Parameter& p, const LlamaDims& d) {
   if (rest == "mlp.gate_up.weight")
     return {
         {{layer + "mlp.gate_proj.weight", 0, d.F}, {layer + "mlp.up_proj.weight", d.F, 2 * d.F}}};
+  // A mixture-of-experts MLP (Note [Qwen3-MoE mapping] in trainer/hf_qwen3_moe.h).
+  if (rest == "mlp.router.weight") return {{{layer + "mlp.gate.weight", 0, rows}}};
+  const std::string experts = "mlp.experts.";
+  const size_t edot = rest.find('.', experts.size());
+  if (rest.rfind(experts, 0) == 0 && edot != std::string::npos) {
+    const std::string ex = layer + rest.substr(0, edot + 1);  // "model.layers.i.mlp.experts.e."
+    const std::string what = rest.substr(edot + 1);
+    if (what == "gate_up.weight")  // [2·Fe, C]: gate's rows, then up's
+      return {{{ex + "gate_proj.weight", 0, rows / 2}, {ex + "up_proj.weight", rows / 2, rows}}};
+    if (what == "down.weight") return {{{ex + "down_proj.weight", 0, rows}}};
+  }
   static const std::map<std::string, std::string> kWhole = {
       {"attn_norm.weight", "input_layernorm.weight"},
       {"attn.q_norm.weight", "self_attn.q_norm.weight"},
@@ -72,8 +84,8 @@ Shape with_rows(const Shape& shape, int64_t rows) {
                              const std::string& got, const std::string& want) {
   throw UserError(str_cat("Hugging Face config '", path, "': field '", field, "' is ", got,
                           ", gtron's llama family needs ", want,
-                          "; hint: gtron imports LlamaForCausalLM, Qwen2ForCausalLM and "
-                          "Qwen3ForCausalLM directories (and GPT-2's)"));
+                          "; hint: gtron imports LlamaForCausalLM, Qwen2ForCausalLM, "
+                          "Qwen3ForCausalLM and Qwen3MoeForCausalLM directories (and GPT-2's)"));
 }
 
 // j[key] (config.json's field `prefix` + `key`) as a positive number, `fallback` when absent or
@@ -212,35 +224,38 @@ json llama_hf_config(const Config& cfg) {
             {"low_freq_factor", m.rope_scaling.low_freq_factor},
             {"high_freq_factor", m.rope_scaling.high_freq_factor},
             {"original_max_position_embeddings", m.rope_scaling.original_max_position_embeddings}};
-  return {{"architectures", {cls}},
-          {"model_type", type},
-          {"vocab_size", m.vocab_size},
-          {"max_position_embeddings", m.context_length},
-          {"hidden_size", m.n_embd},
-          {"intermediate_size", d.F},
-          {"num_hidden_layers", m.n_layer},
-          {"num_attention_heads", m.n_head},
-          {"num_key_value_heads", d.NKV},
-          {"head_dim", d.HS},
-          {"hidden_act", "silu"},
-          {"rms_norm_eps", m.rms_norm_eps},
-          {"rope_theta", m.rope_theta},
-          {"rope_scaling", rope},
-          {"attention_bias", m.qkv_bias},
-          {"mlp_bias", false},
-          {"initializer_range", m.init_std},
-          {"tie_word_embeddings", m.tied_embeddings},
-          {"torch_dtype", "float32"}};
+  json j = {{"architectures", {cls}},
+            {"model_type", type},
+            {"vocab_size", m.vocab_size},
+            {"max_position_embeddings", m.context_length},
+            {"hidden_size", m.n_embd},
+            {"intermediate_size", d.F},
+            {"num_hidden_layers", m.n_layer},
+            {"num_attention_heads", m.n_head},
+            {"num_key_value_heads", d.NKV},
+            {"head_dim", d.HS},
+            {"hidden_act", "silu"},
+            {"rms_norm_eps", m.rms_norm_eps},
+            {"rope_theta", m.rope_theta},
+            {"rope_scaling", rope},
+            {"attention_bias", m.qkv_bias},
+            {"mlp_bias", false},
+            {"initializer_range", m.init_std},
+            {"tie_word_embeddings", m.tied_embeddings},
+            {"torch_dtype", "float32"}};
+  if (m.moe.num_experts > 0) add_qwen3_moe_config(cfg, j);
+  return j;
 }
 
 bool is_llama_model_type(const json& model_type) {
-  return model_type == "llama" || model_type == "qwen2" || model_type == "qwen3";
+  return model_type == "llama" || model_type == "qwen2" || model_type == "qwen3" ||
+         is_qwen3_moe_type(model_type);
 }
 
 json llama_model_keys(const json& j, const std::string& path) {
   const json type = j.value("model_type", json());
   if (!is_llama_model_type(type))
-    field_fail(path, "model_type", type.dump(), "\"llama\", \"qwen2\" or \"qwen3\"");
+    field_fail(path, "model_type", type.dump(), "\"llama\", \"qwen2\", \"qwen3\" or \"qwen3_moe\"");
   const int64_t C = hf_config_size(j, path, "hidden_size");
   const int64_t NH = hf_config_size(j, path, "num_attention_heads");
   const int64_t NKV = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
@@ -268,10 +283,13 @@ json llama_model_keys(const json& j, const std::string& path) {
   if (!qkv_bias && flag(j, path, "attention_bias", false))
     field_fail(path, "attention_bias", "true", "false (gtron has no o_proj bias)");
   const RopeKeys rope = rope_keys(j, path);
+  const bool moe = is_qwen3_moe_type(type);
+  const int64_t L = hf_config_size(j, path, "num_hidden_layers");
+  // A dense type sets num_experts 0 too: a base config's MoE keys must not make its blocks sparse.
   return {{"arch", "llama"},
           {"vocab_size", hf_config_size(j, path, "vocab_size")},
           {"context_length", hf_config_size(j, path, "max_position_embeddings")},
-          {"n_layer", hf_config_size(j, path, "num_hidden_layers")},
+          {"n_layer", L},
           {"n_head", NH},
           {"n_embd", C},
           {"n_kv_head", NKV},
@@ -280,9 +298,10 @@ json llama_model_keys(const json& j, const std::string& path) {
           {"rope_theta", rope.theta},
           {"rope_scaling", rope.scaling},
           {"rms_norm_eps", positive_number(j, path, "rms_norm_eps", 1e-6)},
-          {"qk_norm", type == "qwen3"},
+          {"qk_norm", type == "qwen3" || moe},
           {"qkv_bias", qkv_bias},
-          {"tied_embeddings", flag(j, path, "tie_word_embeddings", false)}};
+          {"tied_embeddings", flag(j, path, "tie_word_embeddings", false)},
+          {"moe", moe ? qwen3_moe_keys(j, path, L) : json{{"num_experts", 0}}}};
 }
 
 void check_llama_sizes(const json& keys, const HfHeaders& h, const std::string& path) {
@@ -299,13 +318,19 @@ void check_llama_sizes(const json& keys, const HfHeaders& h, const std::string& 
                             layer0 + "self_attn.q_proj.weight", 0);
   check_size_against_tensor(h, path, "num_key_value_heads × head_dim", NKV * HS,
                             layer0 + "self_attn.k_proj.weight", 0);
-  check_size_against_tensor(h, path, "intermediate_size", key("intermediate_size"),
-                            layer0 + "mlp.gate_proj.weight", 0);
+  // The dense width sizes layer 0's MLP unless every layer is a mixture of experts (then no
+  // tensor holds it: the bound only).
+  const json& moe = keys["moe"];
+  if (moe["num_experts"].get<int64_t>() == 0 || moe["first_dense_layers"].get<int64_t>() > 0)
+    check_size_against_tensor(h, path, "intermediate_size", key("intermediate_size"),
+                              layer0 + "mlp.gate_proj.weight", 0);
+  check_qwen3_moe_sizes(moe, h, path);
 }
 
-void fill_llama_model(GPT& model, const std::map<std::string, Tensor>& hf,
-                      const std::string& file) {
+void fill_llama_model(GPT& model, std::map<std::string, Tensor> hf, const std::string& file) {
   const LlamaDims d = model.config().llama_dims();
+  const MoeDims& moe = model.config().moe;
+  if (moe.E > 0) unfuse_qwen3_moe_experts(hf, moe.E, moe.F, d.C, file);
   const int64_t V = model.config().vocab_size;
   std::set<std::string> used;
   for (Parameter* p : model.parameters()) {
@@ -324,10 +349,12 @@ void fill_llama_model(GPT& model, const std::map<std::string, Tensor>& hf,
   }
   for (const auto& [name, t] : hf) {
     if (used.count(name) == 0 && !(name == "lm_head.weight" && model.config().tied_embeddings))
-      throw UserError(str_cat("safetensors file '", file, "' has tensor '", name, "' ",
-                              t.shape().str(), ", which a llama-family model of this config.json ",
-                              "has no place for; hint: check config.json's model_type, ",
-                              "attention_bias and tie_word_embeddings against the file"));
+      throw UserError(
+          str_cat("safetensors file '", file, "' has tensor '", name, "' ", t.shape().str(),
+                  ", which a llama-family model of this config.json ",
+                  "has no place for; hint: check config.json's model_type, ",
+                  "attention_bias, tie_word_embeddings (and a mixture of experts' ",
+                  "num_experts, decoder_sparse_step, mlp_only_layers) against the file"));
   }
 }
 

@@ -1,10 +1,12 @@
 // Hugging Face transformers llama-family directories (LlamaForCausalLM, Qwen2ForCausalLM,
-// Qwen3ForCausalLM): the parts of `gtron export --hf` and `gtron import --hf` that differ from
-// GPT-2's. The directory layout, gtron.json, mtp.safetensors, atomic writes and the bit-exact fp32
-// contract are GPT-2's (trainer/hf_gpt2.h); trainer/hf_gpt2.cc dispatches here by model.arch on
-// export and by config.json's model_type on import.
+// Qwen3ForCausalLM, and Qwen3MoeForCausalLM for a mixture of experts: trainer/hf_qwen3_moe.h): the
+// parts of `gtron export --hf` and `gtron import --hf` that differ from GPT-2's. The directory
+// layout, gtron.json, mtp.safetensors, atomic writes and the bit-exact fp32 contract are GPT-2's
+// (trainer/hf_gpt2.h); trainer/hf_gpt2.cc dispatches here by model.arch on export and by
+// config.json's model_type on import.
 //
-//   config.json  model_type "llama", or "qwen3" when model.qk_norm, "qwen2" when model.qkv_bias;
+//   config.json  model_type "llama", or "qwen3" when model.qk_norm, "qwen2" when model.qkv_bias,
+//                "qwen3_moe" when model.moe.num_experts > 0 (Note [Qwen3-MoE mapping]);
 //                hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
 //                num_key_value_heads, head_dim, rms_norm_eps, rope_theta, rope_scaling (llama3 or
 //                null), max_position_embeddings (context_length), vocab_size (the real V),
@@ -55,7 +57,7 @@ namespace gtron {
 // (everything but mtp.*). V: the real vocabulary. Throws UserError on a nonzero padded row.
 std::vector<NamedTensor> llama_hf_tensors(GPT& model, int64_t V);
 
-// config.json of a llama-family config.
+// config.json of a llama-family config (Qwen3MoeForCausalLM's for a mixture of experts).
 nlohmann::ordered_json llama_hf_config(const Config& cfg);
 
 // True for the model_types import reads as the llama family.
@@ -76,7 +78,8 @@ void check_llama_sizes(const nlohmann::ordered_json& keys, const HfHeaders& h,
 
 // Fills every main (non-MTP) parameter of `model` from `hf` (names as stored in `file`). Throws
 // UserError naming a missing, mis-shaped or extra tensor.
-void fill_llama_model(GPT& model, const std::map<std::string, Tensor>& hf, const std::string& file);
+// A Qwen3-MoE model's experts may come fused (unfuse_qwen3_moe_experts in trainer/hf_qwen3_moe.h).
+void fill_llama_model(GPT& model, std::map<std::string, Tensor> hf, const std::string& file);
 
 // Shared with hf_gpt2.cc: rows < V of a [Vp, C] table (refusing nonzero padded rows, which the
 // export would lose), and the way back (padded rows zero).

@@ -1,12 +1,12 @@
 // Generation for the llama family (issue 27 item 3), in f64 on the CPU over tiny models of every
 // shape the family has: grouped-query and multi-query attention, Qwen3's q/k norms with a head
 // size that is not C / NH, Qwen2's qkv bias, llama3 RoPE scaling, tied and untied heads, two MTP
-// depths, a mixture-of-experts block. (a) Incremental decoding (ragged prefills, single tokens,
-// wider windows, rows at different positions) gives the full forward's logits at every position,
-// main model and each depth, within 1e-10 relative; (b) greedy decoding with --speculative gives
-// the tokens of plain cached decoding and of full recomputation; (c) after a rollback (wrong tokens
-// fed, then the right ones from the same position) the logits are those of a fresh decode, bit for
-// bit.
+// depths, mixture-of-experts blocks (a sigmoid router with a shared expert; Qwen3-MoE's softmax
+// router). (a) Incremental decoding (ragged prefills, single tokens, wider windows, rows at
+// different positions) gives the full forward's logits at every position, main model and each
+// depth, within 1e-10 relative; (b) greedy decoding with --speculative gives the tokens of plain
+// cached decoding and of full recomputation; (c) after a rollback (wrong tokens fed, then the
+// right ones from the same position) the logits are those of a fresh decode, bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -77,6 +77,16 @@ std::vector<Case> cases() {
   moe.moe.first_dense_layers = 1;
   moe.moe.router = MoeRouterKind::kSigmoid;
   all.push_back({"moe_sigmoid_shared", moe});
+  // Qwen3-MoE's routing (trainer/hf_qwen3_moe.h): softmax over the experts, top 2 of 4 without
+  // renormalization, every block sparse, q/k norms.
+  GPTConfig qwen3_moe = base_config();
+  qwen3_moe.qk_norm = true;
+  qwen3_moe.moe.E = 4;
+  qwen3_moe.moe.top_k = 2;
+  qwen3_moe.moe.F = 8;
+  qwen3_moe.moe.router = MoeRouterKind::kSoftmax;
+  qwen3_moe.moe.norm_topk_prob = false;
+  all.push_back({"moe_softmax_qwen3", qwen3_moe});
   return all;
 }
 

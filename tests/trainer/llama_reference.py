@@ -9,11 +9,17 @@ names", llama family), runs the main model on the `tokens` tensor of LOGITS_FILE
 `gtron logits`) and compares with that file's `logits`: prints {"max_abs_diff", "relative",
 "shape"} and exits 1 when max|diff| / max|reference| exceeds the tolerance.
 
-Written from docs/models.md's description of the family (Hugging Face's LlamaForCausalLM and
-Qwen3ForCausalLM): RMSNorm, packed q|k|v rows, optional q/k RMSNorm per head before RoPE, RoPE in
-the rotate-half convention (dimension i pairs with i + HS/2) with the optional llama3 frequency
-rewrite, grouped-query causal attention, SwiGLU, final RMSNorm, head (tied to the embedding unless
-untied). It shares no code with gtron (only gpt2_reference.py's safetensors reader).
+Written from docs/models.md's description of the family (Hugging Face's LlamaForCausalLM,
+Qwen3ForCausalLM and Qwen3MoeForCausalLM): RMSNorm, packed q|k|v rows, optional q/k RMSNorm per
+head before RoPE, RoPE in the rotate-half convention (dimension i pairs with i + HS/2) with the
+optional llama3 frequency rewrite, grouped-query causal attention, SwiGLU, final RMSNorm, head
+(tied to the embedding unless untied). A block whose MLP is a mixture of experts (model.moe: a
+router blocks.i.mlp.router.weight, experts blocks.i.mlp.experts.e.{gate_up,down}.weight) routes
+each token on its own: softmax over the experts (or sigmoid, the choice made on sigmoid + the
+router bias blocks.i.mlp.router.expert_bias), the top_k largest (ties to the lower index), gates
+renormalized to sum 1 when norm_topk_prob (always for sigmoid), the gated sum of those experts'
+SwiGLU outputs, plus the shared experts' SwiGLU (blocks.i.mlp.shared.*) when there are any. It
+shares no code with gtron (only gpt2_reference.py's safetensors reader).
 """
 
 import json
@@ -60,6 +66,38 @@ def rope(x, inv):
     return x * cos + rotated * sin
 
 
+def swiglu(g, gate_up, down):
+    f = gate_up.shape[0] // 2
+    gu = g @ gate_up.T
+    gate, up = gu[..., :f], gu[..., f:]
+    return (gate / (1.0 + np.exp(-gate)) * up) @ down.T
+
+
+def mixture_of_experts(g, w, p, moe):
+    """g: [T, C]; the routed experts of every token, one token at a time."""
+    logits = g @ w[p + "router.weight"].T  # [T, E]
+    sigmoid = moe.get("router", "softmax") == "sigmoid"
+    if sigmoid:
+        scores = 1.0 / (1.0 + np.exp(-logits))
+        choice = scores + w.get(p + "router.expert_bias", np.zeros(logits.shape[1]))
+    else:
+        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        scores = e / e.sum(axis=-1, keepdims=True)
+        choice = scores
+    out = np.zeros_like(g)
+    for t in range(g.shape[0]):
+        ids = sorted(range(logits.shape[1]), key=lambda i: (-choice[t, i], i))[:moe["top_k"]]
+        gates = scores[t, ids]
+        if sigmoid or moe.get("norm_topk_prob", False):
+            gates = gates / gates.sum()
+        for gate, i in zip(gates, ids):
+            ex = p + "experts.%d." % i
+            out[t] += gate * swiglu(g[t], w[ex + "gate_up.weight"], w[ex + "down.weight"])
+    if p + "shared.gate_up.weight" in w:
+        out += swiglu(g, w[p + "shared.gate_up.weight"], w[p + "shared.down.weight"])
+    return out
+
+
 def block(x, w, p, m, inv):
     nh, nkv, hs = m["n_head"], m["n_kv_head"], m["head_dim"]
     eps = m["rms_norm_eps"]
@@ -87,11 +125,9 @@ def block(x, w, p, m, inv):
         out[:, head, :] = probs @ v[:, kv, :]
     x = x + out.reshape(t, nh * hs) @ w[p + "attn.proj.weight"].T
     g = rms_norm(x, w[p + "mlp_norm.weight"], eps)
-    gate_up = g @ w[p + "mlp.gate_up.weight"].T
-    f = gate_up.shape[-1] // 2
-    gate, up = gate_up[:, :f], gate_up[:, f:]
-    act = gate / (1.0 + np.exp(-gate)) * up
-    return x + act @ w[p + "mlp.down.weight"].T
+    if p + "mlp.router.weight" in w:
+        return x + mixture_of_experts(g, w, p + "mlp.", m["moe"])
+    return x + swiglu(g, w[p + "mlp.gate_up.weight"], w[p + "mlp.down.weight"])
 
 
 def main(argv):
