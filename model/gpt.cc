@@ -83,7 +83,8 @@ GPT::GPT(const GPTConfig& cfg, DType dtype, Device device, uint64_t seed)
   for (int k = 1; k <= cfg.mtp_depth; ++k) {
     const std::string name = "mtp." + std::to_string(k);
     if (cfg.llama()) {
-      mtp_.emplace_back(params_, name, ldims, device);
+      mtp_.emplace_back(params_, name, ldims, device,
+                        cfg.mtp_moe && cfg.moe.E > 0 ? &cfg.moe : nullptr);
     } else {
       mtp_.emplace_back(params_, name, dims);
     }
@@ -346,10 +347,9 @@ GPTOutput GPT::forward(const Tensor& window) {
         mtp_[k - 1].forward(hidden.back(), embed(window_inputs(window, k)), *weights_));
   }
   GPTOutput out;
-  // The MoE balance losses, block by block (each block's forward kept its own).
-  for (const LlamaBlock& b : llama_blocks_) {
-    if (!b.moe) continue;
-    Var a = b.moe->take_aux_loss();
+  // The MoE balance losses, layer by layer (each layer's forward kept its own).
+  for (const auto& [l, moe] : moe_layers()) {
+    Var a = moe->take_aux_loss();
     if (!a.defined()) continue;
     out.moe_aux_loss = out.moe_aux_loss.defined() ? add(out.moe_aux_loss, a) : a;
   }
@@ -368,47 +368,63 @@ GPTOutput GPT::forward(const Tensor& window) {
   return out;
 }
 
-std::vector<MoeLayerStats> GPT::moe_stats() const {
-  std::vector<MoeLayerStats> out;
+std::vector<std::pair<int, MoeLayer*>> GPT::moe_layers() const {
+  std::vector<std::pair<int, MoeLayer*>> out;
   for (size_t l = 0; l < llama_blocks_.size(); ++l) {
-    if (llama_blocks_[l].moe) out.push_back(llama_blocks_[l].moe->stats(static_cast<int>(l)));
+    if (llama_blocks_[l].moe) out.emplace_back(static_cast<int>(l), llama_blocks_[l].moe.get());
+  }
+  for (size_t k = 0; k < mtp_.size(); ++k) {
+    if (mtp_[k].llama && mtp_[k].llama->moe) {
+      out.emplace_back(cfg_.n_layer + static_cast<int>(k), mtp_[k].llama->moe.get());
+    }
   }
   return out;
 }
 
+std::vector<MoeLayerStats> GPT::moe_stats() const {
+  std::vector<MoeLayerStats> out;
+  for (const auto& [l, moe] : moe_layers()) out.push_back(moe->stats(l));
+  return out;
+}
+
 void GPT::moe_update_bias() {
-  for (LlamaBlock& b : llama_blocks_) {
-    if (b.moe) b.moe->update_bias();
-  }
+  for (const auto& [l, moe] : moe_layers()) moe->update_bias();
 }
 
 std::vector<int64_t> GPT::moe_load() const {
   std::vector<int64_t> out;
-  for (const LlamaBlock& b : llama_blocks_) {
-    if (b.moe) out.insert(out.end(), b.moe->load().begin(), b.moe->load().end());
+  for (const auto& [l, moe] : moe_layers()) {
+    out.insert(out.end(), moe->load().begin(), moe->load().end());
   }
   return out;
 }
 
 void GPT::set_moe_load(const std::vector<int64_t>& load) {
   size_t at = 0;
-  for (const LlamaBlock& b : llama_blocks_) {
-    if (!b.moe) continue;
-    std::vector<int64_t>& l = b.moe->load();
-    GTRON_CHECK(at + l.size() <= load.size(), "set_moe_load: ", load.size(), " counts");
+  for (const auto& [l, moe] : moe_layers()) {
+    std::vector<int64_t>& counts = moe->load();
+    GTRON_CHECK(at + counts.size() <= load.size(), "set_moe_load: ", load.size(), " counts");
     std::copy(load.begin() + static_cast<int64_t>(at),
-              load.begin() + static_cast<int64_t>(at + l.size()), l.begin());
-    at += l.size();
+              load.begin() + static_cast<int64_t>(at + counts.size()), counts.begin());
+    at += counts.size();
   }
   GTRON_CHECK(at == load.size(), "set_moe_load: ", load.size(), " counts for ", at);
 }
 
 std::vector<std::pair<std::string, Tensor>> GPT::buffers() const {
   std::vector<std::pair<std::string, Tensor>> out;
-  for (const LlamaBlock& b : llama_blocks_) {
-    if (b.moe) out.emplace_back(b.moe->bias_name(), b.moe->expert_bias());
-  }
+  for (const auto& [l, moe] : moe_layers()) out.emplace_back(moe->bias_name(), moe->expert_bias());
   return out;
+}
+
+void GPT::set_expert_parallel(ExpertParallelGroup* group) {
+  for (const auto& [l, moe] : moe_layers()) moe->set_expert_parallel(group);
+}
+
+bool GPT::expert_held_elsewhere(const std::string& name) const {
+  for (const auto& [l, moe] : moe_layers())
+    if (moe->holds_elsewhere(name)) return true;
+  return false;
 }
 
 int64_t GPT::num_parameters() const {
@@ -427,12 +443,11 @@ double GPT::flops_per_token(int64_t T) const {
   if (wpe_ != nullptr) n -= static_cast<double>(wpe_->data.numel());
   if (!cfg_.tied_embeddings) n -= head;
   n += cfg_.mtp_depth * head;
-  // A token passes through top_k of a MoE layer's E experts (3·C·F weights each).
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    if (!cfg_.llama() || !cfg_.moe_block(l)) continue;
-    n -= static_cast<double>(cfg_.moe.E - cfg_.moe.top_k) * 3.0 * C *
-         static_cast<double>(cfg_.moe.F);
-  }
+  // A token passes through top_k of a MoE layer's E experts (3·C·F weights each), of which this
+  // process holds E/EP (Note [expert parallelism] in model/moe.h).
+  const int moe_count = static_cast<int>(moe_layers().size());
+  n -= moe_count * static_cast<double>(cfg_.moe.E / cfg_.moe.ep_size - cfg_.moe.top_k) * 3.0 * C *
+       static_cast<double>(cfg_.moe.F);
   const double layers = cfg_.n_layer + cfg_.mtp_depth;
   const LlamaDims d = cfg_.llama_dims();
   const double width = cfg_.llama() ? static_cast<double>(d.NH * d.HS) : C;

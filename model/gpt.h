@@ -63,8 +63,9 @@ struct GPTConfig {
   // model/ops/fp8.h); the embedding and head stay.
   bool fp8 = false;
   // The llama family's mixture-of-experts MLP (model/moe.h) in main blocks l >=
-  // moe.first_dense_layers when moe.E > 0; the MTP depths stay dense.
+  // moe.first_dense_layers when moe.E > 0; in the MTP depths' blocks too with mtp_moe.
   MoeDims moe;
+  bool mtp_moe = false;
 
   int64_t padded_vocab() const { return (vocab_size + 63) / 64 * 64; }  // Vp
   bool llama() const { return arch == Arch::kLlama; }
@@ -163,6 +164,16 @@ class GPT {
   // Model state that is not a parameter, by checkpoint name: the MoE router biases (the tensors
   // themselves: copy into them to restore). Empty for a dense model.
   std::vector<std::pair<std::string, Tensor>> buffers() const;
+  // Expert parallelism (Note [expert parallelism] in model/moe.h): the group every MoE layer's
+  // rows travel over (REQUIRES before a forward at moe.ep_size > 1). Not owned.
+  void set_expert_parallel(ExpertParallelGroup* group);
+  // The routed experts' weights this process holds (all of them at EP = 1).
+  const std::unordered_set<const Parameter*>& routed_experts() const {
+    return params_.routed_experts();
+  }
+  // Whether `name` is a routed expert's weight that another EP rank holds (a checkpoint's name
+  // this process has no parameter for, yet belongs to the model).
+  bool expert_held_elsewhere(const std::string& name) const;
 
  private:
   // inputs i32 [B, T] -> last hidden state [B, T, C] (before the final norm).
@@ -176,6 +187,9 @@ class GPT {
   // The (vocab-parallel) mean CE, whose total-loss weight is `weight` (1, or λ/D for a depth).
   Var loss_of(const Var& logits, const Tensor& targets, double weight);
   int64_t vocab_begin() const;  // first row of this rank's embedding/head part
+  // The MoE layers, main blocks first, then the MTP depths', with their metric index (block l, or
+  // n_layer + k − 1 for depth k).
+  std::vector<std::pair<int, MoeLayer*>> moe_layers() const;
 
   GPTConfig cfg_;
   ParamRegistry params_;

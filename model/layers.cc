@@ -221,12 +221,12 @@ MTPModule::MTPModule(ParamRegistry& reg, const std::string& name, const BlockDim
   block = TransformerBlock(reg, name + ".block", d);
 }
 
-MTPModule::MTPModule(ParamRegistry& reg, const std::string& name, const LlamaDims& d,
-                     Device device) {
+MTPModule::MTPModule(ParamRegistry& reg, const std::string& name, const LlamaDims& d, Device device,
+                     const MoeDims* moe) {
   hnorm = RMSNormLayer(reg, name + ".hnorm", d.C, d.eps);
   enorm = RMSNormLayer(reg, name + ".enorm", d.C, d.eps);
   proj = LinearLayer(reg, name + ".proj", 2 * d.C, d.C, false, d.std, TpMode::kColumnGathered);
-  llama = std::make_shared<const LlamaBlock>(reg, name + ".block", d, device);
+  llama = std::make_shared<const LlamaBlock>(reg, name + ".block", d, device, moe);
 }
 
 Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w) const {

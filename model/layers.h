@@ -88,6 +88,10 @@ class ParamRegistry {
   // The weights of the FP8 LinearLayers made so far.
   void mark_fp8_weight(const Parameter& p) { fp8_weights_.insert(&p); }
   const std::unordered_set<const Parameter*>& fp8_weights() const { return fp8_weights_; }
+  // The routed experts' weights of the MoE layers (model/moe.h): whole under GTP, and reduced over
+  // the ranks holding the same experts under expert parallelism.
+  void mark_routed_expert(const Parameter& p) { routed_experts_.insert(&p); }
+  const std::unordered_set<const Parameter*>& routed_experts() const { return routed_experts_; }
   // The TP place of this model; set before the first add_split().
   TpContext& tensor_parallel() { return tp_; }
   const TpContext& tensor_parallel() const { return tp_; }
@@ -110,6 +114,7 @@ class ParamRegistry {
   std::vector<const Parameter*> tp_partial_;
   bool fp8_linears_ = false;
   std::unordered_set<const Parameter*> fp8_weights_;
+  std::unordered_set<const Parameter*> routed_experts_;
 };
 
 struct LinearLayer {
@@ -203,6 +208,7 @@ struct TransformerBlock {
 // DeepSeek-V3 MTP depth: h' = Block(W · concat(RMSNorm(h), RMSNorm(Emb(tokens shifted by k)))).
 struct LlamaBlock;  // model/llama.h
 struct LlamaDims;
+struct MoeDims;  // model/moe.h
 
 struct MTPModule {
   RMSNormLayer hnorm, enorm;
@@ -212,8 +218,9 @@ struct MTPModule {
   MTPModule() = default;
   MTPModule(ParamRegistry& reg, const std::string& name, const BlockDims& d);
   // The llama family's depth: the same norms (with the family's epsilon) and projection, then
-  // one llama block (model/llama.h).
-  MTPModule(ParamRegistry& reg, const std::string& name, const LlamaDims& d, Device device);
+  // one llama block (model/llama.h); its MLP a mixture of experts when `moe` is set (mtp.moe).
+  MTPModule(ParamRegistry& reg, const std::string& name, const LlamaDims& d, Device device,
+            const MoeDims* moe = nullptr);
   // h: [B, T, C] previous depth's hidden state; emb: [B, T, C] embeddings of the shifted tokens.
   Var forward(const Var& h, const Var& emb, WeightAccess& w) const;
   // The same with the block's attention replaced (TransformerBlock::forward above; for the llama

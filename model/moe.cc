@@ -7,26 +7,53 @@
 #include "model/ops/grouped_linear.h"
 #include "model/ops/moe_dispatch.h"
 #include "model/ops/swiglu.h"
+#include "model/stream.h"
 
 namespace gtron {
 
+std::string moe_expert_weight_name(const std::string& layer, int e, const std::string& matrix) {
+  return layer + ".experts." + std::to_string(e) + "." + matrix + ".weight";
+}
+
+std::string moe_expert_shifted(const std::string& name, int shift) {
+  const std::string tag = ".experts.";
+  const size_t at = name.find(tag);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + tag.size();
+  const size_t end = name.find('.', begin);
+  if (end == std::string::npos || end == begin) return "";
+  const std::string digits = name.substr(begin, end - begin);
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return "";
+  return name.substr(0, begin) + std::to_string(std::stoi(digits) + shift) + name.substr(end);
+}
+
 MoeLayer::MoeLayer(ParamRegistry& reg, const std::string& name, int64_t C, const MoeDims& d,
                    double std, double resid_std)
-    : d_(d), bias_name_(name + ".router.expert_bias"), load_(static_cast<size_t>(d.E), 0) {
+    : d_(d),
+      name_(name),
+      bias_name_(name + ".router.expert_bias"),
+      load_(static_cast<size_t>(d.E), 0) {
   GTRON_CHECK(d.E > 0 && d.top_k >= 1 && d.top_k <= d.E && d.F > 0 && d.num_shared >= 0,
               "MoE layer ", name, ": E ", d.E, ", top_k ", d.top_k, ", F ", d.F, ", shared ",
               d.num_shared);
-  GTRON_CHECK(!reg.tensor_parallel().active(), "MoE layer ", name,
-              ": tensor parallelism is not built for MoE yet");
+  GTRON_CHECK(d.ep_size >= 1 && d.E % d.ep_size == 0 && d.ep_rank >= 0 && d.ep_rank < d.ep_size,
+              "MoE layer ", name, ": expert parallelism ", d.ep_size, " (rank ", d.ep_rank,
+              ") must divide E ", d.E);
   // Note [MoE layout]: the router keeps full precision (not an FP8 linear, nor an FP8 weight).
   const bool fp8 = reg.fp8_linears();
   reg.set_fp8_linears(false);
   router_ = LinearLayer(reg, name + ".router", C, d.E, false, std);
   reg.set_fp8_linears(fp8);
-  for (int e = 0; e < d.E; ++e) {
+  // Note [expert parallelism]: only this rank's experts, under their global names (the init is a
+  // function of the name, so they hold what one process's copies do).
+  const int held = d.E / d.ep_size;
+  first_expert_ = d.ep_rank * held;
+  for (int e = first_expert_; e < first_expert_ + held; ++e) {
     const std::string ex = name + ".experts." + std::to_string(e);
     gate_up_.emplace_back(reg, ex + ".gate_up", C, 2 * d.F, false, std);
     down_.emplace_back(reg, ex + ".down", d.F, C, false, resid_std);
+    reg.mark_routed_expert(*gate_up_.back().weight);
+    reg.mark_routed_expert(*down_.back().weight);
   }
   if (d.num_shared > 0) {
     const int64_t Fs = d.num_shared * d.F;
@@ -34,6 +61,96 @@ MoeLayer::MoeLayer(ParamRegistry& reg, const std::string& name, int64_t C, const
     shared_down_ = LinearLayer(reg, name + ".shared.down", Fs, C, false, resid_std);
   }
   bias_ = Tensor::zeros({d.E}, reg.dtype());
+}
+
+bool MoeLayer::holds_elsewhere(const std::string& name) const {
+  const int held = d_.E / d_.ep_size;
+  for (int e = 0; e < d_.E; ++e) {
+    if (e >= first_expert_ && e < first_expert_ + held) continue;
+    for (const char* m : {"gate_up", "down"})
+      if (name == moe_expert_weight_name(name_, e, m)) return true;
+  }
+  return false;
+}
+
+Var MoeLayer::experts(const Var& rows, const Tensor& offsets, WeightAccess& w) {
+  auto grouped = [&](const std::vector<LinearLayer>& layers, const Var& in) {
+    std::vector<Var> ws;
+    for (const LinearLayer& l : layers) ws.push_back(w.use(*l.weight));
+    Var out = grouped_linear(in, ws, offsets, layers[0].fp8);
+    for (size_t e = 0; e < layers.size(); ++e) w.used(*layers[e].weight, ws[e]);
+    return out;
+  };
+  // [M, C] -> [M, 2F] -> [M, F] -> [M, C]
+  return grouped(down_, swiglu(grouped(gate_up_, rows)));
+}
+
+namespace {
+
+// The one-slot plan that regroups rows arriving as (source rank q, local expert j, token) into
+// (j, q, token) order, from counts[q·El + j] (rows of local expert j from rank q); its offsets are
+// the local experts'. The inverse regrouping swaps pos and src.
+MoePlan regroup_plan(const std::vector<int32_t>& counts, int P, int El) {
+  std::vector<int32_t> start(counts.size());  // first arriving row of block (q, j)
+  int32_t at = 0;
+  for (size_t b = 0; b < counts.size(); ++b) {
+    start[b] = at;
+    at += counts[b];
+  }
+  std::vector<int32_t> src, pos(static_cast<size_t>(at)), offsets{0};
+  for (int j = 0; j < El; ++j) {
+    for (int q = 0; q < P; ++q) {
+      const size_t b = static_cast<size_t>(q * El + j);
+      for (int32_t i = 0; i < counts[b]; ++i) {
+        pos[static_cast<size_t>(start[b] + i)] = static_cast<int32_t>(src.size());
+        src.push_back(start[b] + i);
+      }
+    }
+    offsets.push_back(static_cast<int32_t>(src.size()));
+  }
+  MoePlan p;
+  p.N = at;
+  p.k = 1;
+  p.E = El;
+  p.src = Tensor::from_ints(src, {at});
+  p.pos = Tensor::from_ints(pos, {at});
+  p.offsets = Tensor::from_ints(offsets, {El + 1});
+  return p;
+}
+
+}  // namespace
+
+Var MoeLayer::exchange_experts(const Var& xp, const MoePlan& plan, WeightAccess& w) {
+  GTRON_CHECK(ep_ != nullptr && ep_->size() == d_.ep_size && ep_->rank() == d_.ep_rank,
+              "MoE layer ", name_, ": expert parallelism ", d_.ep_size,
+              " needs its group set (GPT::set_expert_parallel)");
+  GTRON_CHECK(!current_stream(xp.device()).capturing(),
+              "expert parallelism reads the routing on the host: no graph capture");
+  const int P = d_.ep_size, El = d_.E / P;
+  // The plan's closure has run (a CPU stream not capturing): its offsets are on the host.
+  const int32_t* off = plan.offsets.data<int32_t>();
+  std::vector<int32_t> mine(static_cast<size_t>(d_.E));
+  for (int e = 0; e < d_.E; ++e) mine[static_cast<size_t>(e)] = off[e + 1] - off[e];
+  std::vector<int64_t> send_rows(static_cast<size_t>(P), 0);
+  for (int e = 0; e < d_.E; ++e)
+    send_rows[static_cast<size_t>(e / El)] += mine[static_cast<size_t>(e)];
+  // Step 2: El counts to each peer, El from each.
+  Tensor counts_out = Tensor::from_ints(mine, {d_.E});
+  Tensor counts_in = Tensor::zeros({d_.E}, DType::kI32);
+  const std::vector<int64_t> each(static_cast<size_t>(P), El);
+  ep_->all_to_all(counts_out, each, counts_in, each);
+  const int32_t* in = counts_in.data<int32_t>();
+  const std::vector<int32_t> arriving(in, in + d_.E);  // [q·El + j]
+  std::vector<int64_t> recv_rows(static_cast<size_t>(P), 0);
+  for (int b = 0; b < d_.E; ++b)
+    recv_rows[static_cast<size_t>(b / El)] += arriving[static_cast<size_t>(b)];
+  // Steps 3 to 5.
+  const MoePlan regroup = regroup_plan(arriving, P, El);
+  MoePlan back = regroup;
+  std::swap(back.src, back.pos);
+  const Var rows = moe_dispatch(ep_all_to_all(xp, send_rows, recv_rows, *ep_), regroup);
+  const Var out = moe_dispatch(experts(rows, regroup.offsets, w), back);
+  return ep_all_to_all(out, recv_rows, send_rows, *ep_);
 }
 
 Var MoeLayer::forward(const Var& g, WeightAccess& w) {
@@ -51,17 +168,10 @@ Var MoeLayer::forward(const Var& g, WeightAccess& w) {
   }
   const MoePlan plan = moe_plan(top.ids, d_.E, counting ? load_.data() : nullptr);
 
-  // The experts over the permuted rows: [N·k, C] -> [N·k, 2F] -> [N·k, F] -> [N·k, C].
+  // The experts over the permuted rows, [N·k, C] in expert order, here or across the EP group.
   const Var xp = moe_dispatch(g, plan);
-  auto grouped = [&](const std::vector<LinearLayer>& layers, const Var& in) {
-    std::vector<Var> ws;
-    for (const LinearLayer& l : layers) ws.push_back(w.use(*l.weight));
-    Var out = grouped_linear(in, ws, plan.offsets, layers[0].fp8);
-    for (size_t e = 0; e < layers.size(); ++e) w.used(*layers[e].weight, ws[e]);
-    return out;
-  };
-  const Var hp = swiglu(grouped(gate_up_, xp));
-  const Var y = moe_combine(grouped(down_, hp), top.gates, plan, g.shape());
+  const Var yp = d_.ep_size > 1 ? exchange_experts(xp, plan, w) : experts(xp, plan.offsets, w);
+  const Var y = moe_combine(yp, top.gates, plan, g.shape());
   if (d_.num_shared == 0) return y;
   return add(y, shared_down_.forward(swiglu(shared_gate_up_.forward(g, w)), w));
 }

@@ -19,16 +19,42 @@
 //   <name>.shared.gate_up.weight         [2·S·F, C]   (num_shared S > 0)
 //   <name>.shared.down.weight            [C, S·F]
 // One parameter per expert matrix, and the grouped op takes the experts as a list over one
-// permuted row buffer with offsets, so expert parallelism cuts the list: rank r of EP keeps the
-// experts [r·E/EP, (r + 1)·E/EP), a contiguous stretch of parameters, and the rows an all-to-all
-// brings it are the offsets' contiguous blocks of those experts, already in (expert, token)
-// order. Not yet under GTP: grouped_linear holds the use() of every expert weight of a layer at
+// permuted row buffer with offsets, so expert parallelism cuts the list (Note [expert
+// parallelism]): an EP rank creates only its own experts' parameters, under their global names.
+// Under GTP the routed experts are not sharded (the trainer keeps them whole, reduced over the
+// ranks that hold them): grouped_linear holds the use() of every expert weight of a layer at
 // once, while GTP's gather buffers are shared by same-shaped weights that are not chain
 // neighbours (the ticket cache in parallel/gtp.h), so expert e + 2's gather would overwrite
-// expert e's before the op reads it; EP (each rank's experts whole) or a per-expert
-// use -> GEMM -> used sequence lifts that. The expert GEMMs take the block linears' precision: with
+// expert e's before the op reads it. The router and the shared experts are plain linears and
+// shard as any other. The expert GEMMs take the block linears' precision: with
 // train.precision = "fp8" they run linear's FP8 recipe per expert (the router stays in full
 // precision, as DeepSeek-V3's).
+//
+// Note [expert parallelism]
+// With EP > 1 (MoeDims::ep_size, parallel.ep) the EP ranks of a group (parallel/grid.h, Note
+// [expert-parallel groups]) each route their own tokens, and rank r holds the experts
+// [r·E/EP, (r + 1)·E/EP) only. A forward:
+//   1. router, top-k and plan as at EP = 1, over this rank's tokens and all E experts; dispatch
+//      permutes the slots into expert order, so the rows for rank p's experts are one block;
+//   2. the per-expert row counts go to the experts' owners (an all_to_all of E/EP counts per
+//      peer): each rank learns how many rows of each of its experts every peer sends;
+//   3. ep_all_to_all (model/ops/ep_comm.h) sends each block to its owner; the rows arrive by
+//      source rank, then local expert, then token;
+//   4. a fixed permutation (moe_dispatch with a one-slot plan) regroups them by local expert, then
+//      source rank, then token, and the grouped expert MLP runs over the E/EP local experts;
+//   5. the inverse permutation, the reverse ep_all_to_all, and combine as at EP = 1.
+// The backward mirrors it (each op's backward is the transposed exchange or permutation). An
+// expert's rows are then the same rows, in the same order (source rank, token), that one process
+// sees for the concatenated batch of the group, so the expert GEMMs and their weight gradients
+// over one group's micro-batches are those of one process over the same rows. The gradients of a
+// rank's experts cover every token of its EP group; the trainer sums them over the expert-data
+// group (the ranks holding the same experts), while the router's, the shared experts' and every
+// dense weight's reduce over all data ranks as before. The load counts stay per expert over all E
+// (every rank counts its own tokens' choices), summed over the data ranks. The row counts are
+// read on the host (CPU streams run at once), so the exchange sizes follow the routing: no
+// capture (graphs.scope = "none", as MoE needs anyway). Checkpoints hold every expert under its
+// global name whatever EP is: the trainer gathers the EP ranks' experts to save, and each rank
+// loads its own by name.
 //
 // Note [router bias]
 // The sigmoid router's aux-loss-free balancing (DeepSeek-V3): a per-expert bias b [E] added to
@@ -46,6 +72,8 @@
 #include <vector>
 
 #include "model/layers.h"
+#include "model/ops/ep_comm.h"
+#include "model/ops/moe_dispatch.h"
 #include "model/ops/moe_router.h"
 
 namespace gtron {
@@ -60,7 +88,17 @@ struct MoeDims {
   bool norm_topk_prob = true;   // softmax: renormalize the top-k gates to sum 1
   double aux_loss_weight = 0;   // Switch balance loss weight (0: none)
   double bias_update_rate = 0;  // sigmoid: Note [router bias] (0: the bias stays 0)
+  // This process's place in the expert-parallel group (Note [expert parallelism]): it holds the
+  // experts [ep_rank·E/EP, (ep_rank + 1)·E/EP). ep_size divides E.
+  int ep_size = 1;
+  int ep_rank = 0;
 };
+
+// The checkpoint name of a routed expert's matrix: <layer>.experts.<e>.<matrix>.weight (Note [MoE
+// layout]); `layer` is the MoE layer's name ("blocks.1.mlp"), `matrix` "gate_up" or "down".
+std::string moe_expert_weight_name(const std::string& layer, int e, const std::string& matrix);
+// `name` with its expert index e replaced by e + shift, for a name of that form; "" otherwise.
+std::string moe_expert_shifted(const std::string& name, int shift);
 
 // Expert load and balance of one MoE layer: the slots each expert received over the forwards
 // counted since the last reset (Note [router bias]).
@@ -84,6 +122,11 @@ class MoeLayer {
   // g: [..., C] (the block's mlp_norm output) -> the MLP output of the same shape (no residual).
   // In grad mode, counts the load and keeps the balance loss for take_aux_loss().
   Var forward(const Var& g, WeightAccess& w);
+  // The group the experts' rows travel over when dims().ep_size > 1 (Note [expert parallelism]);
+  // REQUIRES before a forward at EP > 1, of size ep_size with this rank at ep_rank. Not owned.
+  void set_expert_parallel(ExpertParallelGroup* group) { ep_ = group; }
+  // Whether `name` is the weight of one of this layer's experts held by another EP rank.
+  bool holds_elsewhere(const std::string& name) const;
   // The balance loss of the last forward (a scalar Var, weighted), then forgotten; undefined when
   // aux_loss_weight is 0 or no forward ran since.
   Var take_aux_loss();
@@ -101,9 +144,19 @@ class MoeLayer {
   const MoeDims& dims() const { return d_; }
 
  private:
+  // The grouped expert MLP over rows in expert order: expert first_expert_ + g's rows are
+  // [offsets[g], offsets[g + 1]).
+  Var experts(const Var& rows, const Tensor& offsets, WeightAccess& w);
+  // Steps 2 to 5 of Note [expert parallelism]: xp in expert order -> the experts' outputs, in
+  // the same order.
+  Var exchange_experts(const Var& xp, const MoePlan& plan, WeightAccess& w);
+
   MoeDims d_;
+  std::string name_;                          // "blocks.<l>.mlp"
+  int first_expert_ = 0;                      // ep_rank · E/EP
+  ExpertParallelGroup* ep_ = nullptr;         // EP > 1
   LinearLayer router_;                        // [E, C], full precision
-  std::vector<LinearLayer> gate_up_, down_;   // per expert: [2F, C], [C, F]
+  std::vector<LinearLayer> gate_up_, down_;   // per held expert: [2F, C], [C, F]
   LinearLayer shared_gate_up_, shared_down_;  // [2·S·F, C], [C, S·F] when num_shared > 0
   Tensor bias_;                               // [E]
   std::string bias_name_;
