@@ -75,6 +75,18 @@ def emit(record):
     return record
 
 
+def rope_theta_is(config, theta):
+    """True when the config holds RoPE theta `theta` in every form it has (a transformers 4 config
+    keeps an unknown rope_parameters argument as a plain attribute beside its own rope_theta)."""
+    rt = getattr(config, "rope_theta", None)
+    rp = getattr(config, "rope_parameters", None)
+    if rt is not None and rt != theta:
+        return False
+    if isinstance(rp, dict) and rp.get("rope_theta", theta) != theta:
+        return False
+    return rt is not None or isinstance(rp, dict)
+
+
 def hf_config(m):
     hs = m.get("head_dim", C // NH)
     kw = dict(vocab_size=V, hidden_size=C, intermediate_size=F, num_hidden_layers=m["layers"],
@@ -85,16 +97,26 @@ def hf_config(m):
               mlp_only_layers=list(m["mlp_only_layers"]), initializer_range=0.1,
               attention_bias=False, use_sliding_window=False)
     cls = transformers.Qwen3MoeConfig
-    rope = {"rope_type": "default", "rope_theta": 1000000.0}
-    try:
-        config = cls(**kw, head_dim=hs, rope_parameters=dict(rope))  # transformers 5
-        if getattr(config, "rope_parameters", None) is None:
-            raise TypeError("no rope_parameters")
-    except TypeError:
-        try:  # transformers 4: rope_theta
-            config = cls(**kw, head_dim=hs, rope_theta=rope["rope_theta"])
-        except TypeError:  # a config class without a head_dim argument
-            config = cls(**kw, rope_theta=rope["rope_theta"])
+    theta = 1000000.0
+    # transformers 5 takes rope_parameters, 4 takes rope_theta; head_dim may or may not be an
+    # argument of the class (it is read with getattr either way): try each form in turn.
+    attempts = [dict(head_dim=hs, rope_parameters={"rope_type": "default", "rope_theta": theta}),
+                dict(rope_parameters={"rope_type": "default", "rope_theta": theta}),
+                dict(head_dim=hs, rope_theta=theta),
+                dict(rope_theta=theta)]
+    config, errors = None, []
+    for extra in attempts:
+        try:
+            config = cls(**kw, **extra)
+        except (TypeError, ValueError) as e:
+            errors.append(f"{sorted(extra)}: {e}")
+            continue
+        if rope_theta_is(config, theta):
+            break
+        errors.append(f"{sorted(extra)}: RoPE theta not taken")
+        config = None
+    if config is None:
+        raise RuntimeError("Qwen3MoeConfig refused every form: " + " | ".join(errors))
     config.head_dim = hs
     config._attn_implementation = "eager"
     return config

@@ -68,7 +68,14 @@ bool is_qwen3_moe_type(const json& model_type) { return model_type == "qwen3_moe
 
 json qwen3_moe_keys(const json& j, const std::string& path, int64_t n_layer) {
   const json none = {{"num_experts", 0}};
-  const int64_t E = int_field(j, path, "num_experts", 0, -1);
+  // transformers 5 may store the count under Mixtral's name (Qwen3MoeConfig's attribute_map).
+  const int64_t E_alias = int_field(j, path, "num_local_experts", 0, -1);
+  int64_t E = int_field(j, path, "num_experts", 0, -1);
+  if (E >= 0 && E_alias >= 0 && E != E_alias)
+    throw UserError(str_cat("Hugging Face config '", path, "': fields 'num_experts' (", E,
+                            ") and 'num_local_experts' (", E_alias,
+                            ") disagree; hint: keep the one save_pretrained() wrote"));
+  if (E < 0) E = E_alias;
   if (E < 0) moe_field_fail(path, "num_experts", "missing", "the number of experts");
   // Qwen2-MoE's always-on expert (with its own sigmoid gate) has no place in a Qwen3-MoE block.
   if (int_field(j, path, "shared_expert_intermediate_size", 0, 0) > 0)

@@ -5,7 +5,7 @@
 //
 // Note [Qwen3-MoE mapping]
 //   config.json (Qwen3MoeConfig)        gtron config
-//   num_experts                         model.moe.num_experts
+//   num_experts (or num_local_experts)  model.moe.num_experts
 //   num_experts_per_tok                 model.moe.top_k                   (<= num_experts)
 //   moe_intermediate_size               model.moe.expert_intermediate_size
 //   norm_topk_prob (absent: false)      model.moe.norm_topk_prob

@@ -281,7 +281,11 @@ TEST_F(Qwen3MoeHandWritten, ImportsToTheSameModelAndLogits) {
   };
   const std::vector<Form> forms = {
       {"per_expert", {{"decoder_sparse_step", 1}, {"mlp_only_layers", {0}}}, false},
-      {"fused_step2", {{"decoder_sparse_step", 2}, {"mlp_only_layers", json::array()}}, true}};
+      {"fused_step2", {{"decoder_sparse_step", 2}, {"mlp_only_layers", json::array()}}, true},
+      // The expert count under Mixtral's name, which transformers 5 may write instead.
+      {"local_experts",
+       {{"mlp_only_layers", {0}}, {"num_experts", nullptr}, {"num_local_experts", E}},
+       false}};
   for (const Form& f : forms) {
     SCOPED_TRACE(f.name);
     const std::string hf = write_hf(f.name, f.fields, f.fused);
@@ -327,6 +331,8 @@ TEST_F(Qwen3MoeHandWritten, LayoutsAndFieldsGtronCannotRepresentAreRefused) {
   expect_import_error(with("norm", {{"norm_topk_prob", "yes"}}),
                       "field 'norm_topk_prob' is \"yes\"");
   expect_import_error(with("no_e", {{"num_experts", nullptr}}), "field 'num_experts' is missing");
+  expect_import_error(with("two_e", {{"num_local_experts", 8}}),
+                      "fields 'num_experts' (4) and 'num_local_experts' (8) disagree");
   expect_import_error(with("more_e", {{"num_experts", 8}}),
                       "field 'num_experts' is 8, larger than the tensor it sizes: "
                       "'model.layers.1.mlp.gate.weight'");
