@@ -53,4 +53,35 @@ Grid make_grid(StoreClient& store, int world_rank, int world_size, int gtp, int 
   return grid;
 }
 
+void set_expert_layout(GridLayout& l, int ep) {
+  if (ep < 1 || l.data_size % ep != 0) {
+    throw UserError(str_cat("parallel ep = ", ep, " does not divide the ", l.data_size,
+                            " data ranks (world size / tp). Hint: choose an ep among their "
+                            "divisors"));
+  }
+  const int tp = l.tp_size;
+  l.ep_size = ep;
+  l.ep_rank = l.data_rank % ep;
+  l.ep_group = (l.data_rank / ep) * tp + l.tp_rank;
+  l.expert_data_size = l.data_size / ep;
+  l.expert_data_rank = l.data_rank / ep;
+  l.expert_data_group = l.ep_rank * tp + l.tp_rank;
+  l.ep_members.clear();
+  l.expert_data_members.clear();
+  for (int i = 0; i < ep; ++i)
+    l.ep_members.push_back(((l.data_rank / ep) * ep + i) * tp + l.tp_rank);
+  for (int j = 0; j < l.expert_data_size; ++j)
+    l.expert_data_members.push_back((j * ep + l.ep_rank) * tp + l.tp_rank);
+}
+
+void add_expert_groups(Grid& grid, StoreClient& store, int ep, const CommunicatorFactory& make,
+                       const std::string& prefix) {
+  set_expert_layout(grid.layout, ep);
+  if (ep == 1) return;
+  const GridLayout& l = grid.layout;
+  grid.ep = make(store, str_cat(prefix, "/ep", l.ep_group), l.ep_rank, l.ep_size);
+  grid.expert_data = make(store, str_cat(prefix, "/edp", l.expert_data_group), l.expert_data_rank,
+                          l.expert_data_size);
+}
+
 }  // namespace gtron::parallel

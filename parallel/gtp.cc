@@ -412,6 +412,7 @@ void GtpWeights::round_use(Info& in) {
 }
 
 Var GtpWeights::use(Parameter& p) {
+  if (!is_sharded(&p)) return whole_weight(p);
   Info& in = info(&p);
   if (in.chain_index < 0) {
     GTRON_CHECK(!chain_done_, p.name, " first used after the chain was recorded");
@@ -453,8 +454,15 @@ Var GtpWeights::use_bias(Parameter& p) {
   return Var::param_as(p, copy);
 }
 
+Var GtpWeights::whole_weight(Parameter& p) {
+  GTRON_CHECK(opt_.compute_dtype == DType::kF32, p.name,
+              " is read whole under GTP, which gathers in ", dtype_name(opt_.compute_dtype),
+              ": a whole weight in that dtype is not built");
+  return Var::param(p);
+}
+
 void GtpWeights::used(Parameter& p, const Var& v) {
-  if (!v.requires_grad()) return;
+  if (!v.requires_grad() || !is_sharded(&p)) return;
   Info* pin = &info(&p);
   record_backward([this, pin, v] { pre_backward(*pin, v); });
 }

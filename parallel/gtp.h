@@ -124,6 +124,8 @@ class GtpWeights : public WeightAccess {
              std::unique_ptr<memory::SymmetricBackend> send_backend = nullptr);
   ~GtpWeights() override;
 
+  // A weight it does not shard (a routed expert of a MoE layer: Note [MoE layout] in
+  // model/moe.h) is read whole, as DirectWeights reads it; f32 compute only.
   Var use(Parameter& p) override;
   void used(Parameter& p, const Var& v) override;
   // Biases are whole. With bf16 compute each use casts the fp32 master into the bias's own bf16
@@ -170,6 +172,8 @@ class GtpWeights : public WeightAccess {
   struct Info;
   struct Pending;
   Info& info(const Parameter* p);
+  // use() of a weight this object does not shard.
+  Var whole_weight(Parameter& p);
   // Gathers p's shard into its (direction) buffer: prefetch (async) or now (sync).
   void gather(Info& in, memory::Direction dir, bool async);
   // Waits for p's gather for this use in `dir` (issuing it now if none is pending).

@@ -455,6 +455,7 @@ void check_combinations(const Config& c, int world_size) {
                  " processes, or use parallel.tp = ", nearby_divisors(world_size / p.gtp, p.tp)));
   }
   const int64_t data_ranks = world_size / p.tp;
+  config_internal::check_expert_parallel_world(c, world_size);
   check_batch(c, data_ranks,
               p.tp == 1 ? str_cat(world_size, ", the world size")
                         : str_cat(data_ranks, " = world size / parallel.tp"));

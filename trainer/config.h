@@ -101,6 +101,7 @@ struct ModelConfig {
 struct MtpConfig {
   int64_t depth = 0;       // D: MTP depths (0 = off)
   double loss_weight = 0;  // λ: loss = CE_main + (λ/D)·Σ_k CE_k
+  bool moe = false;        // the depths' blocks take model.moe's mixture of experts
 };
 
 struct SyntheticDataConfig {
@@ -156,6 +157,7 @@ struct TrainConfig {
 struct ParallelConfig {
   int64_t gtp = 0;                              // G: GTP group size; divides the world size
   int64_t tp = 0;                               // TP: tensor-parallel group size (most local)
+  int64_t ep = 0;                               // EP: expert-parallel group (of data ranks)
   bool sequence_parallel = false;               // norm/residual regions hold T/TP of the sequence
   bool distributed_optimizer = false;           // shard optimizer state over DP
   bool overlap_param_gather = false;            // gather DP params lazily in the next forward

@@ -9,9 +9,48 @@
 
 namespace gtron::config_internal {
 
-// model.moe (model/moe.h): the llama family's, and what this version runs it with: the CPU, data
-// parallelism only (no TP, GTP or EP), eager (no graphs), no full recompute.
+namespace {
+
+// "1, 2, 4 or 8": the divisors of n (for hints).
+std::string divisors_of(int64_t n) {
+  std::string out;
+  for (int64_t d = 1; d <= n; ++d) {
+    if (n % d != 0) continue;
+    if (!out.empty()) out += d == n ? " or " : ", ";
+    out += std::to_string(d);
+  }
+  return out;
+}
+
+// mtp.moe and parallel.ep need a mixture of experts to act on; parallel.ep cuts the experts.
+void check_moe_keys(const Config& c) {
+  const MoeConfig& moe = c.model.moe;
+  if (c.mtp.moe && moe.num_experts == 0) {
+    fail(
+        "mtp.moe = true: the MTP depths would take model.moe's experts, but "
+        "model.moe.num_experts = 0",
+        "set model.moe.num_experts (with model.arch = \"llama\"), or mtp.moe = false");
+  }
+  if (c.parallel.ep > 1 && moe.num_experts == 0) {
+    fail(str_cat("parallel.ep = ", c.parallel.ep,
+                 ": expert parallelism cuts the routed experts, but model.moe.num_experts = 0"),
+         "set parallel.ep = 1 for a dense model, or model.moe.num_experts");
+  }
+  if (c.parallel.ep > 1 && moe.num_experts % c.parallel.ep != 0) {
+    fail(str_cat("parallel.ep = ", c.parallel.ep, ": must divide model.moe.num_experts (",
+                 moe.num_experts, "), each EP rank holding as many experts"),
+         str_cat("use parallel.ep = ", divisors_of(moe.num_experts)));
+  }
+}
+
+}  // namespace
+
+// model.moe (model/moe.h): the llama family's, and what this version runs a mixture of experts
+// with: the CPU, data and expert parallelism, GTP (the routed experts whole), TP without
+// sequence parallelism (the MoE layer whole on every TP rank), eager (no graphs), no full
+// recompute.
 void check_moe(const Config& c) {
+  check_moe_keys(c);
   const MoeConfig& moe = c.model.moe;
   if (moe.num_experts == 0) return;
   if (c.model.arch != ModelArch::kLlama) {
@@ -43,28 +82,34 @@ void check_moe(const Config& c) {
   if (c.train.device == DeviceChoice::kCuda) {
     why = "train.device = \"cuda\": model.moe: the CUDA path is not built yet";
     hint = "use train.device = \"cpu\" (or \"auto\" on a machine without a GPU)";
-  } else if (c.parallel.tp > 1) {
+  } else if (c.parallel.tp > 1 && c.parallel.sequence_parallel) {
+    // The MoE layer runs whole on every TP rank over the whole sequence; under sequence
+    // parallelism its input is this rank's chunk only, and nothing gathers it.
     why =
-        "parallel.tp > 1 is not built for model.moe yet (nor is expert parallelism); data "
-        "parallelism is";
-    hint = "set parallel.tp = 1, and spread the batch over data ranks";
-  } else if (c.parallel.gtp > 1) {
-    // Note [MoE layout] in model/moe.h: the grouped expert op holds every expert weight of a
-    // layer at once, which GTP's shared gather buffers do not allow.
-    why =
-        "parallel.gtp > 1 is not built for model.moe yet (nor is expert parallelism); data "
-        "parallelism is";
-    hint = "set parallel.gtp = 1, and spread the batch over data ranks";
+        "parallel.sequence_parallel is not built for model.moe yet (the MoE layer runs whole on "
+        "every TP rank, over the whole sequence)";
+    hint = "set parallel.sequence_parallel = false (tensor parallelism itself works)";
   } else if (c.graphs.scope != GraphScope::kNone) {
     why =
         "graphs.scope must be \"none\" with model.moe so far (the balance loss leaves the "
-        "blocks beside their output)";
+        "blocks beside their output, and expert parallelism sizes its exchanges on the host)";
     hint = "set graphs.scope = \"none\"";
   } else if (c.train.recompute == RecomputeChoice::kFull) {
     why = "train.recompute = \"full\" is not built for model.moe yet";
     hint = "set train.recompute = \"none\"";
   }
   if (why != nullptr) fail(why, hint);
+}
+
+void check_expert_parallel_world(const Config& c, int world_size) {
+  const int64_t ep = c.parallel.ep;
+  const int64_t data_ranks = world_size / c.parallel.tp;
+  if (ep <= 1 || data_ranks % ep == 0) return;
+  fail(str_cat("parallel.ep = ", ep, ": must divide the data ranks (", data_ranks, " = world size ",
+               world_size, " / parallel.tp ", c.parallel.tp,
+               "): expert-parallel groups are made of data ranks"),
+       str_cat("launch a multiple of ", ep * c.parallel.tp,
+               " processes, or use parallel.ep = ", divisors_of(data_ranks)));
 }
 
 }  // namespace gtron::config_internal

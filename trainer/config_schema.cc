@@ -209,8 +209,9 @@ std::vector<KeySpec> build_schema() {
           "llama: biases on the q, k, v projections (Qwen2)."),
       key(GTRON_FIELD(model.moe.num_experts), 0, at_least(0),
           "llama: routed experts E of each mixture-of-experts MLP; 0 = the dense SwiGLU MLP (the "
-          "other model.moe keys then do nothing). So far on the CPU, with data parallelism only "
-          "(no TP, GTP or expert parallelism), graphs.scope none, train.recompute none or "
+          "other model.moe keys then do nothing). So far on the CPU, with data and expert "
+          "parallelism (parallel.ep), GTP (routed experts whole) and TP (the MoE layer whole on "
+          "every TP rank; no sequence parallelism), graphs.scope none, train.recompute none or "
           "selective."),
       key(GTRON_FIELD(model.moe.top_k), 2, at_least(1),
           "llama MoE: experts each token is sent to (dropless: every token reaches all of them); "
@@ -247,6 +248,9 @@ std::vector<KeySpec> build_schema() {
       key(GTRON_FIELD(mtp.depth), 0, closed(0, 16),
           "Multi-token-prediction depths D (0 = off); < train.seq_len."),
       key(GTRON_FIELD(mtp.loss_weight), 0.3, at_least(0), "λ in loss = CE_main + (λ/D)·Σ_k CE_k."),
+      key(GTRON_FIELD(mtp.moe), false, any,
+          "The MTP depths' blocks take model.moe's mixture of experts (router, experts, shared "
+          "experts of their own) instead of the dense MLP; needs model.moe.num_experts > 0."),
       // data
       key(GTRON_FIELD(data.train), "", any,
           "Glob of training token shards (llm.c format); \"\" = the synthetic Markov source, "
@@ -330,6 +334,11 @@ std::vector<KeySpec> build_schema() {
           "Tensor-parallel group size TP (Megatron-style split layers, consecutive ranks); "
           "gtp × tp divides the world size; divides n_head and the padded vocab; llama: divides "
           "n_kv_head or is a multiple of it (key/value heads replicated)."),
+      key(GTRON_FIELD(parallel.ep), 1, at_least(1),
+          "Expert-parallel group size EP (model.moe): a sub-axis of the data ranks (world / tp); "
+          "each of EP consecutive data ranks holds num_experts / EP routed experts and the "
+          "routed tokens travel by all-to-all; dense weights stay data-parallel. Divides the "
+          "data ranks and model.moe.num_experts; the gloo backend (the CPU)."),
       key(GTRON_FIELD(parallel.sequence_parallel), false, any,
           "Sequence parallelism (needs tp > 1; tp divides train.seq_len): norms and the residual "
           "stream hold T/tp of the sequence; all-gather / reduce-scatter replace the all-reduces."),

@@ -18,8 +18,10 @@ namespace config_internal {
 // Throws the UserError of a config fault: "config error: <what>. Hint: <hint>".
 [[noreturn]] void fail(const std::string& what, const std::string& hint);
 
-// model.moe against the other keys (config_moe.cc); no-op for a dense model.
+// model.moe, mtp.moe and parallel.ep against the other keys (config_moe.cc).
 void check_moe(const Config& c);
+// parallel.ep against the data ranks (world_size / parallel.tp) of a run (config_moe.cc).
+void check_expert_parallel_world(const Config& c, int world_size);
 
 enum class KeyType { kInt, kFloat, kBool, kString, kEnum };
 

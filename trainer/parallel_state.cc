@@ -64,9 +64,24 @@ ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid
     tp_ = std::make_unique<parallel::CommTensorParallel>(grid_->tp.get());
     model.set_tensor_parallel(tp_.get());
   }
-  std::vector<Parameter*> sharded, whole;
-  for (Parameter* p : model.parameters())
-    (gtp && is_sharded_kind(p) ? sharded : whole).push_back(p);
+  if (grid_ != nullptr && grid_->ep) {  // Note [expert parallelism] in model/moe.h
+    ep_ = std::make_unique<parallel::CommExpertParallel>(grid_->ep.get());
+    model.set_expert_parallel(ep_.get());
+  }
+  // Note [MoE layout] in model/moe.h: the routed experts stay whole under GTP, and so does every
+  // matrix that TP leaves whole (the MoE layers': GTP shards TP parts only); at EP > 1 the
+  // experts reduce over the ranks holding them (the expert-data group).
+  std::vector<Parameter*> sharded, whole, experts;
+  for (Parameter* p : model.parameters()) {
+    const bool expert = model.routed_experts().count(p) > 0;
+    if (expert && ep_) {
+      experts.push_back(p);
+    } else if (gtp && is_sharded_kind(p) && !expert && !(tp_ && model.tp_slice(p) == nullptr)) {
+      sharded.push_back(p);
+    } else {
+      whole.push_back(p);
+    }
+  }
   if (gtp) {
     // On NCCL and IPC the send buffers live in symmetric windows unless the config says otherwise.
     std::unique_ptr<memory::SymmetricBackend> send_backend;
@@ -91,6 +106,9 @@ ParallelState::ParallelState(GPT& model, const Config& cfg, parallel::Grid* grid
     add_whole_parts(whole, grid_->data_group(), cfg);
   } else {
     add_whole_parts(whole, grid_ ? grid_->dp.get() : &self_, cfg);
+  }
+  if (!experts.empty()) {
+    add_part(experts, grid_->expert_data.get(), cfg, false, false, /*ep_split=*/true);
   }
   comm_timing_ = cfg.log.comm_timing && grid_ != nullptr;
   if (comm_timing_) {
@@ -130,12 +148,13 @@ const std::vector<parallel::OwnedSegment>& ParallelState::owned() {
 ParallelState::~ParallelState() {
   model_.set_weight_access(nullptr);
   model_.set_tensor_parallel(nullptr);
+  model_.set_expert_parallel(nullptr);
 }
 
 void ParallelState::add_part(std::vector<Parameter*> params, parallel::Communicator* comm,
-                             const Config& cfg, bool gtp_sharded, bool tp_split) {
+                             const Config& cfg, bool gtp_sharded, bool tp_split, bool ep_split) {
   auto dp = std::make_unique<parallel::DataParallel>(params, comm, ddp_options(cfg, grid_));
-  parts_.push_back({std::move(dp), 0, std::move(params), gtp_sharded, tp_split});
+  parts_.push_back({std::move(dp), 0, std::move(params), gtp_sharded, tp_split, ep_split});
 }
 
 void ParallelState::add_whole_parts(const std::vector<Parameter*>& whole,
@@ -206,7 +225,8 @@ void ParallelState::add_owned(Part& part) {
   if (grid_ != nullptr) {
     for (auto [split, comm] : {std::make_pair(distributed_, part.dp->communicator()),
                                std::make_pair(part.gtp_sharded, grid_->gtp.get()),
-                               std::make_pair(part.tp_split, grid_->tp.get())}) {
+                               std::make_pair(part.tp_split, grid_->tp.get()),
+                               std::make_pair(part.ep_split, grid_->ep.get())}) {
       if (split && comm->size() > 1) comms.push_back(comm);
     }
   }
@@ -325,8 +345,16 @@ ParallelState::Part* ParallelState::part_of(const Parameter* p) {
 
 std::vector<NamedTensor> ParallelState::full_parameters() {
   ensure_all_ready();
-  std::vector<NamedTensor> out;
-  for (Parameter* p : model_.parameters()) out.push_back({p->name, host_full(p, p->data)});
+  std::vector<NamedTensor> out, experts;  // experts: a run of this rank's, gathered at its end
+  for (Parameter* p : model_.parameters()) {
+    if (ep_ && model_.routed_experts().count(p) > 0) {
+      experts.push_back({p->name, host_full(p, p->data)});
+      continue;
+    }
+    append_experts(out, experts);
+    out.push_back({p->name, host_full(p, p->data)});
+  }
+  append_experts(out, experts);
   return out;
 }
 
@@ -351,7 +379,11 @@ std::vector<NamedTensor> ParallelState::full_moments(const Tensor& m, const Tens
       const int64_t n = part.dp->owned_numel();
       const Tensor flat =
           part.dp->gather_owned(moment->rows(part.state_offset, part.state_offset + n));
-      for (Parameter* p : part.params) out.push_back({prefix + p->name, full_of(part, p, flat)});
+      std::vector<NamedTensor> experts;
+      for (Parameter* p : part.params) {
+        (part.ep_split ? experts : out).push_back({prefix + p->name, full_of(part, p, flat)});
+      }
+      append_experts(out, experts);
     }
   }
   return out;

@@ -13,6 +13,12 @@
 // - TP above the llama family's key/value heads: the qkv rows a few TP ranks hold copies of
 //   (Note [replicated key/value heads] in model/tensor_parallel.h) get their gradients summed
 //   over those ranks after the data-parallel reduction, and count once in the gradient norm.
+// - × EP (parallel.ep > 1; Note [expert parallelism] in model/moe.h): the model holds this rank's
+//   routed experts only; they are one part of their own, data-parallel over the expert-data
+//   group (the ranks holding the same experts), and their Σ g² sums over the EP group as well.
+//   Everything else is as without EP. Checkpoints gather every EP rank's experts (rank by rank,
+//   under their global names), so a checkpoint is the same whatever EP is, and each rank loads
+//   its own experts by name.
 // The optimizer sees the owned segments of every part, with state offsets laid end to end; a
 // part with replicated rows lists the segments of its other elements first, then those of the
 // copies (the two norm groups of the part).
@@ -25,6 +31,7 @@
 
 #include "model/gpt.h"
 #include "parallel/ddp.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/grid.h"
 #include "parallel/gtp.h"
 #include "parallel/self_communicator.h"
@@ -97,6 +104,7 @@ class ParallelState {
     std::vector<Parameter*> params;
     bool gtp_sharded = false;  // its Σ g² is over this rank's GTP shards
     bool tp_split = false;     // its Σ g² is over this rank's TP parts
+    bool ep_split = false;     // its Σ g² is over this rank's routed experts
   };
   // Consecutive owned segments whose Σ g² reduce together (NormReduction::Group's rule).
   struct NormGroup {
@@ -106,7 +114,12 @@ class ParallelState {
   };
   Part* part_of(const Parameter* p);
   void add_part(std::vector<Parameter*> params, parallel::Communicator* comm, const Config& cfg,
-                bool gtp_sharded, bool tp_split);
+                bool gtp_sharded, bool tp_split, bool ep_split = false);
+  // EP > 1 (parallel_state_ep.cc): appends to `out` every EP rank's version of `experts` (this
+  // rank's routed-expert tensors, full values on the host, by name), EP rank by EP rank, each
+  // under its global name; then clears `experts`. Collective over the EP group; nothing to do
+  // for an empty run (every rank has the same runs).
+  void append_experts(std::vector<NamedTensor>& out, std::vector<NamedTensor>& experts);
   // The whole parameters: one part, or (TP > 1) the TP-split ones and the replicated ones.
   void add_whole_parts(const std::vector<Parameter*>& whole, parallel::Communicator* comm,
                        const Config& cfg);
@@ -133,6 +146,7 @@ class ParallelState {
   parallel::Grid* grid_;
   parallel::SelfCommunicator self_;
   std::unique_ptr<parallel::CommTensorParallel> tp_;  // TP > 1
+  std::unique_ptr<parallel::CommExpertParallel> ep_;  // EP > 1
   std::unique_ptr<parallel::GtpWeights> gtp_;
   std::vector<Part> parts_;
   std::vector<parallel::OwnedSegment> owned_;

@@ -124,6 +124,7 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
     const int tp = static_cast<int>(cfg_.parallel.tp);
     const parallel::CommunicatorFactory make = communicator_factory(cfg_, device_);
     grid_ = parallel::make_grid(*rdv_.client, env_.rank, env_.world_size, gtp, tp, make, "grid");
+    parallel::add_expert_groups(grid_, *rdv_.client, static_cast<int>(cfg_.parallel.ep), make);
     if (grid_of_one == kGridOfOneTp && !grid_.tp) {  // a TP group of one rank
       grid_.tp = make(*rdv_.client, "grid/tp1", 0, 1);
     }
@@ -161,6 +162,10 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
     gc.tp_rank = grid_.layout.tp_rank;
     gc.sequence_parallel = cfg_.parallel.sequence_parallel;
     gc.tp_through_group = grid_of_one == kGridOfOneTp;
+  }
+  if (grid_.ep) {  // this rank's experts (Note [expert parallelism] in model/moe.h)
+    gc.moe.ep_size = grid_.layout.ep_size;
+    gc.moe.ep_rank = grid_.layout.ep_rank;
   }
   model_ = std::make_unique<GPT>(gc, DType::kF32, device_, cfg_.train.seed);
   // FLOPs of the full model, before GTP shards its weights (TP: this rank's part × TP, which
@@ -238,7 +243,7 @@ void Run::init_weights(const std::string& dir) {
     return false;
   };
   for (const auto& [name, tensor] : c.params) {
-    if (model_->find(name) == nullptr && !is_buffer(name))
+    if (model_->find(name) == nullptr && !is_buffer(name) && !model_->expert_held_elsewhere(name))
       throw UserError(
           str_cat("--init: checkpoint '", dir, "' has tensor '", name, "' ", tensor.shape().str(),
                   ", which the configured model has no place for",
@@ -261,10 +266,12 @@ void Run::print_header(const ResolvedData& data) const {
       static_cast<long>(c.model.vocab_size), static_cast<long>(c.model.padded_vocab()),
       static_cast<long>(c.train.seq_len), static_cast<long>(c.mtp.depth));
   std::printf(
-      "world %d (DP %d x GTP %ld x TP %ld) on %s, %s | batch %ld seqs = %ld data ranks x %ld "
+      "world %d (DP %d x GTP %ld x TP %ld%s) on %s, %s | batch %ld seqs = %ld data ranks x %ld "
       "micro x %ld accum | %ld tokens/step | MFU peak %s\n",
       env_.world_size, env_.world_size / static_cast<int>(c.parallel.gtp * c.parallel.tp),
-      static_cast<long>(c.parallel.gtp), static_cast<long>(c.parallel.tp), device_.str().c_str(),
+      static_cast<long>(c.parallel.gtp), static_cast<long>(c.parallel.tp),
+      c.parallel.ep > 1 ? str_cat("; EP ", c.parallel.ep, " of the data ranks").c_str() : "",
+      device_.str().c_str(),
       c.train.precision == PrecisionChoice::kFp8
           ? (bf16_ ? "fp8 linears, bf16 mixed precision" : "fp8 linears emulated over fp32")
       : bf16_ ? "bf16 mixed precision"

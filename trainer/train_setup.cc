@@ -98,6 +98,7 @@ GPTConfig gpt_config(const Config& cfg) {
     g.moe.norm_topk_prob = moe.norm_topk_prob;
     g.moe.aux_loss_weight = moe.aux_loss_weight;
     g.moe.bias_update_rate = moe.bias_update_rate;
+    g.mtp_moe = cfg.mtp.moe;
   }
   g.recompute = cfg.train.recompute == RecomputeChoice::kFull        ? Recompute::kFull
                 : cfg.train.recompute == RecomputeChoice::kSelective ? Recompute::kSelective

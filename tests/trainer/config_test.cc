@@ -185,8 +185,8 @@ TEST(ConfigFiles, MoeTinyLoadsAndValidates) {
   EXPECT_DOUBLE_EQ(d.aux_loss_weight, 0);
 }
 
-// model.moe: the llama family's, on the CPU with data parallelism only for now; each refusal
-// names the key.
+// model.moe: the llama family's, on the CPU with data, expert, GTP and TP parallelism; each
+// refusal names the key.
 TEST(ConfigErrors, MoeChecks) {
   const std::string llama = R"("arch": "llama", "n_layer": 2, "n_head": 4, "n_embd": 64)";
   auto moe = [&](const std::string& moe_keys, const std::string& rest = "") {
@@ -214,13 +214,40 @@ TEST(ConfigErrors, MoeChecks) {
                     {"graphs.scope", "model.moe"});
   expect_text_error(moe(R"("num_experts": 4)", R"(, "train": {"recompute": "full"})"),
                     {"train.recompute = \"full\"", "model.moe"});
+  // TP runs the MoE layer whole on every TP rank: not with sequence parallelism.
   expect_text_error(
-      moe(R"("num_experts": 4)", R"(, "parallel": {"tp": 2}, "train": {"global_batch": 16})"),
-      {"parallel.tp > 1", "model.moe", "set parallel.tp = 1"});
+      moe(R"("num_experts": 4)", R"(, "parallel": {"tp": 2, "sequence_parallel": true}, "train": )"
+                                 R"({"global_batch": 16})"),
+      {"parallel.sequence_parallel", "model.moe"});
+  validate(from_text(moe(R"("num_experts": 4)",
+                         R"(, "parallel": {"tp": 2}, "train": {"global_batch": 16})")),
+           4);
+  validate(from_text(moe(R"("num_experts": 4)",
+                         R"(, "parallel": {"gtp": 2}, "train": {"global_batch": 16})")),
+           2);
+  // Expert parallelism (parallel.ep) and MoE MTP depths (mtp.moe) need experts; ep divides the
+  // experts and the data ranks.
+  validate(from_text(moe(R"("num_experts": 4)", R"(, "mtp": {"depth": 1, "moe": true})")), 1);
+  expect_text_error(R"({"mtp": {"depth": 1, "moe": true}})",
+                    {"mtp.moe = true", "model.moe.num_experts = 0"});
+  expect_text_error(R"({"parallel": {"ep": 2}})",
+                    {"parallel.ep = 2", "model.moe.num_experts = 0", "parallel.ep = 1"});
   expect_text_error(
-      moe(R"("num_experts": 4)", R"(, "parallel": {"gtp": 2}, "train": {"global_batch": 16})"),
-      {"parallel.gtp > 1", "model.moe"});
-  // Data parallelism is built (the load counts are summed over the data ranks).
+      moe(R"("num_experts": 6)", R"(, "parallel": {"ep": 4})"),
+      {"parallel.ep = 4: must divide model.moe.num_experts (6)", "use parallel.ep = 1, 2, 3 or 6"});
+  const Config ep2 = from_text(
+      moe(R"("num_experts": 4)", R"(, "parallel": {"ep": 2}, "train": {"global_batch": 32})"));
+  validate(ep2, 2);
+  validate(ep2, 4);
+  expect_user_error([&] { validate(ep2, 3); },
+                    {"parallel.ep = 2: must divide the data ranks (3", "use parallel.ep = 1 or 3"});
+  const Config tp_ep =
+      from_text(moe(R"("num_experts": 4)", R"(, "parallel": {"ep": 2, "tp": 2}, "train": )"
+                                           R"({"global_batch": 16})"));
+  validate(tp_ep, 4);
+  expect_user_error([&] { validate(tp_ep, 2); },
+                    {"parallel.ep = 2: must divide the data ranks (1 = world size 2 / parallel.tp "
+                     "2)"});
   validate(from_text(moe(R"("num_experts": 4)", R"(, "train": {"global_batch": 16})")), 2);
 }
 
