@@ -1,7 +1,7 @@
 // The mixture-of-experts MLP (model/moe.h) and the llama GPT built with it: f64 gradient checks
-// of the layer (shared experts, both routers, the balance loss) and of the whole model, the
-// sigmoid router's bias balancing a skewed router, bit-identical reruns, and num_experts = 0
-// giving exactly the dense model.
+// of the layer (shared experts, both routers, the balance loss) and of the whole model (MoE MTP
+// depths too), the sigmoid router's bias balancing a skewed router, bit-identical reruns, and
+// num_experts = 0 giving exactly the dense model.
 #include "model/moe.h"
 
 #include <gtest/gtest.h>
@@ -241,6 +241,43 @@ TEST(MoeGPT, GradCheckWholeModelWithMtp) {
                            model.parameters());
     EXPECT_LT(res.worst_error, 1e-6) << res.worst_name;
   }
+}
+
+// mtp.moe: the depth's block takes a mixture of experts of its own (router, experts, shared
+// expert, bias and load), after the main blocks' in the load, stats and buffers; its balance
+// loss joins the total, and the whole model's gradients check in f64.
+TEST(MoeGPT, MtpDepthsMayBeMixturesOfExperts) {
+  GPTConfig c = moe_config(MoeRouterKind::kSigmoid);
+  c.mtp_depth = 1;
+  GPT dense_depth(c, DType::kF64, Device::cpu(), 42);
+  EXPECT_NE(dense_depth.find("mtp.1.block.mlp.gate_up.weight"), nullptr);
+  EXPECT_EQ(dense_depth.moe_stats().size(), 1u);
+  c.mtp_moe = true;
+  GPT model(c, DType::kF64, Device::cpu(), 42);
+  EXPECT_EQ(model.find("mtp.1.block.mlp.gate_up.weight"), nullptr);
+  for (const char* name : {"mtp.1.block.mlp.router.weight", "mtp.1.block.mlp.experts.3.down.weight",
+                           "mtp.1.block.mlp.shared.gate_up.weight"}) {
+    EXPECT_NE(model.find(name), nullptr) << name;
+  }
+  ASSERT_EQ(model.buffers().size(), 2u);
+  EXPECT_EQ(model.buffers()[1].first, "mtp.1.block.mlp.router.expert_bias");
+  Tensor window = random_window(2, 5, 13, 3);
+  GPTOutput probe = model.forward(window);
+  const std::vector<MoeLayerStats> stats = model.moe_stats();
+  clear_tape();
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[1].layer, 2);  // after the 2 main blocks
+  int64_t routed = 0;
+  for (int64_t t : stats[1].tokens) routed += t;
+  EXPECT_EQ(routed, 2 * 5 * 2);  // B·T tokens, top 2 each
+  EXPECT_EQ(model.moe_load().size(), 8u);
+  // Both layers' balance losses are in the total: more than the main block's alone.
+  GPTOutput main_only = dense_depth.forward(window);
+  clear_tape();
+  EXPECT_GT(probe.moe_aux_loss.value().item(), main_only.moe_aux_loss.value().item());
+  auto res = testing::gradcheck([&](const std::vector<Var>&) { return model.forward(window).loss; },
+                                {}, model.parameters());
+  EXPECT_LT(res.worst_error, 1e-6) << res.worst_name;
 }
 
 struct StepResult {
