@@ -2,11 +2,11 @@
 // experts (4 routed experts, top 2, a shared expert, the sigmoid router with its bias updates and
 // the balance loss) with MTP D = 1, 30 steps on the CPU over Gloo. Every layout with parallel.ep
 // reproduces one process's loss within 1e-6 relative at every step (and its grad norm to the
-// printed digits): EP = 2, EP = 4,
-// EP = 2 × DP = 2, EP = 2 × GTP = 2, TP = 2 × EP = 2, and MoE MTP depths (mtp.moe) at EP = 2.
-// Checkpoints hold every expert whatever EP is: a run saved at EP = 2 resumes at EP = 1 and at
-// EP = 4, one saved at EP = 1 resumes at EP = 2, each matching the run it continues. A bad
-// parallel.ep is a config error before any work.
+// printed digits): EP = 2, EP = 4, EP = 2 × DP = 2, EP = 2 × GTP = 2, TP = 2 × EP = 2, and MoE
+// MTP depths (mtp.moe) at EP = 2. Checkpoints hold every expert whatever EP is: a run saved at
+// EP = 2 resumes at EP = 1 and at EP = 4, one saved at EP = 1 resumes at EP = 2, each matching the
+// run it continues, and train --init reads a one-process checkpoint at EP = 2. A bad parallel.ep
+// is a config error before any work.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -184,6 +184,15 @@ TEST_F(EpEquivalence, CheckpointsMoveBetweenExpertLayouts) {
   seed_from(*dir_, "single", "ep1_to_2");
   launch(2, "ep1_to_2", {"parallel.ep=2"}, {"--resume"});
   expect_close(single, metrics_loss_values(*dir_ + "/ep1_to_2/metrics.jsonl"), "EP=1 -> EP=2", 15);
+  // train --init at EP = 2 from a one-process checkpoint: the experts other ranks hold are no
+  // stranger's tensors; the run starts where one process's --init starts.
+  const std::string init = *single_ + "/checkpoints/step_00000030";
+  auto one = run_gtron({"train", "--config", config(), "--out", *dir_ + "/init_1", "--set",
+                        "train.steps=5", "--init", init});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  launch(2, "init_ep2", {"parallel.ep=2", "train.steps=5"}, {"--init", init});
+  expect_close(metrics_loss_values(*dir_ + "/init_1/metrics.jsonl"),
+               metrics_loss_values(*dir_ + "/init_ep2/metrics.jsonl"), "--init at EP=2");
 }
 
 TEST_F(EpEquivalence, ABadExpertLayoutIsAConfigError) {

@@ -3,7 +3,8 @@
 // the outputs, the input gradients and the held experts' weight gradients are the one-process
 // values (the same rows reach each expert in the same order); the router's and the shared
 // expert's gradients and the load counts sum over the ranks to the one-process ones. Also a rank
-// whose experts receive no token, and the layer's parameter list under EP.
+// whose experts receive no token, the layer's parameter list under EP, and the grid's EP and
+// expert-data groups.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -167,6 +168,50 @@ TEST(MoeExpertParallel, EachRankHoldsItsExpertsUnderTheirGlobalNames) {
   EXPECT_EQ(moe_expert_shifted("blocks.1.mlp.experts.5.down.weight", 3),
             "blocks.1.mlp.experts.8.down.weight");
   EXPECT_EQ(moe_expert_shifted("blocks.1.mlp.router.weight", 3), "");
+}
+
+// Note [expert-parallel groups] in parallel/grid.h: EP groups of consecutive data ranks of one TP
+// rank, expert-data groups of the data ranks with the same EP rank.
+TEST(ExpertGroups, LayoutOfTheGrid) {
+  GridLayout l = grid_layout(5, 8, 1, 2);  // data rank 2 of 4, TP rank 1
+  set_expert_layout(l, 2);
+  EXPECT_EQ(l.ep_size, 2);
+  EXPECT_EQ(l.ep_rank, 0);
+  EXPECT_EQ(l.ep_group, 3);
+  EXPECT_EQ(l.ep_members, (std::vector<int>{5, 7}));
+  EXPECT_EQ(l.expert_data_size, 2);
+  EXPECT_EQ(l.expert_data_rank, 1);
+  EXPECT_EQ(l.expert_data_group, 1);
+  EXPECT_EQ(l.expert_data_members, (std::vector<int>{1, 5}));
+  set_expert_layout(l, 4);  // every data rank of TP rank 1: one expert-data group each
+  EXPECT_EQ(l.ep_members, (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(l.expert_data_members, (std::vector<int>{5}));
+  EXPECT_THROW(set_expert_layout(l, 3), UserError);
+  EXPECT_THROW(set_expert_layout(l, 0), UserError);
+}
+
+TEST(ExpertGroups, CommunicatorsJoinTheirMembers) {
+  test_util::run_ranks(4, [](int rank, StoreClient& store) {
+    GlooOptions o;
+    o.timeout = std::chrono::seconds(15);
+    const CommunicatorFactory make = [&o](StoreClient& s, const std::string& name, int r, int n) {
+      return make_gloo_communicator(s, name, r, n, o);
+    };
+    Grid grid = make_grid(store, rank, 4, 1, 1, make);
+    add_expert_groups(grid, store, 2, make);
+    ASSERT_TRUE(grid.ep && grid.expert_data);
+    EXPECT_EQ(grid.ep->size(), 2);
+    EXPECT_EQ(grid.ep->rank(), rank % 2);
+    EXPECT_EQ(grid.expert_data->size(), 2);
+    EXPECT_EQ(grid.expert_data->rank(), rank / 2);
+    // Sums of the members' world ranks: EP {0, 1} and {2, 3}; expert-data {0, 2} and {1, 3}.
+    Tensor a = Tensor::from_vector({static_cast<double>(rank)}, {1}, DType::kF64);
+    Tensor b = Tensor::from_vector({static_cast<double>(rank)}, {1}, DType::kF64);
+    grid.ep->all_reduce(a).synchronize();
+    grid.expert_data->all_reduce(b).synchronize();
+    EXPECT_EQ(a.item(), rank < 2 ? 1 : 5);
+    EXPECT_EQ(b.item(), rank % 2 == 0 ? 2 : 4);
+  });
 }
 
 }  // namespace
