@@ -10,6 +10,7 @@
 #include "model/ops/add_norm.h"
 #include "model/ops/attention.h"
 #include "model/ops/concat.h"
+#include "model/ops/fp8.h"
 #include "model/ops/fused_mlp.h"
 #include "model/ops/gelu.h"
 #include "model/ops/linear.h"
@@ -93,7 +94,13 @@ LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in
 Var LinearLayer::forward(const Var& x, WeightAccess& w, const Var& residual) const {
   if (tp != nullptr) return residual.defined() ? add(residual, tp_forward(x, w)) : tp_forward(x, w);
   Var wv = w.use(*weight);
-  Var y = linear(x, wv, bias ? w.use_bias(*bias) : Var(), residual, fp8);
+  // Note [fp8 weights once a step]: the access's codes of the weight, where the product runs FP8.
+  const fp8::QuantizedWeight* wq = nullptr;
+  if (fp8 && x.device().is_cuda() && x.dtype() == DType::kBF16) {
+    const int64_t in = wv.shape()[1], out = wv.shape()[0];
+    if (cuda::fp8_gemm_ok(x.value().numel() / in, in, out)) wq = w.fp8_weight(*weight);
+  }
+  Var y = linear(x, wv, bias ? w.use_bias(*bias) : Var(), residual, fp8, wq);
   w.used(*weight, wv);
   return y;
 }

@@ -19,6 +19,10 @@
 
 namespace gtron {
 
+namespace fp8 {
+struct QuantizedWeight;
+}
+
 // How a layer reads a (possibly sharded) weight. use() returns a Var whose value is the full weight
 // for this use and whose backward delivers the weight's gradient into its main_grad.
 class WeightAccess {
@@ -58,6 +62,13 @@ class WeightAccess {
   // Makes what use(p) would read current now, outside any capture (bf16: re-cast a stale
   // shadow), so that a captured read of it replays over current values.
   virtual void prepare(Parameter& p) { (void)p; }
+  // The FP8 codes of weight p for this use (Note [fp8 weights once a step] in model/ops/fp8.h),
+  // valid until the parameter changes, or null: the linear then quantizes use(p)'s value itself.
+  // Called right after use(p), only by a linear that runs its products in FP8 on CUDA.
+  virtual const fp8::QuantizedWeight* fp8_weight(Parameter& p) {
+    (void)p;
+    return nullptr;
+  }
 };
 
 // The single-process access: the parameter itself.

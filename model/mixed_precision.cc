@@ -26,6 +26,41 @@ Tensor& Bf16Weights::current_shadow(Parameter& p) {
 
 void Bf16Weights::prepare(Parameter& p) {
   if (shadows_.count(&p) > 0) current_shadow(p);
+  auto it = codes_.find(&p);
+  if (it != codes_.end()) current_codes(p, it->second);
+}
+
+const fp8::QuantizedWeight& Bf16Weights::current_codes(Parameter& p, Codes& c) {
+  Stream& stream = current_stream(p.data.device());
+  if (!c.value) {
+    GTRON_CHECK(p.data.shape().rank() == 2, "Bf16Weights: ", p.name, " has rank ",
+                p.data.shape().rank(), "; FP8 codes are made for [N, K] weights");
+    memory::AllocKindScope kind(memory::AllocKind::kWeights);  // Note [allocation kinds]
+    c.value = std::make_unique<fp8::QuantizedWeight>(fp8::cuda_quantize_weight(p.data, stream));
+  } else if (c.stale) {
+    fp8::cuda_requantize_weight(p.data, *c.value, stream);
+  } else {
+    return *c.value;
+  }
+  c.stale = false;
+  ++fp8_quantizations_;
+  return *c.value;
+}
+
+const fp8::QuantizedWeight* Bf16Weights::fp8_weight(Parameter& p) {
+  GTRON_CHECK(p.data.device().is_cuda() && p.data.dtype() == DType::kF32, "Bf16Weights: ", p.name,
+              " is ", p.data.device().str(), "/", dtype_name(p.data.dtype()),
+              "; FP8 codes are made from fp32 CUDA masters");
+  return &current_codes(p, codes_[&p]);
+}
+
+int64_t Bf16Weights::fp8_bytes() const {
+  int64_t n = 0;
+  for (const auto& kv : codes_) {
+    const fp8::QuantizedWeight* w = kv.second.value.get();
+    if (w != nullptr) n += w->q.nbytes() + w->s.nbytes() + w->qt.nbytes() + w->st.nbytes();
+  }
+  return n;
 }
 
 Var Bf16Weights::use(Parameter& p) {
@@ -35,6 +70,7 @@ Var Bf16Weights::use(Parameter& p) {
 
 void Bf16Weights::refresh() {
   for (auto& kv : shadows_) kv.second.stale = true;
+  for (auto& kv : codes_) kv.second.stale = true;
 }
 
 void* Bf16Weights::shadow_for_optimizer(Parameter& p) {
@@ -46,6 +82,7 @@ void* Bf16Weights::shadow_for_optimizer(Parameter& p) {
 
 void Bf16Weights::refresh_after_step() {
   for (auto& kv : shadows_) kv.second.stale = !kv.second.optimizer_writes;
+  for (auto& kv : codes_) kv.second.stale = true;
 }
 
 int64_t Bf16Weights::shadow_bytes() const {

@@ -22,6 +22,10 @@
 //   After a step, refresh_after_step() marks only the other shadows stale (the written ones are
 //   fresh: the same bits the cast would give); refresh() still marks every shadow stale, for a
 //   change of the masters the optimizer did not make (loading weights).
+// - FP8 weights (train.precision = "fp8") also get their codes here, beside the shadow (Note [fp8
+//   weights once a step] in model/ops/fp8.h): made from the fp32 master at the first
+//   fp8_weight(p) after a refresh, or by prepare(p), and stale after every refresh (the optimizer
+//   writes shadows, never codes).
 // - Activations follow: the embedding output takes the table's dtype (bf16), so every activation
 //   after it is bf16; norms and positions read their fp32 masters directly; the loss is fp32.
 //
@@ -29,9 +33,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 
 #include "model/layers.h"
+#include "model/ops/fp8.h"
 
 namespace gtron {
 
@@ -49,6 +55,9 @@ class Bf16Weights : public WeightAccess {
   // Re-casts p's shadow now if it is stale (a graph replays over it; see WeightAccess::prepare).
   // REQUIRES: p is ready (its DDP gather done). No-op for a parameter never used.
   void prepare(Parameter& p) override;
+  // p's FP8 codes (both orientations), quantized from its fp32 master if stale, allocated at the
+  // first call and kept. REQUIRES: use(p) came first (p is ready), p is [N, K].
+  const fp8::QuantizedWeight* fp8_weight(Parameter& p) override;
   // Marks every shadow stale: call after loading weights, or after an optimizer step that does not
   // write shadows.
   void refresh();
@@ -63,6 +72,8 @@ class Bf16Weights : public WeightAccess {
 
   int64_t shadow_bytes() const;             // bytes held by the shadows
   int64_t casts() const { return casts_; }  // cast kernels launched so far (tests)
+  int64_t fp8_quantizations() const { return fp8_quantizations_; }  // FP8 weight passes (tests)
+  int64_t fp8_bytes() const;  // bytes held by the FP8 codes and scales
 
  private:
   struct Shadow {
@@ -73,8 +84,17 @@ class Bf16Weights : public WeightAccess {
   // p's shadow, allocated at first call and re-cast if stale, on the current stream.
   Tensor& current_shadow(Parameter& p);
 
+  struct Codes {
+    std::unique_ptr<fp8::QuantizedWeight> value;
+    bool stale = true;
+  };
+  // p's codes, re-quantized if stale, on the current stream.
+  const fp8::QuantizedWeight& current_codes(Parameter& p, Codes& c);
+
   std::unordered_map<const Parameter*, Shadow> shadows_;
+  std::unordered_map<const Parameter*, Codes> codes_;
   int64_t casts_ = 0;
+  int64_t fp8_quantizations_ = 0;
 };
 
 namespace cuda {

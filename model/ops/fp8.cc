@@ -4,9 +4,10 @@
 // Note [fp8 scratch]
 // Codes and scales live only from their quantizer to the GEMM that reads them: scratch tensors on
 // the op's stream, released as soon as the GEMM is queued (the allocator orders their reuse after
-// it). Nothing is kept from the forward for the backward: the backward quantizes the weight again
-// (its transposed codes) and x along the tokens, so the FP8 path holds no more memory between the
-// passes than the bf16 one.
+// it). Nothing is kept from the forward for the backward: the backward quantizes x along the
+// tokens again, and the weight's transposed codes come from its QuantizedWeight (Note [fp8 weights
+// once a step] in fp8.h) or are made again, so the FP8 path holds no more activation memory
+// between the passes than the bf16 one.
 #include "model/ops/fp8.h"
 
 #include "model/check.h"
@@ -80,29 +81,61 @@ void fp8_product(const Quantized& a, const Quantized& b, cuda::Fp8Scales b_scale
 
 }  // namespace
 
+QuantizedWeight cuda_quantize_weight(const Tensor& w, Stream& s) {
+  GTRON_CHECK(w.shape().rank() == 2, "fp8 weight: rank ", w.shape().rank(), "; expected [N, K]");
+  const int64_t N = w.shape()[0], K = w.shape()[1];
+  QuantizedWeight out;
+  out.q = scratch_bytes(N * K, s);
+  out.s = scratch_floats(block_scale_floats(N, K), s);
+  out.qt = scratch_bytes(N * K, s);
+  out.st = scratch_floats(block_scale_floats(K, N), s);
+  cuda_requantize_weight(w, out, s);
+  return out;
+}
+
+void cuda_requantize_weight(const Tensor& w, QuantizedWeight& out, Stream& s) {
+  const int64_t N = w.shape()[0], K = w.shape()[1];
+  cuda::fp8_quantize_blocks(w.raw(), w.dtype(), N, K, static_cast<uint8_t*>(out.q.raw()),
+                            out.s.data<float>(), static_cast<uint8_t*>(out.qt.raw()),
+                            out.st.data<float>(), s.native());
+}
+
 void cuda_forward(const Tensor& x, const Tensor& w, const void* bias, DType bias_dtype, Tensor& y,
-                  const void* residual, int64_t N, int64_t Cin, int64_t Cout, Stream& s) {
+                  const void* residual, int64_t N, int64_t Cin, int64_t Cout, Stream& s,
+                  const QuantizedWeight* wq) {
   GTRON_CHECK(cuda::fp8_gemm_ok(N, Cin, Cout) && x.dtype() == DType::kBF16, "fp8 linear: ", N,
               " rows, Cin ", Cin, ", Cout ", Cout, ", ", dtype_name(x.dtype()));
   Quantized xq = scratch(N * Cin, row_scale_floats(N, Cin), s);
   cuda::fp8_quantize_rows(x.raw(), N, Cin, xq.q(), xq.sc(), s.native());
-  const Quantized wq = quantize_weight(w, Cout, Cin, /*transposed=*/false, s);
-  fp8_product(xq, wq, cuda::Fp8Scales::kBlocks, y.raw(), DType::kBF16, 0.0f, N, Cout, Cin, s, bias,
+  const Quantized wb = wq != nullptr ? Quantized{wq->q, wq->s}
+                                     : quantize_weight(w, Cout, Cin, /*transposed=*/false, s);
+  fp8_product(xq, wb, cuda::Fp8Scales::kBlocks, y.raw(), DType::kBF16, 0.0f, N, Cout, Cin, s, bias,
               bias_dtype, residual);
 }
 
 void cuda_backward(const Tensor& x, const Tensor& w, const Tensor& dy, void* dx, bool dx_overwrite,
-                   Tensor* dw, bool dw_overwrite, int64_t N, int64_t Cin, int64_t Cout, Stream& s) {
-  if (dx != nullptr) {  // dx[N, Cin] = dy[N, Cout]·wᵀᵀ: w's blocks transposed, [Cin, Cout]
-    Quantized dyq = scratch(N * Cout, row_scale_floats(N, Cout), s);
+                   Tensor* dw, bool dw_overwrite, int64_t N, int64_t Cin, int64_t Cout, Stream& s,
+                   const QuantizedWeight* wq) {
+  // dy in tiles along its rows (dgrad) and along its columns, transposed (wgrad): one pass over dy
+  // when both are wanted.
+  Quantized dyq, dyt;
+  if (dx != nullptr) dyq = scratch(N * Cout, row_scale_floats(N, Cout), s);
+  if (dw != nullptr) dyt = scratch(N * Cout, row_scale_floats(Cout, N), s);
+  if (dx != nullptr && dw != nullptr) {
+    cuda::fp8_quantize_rows_cols(dy.raw(), N, Cout, dyq.q(), dyq.sc(), dyt.q(), dyt.sc(),
+                                 s.native());
+  } else if (dx != nullptr) {
     cuda::fp8_quantize_rows(dy.raw(), N, Cout, dyq.q(), dyq.sc(), s.native());
-    const Quantized wt = quantize_weight(w, Cout, Cin, /*transposed=*/true, s);
+  } else if (dw != nullptr) {
+    cuda::fp8_quantize_cols(dy.raw(), N, Cout, dyt.q(), dyt.sc(), s.native());
+  }
+  if (dx != nullptr) {  // dx[N, Cin] = dy[N, Cout]·wᵀᵀ: w's blocks transposed, [Cin, Cout]
+    const Quantized wt = wq != nullptr ? Quantized{wq->qt, wq->st}
+                                       : quantize_weight(w, Cout, Cin, /*transposed=*/true, s);
     fp8_product(dyq, wt, cuda::Fp8Scales::kBlocks, dx, DType::kBF16, dx_overwrite ? 0.0f : 1.0f, N,
                 Cin, Cout, s);
   }
   if (dw != nullptr) {  // dw[Cout, Cin] = dyᵀ[Cout, N]·(xᵀ[Cin, N])ᵀ, both in tiles along N
-    Quantized dyt = scratch(N * Cout, row_scale_floats(Cout, N), s);
-    cuda::fp8_quantize_cols(dy.raw(), N, Cout, dyt.q(), dyt.sc(), s.native());
     Quantized xt = scratch(N * Cin, row_scale_floats(Cin, N), s);
     cuda::fp8_quantize_cols(x.raw(), N, Cin, xt.q(), xt.sc(), s.native());
     fp8_product(dyt, xt, cuda::Fp8Scales::kRows, dw->raw(), dw->dtype(), dw_overwrite ? 0.0f : 1.0f,

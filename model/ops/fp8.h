@@ -83,14 +83,36 @@ template <typename T>
 void emulate_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db, int64_t N,
                       int64_t Cin, int64_t Cout);
 
+// Note [fp8 weights once a step]
+// A weight's codes depend on its master alone, so they change only when the optimizer steps: yet
+// a linear that quantized its weight at every use would do it twice a micro-batch (the forward's
+// w, the backward's wᵀ), and again in a full-recompute forward. Bf16Weights (model/
+// mixed_precision.h) keeps a QuantizedWeight beside the bf16 shadow of each FP8 weight it is asked
+// for (WeightAccess::fp8_weight), quantized from the fp32 master in one pass that writes both
+// orientations, at its first use after a step (or prepare(), before a graph replays over it), and
+// the linear reads it. The codes then come from the fp32 master, as on the CPU (no bf16 rounding
+// first). A linear with no QuantizedWeight (GTP's gathered weights, tensor-parallel parts, tests)
+// quantizes w itself, from its bf16 value.
+struct QuantizedWeight {
+  Tensor q, s;    // codes [N, K] (as the u8 bytes of a tensor), blocks-layout scales
+  Tensor qt, st;  // the transposed codes [K, N], blocks-layout scales of the [K, N] matrix
+};
+
 // The CUDA FP8 linear over bf16 activations, scratch from the caching allocator on `s`; the
 // contracts of cuda::linear_forward / cuda::linear_backward (model/ops/linear.h) with act = bf16
 // and no bias gradient (the caller sums dy's columns). REQUIRES: cuda::fp8_gemm_ok(N, Cin, Cout);
-// w (the bf16 shadow) [Cout, Cin].
+// w (the bf16 shadow) [Cout, Cin]. `wq`: w's codes made beforehand (Note [fp8 weights once a
+// step]), or null to quantize w here.
 void cuda_forward(const Tensor& x, const Tensor& w, const void* bias, DType bias_dtype, Tensor& y,
-                  const void* residual, int64_t N, int64_t Cin, int64_t Cout, Stream& s);
+                  const void* residual, int64_t N, int64_t Cin, int64_t Cout, Stream& s,
+                  const QuantizedWeight* wq = nullptr);
 void cuda_backward(const Tensor& x, const Tensor& w, const Tensor& dy, void* dx, bool dx_overwrite,
-                   Tensor* dw, bool dw_overwrite, int64_t N, int64_t Cin, int64_t Cout, Stream& s);
+                   Tensor* dw, bool dw_overwrite, int64_t N, int64_t Cin, int64_t Cout, Stream& s,
+                   const QuantizedWeight* wq = nullptr);
+// w[N, K] (fp32 or bf16) quantized into a QuantizedWeight allocated on `s` (both orientations).
+QuantizedWeight cuda_quantize_weight(const Tensor& w, Stream& s);
+// Re-quantizes w into the buffers of `out` (made by cuda_quantize_weight for w's shape).
+void cuda_requantize_weight(const Tensor& w, QuantizedWeight& out, Stream& s);
 
 }  // namespace fp8
 
@@ -107,6 +129,11 @@ void fp8_quantize_rows(const void* x, int64_t R, int64_t K, uint8_t* q, float* s
 // x[R, K] in 1x128 tiles along R, written transposed: qt[K, R] and its rows-layout scales
 // st[ceil(R/128), K] (xᵀ quantized as rows). REQUIRES: R % 128 == 0, K % 4 == 0.
 void fp8_quantize_cols(const void* x, int64_t R, int64_t K, uint8_t* qt, float* st, void* stream);
+// fp8_quantize_rows and fp8_quantize_cols of the same x in one pass over it (an output gradient
+// feeds both the dgrad and the wgrad product): the same codes and scales as the two.
+// REQUIRES: R % 128 == 0, K % 128 == 0.
+void fp8_quantize_rows_cols(const void* x, int64_t R, int64_t K, uint8_t* q, float* s, uint8_t* qt,
+                            float* st, void* stream);
 // w[N, K] (fp32 or bf16: w_dtype) in 128x128 blocks: q[N, K] with blocks-layout scales s, and the
 // transposed codes qt[K, N] with their scales st (blocks layout of the [K, N] matrix).
 void fp8_quantize_blocks(const void* w, DType w_dtype, int64_t N, int64_t K, uint8_t* q, float* s,

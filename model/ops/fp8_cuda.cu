@@ -102,6 +102,67 @@ __global__ void quantize_cols_kernel(const bf16* __restrict__ x, int64_t R, int6
   if (part == 0) st[(r0 / kTile) * K + c0 + c] = scale_of(e, bad);
 }
 
+// One 128x128 tile of x[R, K] per block of 256 threads, read once: its 128 row tiles (1x128
+// along K) as quantize_rows_kernel codes them, and its 128 column tiles (128x1 along R) as
+// quantize_cols_kernel does, written transposed.
+__global__ void quantize_rows_cols_kernel(const bf16* __restrict__ x, int64_t R, int64_t K,
+                                          uint8_t* __restrict__ q, float* __restrict__ s,
+                                          uint8_t* __restrict__ qt, float* __restrict__ st) {
+  __shared__ bf16 tile[kTile][kTile + 8];  // +8: a row starts 16 bytes off the last one's bank
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  // 16-byte loads: a row of the tile is 16 chunks of 8 values.
+  for (int i = threadIdx.x; i < kTile * 16; i += blockDim.x) {
+    const int r = i / 16, c = (i % 16) * 8;
+    *reinterpret_cast<uint4*>(&tile[r][c]) =
+        *reinterpret_cast<const uint4*>(x + (r0 + r) * K + c0 + c);
+  }
+  __syncthreads();
+  // Row tiles: warp w takes rows w, w + 8, ...; lane l holds elements [4l, 4l + 4).
+  for (int r = warp; r < kTile; r += 8) {
+    float v[4];
+    float amax = 0.0f;
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[i] = __bfloat162float(tile[r][4 * lane + i]);
+      bad |= !isfinite(v[i]);
+      amax = fmaxf(amax, fabsf(v[i]));
+    }
+    bad = __any_sync(0xffffffffu, bad);
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const int e = bad ? 0 : scale_exponent(amax);
+    uint32_t packed = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) packed |= static_cast<uint32_t>(encode(v[i], e, bad)) << (8 * i);
+    *reinterpret_cast<uint32_t*>(q + (r0 + r) * K + c0 + 4 * lane) = packed;
+    if (lane == 0) s[blockIdx.x * R + r0 + r] = scale_of(e, bad);
+  }
+  // Column tiles: two adjacent threads a column, 64 rows each.
+  const int c = threadIdx.x / 2, part = threadIdx.x % 2;
+  float amax = 0.0f;
+  bool bad = false;
+  for (int r = part * 64; r < part * 64 + 64; ++r) {
+    const float v = __bfloat162float(tile[r][c]);
+    bad |= !isfinite(v);
+    amax = fmaxf(amax, fabsf(v));
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  bad |= __shfl_xor_sync(0xffffffffu, static_cast<int>(bad), 1) != 0;
+  const int e = bad ? 0 : scale_exponent(amax);
+  uint8_t* dst = qt + (c0 + c) * R + r0 + part * 64;
+#pragma unroll
+  for (int chunk = 0; chunk < 4; ++chunk) {
+    uint8_t codes[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      codes[i] = encode(__bfloat162float(tile[part * 64 + chunk * 16 + i][c]), e, bad);
+    reinterpret_cast<uint4*>(dst)[chunk] = *reinterpret_cast<const uint4*>(codes);
+  }
+  if (part == 0) st[(r0 / kTile) * K + c0 + c] = scale_of(e, bad);
+}
+
 // One 128x128 block of w[N, K] per block of 256 threads: codes as stored (q) and transposed (qt),
 // with the block's scale in both scale layouts; the padding of each scale row is zeroed.
 template <typename T>
@@ -208,6 +269,17 @@ void fp8_quantize_cols(const void* x, int64_t R, int64_t K, uint8_t* qt, float* 
                   static_cast<unsigned>(R / fp8::kTile));
   quantize_cols_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const bf16*>(x), R, K, qt, st);
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_quantize_rows_cols(const void* x, int64_t R, int64_t K, uint8_t* q, float* s, uint8_t* qt,
+                            float* st, void* stream) {
+  GTRON_CHECK(R % fp8::kTile == 0 && K % fp8::kTile == 0, "fp8_quantize_rows_cols: R = ", R,
+              ", K = ", K, "; both multiples of 128");
+  if (R == 0 || K == 0) return;
+  const dim3 grid(static_cast<unsigned>(K / fp8::kTile), static_cast<unsigned>(R / fp8::kTile));
+  quantize_rows_cols_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const bf16*>(x), R, K, q, s, qt, st);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -9,7 +9,8 @@
 
 namespace gtron {
 
-Var linear(const Var& x, const Var& w, const Var& b, const Var& residual, bool fp8) {
+Var linear(const Var& x, const Var& w, const Var& b, const Var& residual, bool fp8,
+           const fp8::QuantizedWeight* wq) {
   if (residual.defined() && !x.device().is_cuda()) {
     return add(residual, linear(x, w, b, Var(), fp8));
   }
@@ -34,10 +35,20 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual, bool f
   const bool fp8_cuda =
       fp8 && dev.is_cuda() && x.dtype() == DType::kBF16 && cuda::fp8_gemm_ok(N, Cin, Cout);
   fp8 = fp8 && (fp8_cuda || !dev.is_cuda());
+  // The weight's codes, kept for the backward (their storage belongs to the access that made them).
+  const bool have_wq = fp8_cuda && wq != nullptr;
+  const fp8::QuantizedWeight wcodes = have_wq ? *wq : fp8::QuantizedWeight{};
+  if (have_wq) {
+    GTRON_CHECK(wcodes.q.nbytes() >= static_cast<size_t>(Cout * Cin) &&
+                    wcodes.qt.nbytes() >= static_cast<size_t>(Cout * Cin),
+                "linear: the fp8 codes handed in are smaller than the [", Cout, ", ", Cin,
+                "] weight");
+  }
   if (fp8_cuda) {
     fp8::cuda_forward(x.value(), w.value(), b.defined() ? b.value().raw() : nullptr,
                       b.defined() ? b.dtype() : x.dtype(), y,
-                      residual.defined() ? residual.value().raw() : nullptr, N, Cin, Cout, s);
+                      residual.defined() ? residual.value().raw() : nullptr, N, Cin, Cout, s,
+                      have_wq ? &wcodes : nullptr);
   } else if (dev.is_cuda()) {
     cuda::linear_forward(x.value().raw(), w.value().raw(), b.defined() ? b.value().raw() : nullptr,
                          b.defined() ? b.dtype() : x.dtype(), y.raw(), N, Cin, Cout, x.dtype(),
@@ -64,7 +75,7 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual, bool f
   if (out.requires_grad() && x.device().is_cuda() && b.defined() && b.requires_grad())
     out.request_col_partials();
   if (out.requires_grad()) {
-    record_backward([x, w, b, residual, out, N, Cin, Cout, fp8] {
+    record_backward([x, w, b, residual, out, N, Cin, Cout, fp8, have_wq, wcodes] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
       // Note [gradient column partials]: taken before anything reads dy.
@@ -81,7 +92,7 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual, bool f
         void* dx = x.requires_grad() ? x.grad_for_write(&dx_overwrite).raw() : nullptr;
         if (fp8) {  // the products in FP8; the bias gradient below from dy unquantized
           fp8::cuda_backward(x.value(), w.value(), out.grad(), dx, dx_overwrite, dw, dw_overwrite,
-                             N, Cin, Cout, s);
+                             N, Cin, Cout, s, have_wq ? &wcodes : nullptr);
           dx = nullptr;
           dw = nullptr;
         }

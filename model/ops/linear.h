@@ -7,6 +7,10 @@
 
 namespace gtron {
 
+namespace fp8 {
+struct QuantizedWeight;
+}
+
 // x: [N, Cin] (any leading shape flattening to N rows), w: [Cout, Cin], b: [Cout] or undefined.
 // Returns y: x's leading shape with last dim Cout.
 // Backward accumulates: dx += dy·W, dW += dyᵀ·x, db += Σ_rows dy.
@@ -14,8 +18,10 @@ namespace gtron {
 // epilogue (one rounding), elsewhere as add(residual, linear(x, w, b)); dresidual += dy.
 // With `fp8`, the three products run in FP8 (Note [fp8 recipe] in model/ops/fp8.h): on CUDA over
 // bf16 activations where cuda::fp8_gemm_ok(N, Cin, Cout) (else the bf16 products), on the CPU as
-// its quantize-dequantize emulation.
-Var linear(const Var& x, const Var& w, const Var& b, const Var& residual = Var(), bool fp8 = false);
+// its quantize-dequantize emulation. `wq` (CUDA FP8 only; else ignored): w's codes made beforehand
+// (Note [fp8 weights once a step] in model/ops/fp8.h), or null to quantize w in the op.
+Var linear(const Var& x, const Var& w, const Var& b, const Var& residual = Var(), bool fp8 = false,
+           const fp8::QuantizedWeight* wq = nullptr);
 
 namespace cpu {
 template <typename T>

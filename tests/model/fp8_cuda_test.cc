@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -13,6 +14,8 @@
 #include <vector>
 
 #include "model/dtype.h"
+#include "model/layers.h"
+#include "model/mixed_precision.h"
 #include "model/ops/device_util.h"
 #include "model/ops/fp8.h"
 #include "model/ops/linear.h"
@@ -149,6 +152,87 @@ TEST(Fp8Cuda, BlocksMatchTheCpuBothWaysRound) {
     expect_same(dt, ref_qt, ref_st, "blocks^T");
     cudaFree(dw);
   }
+}
+
+// fp8_quantize_rows_cols gives fp8_quantize_rows' and fp8_quantize_cols' codes and scales bit for
+// bit, in one pass (mixed magnitudes, an all-zero tile, a NaN tile).
+TEST(Fp8Cuda, RowsColsPassMatchesTheTwoQuantizers) {
+  GTRON_REQUIRE_GPU();
+  const int64_t R = 384, K = 256;
+  std::vector<BF16> x = bf16_values(R * K, 21);
+  x[5 * K + 130] = float_to_bf16(NAN);
+  void* dx = to_device(x);
+  DeviceCodes rows(R * K, fp8::row_scale_floats(R, K)), cols(R * K, fp8::row_scale_floats(K, R));
+  DeviceCodes rows2(R * K, rows.scales), cols2(R * K, cols.scales);
+  cuda::fp8_quantize_rows(dx, R, K, rows.q, rows.s, nullptr);
+  cuda::fp8_quantize_cols(dx, R, K, cols.q, cols.s, nullptr);
+  cuda::fp8_quantize_rows_cols(dx, R, K, rows2.q, rows2.s, cols2.q, cols2.s, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_same(rows2, to_host(rows.q, rows.n), to_host(rows.s, rows.scales), "rows of rows_cols");
+  expect_same(cols2, to_host(cols.q, cols.n), to_host(cols.s, cols.scales), "cols of rows_cols");
+  cudaFree(dx);
+}
+
+double rel_normwise(const std::vector<double>& a, const std::vector<double>& r) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    num += (a[i] - r[i]) * (a[i] - r[i]);
+    den += r[i] * r[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+std::vector<float> to_floats(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+
+// Note [fp8 weights once a step]: under Bf16Weights an FP8 LinearLayer's weight is quantized once
+// until the next refresh, however many forwards and backwards read it, and from the fp32 master:
+// the products equal the CPU emulation over the master within the accumulation order and the bf16
+// outputs.
+TEST(Fp8Cuda, WeightCodesMadeOnceAStepFromTheMaster) {
+  GTRON_REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  const int64_t N = 256, Cin = 384, Cout = 256;
+  ParamRegistry reg(DType::kF32, dev, 11);
+  reg.set_fp8_linears(true);
+  LinearLayer lin(reg, "lin", Cin, Cout, /*bias=*/false, 0.05);
+  Parameter& wp = *lin.weight;
+  Bf16Weights access;
+  const Tensor xh = testing::randn_tensor({N, Cin}, 1, 1.0, DType::kF32).to(DType::kBF16);
+  const Tensor dyh = testing::randn_tensor({N, Cout}, 2, 1.0, DType::kF32).to(DType::kBF16);
+  std::vector<double> y_first, dx_first, dw_first;
+  for (int pass = 0; pass < 3; ++pass) {
+    if (pass == 2) access.refresh_after_step();
+    wp.zero_grad();
+    Var x = Var::leaf(xh.to(dev));
+    Var y = lin.forward(x, access);
+    backward_with(y, dyh.to(dev));
+    const std::vector<double> yv = y.value().to_vector(), dxv = x.grad().to_vector(),
+                              dwv = wp.main_grad.to_vector();
+    if (pass == 0) {
+      y_first = yv;
+      dx_first = dxv;
+      dw_first = dwv;
+      EXPECT_EQ(access.fp8_quantizations(), 1);
+    } else {  // the same codes: bit-identical products
+      EXPECT_EQ(yv, y_first) << "pass " << pass;
+      EXPECT_EQ(dxv, dx_first) << "pass " << pass;
+      EXPECT_EQ(dwv, dw_first) << "pass " << pass;
+    }
+    if (pass == 1) EXPECT_EQ(access.fp8_quantizations(), 1) << "a second pass re-quantized";
+  }
+  EXPECT_EQ(access.fp8_quantizations(), 2) << "a refresh must make the codes again";
+  EXPECT_GE(access.fp8_bytes(), 2 * N * Cin);
+
+  const std::vector<float> xf = to_floats(xh.to_vector()), dyf = to_floats(dyh.to_vector()),
+                           wf = to_floats(wp.data.to_vector());
+  std::vector<float> y(N * Cout), dx(N * Cin, 0.0f), dw(Cout * Cin, 0.0f);
+  fp8::emulate_forward<float>(xf.data(), wf.data(), nullptr, y.data(), N, Cin, Cout);
+  fp8::emulate_backward<float>(xf.data(), wf.data(), dyf.data(), dx.data(), dw.data(), nullptr, N,
+                               Cin, Cout);
+  auto d = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+  EXPECT_LT(rel_normwise(y_first, d(y)), 8e-3);  // bf16 output rounding
+  EXPECT_LT(rel_normwise(dx_first, d(dx)), 8e-3);
+  EXPECT_LT(rel_normwise(dw_first, d(dw)), 1e-4);  // fp32 accumulation, the same codes
 }
 
 // linear(..., fp8 = true), forward and backward, against the CPU emulation (the case helper rounds
