@@ -2,11 +2,11 @@
 // experts (4 routed experts, top 2, a shared expert, the sigmoid router with its bias updates and
 // the balance loss) with MTP D = 1, 30 steps on the CPU over Gloo. Every layout with parallel.ep
 // reproduces one process's loss within 1e-6 relative at every step (and its grad norm to the
-// printed digits): EP = 2, EP = 4, EP = 2 × DP = 2, EP = 2 × GTP = 2, TP = 2 × EP = 2, and MoE
-// MTP depths (mtp.moe) at EP = 2. Checkpoints hold every expert whatever EP is: a run saved at
-// EP = 2 resumes at EP = 1 and at EP = 4, one saved at EP = 1 resumes at EP = 2, each matching the
-// run it continues, and train --init reads a one-process checkpoint at EP = 2. A bad parallel.ep
-// is a config error before any work.
+// printed digits): EP = 2, EP = 4, EP = 2 × DP = 2, EP = 2 × GTP = 2, TP = 2 × EP = 2,
+// TP = 2 × GTP = 2 × EP = 2, and MoE MTP depths (mtp.moe) at EP = 2. Checkpoints hold every expert
+// whatever EP is: a run saved at EP = 2 resumes at EP = 1 and at EP = 4, one saved at EP = 1
+// resumes at EP = 2, each matching the run it continues, and train --init reads a one-process
+// checkpoint at EP = 2. A bad parallel.ep is a config error before any work.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -145,6 +145,9 @@ TEST_F(EpEquivalence, Ep2TimesGtp2MatchesOneProcess) {
 TEST_F(EpEquivalence, Tp2TimesEp2MatchesOneProcess) {
   launch(4, "tp2_ep2", {"parallel.tp=2", "parallel.ep=2"});
   expect_matches(*single_, "tp2_ep2", "TP=2 x EP=2");
+  // All three: GTP shards the TP parts of the dense weights; the MoE layer stays whole.
+  launch(4, "tp2_gtp2_ep2", {"parallel.tp=2", "parallel.gtp=2", "parallel.ep=2"});
+  expect_matches(*single_, "tp2_gtp2_ep2", "TP=2 x GTP=2 x EP=2");
 }
 
 TEST_F(EpEquivalence, MoeMtpDepthsUnderEp2) {
