@@ -9,6 +9,7 @@
 #include "model/ops/embedding.h"
 #include "model/ops/linear.h"
 #include "model/ops/loss.h"
+#include "model/ops/segments.h"
 #include "model/ops/vocab_parallel.h"
 #include "model/stream.h"
 
@@ -210,19 +211,54 @@ Var GPT::loss_of(const Var& logits, const Tensor& targets, double weight) {
                        loss_seed_.defined() ? &known : nullptr);
 }
 
+void GPT::mark_documents(int depth, const Tensor& tokens) {
+  if (cfg_.document_start < 0) return;
+  const int64_t B = tokens.dim(0), T = tokens.dim(1);
+  DocumentRows& rows = document_buffers_[{depth, B, T}];
+  if (!rows.seg.defined()) {
+    Stream& s = current_stream(tokens.device());
+    rows.seg = Tensor::empty({B, T}, DType::kI32, tokens.device(), &s);
+    // GPT-2's trunk restarts its learned positions at each document.
+    if (depth == 0 && !cfg_.llama()) {
+      rows.pos = Tensor::empty({B, T}, DType::kI32, tokens.device(), &s);
+    }
+  }
+  document_segments(tokens, cfg_.document_start, rows.seg,
+                    rows.pos.defined() ? &rows.pos : nullptr);
+  if (documents_.size() <= static_cast<size_t>(depth)) documents_.resize(depth + 1);
+  documents_[static_cast<size_t>(depth)] = rows;
+}
+
+Tensor GPT::segments_of(int depth) const {
+  if (cfg_.document_start < 0) return Tensor();
+  GTRON_CHECK(static_cast<size_t>(depth) < documents_.size(),
+              "document masking: no segments of "
+              "depth ",
+              depth, " (mark_documents runs before the blocks)");
+  return documents_[static_cast<size_t>(depth)].seg;
+}
+
 Var GPT::trunk(const Tensor& inputs) {
   const int64_t T = inputs.dim(1);
   GTRON_CHECK(T >= 1 && T <= cfg_.context_length, "sequence length ", T, " outside [1, ",
               cfg_.context_length, "]");
   const TpContext& tp = params_.tensor_parallel();
+  mark_documents(0, inputs);
   Var x = embed(inputs);
   if (!cfg_.llama()) {
     Var positions = Var::param(*wpe_);
-    if (tp.sequence_parallel) {  // this rank's chunk of the sequence (Note [sequence parallelism])
-      GTRON_CHECK(T % tp.size == 0, "sequence parallelism: T = ", T, " over ", tp.size, " ranks");
-      positions = slice_rows(positions, T / tp.size * tp.rank, T / tp.size * (tp.rank + 1));
+    if (cfg_.document_start >= 0) {  // Note [document masking]: positions restart per document
+      GTRON_CHECK(!tp.sequence_parallel,
+                  "document masking: GPT-2 under sequence parallelism is not supported");
+      x = add_positions(x, positions, documents_[0].pos);
+    } else {
+      if (tp.sequence_parallel) {  // this rank's chunk of the sequence (Note [sequence
+                                   // parallelism])
+        GTRON_CHECK(T % tp.size == 0, "sequence parallelism: T = ", T, " over ", tp.size, " ranks");
+        positions = slice_rows(positions, T / tp.size * tp.rank, T / tp.size * (tp.rank + 1));
+      }
+      x = add_positions(x, positions);
     }
-    x = add_positions(x, positions);
   }
   for (int l = 0; l < num_blocks(); ++l)
     x = block_runner_ ? block_runner_(l, x) : block_forward(l, x);
@@ -288,8 +324,11 @@ Var GPT::block_forward(int layer, const Var& x) {
 
 Var GPT::plain_block_forward(int layer, const Var& x) {
   GTRON_CHECK(layer >= 0 && layer < num_blocks(), "block ", layer, " of ", num_blocks());
-  if (cfg_.llama()) return llama_blocks_[static_cast<size_t>(layer)].forward(x, *weights_);
-  return blocks_[static_cast<size_t>(layer)].forward(x, *weights_);
+  const Tensor seg = segments_of(0);
+  if (cfg_.llama()) {
+    return llama_blocks_[static_cast<size_t>(layer)].forward(x, *weights_, /*pos0=*/0, seg);
+  }
+  return blocks_[static_cast<size_t>(layer)].forward(x, *weights_, seg);
 }
 
 const TransformerBlock& GPT::block(int layer) const {
@@ -343,8 +382,11 @@ GPTOutput GPT::forward(const Tensor& window) {
   // are consecutive, so are their backwards (Note [GTP repeated backward] in parallel/gtp.h).
   std::vector<Var> hidden{trunk(window_inputs(window, 0))};
   for (int k = 1; k <= cfg_.mtp_depth; ++k) {
-    hidden.push_back(
-        mtp_[k - 1].forward(hidden.back(), embed(window_inputs(window, k)), *weights_));
+    // Depth k's attention masks by the documents of the tokens it embeds (Note [document
+    // masking]).
+    const Tensor tokens = window_inputs(window, k);
+    mark_documents(k, tokens);
+    hidden.push_back(mtp_[k - 1].forward(hidden.back(), embed(tokens), *weights_, segments_of(k)));
   }
   GPTOutput out;
   // The MoE balance losses, layer by layer (each layer's forward kept its own).

@@ -14,6 +14,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -66,6 +68,10 @@ struct GPTConfig {
   // moe.first_dense_layers when moe.E > 0; in the MTP depths' blocks too with mtp_moe.
   MoeDims moe;
   bool mtp_moe = false;
+  // Document masking (Note [document masking] in model/ops/segments.h): the token that opens a
+  // document (data.document_masking; meta.json's doc_start_ids[0]); -1: none, every position
+  // attends to the whole window before it.
+  int32_t document_start = -1;
 
   int64_t padded_vocab() const { return (vocab_size + 63) / 64 * 64; }  // Vp
   bool llama() const { return arch == Arch::kLlama; }
@@ -102,6 +108,7 @@ class GPT {
   // device (the gradient is rescaled to the one that arrived). An empty tensor withdraws it.
   void set_loss_seed(Tensor seed) { loss_seed_ = std::move(seed); }
   // Next-token logits [B, T, Vp] for i32 inputs [B, T] (no MTP; sampling). Runs without grad.
+  // With config().document_start set, masked by documents as forward() is.
   Tensor logits(const Tensor& inputs);
 
   const GPTConfig& config() const { return cfg_; }
@@ -178,6 +185,12 @@ class GPT {
  private:
   // inputs i32 [B, T] -> last hidden state [B, T, C] (before the final norm).
   Var trunk(const Tensor& inputs);
+  // Document masking: the segment ids (and for GPT-2's trunk the positions) of `tokens`, the
+  // inputs of depth k (0: the trunk), into this shape's buffers; documents_[k] points at them
+  // until the next forward. Nothing without cfg_.document_start.
+  void mark_documents(int depth, const Tensor& tokens);
+  // Depth k's segment ids of the current forward (undefined without document masking).
+  Tensor segments_of(int depth) const;
   Var embed(const Tensor& tokens);  // [B, T] -> [B, T, C] through the (maybe sharded) table
   Var head_input(const Var& h);     // [B, T, C] -> final norm (-> TP seam): the head's input
   Var head_logits(const Var& h);    // [B, T, C] -> final norm -> head -> [B, T, Vp] (TP: Vp/TP)
@@ -205,6 +218,15 @@ class GPT {
   WeightAccess* weights_ = &direct_;
   BlockRunner block_runner_;
   Tensor loss_seed_;  // set_loss_seed(); empty: no promise
+  // Document masking: i32 [B, T] segment ids and positions of one depth's rows.
+  struct DocumentRows {
+    Tensor seg, pos;
+  };
+  // Buffers by (depth, B, T), made once and never freed: a captured graph keeps reading the
+  // addresses it saw at capture (Note [document masking] in model/ops/segments.h), which every
+  // forward rewrites in place.
+  std::map<std::tuple<int, int64_t, int64_t>, DocumentRows> document_buffers_;
+  std::vector<DocumentRows> documents_;  // the current forward's, by depth
 };
 
 // Token tensors for one window (exposed for tests). All i32 [B, T], on the window's device.

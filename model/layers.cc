@@ -192,15 +192,16 @@ Var TransformerBlock::qkv_of(const Var& x, WeightAccess& w) const {
 
 namespace {
 
-// The training attention: causal self-attention over the window's own positions.
-TransformerBlock::Attention causal_over(int NH) {
-  return [NH](const Var& qkv) { return causal_attention(qkv, NH); };
+// The training attention: causal self-attention over the window's own positions (within each
+// document with `segments`).
+TransformerBlock::Attention causal_over(int NH, const Tensor& segments) {
+  return [NH, segments](const Var& qkv) { return causal_attention(qkv, NH, segments); };
 }
 
 }  // namespace
 
-Var TransformerBlock::forward(const Var& x, WeightAccess& w) const {
-  return forward(x, w, causal_over(NH));
+Var TransformerBlock::forward(const Var& x, WeightAccess& w, const Tensor& segments) const {
+  return forward(x, w, causal_over(NH, segments));
 }
 
 Var TransformerBlock::forward(const Var& x, WeightAccess& w, const Attention& attend) const {
@@ -236,12 +237,13 @@ MTPModule::MTPModule(ParamRegistry& reg, const std::string& name, const LlamaDim
   llama = std::make_shared<const LlamaBlock>(reg, name + ".block", d, device, moe);
 }
 
-Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w) const {
+Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w,
+                       const Tensor& segments) const {
   if (llama) {  // positions 0 .. T − 1, as the main model's (DeepSeek-V3's MTP shares them)
-    return llama->forward(proj.forward(concat_features(hnorm.forward(h), enorm.forward(emb)), w),
-                          w);
+    return llama->forward(proj.forward(concat_features(hnorm.forward(h), enorm.forward(emb)), w), w,
+                          /*pos0=*/0, segments);
   }
-  return forward(h, emb, w, causal_over(block.NH));
+  return forward(h, emb, w, causal_over(block.NH, segments));
 }
 
 Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w,

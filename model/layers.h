@@ -203,8 +203,9 @@ struct TransformerBlock {
   bool recompute = false;  // BlockDims::recompute
   TransformerBlock() = default;
   TransformerBlock(ParamRegistry& reg, const std::string& name, const BlockDims& d);
-  // x: [B, T, C] -> [B, T, C], with causal self-attention over the T positions.
-  Var forward(const Var& x, WeightAccess& w) const;
+  // x: [B, T, C] -> [B, T, C], with causal self-attention over the T positions; with `segments`
+  // (i32 [B, T], Note [document masking] in model/ops/segments.h) only within a document.
+  Var forward(const Var& x, WeightAccess& w, const Tensor& segments = Tensor()) const;
   // residual + mlp_proj(gelu(fc(x))): fused on CUDA bf16 (model/ops/fused_mlp.h; without TP the
   // residual rides in mlp_proj's GEMM epilogue), composed elsewhere.
   Var mlp(const Var& x, const Var& residual, WeightAccess& w) const;
@@ -232,8 +233,10 @@ struct MTPModule {
   // one llama block (model/llama.h); its MLP a mixture of experts when `moe` is set (mtp.moe).
   MTPModule(ParamRegistry& reg, const std::string& name, const LlamaDims& d, Device device,
             const MoeDims* moe = nullptr);
-  // h: [B, T, C] previous depth's hidden state; emb: [B, T, C] embeddings of the shifted tokens.
-  Var forward(const Var& h, const Var& emb, WeightAccess& w) const;
+  // h: [B, T, C] previous depth's hidden state; emb: [B, T, C] embeddings of the shifted tokens;
+  // `segments` (optional): the document segments of those tokens, which the attention keeps to.
+  Var forward(const Var& h, const Var& emb, WeightAccess& w,
+              const Tensor& segments = Tensor()) const;
   // The same with the block's attention replaced (TransformerBlock::forward above; for the llama
   // family LlamaBlock::forward's, which receives q|k|v before RoPE).
   Var forward(const Var& h, const Var& emb, WeightAccess& w,

@@ -74,15 +74,15 @@ Var LlamaBlock::norm_linear(const RMSNormLayer& norm, const LinearLayer& lin, co
   return y;
 }
 
-Var LlamaBlock::forward(const Var& x, WeightAccess& w, int64_t pos0) const {
+Var LlamaBlock::forward(const Var& x, WeightAccess& w, int64_t pos0, const Tensor& segments) const {
   // Note [RoPE in the q/k norm]: on the flash path the q/k norm rotates on its way out.
   const bool fused = qk_norm_on && rope_rotated_input_supported(x, static_cast<int>(HS));
   const QkNormRope rope{inv_freq, pos0};
   return forward(
       x, w,
-      [this, pos0, fused](const Var& qkv_out) {
+      [this, pos0, fused, segments](const Var& qkv_out) {
         return causal_attention_gqa_rope(qkv_out, inv_freq, NH, NKV, static_cast<int>(HS), pos0,
-                                         fused);
+                                         fused, segments);
       },
       fused ? &rope : nullptr);
 }

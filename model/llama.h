@@ -79,8 +79,11 @@ struct LlamaBlock {
   // `moe` (optional): the block's MLP is that mixture of experts (model/moe.h).
   LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaDims& d, Device device,
              const MoeDims* moe = nullptr);
-  // x: [B, T, C] -> [B, T, C]: causal self-attention over positions pos0 .. pos0 + T − 1.
-  Var forward(const Var& x, WeightAccess& w, int64_t pos0 = 0) const;
+  // x: [B, T, C] -> [B, T, C]: causal self-attention over positions pos0 .. pos0 + T − 1; with
+  // `segments` (i32 [B, T]) only within a document (Note [document masking] in
+  // model/ops/segments.h).
+  Var forward(const Var& x, WeightAccess& w, int64_t pos0 = 0,
+              const Tensor& segments = Tensor()) const;
   // The same block with another attention over the packed q|k|v after the q/k norms and before
   // RoPE, [B, T, (NH + 2·NKV)·HS] -> [B, T, NH·HS]: the one above passes
   // causal_attention_gqa_rope from pos0; generation rotates each row at its own positions and

@@ -76,12 +76,24 @@ struct FlashRope {
   bool rotated = false;  // q and k arrive rotated (Note [RoPE in the q/k norm])
 };
 
+// segments: undefined, or i32 [B, Tlen] on qkv's device (Note [document masking]).
+void check_segments(const Tensor& seg, const Var& qkv, int64_t B, int64_t Tlen) {
+  if (!seg.defined()) return;
+  GTRON_CHECK(seg.dtype() == DType::kI32 && seg.device() == qkv.device(),
+              "causal attention: segment ids must be i32 on ", qkv.device().str(), "; got ",
+              dtype_name(seg.dtype()), " on ", seg.device().str());
+  check_shape("causal attention: segments", seg.shape(), Shape{B, Tlen});
+}
+
 // Every entry point: the flash kernels when `flash`, else the reference kernels of the grouped
 // layout (NKV = NH is GPT-2's [q | k | v]). qkv: [B, T, (NH + 2·NKV)·HS]. With `rope` (flash
 // only), q and k are first rotated in place in qkv's value, which the kernels read, and the
 // backward delivers the gradient of the un-rotated qkv (Note [RoPE in the flash backward]).
+// `seg` (may be undefined): the document segments, checked by check_segments.
 Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64_t HS, bool flash,
-                 const FlashRope* rope = nullptr) {
+                 const Tensor& seg, const FlashRope* rope = nullptr) {
+  check_segments(seg, qkv, B, Tlen);
+  const int32_t* sp = seg.defined() ? seg.data<int32_t>() : nullptr;
   Device dev = qkv.device();
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(Shape{B, Tlen, NH * HS}, qkv.dtype(), dev, &s);
@@ -98,26 +110,31 @@ Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64
   const FlashRope rope_copy = rope != nullptr ? *rope : FlashRope{};
   const bool roped = rope != nullptr;
   if (flash) {
-    cuda::flash_attention_forward(flash_forward_args(in, y, lse, NH, NKV, HS), s.native());
+    cuda::FlashForwardArgs a = flash_forward_args(in, y, lse, NH, NKV, HS);
+    a.seg = sp;
+    a.seg_batch = Tlen;
+    cuda::flash_attention_forward(a, s.native());
   } else if (dev.is_cuda()) {
     Tensor scratch = scratch_bytes(
         cuda::attention_gqa_forward_scratch_bytes(B, Tlen, NH, NKV, HS, qkv.dtype()), s);
     cuda::attention_gqa_forward(qkv.value().raw(), y.raw(), lse.data<float>(), scratch.raw(), B,
-                                Tlen, NH, NKV, HS, qkv.dtype(), s.native());
+                                Tlen, NH, NKV, HS, qkv.dtype(), s.native(), sp);
   } else {
     dispatch_float(qkv.dtype(), [&](auto tag) {
       using T = decltype(tag);
       const T* qp = qkv.value().data<T>();
       T* yp = y.data<T>();
       T* lp = lse.data<T>();
-      s.run([=] { cpu::attention_gqa_forward<T>(qp, yp, lp, B, Tlen, NH, NKV, HS); });
+      s.run([=] { cpu::attention_gqa_forward<T>(qp, yp, lp, B, Tlen, NH, NKV, HS, sp); });
     });
   }
 
   Var out = Var::output(y, qkv.requires_grad());
   if (out.requires_grad()) {
-    record_backward([qkv, in, lse, out, B, Tlen, NH, NKV, HS, flash, roped, rope_copy] {
+    // The closure holds the segments: their buffer lives as long as the backward may read it.
+    record_backward([qkv, in, lse, out, B, Tlen, NH, NKV, HS, flash, roped, rope_copy, seg] {
       if (!out.has_grad()) return;
+      const int32_t* sp = seg.defined() ? seg.data<int32_t>() : nullptr;
       Stream& s = current_stream(out.device());
       if (flash) {
         Tensor scratch =
@@ -127,6 +144,8 @@ Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64
         cuda::FlashBackwardArgs a =
             flash_backward_args(in, out.value(), out.grad(), lse, dqkv, NH, NKV, HS);
         a.accumulate = !overwrite;
+        a.seg = sp;
+        a.seg_batch = Tlen;
         if (roped) {
           a.rope_inv_freq = rope_copy.inv_freq.data<float>();
           a.rope_pos0 = rope_copy.pos0;
@@ -147,7 +166,7 @@ Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64
             cuda::attention_gqa_backward_scratch_bytes(B, Tlen, NH, NKV, HS, out.dtype()), s);
         cuda::attention_gqa_backward(qkv.value().raw(), lse.data<float>(), out.grad().raw(),
                                      qkv.grad().raw(), scratch.raw(), B, Tlen, NH, NKV, HS,
-                                     out.dtype(), s.native());
+                                     out.dtype(), s.native(), sp);
         return;
       }
       dispatch_float(out.dtype(), [&](auto tag) {
@@ -156,7 +175,7 @@ Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64
         const T* lp = lse.data<T>();
         const T* dyp = out.grad().data<T>();
         T* dq = qkv.grad().data<T>();
-        s.run([=] { cpu::attention_gqa_backward<T>(qp, lp, dyp, dq, B, Tlen, NH, NKV, HS); });
+        s.run([=] { cpu::attention_gqa_backward<T>(qp, lp, dyp, dq, B, Tlen, NH, NKV, HS, sp); });
       });
     });
   }
@@ -165,7 +184,7 @@ Var attention_of(const Var& qkv, int64_t B, int64_t Tlen, int NH, int NKV, int64
 
 }  // namespace
 
-Var causal_attention(const Var& qkv, int NH) {
+Var causal_attention(const Var& qkv, int NH, const Tensor& segments) {
   GTRON_CHECK(qkv.shape().rank() == 3, "causal_attention: qkv ", qkv.shape().str(),
               ", expected [B, T, 3C]");
   const int64_t C3 = qkv.shape()[2];
@@ -173,10 +192,10 @@ Var causal_attention(const Var& qkv, int NH) {
               C3, " is not 3·NH·HS for NH = ", NH);
   const int64_t HS = C3 / 3 / NH;
   const bool flash = qkv.device().is_cuda() && cuda::flash_attention_supported(HS, qkv.dtype());
-  return attention_of(qkv, qkv.shape()[0], qkv.shape()[1], NH, NH, HS, flash);
+  return attention_of(qkv, qkv.shape()[0], qkv.shape()[1], NH, NH, HS, flash, segments);
 }
 
-Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS) {
+Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS, const Tensor& segments) {
   GTRON_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "causal_attention_gqa: NKV = ", NKV,
               " k/v heads must divide NH = ", NH, " query heads");
   GTRON_CHECK(HS > 0 && HS % 2 == 0, "causal_attention_gqa: head size ", HS,
@@ -188,7 +207,7 @@ Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS) {
   check_shape("causal_attention_gqa: qkv", qkv.shape(),
               Shape{B, Tlen, (NH + 2 * int64_t{NKV}) * HS});
   const bool flash = qkv.device().is_cuda() && cuda::flash_attention_supported(HS, qkv.dtype());
-  return attention_of(qkv, B, Tlen, NH, NKV, HS, flash);
+  return attention_of(qkv, B, Tlen, NH, NKV, HS, flash, segments);
 }
 
 bool rope_rotated_input_supported(const Var& qkv, int HS) {
@@ -197,13 +216,15 @@ bool rope_rotated_input_supported(const Var& qkv, int HS) {
 }
 
 Var causal_attention_gqa_rope(const Var& qkv, const Tensor& inv_freq, int NH, int NKV, int HS,
-                              int64_t pos0, bool rotated) {
+                              int64_t pos0, bool rotated, const Tensor& segments) {
   const bool flash = rope_rotated_input_supported(qkv, HS);
   GTRON_CHECK(flash || !rotated,
               "causal_attention_gqa_rope: pre-rotated q and k need the flash path (CUDA, [B, T, W] "
               "rows, a supported head size); got ",
               qkv.device().str(), " ", qkv.shape().str(), ", HS ", HS);
-  if (!flash) return causal_attention_gqa(rope(qkv, inv_freq, NH, NKV, HS, pos0), NH, NKV, HS);
+  if (!flash) {
+    return causal_attention_gqa(rope(qkv, inv_freq, NH, NKV, HS, pos0), NH, NKV, HS, segments);
+  }
   GTRON_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "causal_attention_gqa_rope: NKV = ", NKV,
               " k/v heads must divide NH = ", NH, " query heads");
   const int64_t B = qkv.shape()[0];
@@ -217,7 +238,7 @@ Var causal_attention_gqa_rope(const Var& qkv, const Tensor& inv_freq, int NH, in
   GTRON_CHECK(pos0 >= 0 && pos0 + Tlen <= (int64_t{1} << 24),
               "causal_attention_gqa_rope: positions up to ", pos0 + Tlen, " are not exact in fp32");
   const FlashRope r{inv_freq, pos0, rotated};
-  return attention_of(qkv, B, Tlen, NH, NKV, HS, /*flash=*/true, &r);
+  return attention_of(qkv, B, Tlen, NH, NKV, HS, /*flash=*/true, segments, &r);
 }
 
 }  // namespace gtron

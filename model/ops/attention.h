@@ -12,7 +12,10 @@ namespace gtron {
 // its part. Returns [B, T, C] with head h's output in columns [h·HS, (h+1)·HS):
 //   out_h[t] = Σ_{s<=t} softmax_s(q_h[t]·k_h[s] / sqrt(HS)) · v_h[s].
 // Backward accumulates into dqkv. Softmax statistics in the tensor's float type (fp32 on GPU).
-Var causal_attention(const Var& qkv, int NH);
+// `segments` (optional, every entry point below): i32 [B, T] on qkv's device, non-decreasing
+// along each row; query t then sees key s only when s <= t and segments[b, s] == segments[b, t]
+// (Note [document masking] in model/ops/segments.h). Kept alive for the backward.
+Var causal_attention(const Var& qkv, int NH, const Tensor& segments = Tensor());
 
 // Grouped-query attention (GQA; NKV = 1 is multi-query attention). qkv: [B, T, (NH + 2·NKV)·HS]
 // holding NH q heads, then NKV k heads, then NKV v heads, head j of a part in columns
@@ -23,7 +26,8 @@ Var causal_attention(const Var& qkv, int NH);
 // On CUDA in bf16 at HS = 64 or 128 it runs the flash kernels (any NKV), else the reference
 // kernels below; NKV = NH is causal_attention(qkv, NH)'s computation.
 // REQUIRES: NH, NKV > 0, NH % NKV == 0, HS even (as RoPE needs).
-Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS);
+Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS,
+                         const Tensor& segments = Tensor());
 
 // causal_attention_gqa(rope(qkv, inv_freq, NH, NKV, HS, pos0), NH, NKV, HS) (model/ops/rope.h),
 // as one op. On the flash path q and k are rotated in place in qkv's value, which the kernels
@@ -37,7 +41,8 @@ Var causal_attention_gqa(const Var& qkv, int NH, int NKV, int HS);
 // norm] in model/ops/qk_norm.h); the same backward. REQUIRES then the flash path
 // (rope_rotated_input_supported).
 Var causal_attention_gqa_rope(const Var& qkv, const Tensor& inv_freq, int NH, int NKV, int HS,
-                              int64_t pos0, bool rotated = false);
+                              int64_t pos0, bool rotated = false,
+                              const Tensor& segments = Tensor());
 // Whether causal_attention_gqa_rope takes pre-rotated q and k for qkv: [B, T, ...] on CUDA where
 // the flash kernels run.
 bool rope_rotated_input_supported(const Var& qkv, int HS);
@@ -45,23 +50,25 @@ bool rope_rotated_input_supported(const Var& qkv, int HS);
 namespace cpu {
 // qkv: [B, Tlen, 3·NH·HS], out: [B, Tlen, NH·HS]. Also writes lse: [B, NH, Tlen], the log-sum-exp
 // of each scaled score row, from which the backward recomputes the probabilities (memory O(T),
-// not O(T²), per head).
+// not O(T²), per head). `seg` (optional): [B, Tlen] segment ids, non-decreasing along each row
+// (aborts otherwise): query t sees key s only when seg[b, s] == seg[b, t] too.
 template <typename T>
 void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, int64_t NH,
-                       int64_t HS);
+                       int64_t HS, const int32_t* seg = nullptr);
 // Accumulates dqkv += d(out·dout)/dqkv.
 template <typename T>
 void attention_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, int64_t B, int64_t Tlen,
-                        int64_t NH, int64_t HS);
+                        int64_t NH, int64_t HS, const int32_t* seg = nullptr);
 // The grouped-query kernels: qkv [B, Tlen, (NH + 2·NKV)·HS], out [B, Tlen, NH·HS], lse
 // [B, NH, Tlen]. With NKV = NH they are the kernels above (which call them).
 // REQUIRES: NH % NKV == 0.
 template <typename T>
 void attention_gqa_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, int64_t NH,
-                           int64_t NKV, int64_t HS);
+                           int64_t NKV, int64_t HS, const int32_t* seg = nullptr);
 template <typename T>
 void attention_gqa_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, int64_t B,
-                            int64_t Tlen, int64_t NH, int64_t NKV, int64_t HS);
+                            int64_t Tlen, int64_t NH, int64_t NKV, int64_t HS,
+                            const int32_t* seg = nullptr);
 }  // namespace cpu
 
 namespace cuda {
@@ -80,7 +87,8 @@ void attention_backward(const void* qkv, const float* lse, const void* dout, voi
                         void* scratch, int64_t B, int64_t Tlen, int64_t NH, int64_t HS, DType act,
                         void* stream);
 // The grouped-query versions (the CPU layout); the four above are their NKV = NH case. The scratch
-// holds O(B·NH·Tlen²) scores as above, plus the k/v heads of only NKV heads.
+// holds O(B·NH·Tlen²) scores as above, plus the k/v heads of only NKV heads. `seg` (optional):
+// device [B, Tlen] segment ids, non-decreasing along each row, as the CPU kernels take them.
 // REQUIRES: NH % NKV == 0.
 int64_t attention_gqa_forward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH, int64_t NKV,
                                             int64_t HS, DType act);
@@ -88,10 +96,10 @@ int64_t attention_gqa_backward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH
                                              int64_t HS, DType act);
 void attention_gqa_forward(const void* qkv, void* out, float* lse, void* scratch, int64_t B,
                            int64_t Tlen, int64_t NH, int64_t NKV, int64_t HS, DType act,
-                           void* stream);
+                           void* stream, const int32_t* seg = nullptr);
 void attention_gqa_backward(const void* qkv, const float* lse, const void* dout, void* dqkv,
                             void* scratch, int64_t B, int64_t Tlen, int64_t NH, int64_t NKV,
-                            int64_t HS, DType act, void* stream);
+                            int64_t HS, DType act, void* stream, const int32_t* seg = nullptr);
 
 // Flash attention (model/ops/flash_attention_cuda.cu): bf16, HS = 64 or 128, no O(T²) memory,
 // grouped-query attention included (NKV k/v heads, each read in place by NH / NKV query heads).
@@ -105,7 +113,9 @@ bool flash_attention_supported(int64_t HS, DType act);
 // h / (NH / NKV). Element strides between rows (`*_ld`) and batches (`*_batch`), multiples of 8,
 // pointers 16-byte aligned. Query i attends to keys j <= i + (Tk − Tq) (causal, aligned to the
 // last query). Writes o rows [B, Tq] (NH heads) and lse [B, NH, Tq] (natural-log log-sum-exp of
-// each row's scaled scores).
+// each row's scaled scores). With `seg` (document masking; Tq = Tk = T): i32 segment ids, row b at
+// seg + b·seg_batch, non-decreasing along the row; query i then sees key j only when
+// seg[j] == seg[i] too (Note [document masking in the flash kernels] in flash_common.cuh).
 struct FlashForwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -115,8 +125,10 @@ struct FlashForwardArgs {
   int64_t q_ld = 0, kv_ld = 0, o_ld = 0;
   int64_t q_batch = 0, kv_batch = 0, o_batch = 0;
   int B = 0, NH = 0, HS = 0, Tq = 0, Tk = 0;
-  int NKV = 0;         // k/v heads; 0 means NH
-  float scale = 0.0f;  // multiplies q·k
+  int NKV = 0;                   // k/v heads; 0 means NH
+  float scale = 0.0f;            // multiplies q·k
+  const int32_t* seg = nullptr;  // [B, T] segment ids (document masking), or null
+  int64_t seg_batch = 0;         // elements between the segment rows of two batches
 };
 void flash_attention_forward(const FlashForwardArgs& a, void* stream);
 
@@ -144,6 +156,9 @@ struct FlashBackwardArgs {
   // When set: flash_column_chunks(B, T) × (NH + 2·NKV)·HS floats that get the fixed-chunk column
   // partials of the stored dqkv (Note [qkv bias partials] in model/ops/flash_common.cuh).
   float* col_partial = nullptr;
+  // Document masking, as FlashForwardArgs::seg (the forward's segment ids).
+  const int32_t* seg = nullptr;
+  int64_t seg_batch = 0;
 };
 // Row chunks of FlashBackwardArgs::col_partial: one per 64-row tile of each sequence.
 inline int64_t flash_column_chunks(int64_t B, int64_t T) { return B * ((T + 63) / 64); }

@@ -11,6 +11,12 @@
 //
 // Row-wise softmax math runs in fixed blocks (model/ops/cpu_math.h).
 //
+// Document masking (`seg`, Note [document masking] in model/ops/segments.h): the segments of a row
+// are non-decreasing, so the keys a query t may see are one range [lo[t], t], lo[t] the first
+// position of t's segment. Softmax and its backward run over that range and store zeros in
+// [0, lo[t]), so the triangular products that follow read zeros there, as they do above the
+// diagonal.
+//
 // Forward keeps only lse[t] = log Σ_{s<=t} exp(scale·S[t, s]) per row; backward recomputes
 // P = exp(scale·S − lse) (one extra T×T×HS GEMM) instead of storing B·NH·T² probabilities.
 //
@@ -23,6 +29,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "model/ops/attention.h"
 #include "model/ops/cpu_math.h"
@@ -64,13 +71,17 @@ void lower_products(const A& a, const B& b, RowMat<T>& S) {
 }
 
 // Turns each row t of S's lower triangle (raw scores Q·Kᵀ) into probabilities softmax(scale·S)
-// over s <= t, with max-subtraction, and writes lse[t].
+// over lo[t] <= s <= t (lo null: 0 <= s), with max-subtraction and zeros before lo[t], and writes
+// lse[t].
 template <typename T>
-void softmax_rows(RowMat<T>& S, T scale, T* lse) {
+void softmax_rows(RowMat<T>& S, T scale, T* lse, const int64_t* lo) {
   const int64_t Tlen = S.rows();
   for (int64_t t = 0; t < Tlen; ++t) {
-    T* row = S.data() + t * Tlen;
-    const int64_t n = t + 1;
+    T* full = S.data() + t * Tlen;
+    const int64_t first = lo != nullptr ? lo[t] : 0;
+    std::fill(full, full + first, T(0));
+    T* row = full + first;
+    const int64_t n = t + 1 - first;
     const T m = row_max(row, n);
     Block<T> acc = Block<T>::Zero();
     for (int64_t s = 0; s < n; s += kBlock) {
@@ -89,20 +100,24 @@ void softmax_rows(RowMat<T>& S, T scale, T* lse) {
   }
 }
 
-// Row t of the lower triangle: S (raw scores) -> P = exp(scale·S − lse[t]).
+// Row t of the lower triangle: S (raw scores) -> P = exp(scale·S − lse[t]) over
+// lo[t] <= s <= t, 0 before lo[t] (lo null: 0 <= s).
 template <typename T>
-void probabilities_from_lse(RowMat<T>& S, T scale, const T* lse) {
+void probabilities_from_lse(RowMat<T>& S, T scale, const T* lse, const int64_t* lo) {
   const int64_t Tlen = S.rows();
   for (int64_t t = 0; t < Tlen; ++t) {
     T* row = S.data() + t * Tlen;
-    for (int64_t s = 0; s <= t; s += kBlock) {
+    const int64_t first = lo != nullptr ? lo[t] : 0;
+    std::fill(row, row + first, T(0));
+    for (int64_t s = first; s <= t; s += kBlock) {
       const int len = block_len(s, t + 1);
       store_block(row + s, Block<T>((load_block(row + s, len) * scale - lse[t]).exp()), len);
     }
   }
 }
 
-// Row t of the lower triangle: dP -> dS = P ⊙ (dP − Σ_s P·dP) · scale.
+// Row t of the lower triangle: dP -> dS = P ⊙ (dP − Σ_s P·dP) · scale (0 where P is 0: the
+// document mask's zeros stay zeros).
 template <typename T>
 void softmax_backward_rows(const RowMat<T>& P, RowMat<T>& dP, T scale) {
   const int64_t Tlen = P.rows();
@@ -124,14 +139,31 @@ void softmax_backward_rows(const RowMat<T>& P, RowMat<T>& dP, T scale) {
   }
 }
 
+// lo[b·Tlen + t]: the first position of t's segment in row b of seg [B, Tlen]. Aborts when a
+// row's segments decrease (the contract of Note [document masking]).
+std::vector<int64_t> segment_starts(const int32_t* seg, int64_t B, int64_t Tlen) {
+  std::vector<int64_t> lo(static_cast<size_t>(B * Tlen));
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* row = seg + b * Tlen;
+    for (int64_t t = 0; t < Tlen; ++t) {
+      GTRON_CHECK(t == 0 || row[t] >= row[t - 1], "attention: segment ids of row ", b,
+                  " decrease at position ", t, " (", row[t - 1], " then ", row[t], ")");
+      lo[b * Tlen + t] = t > 0 && row[t] == row[t - 1] ? lo[b * Tlen + t - 1] : t;
+    }
+  }
+  return lo;
+}
+
 }  // namespace
 
 template <typename T>
 void attention_gqa_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, int64_t NH,
-                           int64_t NKV, int64_t HS) {
+                           int64_t NKV, int64_t HS, const int32_t* seg) {
   fix_eigen_blocking();
   const int64_t C = NH * HS, G = NH / NKV, W = (NH + 2 * NKV) * HS;
   const T scale = T(1) / std::sqrt(static_cast<T>(HS));
+  const std::vector<int64_t> starts =
+      seg != nullptr ? segment_starts(seg, B, Tlen) : std::vector<int64_t>();
 #pragma omp parallel
   {
     RowMat<T> S(Tlen, Tlen);  // per-thread scratch: scores, then probabilities (lower half)
@@ -140,7 +172,7 @@ void attention_gqa_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen
       const int64_t b = bh / NH, h = bh % NH;
       HeadView<T> hv(qkv + b * Tlen * W, h, h / G, Tlen, NH, NKV, HS);
       lower_products(hv.q, hv.k, S);
-      softmax_rows(S, scale, lse + bh * Tlen);
+      softmax_rows(S, scale, lse + bh * Tlen, seg != nullptr ? starts.data() + b * Tlen : nullptr);
       Strided<T> O(out + b * Tlen * C + h * HS, Tlen, HS, Eigen::OuterStride<>(C));
       O.noalias() = S.template triangularView<Eigen::Lower>() * hv.v;
     }
@@ -149,8 +181,8 @@ void attention_gqa_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen
 
 template <typename T>
 void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, int64_t NH,
-                       int64_t HS) {
-  attention_gqa_forward(qkv, out, lse, B, Tlen, NH, NH, HS);
+                       int64_t HS, const int32_t* seg) {
+  attention_gqa_forward(qkv, out, lse, B, Tlen, NH, NH, HS, seg);
 }
 
 // With P the probabilities and dO the output gradient of one query head:
@@ -159,10 +191,12 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tlen, in
 // and dV sum the heads' contributions in a fixed order.
 template <typename T>
 void attention_gqa_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, int64_t B,
-                            int64_t Tlen, int64_t NH, int64_t NKV, int64_t HS) {
+                            int64_t Tlen, int64_t NH, int64_t NKV, int64_t HS, const int32_t* seg) {
   fix_eigen_blocking();
   const int64_t C = NH * HS, G = NH / NKV, W = (NH + 2 * NKV) * HS;
   const T scale = T(1) / std::sqrt(static_cast<T>(HS));
+  const std::vector<int64_t> starts =
+      seg != nullptr ? segment_starts(seg, B, Tlen) : std::vector<int64_t>();
 #pragma omp parallel
   {
     RowMat<T> P(Tlen, Tlen);   // per-thread scratch (lower half used)
@@ -180,7 +214,7 @@ void attention_gqa_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, 
         CStrided<T> dO(dout + b * Tlen * C + h * HS, Tlen, HS, Eigen::OuterStride<>(C));
 
         lower_products(hv.q, hv.k, P);
-        probabilities_from_lse(P, scale, l);
+        probabilities_from_lse(P, scale, l, seg != nullptr ? starts.data() + b * Tlen : nullptr);
         dV.noalias() += P.template triangularView<Eigen::Lower>().transpose() * dO;
         lower_products(dO, hv.v, dP);
         softmax_backward_rows(P, dP, scale);
@@ -193,26 +227,28 @@ void attention_gqa_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, 
 
 template <typename T>
 void attention_backward(const T* qkv, const T* lse, const T* dout, T* dqkv, int64_t B, int64_t Tlen,
-                        int64_t NH, int64_t HS) {
-  attention_gqa_backward(qkv, lse, dout, dqkv, B, Tlen, NH, NH, HS);
+                        int64_t NH, int64_t HS, const int32_t* seg) {
+  attention_gqa_backward(qkv, lse, dout, dqkv, B, Tlen, NH, NH, HS, seg);
 }
 
 template void attention_forward<float>(const float*, float*, float*, int64_t, int64_t, int64_t,
-                                       int64_t);
+                                       int64_t, const int32_t*);
 template void attention_forward<double>(const double*, double*, double*, int64_t, int64_t, int64_t,
-                                        int64_t);
+                                        int64_t, const int32_t*);
 template void attention_backward<float>(const float*, const float*, const float*, float*, int64_t,
-                                        int64_t, int64_t, int64_t);
+                                        int64_t, int64_t, int64_t, const int32_t*);
 template void attention_backward<double>(const double*, const double*, const double*, double*,
-                                         int64_t, int64_t, int64_t, int64_t);
+                                         int64_t, int64_t, int64_t, int64_t, const int32_t*);
 
 template void attention_gqa_forward<float>(const float*, float*, float*, int64_t, int64_t, int64_t,
-                                           int64_t, int64_t);
+                                           int64_t, int64_t, const int32_t*);
 template void attention_gqa_forward<double>(const double*, double*, double*, int64_t, int64_t,
-                                            int64_t, int64_t, int64_t);
+                                            int64_t, int64_t, int64_t, const int32_t*);
 template void attention_gqa_backward<float>(const float*, const float*, const float*, float*,
-                                            int64_t, int64_t, int64_t, int64_t, int64_t);
+                                            int64_t, int64_t, int64_t, int64_t, int64_t,
+                                            const int32_t*);
 template void attention_gqa_backward<double>(const double*, const double*, const double*, double*,
-                                             int64_t, int64_t, int64_t, int64_t, int64_t);
+                                             int64_t, int64_t, int64_t, int64_t, int64_t,
+                                             const int32_t*);
 
 }  // namespace gtron::cpu

@@ -27,6 +27,10 @@
 // this version is the correct, simple baseline.
 //
 // Determinism: GEMMs pin one algorithm per shape; the row kernels reduce with xor butterflies.
+//
+// Document masking (`seg`, Note [document masking] in model/ops/segments.h): the two kernels that
+// form P also zero the entries whose key lies in another segment than the query (kSeg builds;
+// the others are unchanged). Everything after reads P, so dS is zero there too.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -106,41 +110,70 @@ __global__ void from_heads_kernel(const S* __restrict__ src, D* __restrict__ dst
   }
 }
 
-// Row r = (bh, t): P[s] = exp(scale·S[s] − lse) for s <= t, 0 above; lse[r] = log Σ_{s<=t} ...
-template <typename T>
+// The first key row r = (bh, t) may see: 0, or with kSeg the first position of t's segment
+// (segments are runs: Note [document masking]), found by bisection over seg's row of batch b.
+template <bool kSeg>
+__device__ __forceinline__ int64_t first_key(const int32_t* seg, int64_t r, int64_t t,
+                                             const Dims& d) {
+  if constexpr (!kSeg) {
+    return 0;
+  } else {
+    const int32_t* row = seg + (r / d.T / d.NH) * d.T;
+    const int32_t mine = row[t];
+    int64_t lo = 0, hi = t;  // row[hi] == mine; find the least such index
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (row[mid] == mine) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    return lo;
+  }
+}
+
+// Row r = (bh, t): P[s] = exp(scale·S[s] − lse) for s0 <= s <= t, 0 elsewhere; lse[r] = log
+// Σ_{s0<=s<=t} ..., s0 = first_key (0 without kSeg).
+template <typename T, bool kSeg>
 __global__ void causal_softmax_kernel(const float* __restrict__ S, T* __restrict__ P,
-                                      float* __restrict__ lse, Dims d, float scale) {
+                                      float* __restrict__ lse, Dims d, float scale,
+                                      const int32_t* __restrict__ seg) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= d.BH * d.T) return;
   const int64_t t = r % d.T;
   const int64_t off = (r / d.T) * d.sTT + t * d.T;
+  const int64_t s0 = first_key<kSeg>(seg, r, t, d);
   const float* s = S + off;
   float m = -INFINITY;
-  for (int64_t j = lane; j <= t; j += 32) m = fmaxf(m, s[j]);
+  for (int64_t j = s0 + lane; j <= t; j += 32) m = fmaxf(m, s[j]);
   m = warp_max(m);
   float sum = 0.0f;
-  for (int64_t j = lane; j <= t; j += 32) sum += expf((s[j] - m) * scale);
+  for (int64_t j = s0 + lane; j <= t; j += 32) sum += expf((s[j] - m) * scale);
   const float l = m * scale + logf(warp_sum(sum));
   for (int64_t j = lane; j < d.T; j += 32) {
-    P[off + j] = from_float<T>(j <= t ? expf(s[j] * scale - l) : 0.0f);
+    P[off + j] = from_float<T>(j <= t && j >= s0 ? expf(s[j] * scale - l) : 0.0f);
   }
   if (lane == 0) lse[r] = l;
 }
 
-// P = exp(scale·S − lse[row]) below and on the diagonal, 0 above. One warp per row, like the
-// other row kernels (one thread per element paid three 64-bit divisions per element).
-template <typename T>
+// P = exp(scale·S − lse[row]) below and on the diagonal, 0 above (and with kSeg before the
+// row's segment). One warp per row, like the other row kernels (one thread per element paid
+// three 64-bit divisions per element).
+template <typename T, bool kSeg>
 __global__ void probs_from_lse_kernel(const float* __restrict__ S, const float* __restrict__ lse,
-                                      T* __restrict__ P, Dims d, float scale) {
+                                      T* __restrict__ P, Dims d, float scale,
+                                      const int32_t* __restrict__ seg) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= d.BH * d.T) return;
   const int t = static_cast<int>(r % d.T), T_ = static_cast<int>(d.T);
   const int64_t off = (r / d.T) * d.sTT + static_cast<int64_t>(t) * d.T;
+  const int s0 = static_cast<int>(first_key<kSeg>(seg, r, t, d));
   const float l = lse[r];
   for (int j = lane; j < T_; j += 32) {
-    P[off + j] = from_float<T>(j <= t ? expf(S[off + j] * scale - l) : 0.0f);
+    P[off + j] = from_float<T>(j <= t && j >= s0 ? expf(S[off + j] * scale - l) : 0.0f);
   }
 }
 
@@ -301,12 +334,18 @@ void split_heads(const T* qkv, T* q, T* k, T* v, const Dims& d, cudaStream_t st)
 
 template <typename T>
 void forward(const T* qkv, T* out, float* lse, void* scratch, const Dims& d, float scale, DType act,
-             cudaStream_t st) {
+             cudaStream_t st, const int32_t* seg) {
   ForwardScratch<T> s(scratch, d);
   split_heads(qkv, s.q, s.k, s.v, d, st);
   head_gemm({s.q, d.sHd}, false, {s.k, d.sHd, true}, true, {s.S, d.sTT}, DType::kF32, d.T, d.T,
             d.HS, d, act, st);
-  causal_softmax_kernel<T><<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.S, s.P, lse, d, scale);
+  if (seg != nullptr) {
+    causal_softmax_kernel<T, true>
+        <<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.S, s.P, lse, d, scale, seg);
+  } else {
+    causal_softmax_kernel<T, false>
+        <<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.S, s.P, lse, d, scale, nullptr);
+  }
   CUDA_CHECK_LAUNCH();
   head_gemm({s.P, d.sTT}, false, {s.v, d.sHd, true}, false, {s.O, d.sHd}, act, d.T, d.HS, d.T, d,
             act, st);
@@ -315,13 +354,19 @@ void forward(const T* qkv, T* out, float* lse, void* scratch, const Dims& d, flo
 
 template <typename T>
 void backward(const T* qkv, const float* lse, const T* dout, T* dqkv, void* scratch, const Dims& d,
-              float scale, DType act, cudaStream_t st) {
+              float scale, DType act, cudaStream_t st, const int32_t* seg) {
   BackwardScratch<T> s(scratch, d);
   split_heads(qkv, s.q, s.k, s.v, d, st);
   to_heads(dout, d.C, s.dO, d, st);
   head_gemm({s.q, d.sHd}, false, {s.k, d.sHd, true}, true, {s.S, d.sTT}, DType::kF32, d.T, d.T,
             d.HS, d, act, st);
-  probs_from_lse_kernel<T><<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.S, lse, s.P, d, scale);
+  if (seg != nullptr) {
+    probs_from_lse_kernel<T, true>
+        <<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.S, lse, s.P, d, scale, seg);
+  } else {
+    probs_from_lse_kernel<T, false>
+        <<<blocks(d.BH * d.T * 32), kThreads, 0, st>>>(s.S, lse, s.P, d, scale, nullptr);
+  }
   CUDA_CHECK_LAUNCH();
   // dV = Pᵀ·dO, then dP = dO·Vᵀ into S's buffer (S is no longer needed).
   head_gemm({s.P, d.sTT}, true, {s.dO, d.sHd}, false, {s.dV, d.sHd, true}, DType::kF32, d.T, d.HS,
@@ -371,27 +416,27 @@ int64_t attention_gqa_backward_scratch_bytes(int64_t B, int64_t Tlen, int64_t NH
 
 void attention_gqa_forward(const void* qkv, void* out, float* lse, void* scratch, int64_t B,
                            int64_t Tlen, int64_t NH, int64_t NKV, int64_t HS, DType act,
-                           void* stream) {
+                           void* stream, const int32_t* seg) {
   const Dims d = checked_dims(B, Tlen, NH, NKV, HS);
   if (B * Tlen * NH * HS == 0) return;
   GTRON_CHECK(scratch != nullptr, "causal_attention: forward needs scratch");
   dispatch_act("causal_attention", act, [&](auto tag) {
     using T = decltype(tag);
     forward<T>(static_cast<const T*>(qkv), static_cast<T*>(out), lse, scratch, d, score_scale(HS),
-               act, static_cast<cudaStream_t>(stream));
+               act, static_cast<cudaStream_t>(stream), seg);
   });
 }
 
 void attention_gqa_backward(const void* qkv, const float* lse, const void* dout, void* dqkv,
                             void* scratch, int64_t B, int64_t Tlen, int64_t NH, int64_t NKV,
-                            int64_t HS, DType act, void* stream) {
+                            int64_t HS, DType act, void* stream, const int32_t* seg) {
   const Dims d = checked_dims(B, Tlen, NH, NKV, HS);
   if (B * Tlen * NH * HS == 0) return;
   GTRON_CHECK(scratch != nullptr, "causal_attention: backward needs scratch");
   dispatch_act("causal_attention", act, [&](auto tag) {
     using T = decltype(tag);
     backward<T>(static_cast<const T*>(qkv), lse, static_cast<const T*>(dout), static_cast<T*>(dqkv),
-                scratch, d, score_scale(HS), act, static_cast<cudaStream_t>(stream));
+                scratch, d, score_scale(HS), act, static_cast<cudaStream_t>(stream), seg);
   });
 }
 

@@ -1,5 +1,6 @@
 #include "model/ops/embedding.h"
 
+#include "model/ops/add.h"
 #include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
@@ -15,6 +16,58 @@ void check_tokens_on_host(const Tensor& tokens, int64_t V) {
     GTRON_CHECK(tp[i] >= 0 && tp[i] < V, "embedding: token ", tp[i], " at row ", i, " outside [0, ",
                 V, ")");
   }
+}
+
+// add_positions with per-row positions (document masking): y[i] = x[i] + wpe[positions[i]].
+Var add_positions_at(const Var& x, const Var& wpe, const Tensor& positions) {
+  const int64_t N = x.shape()[0] * x.shape()[1], C = x.shape()[2], P = wpe.shape()[0];
+  GTRON_CHECK(positions.dtype() == DType::kI32 && positions.device() == x.device(),
+              "add_positions: positions must be i32 on ", x.device().str());
+  check_shape("add_positions: positions", positions.shape(), Shape{x.shape()[0], x.shape()[1]});
+  Device dev = x.device();
+  Stream& s = current_stream(dev);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), dev, &s);
+  if (dev.is_cuda()) {
+    cuda::add_positions_at_forward(x.value().raw(), wpe.value().raw(), wpe.dtype(),
+                                   positions.data<int32_t>(), y.raw(), N, P, C, x.dtype(),
+                                   s.native());
+  } else {
+    dispatch_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* xp = x.value().data<T>();
+      const T* pp = wpe.value().data<T>();
+      const int32_t* ip = positions.data<int32_t>();
+      T* yp = y.data<T>();
+      s.run([=] { cpu::add_positions_at_forward<T>(xp, pp, ip, yp, N, P, C); });
+    });
+  }
+  Var out = Var::output(y, x.requires_grad() || wpe.requires_grad());
+  if (out.requires_grad()) {
+    record_backward([x, wpe, positions, out, N, P, C] {
+      if (!out.has_grad()) return;
+      Stream& s = current_stream(out.device());
+      const int32_t* ip = positions.data<int32_t>();
+      if (out.device().is_cuda()) {
+        if (x.requires_grad()) {
+          cuda::accumulate(x.grad().raw(), out.grad().raw(), N * C, out.dtype(), s.native());
+        }
+        if (wpe.requires_grad()) {
+          Tensor scratch = scratch_bytes(cuda::embedding_backward_scratch_bytes(N, P), s);
+          cuda::embedding_backward(ip, out.grad().raw(), f32_grad("add_positions wpe", wpe.grad()),
+                                   DType::kF32, scratch.raw(), N, P, C, out.dtype(), s.native());
+        }
+        return;
+      }
+      dispatch_float(out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        const T* dyp = out.grad().data<T>();
+        T* dx = x.requires_grad() ? x.grad().data<T>() : nullptr;
+        T* dp = wpe.requires_grad() ? wpe.grad().data<T>() : nullptr;
+        s.run([=] { cpu::add_positions_at_backward<T>(dyp, ip, dx, dp, N, C); });
+      });
+    });
+  }
+  return out;
 }
 
 }  // namespace
@@ -90,7 +143,7 @@ Var embedding(const Tensor& tokens, const Var& table) {
   return out;
 }
 
-Var add_positions(const Var& x, const Var& wpe) {
+Var add_positions(const Var& x, const Var& wpe, const Tensor& positions) {
   GTRON_CHECK(x.shape().rank() == 3, "add_positions: x ", x.shape().str(), ", expected [B, T, C]");
   const int64_t B = x.shape()[0];
   const int64_t Tlen = x.shape()[1];
@@ -98,6 +151,7 @@ Var add_positions(const Var& x, const Var& wpe) {
   GTRON_CHECK(wpe.shape().rank() == 2 && wpe.shape()[1] == C && wpe.shape()[0] >= Tlen,
               "add_positions: wpe ", wpe.shape().str(), ", expected [Tmax >= ", Tlen, ", ", C, "]");
   check_param_operand("add_positions", x.value(), wpe.value());
+  if (positions.defined()) return add_positions_at(x, wpe, positions);
 
   Device dev = x.device();
   Stream& s = current_stream(dev);

@@ -20,7 +20,10 @@ Var embedding_of_ids(const Tensor& ids, const Var& table, const Tensor& y, bool 
 
 // x: [B, T, C], wpe: [Tmax, C] with T <= Tmax. Returns [B, T, C].
 // Backward accumulates: dx += dy; dwpe[t] += Σ_b dy[b, t].
-Var add_positions(const Var& x, const Var& wpe);
+// With `positions` (i32 [B, T] on x's device, each in [0, Tmax): the restarted positions of
+// document masking, Note [document masking] in model/ops/segments.h): y[b, t] = x[b, t] +
+// wpe[positions[b, t]], and dwpe[p] += Σ of dy over the (b, t) at position p, in row order.
+Var add_positions(const Var& x, const Var& wpe, const Tensor& positions = Tensor());
 
 namespace cpu {
 // N token rows: y[i, :] = table[tokens[i], :]. Aborts on a token outside [0, V).
@@ -37,6 +40,14 @@ void add_positions_forward(const T* x, const T* wpe, T* y, int64_t B, int64_t Tl
 // dx or dwpe may be null (no gradient wanted). Accumulates.
 template <typename T>
 void add_positions_backward(const T* dy, T* dx, T* dwpe, int64_t B, int64_t Tlen, int64_t C);
+// N rows at given positions: y[i] = x[i] + wpe[pos[i]]; aborts on a position outside [0, P).
+template <typename T>
+void add_positions_at_forward(const T* x, const T* wpe, const int32_t* pos, T* y, int64_t N,
+                              int64_t P, int64_t C);
+// dx[i] += dy[i]; dwpe[pos[i]] += dy[i] for i = 0..N-1 in order. dx or dwpe may be null.
+template <typename T>
+void add_positions_at_backward(const T* dy, const int32_t* pos, T* dx, T* dwpe, int64_t N,
+                               int64_t C);
 }  // namespace cpu
 
 namespace cuda {
@@ -68,6 +79,11 @@ void add_positions_forward(const void* x, const void* wpe, DType wpe_dtype, void
 // identical to the CPU kernel in f32); either may be null.
 void add_positions_backward(const void* dy, void* dx, float* dwpe, int64_t B, int64_t Tlen,
                             int64_t C, DType act, void* stream);
+// N rows at device positions pos [N] (each in [0, P); one outside traps): y[i] = x[i] +
+// wpe[pos[i]], dtypes as add_positions_forward. The backward is embedding_backward's scatter-add
+// with pos as the ids (and dx += dy by cuda::accumulate).
+void add_positions_at_forward(const void* x, const void* wpe, DType wpe_dtype, const int32_t* pos,
+                              void* y, int64_t N, int64_t P, int64_t C, DType act, void* stream);
 }  // namespace cuda
 
 }  // namespace gtron

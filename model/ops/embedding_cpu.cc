@@ -60,6 +60,38 @@ void add_positions_backward(const T* dy, T* dx, T* dwpe, int64_t B, int64_t Tlen
   }
 }
 
+template <typename T>
+void add_positions_at_forward(const T* x, const T* wpe, const int32_t* pos, T* y, int64_t N,
+                              int64_t P, int64_t C) {
+  for (int64_t i = 0; i < N; ++i) {
+    GTRON_CHECK(pos[i] >= 0 && pos[i] < P, "add_positions: position ", pos[i], " at row ", i,
+                " outside [0, ", P, ")");
+  }
+#pragma omp parallel for if (N * C >= kParallelMin)
+  for (int64_t r = 0; r < N; ++r) {
+    Vec<T>(y + r * C, C) = CVec<T>(x + r * C, C) + CVec<T>(wpe + pos[r] * C, C);
+  }
+}
+
+template <typename T>
+void add_positions_at_backward(const T* dy, const int32_t* pos, T* dx, T* dwpe, int64_t N,
+                               int64_t C) {
+  if (dx != nullptr) Vec<T>(dx, N * C) += CVec<T>(dy, N * C);
+  if (dwpe != nullptr) {
+    // Serial: a position's row receives its dy rows in row order.
+    for (int64_t r = 0; r < N; ++r) Vec<T>(dwpe + pos[r] * C, C) += CVec<T>(dy + r * C, C);
+  }
+}
+
+template void add_positions_at_forward<float>(const float*, const float*, const int32_t*, float*,
+                                              int64_t, int64_t, int64_t);
+template void add_positions_at_forward<double>(const double*, const double*, const int32_t*,
+                                               double*, int64_t, int64_t, int64_t);
+template void add_positions_at_backward<float>(const float*, const int32_t*, float*, float*,
+                                               int64_t, int64_t);
+template void add_positions_at_backward<double>(const double*, const int32_t*, double*, double*,
+                                                int64_t, int64_t);
+
 template void embedding_forward<float>(const int32_t*, const float*, float*, int64_t, int64_t,
                                        int64_t);
 template void embedding_forward<double>(const int32_t*, const double*, double*, int64_t, int64_t,

@@ -105,6 +105,28 @@ __global__ void add_positions_forward_kernel(const T* __restrict__ x, const P* _
   store_floats<kV>(y + e, a);
 }
 
+// add_positions at given positions: row i = e / C reads wpe row pos[i] (traps outside [0, P)).
+template <typename T, typename P, int kV>
+__global__ void add_positions_at_forward_kernel(const T* __restrict__ x, const P* __restrict__ wpe,
+                                                const int32_t* __restrict__ pos, T* __restrict__ y,
+                                                int64_t n, int64_t rows, int64_t C) {
+  const int64_t e = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kV;
+  if (e >= n) return;
+  const int64_t i = e / C;
+  const int32_t p = pos[i];
+  if (p < 0 || p >= rows) {
+    printf("add_positions: position %d at row %lld outside [0, %lld)\n", p,
+           static_cast<long long>(i), static_cast<long long>(rows));
+    __trap();
+  }
+  float a[kV], b[kV];
+  load_floats<kV>(x + e, a);
+  load_floats<kV>(wpe + static_cast<int64_t>(p) * C + (e - i * C), b);
+#pragma unroll
+  for (int k = 0; k < kV; ++k) a[k] += b[k];
+  store_floats<kV>(y + e, a);
+}
+
 // One thread per kV positions of [Tlen, C]; it walks b = 0..B-1 in order.
 template <typename T, int kV>
 __global__ void add_positions_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx,
@@ -262,6 +284,31 @@ void add_positions_forward(const void* x, const void* wpe, DType wpe_dtype, void
     } else {
       const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(n, kThreads));
       add_positions_forward_kernel<T, P, 1><<<blocks, kThreads, 0, st>>>(xp, pp, yp, n, Tlen * C);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void add_positions_at_forward(const void* x, const void* wpe, DType wpe_dtype, const int32_t* pos,
+                              void* y, int64_t N, int64_t P, int64_t C, DType act, void* stream) {
+  const int64_t n = N * C;
+  if (n == 0) return;
+  dispatch_act_param("add_positions", act, wpe_dtype, [&](auto tag, auto ptag) {
+    using T = decltype(tag);
+    using Q = decltype(ptag);
+    constexpr int kV = kPack<T>;
+    const auto* xp = static_cast<const T*>(x);
+    const auto* pp = static_cast<const Q*>(wpe);
+    auto* yp = static_cast<T*>(y);
+    auto st = static_cast<cudaStream_t>(stream);
+    if (C % kV == 0 && is_aligned(x, 16) && is_aligned(y, 16) && is_aligned(wpe, sizeof(Q) * kV)) {
+      const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(n / kV, kThreads));
+      add_positions_at_forward_kernel<T, Q, kV>
+          <<<blocks, kThreads, 0, st>>>(xp, pp, pos, yp, n, P, C);
+    } else {
+      const auto blocks = static_cast<unsigned>(ceil_div<int64_t>(n, kThreads));
+      add_positions_at_forward_kernel<T, Q, 1>
+          <<<blocks, kThreads, 0, st>>>(xp, pp, pos, yp, n, P, C);
     }
     CUDA_CHECK_LAUNCH();
   });
