@@ -372,6 +372,7 @@ void check_combinations(const Config& c, int world_size) {
   const ModelConfig& m = c.model;
   check_llama(m);
   config_internal::check_moe(c);
+  config_internal::check_document_masking(c);
   if (m.arch == ModelArch::kGpt2 && m.n_embd % m.n_head != 0) {
     fail(str_cat("model.n_head = ", m.n_head, ": must divide model.n_embd (", m.n_embd, ")"),
          str_cat("use model.n_head = ", nearby_divisors(m.n_embd, m.n_head),

@@ -118,6 +118,9 @@ struct DataConfig {
   std::string train;  // glob of token shards; "" = synthetic source written into train.out_dir
   std::string val;    // glob of token shards; "" = the synthetic val split
   SyntheticDataConfig synthetic;
+  // Attention within each document of a packed row (Note [document masking] in
+  // model/ops/segments.h); needs the doc_start_ids of prepared text (resolve_data).
+  bool document_masking = false;
 };
 
 struct OptimizerConfig {                // AdamW

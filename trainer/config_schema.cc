@@ -259,6 +259,11 @@ std::vector<KeySpec> build_schema() {
           "Glob of validation token shards; \"\" = the synthetic val split when data.train is "
           "\"\", "
           "else data.train."),
+      key(GTRON_FIELD(data.document_masking), false, any,
+          "Attention within each document: a token sees only the earlier tokens of its own "
+          "document in the packed training row, and GPT-2's positions restart at each document. "
+          "Needs text prepared with a BPE tokenizer (meta.json's doc_start_ids: a token equal to "
+          "the first opens a document). Training and evaluation only; sampling is unaffected."),
       key(GTRON_FIELD(data.synthetic.order), 2, closed(1, 8), "Markov order of the source."),
       key(GTRON_FIELD(data.synthetic.vocab), 64, at_least(2),
           "Tokens the source emits; <= model.vocab_size when data.train is \"\"."),

@@ -22,6 +22,8 @@ namespace config_internal {
 void check_moe(const Config& c);
 // parallel.ep against the data ranks (world_size / parallel.tp) of a run (config_moe.cc).
 void check_expert_parallel_world(const Config& c, int world_size);
+// data.document_masking against the data source and the model's layout (config_data.cc).
+void check_document_masking(const Config& c);
 
 enum class KeyType { kInt, kFloat, kBool, kString, kEnum };
 

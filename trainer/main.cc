@@ -80,9 +80,11 @@ Config checkpoint_config(const char* command, const Options& o) {
 int cmd_eval(const Options& o) {
   Config cfg = checkpoint_config("eval", o);
   check_cpu_memory(cfg, /*training=*/false, 0, "gtron eval of this checkpoint");
-  GPT model(gpt_config(cfg), DType::kF32, Device::cpu(), cfg.train.seed);
-  load_model_weights(o.checkpoint, model);
   ResolvedData data = resolve_data(cfg);
+  GPTConfig gc = gpt_config(cfg);
+  gc.document_start = data.document_start;  // evaluated as trained (data.document_masking)
+  GPT model(gc, DType::kF32, Device::cpu(), cfg.train.seed);
+  load_model_weights(o.checkpoint, model);
   EvalResult r = evaluate(model, cfg, data.val_glob);
   std::printf("{\"checkpoint\": \"%s\", \"val_main_loss\": %.6f, \"val_mtp_losses\": [",
               o.checkpoint.c_str(), r.main_loss);

@@ -157,6 +157,7 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
   sampler_ = std::make_unique<SequenceSampler>(*train_shards_, cfg_.train.seq_len);
 
   GPTConfig gc = gpt_config(cfg_);
+  gc.document_start = data_.document_start;  // Note [document masking]
   if (grid_.tp) {  // this rank's slice of every split layer (model/tensor_parallel.h)
     gc.tp_size = grid_.layout.tp_size;
     gc.tp_rank = grid_.layout.tp_rank;

@@ -34,9 +34,13 @@ struct ResolvedData {
   // split's size, for bits per byte.
   std::string tokenizer_path;
   std::optional<double> val_tokens, val_bytes;
+  // data.document_masking: the token that opens a document (meta.json's doc_start_ids[0], for
+  // GPTConfig::document_start); -1 when off.
+  int32_t document_start = -1;
 };
 // Also refuses (UserError) a model.vocab_size below the vocabulary recorded in the data's
-// meta.json.
+// meta.json, and data.document_masking where the data marks no documents (synthetic or
+// byte-level data) or the model cannot mask them (GPT-2 under sequence parallelism).
 ResolvedData resolve_data(const Config& cfg);
 
 struct TrainSummary {

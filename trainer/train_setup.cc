@@ -41,6 +41,41 @@ std::string meta_string(const std::string& meta_path, const char* key) {
   return "";
 }
 
+// meta.json's doc_start_ids[0] (the token that opens every document of prepared text), if any.
+std::optional<int32_t> meta_document_start(const std::string& meta_path) {
+  std::ifstream f(meta_path);
+  if (!f) return std::nullopt;
+  try {
+    nlohmann::json j = nlohmann::json::parse(f);
+    const nlohmann::json& ids = j.contains("doc_start_ids") ? j["doc_start_ids"] : nlohmann::json();
+    if (ids.is_array() && !ids.empty() && ids[0].is_number_integer()) return ids[0].get<int32_t>();
+  } catch (const nlohmann::json::exception&) {
+  }
+  return std::nullopt;
+}
+
+// data.document_masking: the document start token of the data, or a UserError saying why not
+// (the config refused the synthetic source and GPT-2 under sequence parallelism already).
+int32_t document_start_for(const Config& cfg, const std::string& meta) {
+  const std::optional<int32_t> start = meta_document_start(meta);
+  if (!start) {
+    const bool synthetic = meta_string(meta, "source") == "markov";
+    throw UserError(str_cat(
+        "data.document_masking = true needs data whose documents are marked, but ", meta,
+        synthetic ? " describes synthetic Markov data, a single stream with no documents"
+                  : " is missing or has no doc_start_ids (gtron prepare records the token that "
+                    "opens each document only for text encoded with a BPE tokenizer; "
+                    "byte-level text has none)",
+        ". Hint: gtron prepare --text FILES --tokenizer tokenizer.json, or "
+        "data.document_masking=false"));
+  }
+  if (*start < 0 || *start >= cfg.model.vocab_size) {
+    throw UserError(str_cat("data.document_masking: ", meta, " gives document start token ", *start,
+                            ", outside model.vocab_size ", cfg.model.vocab_size));
+  }
+  return *start;
+}
+
 std::string dirname_of(const std::string& glob) {
   const size_t slash = glob.rfind('/');
   return slash == std::string::npos ? "." : glob.substr(0, slash);
@@ -134,6 +169,7 @@ ResolvedData resolve_data(const Config& cfg) {
     d.val_tokens = meta_number(meta, "val_tokens");
     d.val_bytes = meta_number(meta, "val_bytes");
   }
+  if (cfg.data.document_masking) d.document_start = document_start_for(cfg, meta);
   return d;
 }
 
