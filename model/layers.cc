@@ -55,7 +55,7 @@ Parameter* ParamRegistry::find(const std::string& name) const {
 
 LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, int64_t out,
                          bool has_bias, double std, TpMode mode, int groups)
-    : fp8(reg.fp8_linears()) {
+    : fp8(reg.fp8_linears()), in_features(in), out_features(out) {
   const bool row = mode == TpMode::kRow;
   const TpSlice w_slice{mode == TpMode::kNone ? TpSplit::kNone
                         : row                 ? TpSplit::kColumns
@@ -76,9 +76,10 @@ LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in
 LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, bool has_bias,
                          double std, const std::vector<int64_t>& group_rows,
                          const std::vector<int>& group_replicas)
-    : fp8(reg.fp8_linears()) {
+    : fp8(reg.fp8_linears()), in_features(in) {
   int64_t out = 0;
   for (int64_t g : group_rows) out += g;
+  out_features = out;
   TpSlice slice{TpSplit::kRows, static_cast<int>(group_rows.size()), group_rows, group_replicas};
   weight = &reg.add_split(name + ".weight", {out, in}, Init::kNormal, std, true, slice);
   if (fp8) reg.mark_fp8_weight(*weight);
@@ -91,7 +92,15 @@ LinearLayer::LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in
   }
 }
 
-Var LinearLayer::forward(const Var& x, WeightAccess& w, const Var& residual) const {
+bool LinearLayer::wants_fp8_codes(const Var& x) const {
+  if (!fp8 || tp != nullptr || !x.device().is_cuda() || x.dtype() != DType::kBF16) return false;
+  const int64_t width = x.shape().rank() > 0 ? x.shape()[x.shape().rank() - 1] : 0;
+  const int64_t rows = width > 0 ? x.value().numel() / width : 0;
+  return fp8::fused_producers() && cuda::fp8_gemm_ok(rows, in_features, out_features);
+}
+
+Var LinearLayer::forward(const Var& x, WeightAccess& w, const Var& residual,
+                         const fp8::QuantizedRows* xq) const {
   if (tp != nullptr) return residual.defined() ? add(residual, tp_forward(x, w)) : tp_forward(x, w);
   Var wv = w.use(*weight);
   // Note [fp8 weights once a step]: the access's codes of the weight, where the product runs FP8.
@@ -100,7 +109,7 @@ Var LinearLayer::forward(const Var& x, WeightAccess& w, const Var& residual) con
     const int64_t in = wv.shape()[1], out = wv.shape()[0];
     if (cuda::fp8_gemm_ok(x.value().numel() / in, in, out)) wq = w.fp8_weight(*weight);
   }
-  Var y = linear(x, wv, bias ? w.use_bias(*bias) : Var(), residual, fp8, wq);
+  Var y = linear(x, wv, bias ? w.use_bias(*bias) : Var(), residual, fp8, wq, xq);
   w.used(*weight, wv);
   return y;
 }
@@ -110,8 +119,8 @@ LayerNormLayer::LayerNormLayer(ParamRegistry& reg, const std::string& name, int6
   bias = &reg.add(name + ".bias", {C}, Init::kZeros, 0, false);
 }
 
-Var LayerNormLayer::forward(const Var& x) const {
-  return layernorm(x, Var::param(*weight), Var::param(*bias));
+Var LayerNormLayer::forward(const Var& x, fp8::QuantizedRows* codes) const {
+  return layernorm(x, Var::param(*weight), Var::param(*bias), kLayerNormEps, codes);
 }
 
 RMSNormLayer::RMSNormLayer(ParamRegistry& reg, const std::string& name, int64_t C, double e)
@@ -119,7 +128,9 @@ RMSNormLayer::RMSNormLayer(ParamRegistry& reg, const std::string& name, int64_t 
   weight = &reg.add(name + ".weight", {C}, Init::kOnes, 0, false);
 }
 
-Var RMSNormLayer::forward(const Var& x) const { return rmsnorm(x, Var::param(*weight), eps); }
+Var RMSNormLayer::forward(const Var& x, fp8::QuantizedRows* codes) const {
+  return rmsnorm(x, Var::param(*weight), eps, codes);
+}
 
 TransformerBlock::TransformerBlock(ParamRegistry& reg, const std::string& name, const BlockDims& d)
     : NH(d.NH / reg.tensor_parallel().size), recompute(d.recompute) {
@@ -143,10 +154,16 @@ void set_residual_in_gemm_for_testing(bool on) {
   g_residual_in_gemm.store(on, std::memory_order_relaxed);
 }
 
-Var TransformerBlock::mlp(const Var& x, const Var& residual, WeightAccess& w) const {
-  // FP8 linears: the composed ops (the fused MLP's GEMMs are bf16 with GELU epilogues).
+Var TransformerBlock::mlp(const Var& x, const Var& residual, WeightAccess& w,
+                          const fp8::QuantizedRows* xq) const {
+  // FP8 linears: the composed ops (the fused MLP's GEMMs are bf16 with GELU epilogues), GELU
+  // writing the codes of mlp_proj's input where it wants them (Note [fp8 fused producers]).
   if (!fused_mlp_supported(x) || fc.fp8) {
-    return add(residual, mlp_proj.forward(gelu(fc.forward(x, w)), w));
+    const Var up = fc.forward(x, w, Var(), xq);
+    fp8::QuantizedRows codes;
+    const bool fused = mlp_proj.wants_fp8_codes(up);
+    const Var g = gelu(up, fused ? &codes : nullptr);
+    return add(residual, mlp_proj.forward(g, w, Var(), fused ? &codes : nullptr));
   }
   // CUDA bf16: GELU rides in the two GEMMs' epilogues (model/ops/fused_mlp.h). The weight
   // accesses come in the same order as the composed path's (use/used fc, then proj). Split over
@@ -176,6 +193,11 @@ Var TransformerBlock::mlp(const Var& x, const Var& residual, WeightAccess& w) co
 Var TransformerBlock::qkv_of(const Var& x, WeightAccess& w) const {
   // Sequence parallelism gathers ln1's output between the two: the composed ops.
   const bool sp = qkv.tp != nullptr && qkv.tp->sequence_parallel;
+  if (qkv.wants_fp8_codes(x)) {  // ln1 writes qkv's FP8 input (Note [fp8 fused producers])
+    fp8::QuantizedRows codes;
+    const Var y = ln1.forward(x, &codes);
+    return qkv.forward(y, w, Var(), &codes);
+  }
   if (!x.device().is_cuda() || sp || qkv.fp8) return qkv.forward(ln1.forward(x), w);
   // CUDA: ln1's output is recomputed in the backward instead of kept (model/ops/norm_linear.h);
   // split over TP, its backward sums the gradient of ln1's output over the group (tp_copy's).
@@ -208,7 +230,10 @@ Var TransformerBlock::forward(const Var& x, WeightAccess& w, const Attention& at
   if (x.device().is_cuda() && attn_proj.tp == nullptr && residual_in_gemm()) {
     // CUDA, not split: h = x + proj(attention) from one GEMM (the residual in its epilogue).
     Var h = attn_proj.forward(attend(qkv_of(x, w)), w, x);
-    return mlp(ln2.forward(h), h, w);
+    fp8::QuantizedRows codes;  // ln2 writes fc's FP8 input where fc wants it
+    const bool fused = fc.wants_fp8_codes(h);
+    const Var y = ln2.forward(h, fused ? &codes : nullptr);
+    return mlp(y, h, w, fused ? &codes : nullptr);
   }
   Var a = attn_proj.forward(attend(qkv_of(x, w)), w);
   if (!x.device().is_cuda()) {  // the composed ops (the CPU goldens' exact tape)

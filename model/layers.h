@@ -21,7 +21,8 @@ namespace gtron {
 
 namespace fp8 {
 struct QuantizedWeight;
-}
+struct QuantizedRows;
+}  // namespace fp8
 
 // How a layer reads a (possibly sharded) weight. use() returns a Var whose value is the full weight
 // for this use and whose backward delivers the weight's gradient into its main_grad.
@@ -134,6 +135,8 @@ struct LinearLayer {
   TpMode tp_mode = TpMode::kNone;  // Note [tensor-parallel layout]
   const TpContext* tp = nullptr;   // the registry's, when the model is split
   bool fp8 = false;                // products in FP8 (ParamRegistry::fp8_linears at creation)
+  int64_t in_features = 0;         // the whole weight's [out_features, in_features], before
+  int64_t out_features = 0;        // TP or GTP cut it
   LinearLayer() = default;
   // `groups`: equal output-row groups a column-parallel split cuts one by one (qkv: 3).
   LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, int64_t out, bool bias,
@@ -143,7 +146,14 @@ struct LinearLayer {
   LinearLayer(ParamRegistry& reg, const std::string& name, int64_t in, bool bias, double std,
               const std::vector<int64_t>& group_rows, const std::vector<int>& group_replicas = {});
   // `residual` (optional): residual + the layer's output, in the GEMM's epilogue when not split.
-  Var forward(const Var& x, WeightAccess& w, const Var& residual = Var()) const;
+  // `xq` (optional): x's FP8 codes from its producer, asked for where wants_fp8_codes(x).
+  Var forward(const Var& x, WeightAccess& w, const Var& residual = Var(),
+              const fp8::QuantizedRows* xq = nullptr) const;
+  // Whether x's producer should write x's FP8 codes for this layer (Note [fp8 fused producers] in
+  // model/ops/fp8.h): products in FP8 on CUDA over bf16 rows, not split over TP, sizes for which
+  // cuda::fp8_gemm_ok holds, and fp8::fused_producers(). `x`: the layer's input, or any tensor of
+  // the same leading dims (the producer's input).
+  bool wants_fp8_codes(const Var& x) const;
   // forward() when the model is split (model/tensor_parallel.cc).
   Var tp_forward(const Var& x, WeightAccess& w) const;
   // The TP seams, for the fused CUDA paths that call the GEMMs themselves: a column-parallel
@@ -161,7 +171,8 @@ struct LayerNormLayer {
   Parameter* bias = nullptr;    // [C]
   LayerNormLayer() = default;
   LayerNormLayer(ParamRegistry& reg, const std::string& name, int64_t C);
-  Var forward(const Var& x) const;
+  // `codes`: the output's FP8 codes too (layernorm's contract).
+  Var forward(const Var& x, fp8::QuantizedRows* codes = nullptr) const;
 };
 
 struct RMSNormLayer {
@@ -169,7 +180,8 @@ struct RMSNormLayer {
   double eps = 1e-6;            // the MTP input norms' (kRMSNormEps); the llama family's is set
   RMSNormLayer() = default;
   RMSNormLayer(ParamRegistry& reg, const std::string& name, int64_t C, double eps = 1e-6);
-  Var forward(const Var& x) const;
+  // `codes`: the output's FP8 codes too (rmsnorm's contract).
+  Var forward(const Var& x, fp8::QuantizedRows* codes = nullptr) const;
 };
 
 // Whether a block's residual adds ride in the epilogue of the GEMM before them on CUDA when the
@@ -207,8 +219,10 @@ struct TransformerBlock {
   // (i32 [B, T], Note [document masking] in model/ops/segments.h) only within a document.
   Var forward(const Var& x, WeightAccess& w, const Tensor& segments = Tensor()) const;
   // residual + mlp_proj(gelu(fc(x))): fused on CUDA bf16 (model/ops/fused_mlp.h; without TP the
-  // residual rides in mlp_proj's GEMM epilogue), composed elsewhere.
-  Var mlp(const Var& x, const Var& residual, WeightAccess& w) const;
+  // residual rides in mlp_proj's GEMM epilogue), composed elsewhere. `xq`: x's FP8 codes, where
+  // fc.wants_fp8_codes(x) (Note [fp8 fused producers]).
+  Var mlp(const Var& x, const Var& residual, WeightAccess& w,
+          const fp8::QuantizedRows* xq = nullptr) const;
   // qkv(ln1(x)): on CUDA without keeping ln1's output (model/ops/norm_linear.h).
   Var qkv_of(const Var& x, WeightAccess& w) const;
   // The same block with another attention over the packed qkv [B, T, 3C] -> [B, T, C]

@@ -5,6 +5,7 @@
 #include "model/ops/add.h"
 #include "model/ops/add_norm.h"
 #include "model/ops/attention.h"
+#include "model/ops/fp8.h"
 #include "model/ops/fused_mlp.h"
 #include "model/ops/linear.h"
 #include "model/ops/norm.h"
@@ -63,6 +64,12 @@ LlamaBlock::LlamaBlock(ParamRegistry& reg, const std::string& name, const LlamaD
 // composed ops, bit for bit the same values.
 Var LlamaBlock::norm_linear(const RMSNormLayer& norm, const LinearLayer& lin, const Var& x,
                             WeightAccess& w) const {
+  // FP8 on CUDA: the norm writes the linear's FP8 input too (Note [fp8 fused producers]).
+  if (lin.wants_fp8_codes(x)) {
+    fp8::QuantizedRows codes;
+    const Var y = norm.forward(x, &codes);
+    return lin.forward(y, w, Var(), &codes);
+  }
   if (!recompute_act || lin.tp != nullptr || !fused_mlp_supported(x) || lin.fp8) {
     return lin.forward(norm.forward(x), w);
   }
@@ -121,11 +128,13 @@ Var LlamaBlock::mlp_after_gate_up(const Var& gu, const Var& residual, WeightAcce
     w.used(*down.weight, wd);
     return y;
   }
-  Var act = swiglu(gu);
+  fp8::QuantizedRows codes;  // SwiGLU writes down's FP8 input where down wants it
+  const fp8::QuantizedRows* xq = down.wants_fp8_codes(gu) ? &codes : nullptr;
+  Var act = swiglu(gu, xq != nullptr ? &codes : nullptr);
   if (gu.device().is_cuda() && down.tp == nullptr && residual_in_gemm()) {
-    return down.forward(act, w, residual);
+    return down.forward(act, w, residual, xq);
   }
-  return add(residual, down.forward(act, w));
+  return add(residual, down.forward(act, w, Var(), xq));
 }
 
 }  // namespace gtron

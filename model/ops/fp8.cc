@@ -4,11 +4,14 @@
 // Note [fp8 scratch]
 // Codes and scales live only from their quantizer to the GEMM that reads them: scratch tensors on
 // the op's stream, released as soon as the GEMM is queued (the allocator orders their reuse after
-// it). Nothing is kept from the forward for the backward: the backward quantizes x along the
-// tokens again, and the weight's transposed codes come from its QuantizedWeight (Note [fp8 weights
-// once a step] in fp8.h) or are made again, so the FP8 path holds no more activation memory
-// between the passes than the bf16 one.
+// it); the input codes a producer wrote (Note [fp8 fused producers] in fp8.h) live the same way,
+// from the producer to the forward product. Nothing is kept from the forward for the backward: the
+// backward quantizes x along the tokens again, and the weight's transposed codes come from its
+// QuantizedWeight (Note [fp8 weights once a step] in fp8.h) or are made again, so the FP8 path
+// holds no more activation memory between the passes than the bf16 one.
 #include "model/ops/fp8.h"
+
+#include <atomic>
 
 #include "model/check.h"
 #include "model/cuda/gemm.h"
@@ -79,7 +82,21 @@ void fp8_product(const Quantized& a, const Quantized& b, cuda::Fp8Scales b_scale
   cuda::gemm(g, s.native());
 }
 
+std::atomic<bool> g_fused_producers{true};  // false: set_fused_producers_for_testing
+std::atomic<int64_t> g_inputs_handed_in{0}, g_inputs_quantized{0};  // forward_input_counts()
+
 }  // namespace
+
+void set_fused_producers_for_testing(bool on) {
+  g_fused_producers.store(on, std::memory_order_relaxed);
+}
+
+bool fused_producers() { return g_fused_producers.load(std::memory_order_relaxed); }
+
+ForwardInputCounts forward_input_counts() {
+  return ForwardInputCounts{g_inputs_handed_in.load(std::memory_order_relaxed),
+                            g_inputs_quantized.load(std::memory_order_relaxed)};
+}
 
 QuantizedWeight cuda_quantize_weight(const Tensor& w, Stream& s) {
   GTRON_CHECK(w.shape().rank() == 2, "fp8 weight: rank ", w.shape().rank(), "; expected [N, K]");
@@ -100,16 +117,31 @@ void cuda_requantize_weight(const Tensor& w, QuantizedWeight& out, Stream& s) {
                             out.st.data<float>(), s.native());
 }
 
+QuantizedRows scratch_rows(int64_t R, int64_t K, Stream& s) {
+  return QuantizedRows{scratch_bytes(R * K, s), scratch_floats(row_scale_floats(R, K), s)};
+}
+
 void cuda_forward(const Tensor& x, const Tensor& w, const void* bias, DType bias_dtype, Tensor& y,
                   const void* residual, int64_t N, int64_t Cin, int64_t Cout, Stream& s,
-                  const QuantizedWeight* wq) {
+                  const QuantizedWeight* wq, const QuantizedRows* xq) {
   GTRON_CHECK(cuda::fp8_gemm_ok(N, Cin, Cout) && x.dtype() == DType::kBF16, "fp8 linear: ", N,
               " rows, Cin ", Cin, ", Cout ", Cout, ", ", dtype_name(x.dtype()));
-  Quantized xq = scratch(N * Cin, row_scale_floats(N, Cin), s);
-  cuda::fp8_quantize_rows(x.raw(), N, Cin, xq.q(), xq.sc(), s.native());
+  Quantized xc;
+  if (xq != nullptr) {  // Note [fp8 fused producers]: x's producer wrote them
+    GTRON_CHECK(xq->q.nbytes() >= static_cast<size_t>(N * Cin) &&
+                    xq->s.numel() >= row_scale_floats(N, Cin) && xq->s.dtype() == DType::kF32,
+                "fp8 linear: the input codes handed in are smaller than the [", N, ", ", Cin,
+                "] input");
+    xc = Quantized{xq->q, xq->s};
+    g_inputs_handed_in.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    xc = scratch(N * Cin, row_scale_floats(N, Cin), s);
+    cuda::fp8_quantize_rows(x.raw(), N, Cin, xc.q(), xc.sc(), s.native());
+    g_inputs_quantized.fetch_add(1, std::memory_order_relaxed);
+  }
   const Quantized wb = wq != nullptr ? Quantized{wq->q, wq->s}
                                      : quantize_weight(w, Cout, Cin, /*transposed=*/false, s);
-  fp8_product(xq, wb, cuda::Fp8Scales::kBlocks, y.raw(), DType::kBF16, 0.0f, N, Cout, Cin, s, bias,
+  fp8_product(xc, wb, cuda::Fp8Scales::kBlocks, y.raw(), DType::kBF16, 0.0f, N, Cout, Cin, s, bias,
               bias_dtype, residual);
 }
 

@@ -98,14 +98,54 @@ struct QuantizedWeight {
   Tensor qt, st;  // the transposed codes [K, N], blocks-layout scales of the [K, N] matrix
 };
 
+// Note [fp8 fused producers]
+// The forward product reads its input x as 1x128 tiles along K. Quantized by the linear, that is
+// one more pass over x: read N·K bf16, write N·K codes and their scales, after the kernel that
+// wrote x. Where x comes straight from a row-wise kernel (llama's attn_norm and mlp_norm, GPT-2's
+// ln_1 and ln_2, SwiGLU, GELU), that kernel already holds each value as it stores it, so it
+// writes the codes and scales too, in the same pass: the linear's read of x (2·N·K bytes) and
+// its launch are gone. The producer quantizes the value it stores (rounded to bf16), through the
+// same tile arithmetic (fp8_tile.cuh), so its codes and scales equal fp8_quantize_rows of its
+// output bit for bit, and the losses and gradients do not depend on which path made them
+// (tests/model/fp8_fused_cuda_test.cc). The codes (QuantizedRows) are scratch on the stream that
+// lives from the producer to the linear's forward product (Note [fp8 scratch] in fp8.cc); the
+// bf16 output is still written and kept, for the backward (the wgrad quantizes x along the
+// tokens from it, and recomputation re-forms it: the recomputed producer writes the same codes).
+// The blocks ask for the codes (LinearLayer::wants_fp8_codes) only where the linear will read
+// them: FP8 on CUDA, not split over TP (a split's seams sit between the two), sizes for which
+// cuda::fp8_gemm_ok holds; set_fused_producers_for_testing(false) turns the fusion off for the
+// process, for tests that compare the two paths. A producer kernel tiles its rows when each lane
+// holds 16-byte packs (bf16, K % 128 == 0, aligned); otherwise it writes bf16 and then runs
+// fp8_quantize_rows, the same codes.
+struct QuantizedRows {
+  Tensor q;  // codes of x [R, K] (as the u8 bytes of a tensor)
+  Tensor s;  // rows-layout scales [ceil(K/128), R] (Note [fp8 layouts])
+};
+// Codes and scales of an [R, K] matrix in rows layout, scratch on `s`.
+QuantizedRows scratch_rows(int64_t R, int64_t K, Stream& s);
+
+// Whether the blocks hand producer-made codes to their FP8 linears (Note [fp8 fused producers]).
+// Process-wide, read when a block's forward is recorded; true unless a test says otherwise.
+void set_fused_producers_for_testing(bool on);
+bool fused_producers();
+// The forward products cuda_forward has queued since the process started (a graph's products
+// count once, at capture): those that read codes handed in by x's producer, and those that
+// quantized x themselves. Process-wide, for tests.
+struct ForwardInputCounts {
+  int64_t handed_in = 0;
+  int64_t quantized = 0;
+};
+ForwardInputCounts forward_input_counts();
+
 // The CUDA FP8 linear over bf16 activations, scratch from the caching allocator on `s`; the
 // contracts of cuda::linear_forward / cuda::linear_backward (model/ops/linear.h) with act = bf16
 // and no bias gradient (the caller sums dy's columns). REQUIRES: cuda::fp8_gemm_ok(N, Cin, Cout);
 // w (the bf16 shadow) [Cout, Cin]. `wq`: w's codes made beforehand (Note [fp8 weights once a
-// step]), or null to quantize w here.
+// step]), or null to quantize w here. `xq`: x's codes made by its producer (Note [fp8 fused
+// producers]; at least N·Cin codes and row_scale_floats(N, Cin) scales), or null to quantize x.
 void cuda_forward(const Tensor& x, const Tensor& w, const void* bias, DType bias_dtype, Tensor& y,
                   const void* residual, int64_t N, int64_t Cin, int64_t Cout, Stream& s,
-                  const QuantizedWeight* wq = nullptr);
+                  const QuantizedWeight* wq = nullptr, const QuantizedRows* xq = nullptr);
 void cuda_backward(const Tensor& x, const Tensor& w, const Tensor& dy, void* dx, bool dx_overwrite,
                    Tensor* dw, bool dw_overwrite, int64_t N, int64_t Cin, int64_t Cout, Stream& s,
                    const QuantizedWeight* wq = nullptr);

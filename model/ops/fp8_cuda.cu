@@ -1,39 +1,21 @@
 // The CUDA FP8 quantizers (Note [fp8 recipe], [fp8 layouts] in fp8.h): the same codes and scales
 // as the CPU reference (fp8_cpu.cc) bit for bit: power-of-two scales make the scaling exact, and
-// cvt.rn.satfinite rounds like encode_e4m3.
+// cvt.rn.satfinite rounds like encode_e4m3 (the tile arithmetic: fp8_tile.cuh).
 //
 // Each is one pass over its input (bf16 activations and gradients; the weight in fp32 or bf16):
 // amax of the tile, its scale, then the codes. A tile with a non-finite value gets a NaN scale and
 // NaN codes (0x7f), as on the CPU.
-#include <cuda_fp8.h>
-
 #include <cmath>
 
 #include "model/cuda/kernel_util.cuh"
 #include "model/ops/fp8.h"
+#include "model/ops/fp8_tile.cuh"
 
 namespace gtron::cuda {
 
 namespace {
 
 constexpr int kTile = static_cast<int>(fp8::kTile);
-
-// scale_exponent() of fp8_cpu.cc.
-__device__ __forceinline__ int scale_exponent(float amax) {
-  if (amax == 0.0f) return 0;
-  int e2 = 0;
-  const float f = frexpf(amax, &e2);
-  const int e = e2 - 9 + (f > 0.875f ? 1 : 0);
-  return min(max(e, -126), 127);
-}
-
-// Code of x in a tile of scale exponent e (bad: the tile holds a non-finite value).
-__device__ __forceinline__ uint8_t encode(float x, int e, bool bad) {
-  if (bad) return 0x7f;
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(ldexpf(x, -e), __NV_SATFINITE, __NV_E4M3));
-}
-
-__device__ __forceinline__ float scale_of(int e, bool bad) { return bad ? NAN : ldexpf(1.0f, e); }
 
 __device__ __forceinline__ float load(const bf16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ float load(const float* p) { return *p; }
@@ -58,11 +40,11 @@ __global__ void quantize_rows_kernel(const bf16* __restrict__ x, int64_t R, int6
   }
   bad = __any_sync(0xffffffffu, bad);
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const int e = bad ? 0 : scale_exponent(amax);
+  const int e = bad ? 0 : e4m3_scale_exponent(amax);
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    if (k0 + i < K) q[r * K + k0 + i] = encode(v[i], e, bad);
-  if (lane == 0) s[kb * R + r] = scale_of(e, bad);
+    if (k0 + i < K) q[r * K + k0 + i] = e4m3_encode(v[i], e, bad);
+  if (lane == 0) s[kb * R + r] = e4m3_scale(e, bad);
 }
 
 // A 128 (rows) x 64 (columns) tile of x[R, K] per block of 256 threads: each column's 128 values
@@ -92,14 +74,14 @@ __global__ void quantize_cols_kernel(const bf16* __restrict__ x, int64_t R, int6
     bad |= __shfl_xor_sync(0xffffffffu, static_cast<int>(bad), o) != 0;
   }
   if (c0 + c >= K) return;
-  const int e = bad ? 0 : scale_exponent(amax);
+  const int e = bad ? 0 : e4m3_scale_exponent(amax);
   uint8_t codes[32];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) codes[i] = encode(tile[part * 32 + i][c], e, bad);
+  for (int i = 0; i < 32; ++i) codes[i] = e4m3_encode(tile[part * 32 + i][c], e, bad);
   uint4* dst = reinterpret_cast<uint4*>(qt + (c0 + c) * R + r0 + part * 32);
   dst[0] = *reinterpret_cast<const uint4*>(codes);
   dst[1] = *reinterpret_cast<const uint4*>(codes + 16);
-  if (part == 0) st[(r0 / kTile) * K + c0 + c] = scale_of(e, bad);
+  if (part == 0) st[(r0 / kTile) * K + c0 + c] = e4m3_scale(e, bad);
 }
 
 // One 128x128 tile of x[R, K] per block of 256 threads, read once: its 128 row tiles (1x128
@@ -132,12 +114,13 @@ __global__ void quantize_rows_cols_kernel(const bf16* __restrict__ x, int64_t R,
     }
     bad = __any_sync(0xffffffffu, bad);
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const int e = bad ? 0 : scale_exponent(amax);
+    const int e = bad ? 0 : e4m3_scale_exponent(amax);
     uint32_t packed = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) packed |= static_cast<uint32_t>(encode(v[i], e, bad)) << (8 * i);
+    for (int i = 0; i < 4; ++i)
+      packed |= static_cast<uint32_t>(e4m3_encode(v[i], e, bad)) << (8 * i);
     *reinterpret_cast<uint32_t*>(q + (r0 + r) * K + c0 + 4 * lane) = packed;
-    if (lane == 0) s[blockIdx.x * R + r0 + r] = scale_of(e, bad);
+    if (lane == 0) s[blockIdx.x * R + r0 + r] = e4m3_scale(e, bad);
   }
   // Column tiles: two adjacent threads a column, 64 rows each.
   const int c = threadIdx.x / 2, part = threadIdx.x % 2;
@@ -150,17 +133,17 @@ __global__ void quantize_rows_cols_kernel(const bf16* __restrict__ x, int64_t R,
   }
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
   bad |= __shfl_xor_sync(0xffffffffu, static_cast<int>(bad), 1) != 0;
-  const int e = bad ? 0 : scale_exponent(amax);
+  const int e = bad ? 0 : e4m3_scale_exponent(amax);
   uint8_t* dst = qt + (c0 + c) * R + r0 + part * 64;
 #pragma unroll
   for (int chunk = 0; chunk < 4; ++chunk) {
     uint8_t codes[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i)
-      codes[i] = encode(__bfloat162float(tile[part * 64 + chunk * 16 + i][c]), e, bad);
+      codes[i] = e4m3_encode(__bfloat162float(tile[part * 64 + chunk * 16 + i][c]), e, bad);
     reinterpret_cast<uint4*>(dst)[chunk] = *reinterpret_cast<const uint4*>(codes);
   }
-  if (part == 0) st[(r0 / kTile) * K + c0 + c] = scale_of(e, bad);
+  if (part == 0) st[(r0 / kTile) * K + c0 + c] = e4m3_scale(e, bad);
 }
 
 // One 128x128 block of w[N, K] per block of 256 threads: codes as stored (q) and transposed (qt),
@@ -191,11 +174,11 @@ __global__ void quantize_blocks_kernel(const T* __restrict__ w, int64_t N, int64
   __syncthreads();
   amax = 0.0f;
   for (int i = 0; i < static_cast<int>(blockDim.x / 32); ++i) amax = fmaxf(amax, warp_max[i]);
-  const int e = bad ? 0 : scale_exponent(amax);
+  const int e = bad ? 0 : e4m3_scale_exponent(amax);
   for (int i = threadIdx.x; i < kTile * kTile; i += blockDim.x) {
     const int r = i / kTile, c = i % kTile;
     if (r < rows && c < cols) {
-      const uint8_t code = encode(load(w + (n0 + r) * K + k0 + c), e, bad);
+      const uint8_t code = e4m3_encode(load(w + (n0 + r) * K + k0 + c), e, bad);
       if (q != nullptr) q[(n0 + r) * K + k0 + c] = code;
       codes[r][c] = code;
     }
@@ -204,12 +187,12 @@ __global__ void quantize_blocks_kernel(const T* __restrict__ w, int64_t N, int64
   const int64_t ld = (tiles_k + 3) / 4 * 4, ld_t = (tiles_n + 3) / 4 * 4;
   if (threadIdx.x == 0) {
     if (s != nullptr) {
-      s[blockIdx.y * ld + blockIdx.x] = scale_of(e, bad);
+      s[blockIdx.y * ld + blockIdx.x] = e4m3_scale(e, bad);
       if (blockIdx.x == tiles_k - 1)
         for (int64_t j = tiles_k; j < ld; ++j) s[blockIdx.y * ld + j] = 0.0f;
     }
     if (st != nullptr) {
-      st[blockIdx.x * ld_t + blockIdx.y] = scale_of(e, bad);
+      st[blockIdx.x * ld_t + blockIdx.y] = e4m3_scale(e, bad);
       if (blockIdx.y == tiles_n - 1)
         for (int64_t j = tiles_n; j < ld_t; ++j) st[blockIdx.x * ld_t + j] = 0.0f;
     }

@@ -1,16 +1,27 @@
 #include "model/ops/gelu.h"
 
+#include "model/ops/fp8.h"
 #include "model/stream.h"
 
 namespace gtron {
 
-Var gelu(const Var& x) {
+Var gelu(const Var& x, fp8::QuantizedRows* codes) {
   const int64_t n = x.value().numel();
   Device dev = x.device();
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), dev, &s);
+  int64_t K = 0;           // the rows' width, with codes
+  if (codes != nullptr) {  // Note [fp8 fused producers]
+    GTRON_CHECK(dev.is_cuda() && x.dtype() == DType::kBF16 && x.shape().rank() >= 1,
+                "gelu: fp8 codes of the output on CUDA in bf16 only; got ", dtype_name(x.dtype()),
+                " on ", dev.str());
+    K = x.shape()[x.shape().rank() - 1];
+    *codes = fp8::scratch_rows(K > 0 ? n / K : 0, K, s);
+  }
   if (dev.is_cuda()) {
-    cuda::gelu_forward(x.value().raw(), y.raw(), n, x.dtype(), s.native());
+    cuda::gelu_forward(x.value().raw(), y.raw(), n, x.dtype(), s.native(),
+                       codes ? static_cast<uint8_t*>(codes->q.raw()) : nullptr,
+                       codes ? codes->s.data<float>() : nullptr, K);
   } else {
     dispatch_float(x.dtype(), [&](auto tag) {
       using T = decltype(tag);

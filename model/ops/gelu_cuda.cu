@@ -1,8 +1,12 @@
 // GELU (tanh approximation) on CUDA. Memory-bound elementwise: thread i owns elements
 // [i·kV, i·kV + kV), moved as 16-byte packs when every operand is aligned, the last partial pack
 // element by element. fp32 math with the accurate tanhf (not the fast approximation), so f32
-// results track the CPU kernel to a few ulps.
+// results track the CPU kernel to a few ulps. With FP8 codes of the output wanted (Note [fp8
+// fused producers] in model/ops/fp8.h) over rows of K % 128 == 0, 16 threads' packs are one 1x128
+// tile of a row, which they quantize as they store it.
 #include "model/cuda/kernel_util.cuh"
+#include "model/ops/fp8.h"
+#include "model/ops/fp8_tile.cuh"
 #include "model/ops/gelu.h"
 
 namespace gtron::cuda {
@@ -25,8 +29,11 @@ __device__ __forceinline__ float gelu_grad(float x) {
   return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
 }
 
-template <typename T, int kV>
-__global__ void gelu_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
+// y = gelu(x); with kQ also y's FP8 codes as rows of codes.K (kV = 8, n a multiple of K and K of
+// 128: every live thread takes the packed branch, and half-warps leave the grid together).
+template <typename T, int kV, bool kQ>
+__global__ void gelu_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n,
+                                    RowCodes codes) {
   const int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kV;
   if (base + kV <= n) {
     float v[kV];
@@ -34,6 +41,13 @@ __global__ void gelu_forward_kernel(const T* __restrict__ x, T* __restrict__ y, 
 #pragma unroll
     for (int k = 0; k < kV; ++k) v[k] = gelu(v[k]);
     store_floats<kV>(y + base, v);
+    if constexpr (kQ) {
+      static_assert(kV == 8, "fp8 codes from 16-byte bf16 packs only");
+#pragma unroll
+      for (int k = 0; k < kV; ++k) v[k] = to_float(from_float<T>(v[k]));  // as stored
+      const int64_t r = base / codes.K;
+      codes.put(v, r, base - r * codes.K);
+    }
   } else {
     for (int64_t e = base; e < n; ++e) y[e] = from_float<T>(gelu(to_float(x[e])));
   }
@@ -64,20 +78,33 @@ __global__ void gelu_backward_kernel(const T* __restrict__ x, const T* __restric
 
 }  // namespace
 
-void gelu_forward(const void* x, void* y, int64_t n, DType act, void* stream) {
+void gelu_forward(const void* x, void* y, int64_t n, DType act, void* stream, uint8_t* q, float* qs,
+                  int64_t K) {
+  GTRON_CHECK(q == nullptr || (act == DType::kBF16 && K > 0 && n % K == 0), "gelu: fp8 codes of ",
+              n, " ", dtype_name(act), " values as rows of ", K, "; expected bf16 rows");
   if (n == 0) return;
+  const RowCodes codes{q, qs, q ? n / K : 0, K};
   dispatch_act("gelu", act, [&](auto tag) {
     using T = decltype(tag);
     constexpr int kV = kPack<T>;
     const auto* xp = static_cast<const T*>(x);
     auto* yp = static_cast<T*>(y);
     auto st = static_cast<cudaStream_t>(stream);
-    if (is_aligned(x, 16) && is_aligned(y, 16)) {
-      gelu_forward_kernel<T, kV><<<pack_blocks(n, kV), 256, 0, st>>>(xp, yp, n);
+    const bool packed = is_aligned(x, 16) && is_aligned(y, 16);
+    if constexpr (kV == 8) {
+      if (q != nullptr && packed && K % fp8::kTile == 0 && is_aligned(q, 8)) {
+        gelu_forward_kernel<T, kV, true><<<pack_blocks(n, kV), 256, 0, st>>>(xp, yp, n, codes);
+        CUDA_CHECK_LAUNCH();
+        return;
+      }
+    }
+    if (packed) {
+      gelu_forward_kernel<T, kV, false><<<pack_blocks(n, kV), 256, 0, st>>>(xp, yp, n, RowCodes{});
     } else {
-      gelu_forward_kernel<T, 1><<<pack_blocks(n, 1), 256, 0, st>>>(xp, yp, n);
+      gelu_forward_kernel<T, 1, false><<<pack_blocks(n, 1), 256, 0, st>>>(xp, yp, n, RowCodes{});
     }
     CUDA_CHECK_LAUNCH();
+    if (q != nullptr) fp8_quantize_rows(y, n / K, K, q, qs, stream);  // a layout tiles do not fit
   });
 }
 

@@ -10,7 +10,7 @@
 namespace gtron {
 
 Var linear(const Var& x, const Var& w, const Var& b, const Var& residual, bool fp8,
-           const fp8::QuantizedWeight* wq) {
+           const fp8::QuantizedWeight* wq, const fp8::QuantizedRows* xq) {
   if (residual.defined() && !x.device().is_cuda()) {
     return add(residual, linear(x, w, b, Var(), fp8));
   }
@@ -48,7 +48,7 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual, bool f
     fp8::cuda_forward(x.value(), w.value(), b.defined() ? b.value().raw() : nullptr,
                       b.defined() ? b.dtype() : x.dtype(), y,
                       residual.defined() ? residual.value().raw() : nullptr, N, Cin, Cout, s,
-                      have_wq ? &wcodes : nullptr);
+                      have_wq ? &wcodes : nullptr, xq);
   } else if (dev.is_cuda()) {
     cuda::linear_forward(x.value().raw(), w.value().raw(), b.defined() ? b.value().raw() : nullptr,
                          b.defined() ? b.dtype() : x.dtype(), y.raw(), N, Cin, Cout, x.dtype(),

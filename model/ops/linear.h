@@ -9,7 +9,8 @@ namespace gtron {
 
 namespace fp8 {
 struct QuantizedWeight;
-}
+struct QuantizedRows;
+}  // namespace fp8
 
 // x: [N, Cin] (any leading shape flattening to N rows), w: [Cout, Cin], b: [Cout] or undefined.
 // Returns y: x's leading shape with last dim Cout.
@@ -19,9 +20,11 @@ struct QuantizedWeight;
 // With `fp8`, the three products run in FP8 (Note [fp8 recipe] in model/ops/fp8.h): on CUDA over
 // bf16 activations where cuda::fp8_gemm_ok(N, Cin, Cout) (else the bf16 products), on the CPU as
 // its quantize-dequantize emulation. `wq` (CUDA FP8 only; else ignored): w's codes made beforehand
-// (Note [fp8 weights once a step] in model/ops/fp8.h), or null to quantize w in the op.
+// (Note [fp8 weights once a step] in model/ops/fp8.h), or null to quantize w in the op. `xq`
+// (likewise): x's codes written by x's producer (Note [fp8 fused producers]), read by the forward
+// product instead of quantizing x; the backward still reads x.
 Var linear(const Var& x, const Var& w, const Var& b, const Var& residual = Var(), bool fp8 = false,
-           const fp8::QuantizedWeight* wq = nullptr);
+           const fp8::QuantizedWeight* wq = nullptr, const fp8::QuantizedRows* xq = nullptr);
 
 namespace cpu {
 template <typename T>

@@ -2,6 +2,7 @@
 
 #include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
+#include "model/ops/fp8.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
 
@@ -14,6 +15,22 @@ Tensor row_stats(const Var& x, int64_t N, Stream& s) {
   const DType t = x.device().is_cuda() ? DType::kF32 : x.dtype();
   return Tensor::empty(Shape{N}, t, x.device(), &s);
 }
+
+// Scratch for the FP8 codes of a norm's output, when asked for (Note [fp8 fused producers]).
+void make_codes(const char* op, const Var& x, int64_t N, int64_t C, fp8::QuantizedRows* codes,
+                Stream& s) {
+  if (codes == nullptr) return;
+  GTRON_CHECK(x.device().is_cuda() && x.dtype() == DType::kBF16, op,
+              ": fp8 codes of the output on CUDA in bf16 only; got ", dtype_name(x.dtype()), " on ",
+              x.device().str());
+  *codes = fp8::scratch_rows(N, C, s);
+}
+
+uint8_t* codes_q(fp8::QuantizedRows* codes) {
+  return codes ? static_cast<uint8_t*>(codes->q.raw()) : nullptr;
+}
+
+float* codes_s(fp8::QuantizedRows* codes) { return codes ? codes->s.data<float>() : nullptr; }
 
 }  // namespace
 
@@ -37,7 +54,8 @@ void layernorm_backward_cuda(const Var& x, const Var& gamma, const Var& beta, co
   }
 }
 
-Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps) {
+Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps,
+              fp8::QuantizedRows* codes) {
   GTRON_CHECK(x.shape().rank() >= 1, "layernorm: x must have a feature dim; got ", x.shape().str());
   const int64_t C = x.shape()[x.shape().rank() - 1];
   const int64_t N = C > 0 ? x.value().numel() / C : 0;
@@ -51,10 +69,11 @@ Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps) {
   Tensor y = Tensor::empty(x.shape(), x.dtype(), dev, &s);
   Tensor mean = row_stats(x, N, s);  // [N]
   Tensor rstd = row_stats(x, N, s);  // [N]
+  make_codes("layernorm", x, N, C, codes, s);
   if (dev.is_cuda()) {
     cuda::layernorm_forward(x.value().raw(), gamma.value().raw(), beta.value().raw(), gamma.dtype(),
                             y.raw(), mean.data<float>(), rstd.data<float>(), N, C, eps, x.dtype(),
-                            s.native());
+                            s.native(), codes_q(codes), codes_s(codes));
   } else {
     dispatch_float(x.dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -95,7 +114,7 @@ Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps) {
   return out;
 }
 
-Var rmsnorm(const Var& x, const Var& gamma, double eps) {
+Var rmsnorm(const Var& x, const Var& gamma, double eps, fp8::QuantizedRows* codes) {
   GTRON_CHECK(x.shape().rank() >= 1, "rmsnorm: x must have a feature dim; got ", x.shape().str());
   const int64_t C = x.shape()[x.shape().rank() - 1];
   const int64_t N = C > 0 ? x.value().numel() / C : 0;
@@ -106,9 +125,11 @@ Var rmsnorm(const Var& x, const Var& gamma, double eps) {
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), dev, &s);
   Tensor rrms = row_stats(x, N, s);  // [N]
+  make_codes("rmsnorm", x, N, C, codes, s);
   if (dev.is_cuda()) {
     cuda::rmsnorm_forward(x.value().raw(), gamma.value().raw(), gamma.dtype(), y.raw(),
-                          rrms.data<float>(), N, C, eps, x.dtype(), s.native());
+                          rrms.data<float>(), N, C, eps, x.dtype(), s.native(), codes_q(codes),
+                          codes_s(codes));
   } else {
     dispatch_float(x.dtype(), [&](auto tag) {
       using T = decltype(tag);

@@ -9,12 +9,20 @@
 
 namespace gtron {
 
+namespace fp8 {
+struct QuantizedRows;
+}  // namespace fp8
+
 constexpr double kLayerNormEps = 1e-5;
 constexpr double kRMSNormEps = 1e-6;
 
 // x: [..., C], gamma, beta: [C]. y = (x − mean) / sqrt(var + eps) · gamma + beta (biased var).
 // Backward accumulates into dx, dgamma, dbeta.
-Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps = kLayerNormEps);
+// With `codes`: y's FP8 codes as well (Note [fp8 fused producers] in model/ops/fp8.h), the rows
+// layout fp8_quantize_rows makes of y, written into new scratch on the stream in the same pass
+// as y. REQUIRES (codes): x on CUDA in bf16.
+Var layernorm(const Var& x, const Var& gamma, const Var& beta, double eps = kLayerNormEps,
+              fp8::QuantizedRows* codes = nullptr);
 
 // The CUDA LayerNorm backward of layernorm (and of the ops that contain one) for the output
 // gradient dy: accumulates into the gradients of x, gamma and beta (those that want one), from the
@@ -25,8 +33,9 @@ void layernorm_backward_cuda(const Var& x, const Var& gamma, const Var& beta, co
                              const Tensor& rstd, const Tensor& dy, int64_t N, int64_t C, Stream& s);
 
 // x: [..., C], gamma: [C]. y = x / sqrt(mean(x²) + eps) · gamma.
-// Backward accumulates into dx, dgamma.
-Var rmsnorm(const Var& x, const Var& gamma, double eps = kRMSNormEps);
+// Backward accumulates into dx, dgamma. `codes`: as layernorm's.
+Var rmsnorm(const Var& x, const Var& gamma, double eps = kRMSNormEps,
+            fp8::QuantizedRows* codes = nullptr);
 
 namespace cpu {
 // N rows of C. Also writes the row statistics the backward reuses: mean[N] and rstd[N]
@@ -55,10 +64,12 @@ namespace cuda {
 bool norm_fast();
 void set_norm_fast(bool on);
 // N rows of C, one warp per row. x, y, dy, dx in `act` (f32 or bf16); gamma, beta in `param`
-// (act, or f32 with bf16 activations); statistics and parameter gradients in f32.
+// (act, or f32 with bf16 activations); statistics and parameter gradients in f32. With `q` (act
+// bf16): also y's FP8 codes q[N, C] and rows-layout scales qs (what fp8_quantize_rows makes of y;
+// Note [fp8 fused producers] in model/ops/fp8.h), in the same pass where the layout allows.
 void layernorm_forward(const void* x, const void* gamma, const void* beta, DType param, void* y,
                        float* mean, float* rstd, int64_t N, int64_t C, double eps, DType act,
-                       void* stream);
+                       void* stream, uint8_t* q = nullptr, float* qs = nullptr);
 // Floats of scratch the backward of layernorm (and of rmsnorm) needs for parameter gradients.
 int64_t layernorm_backward_scratch_floats(int64_t N, int64_t C);
 int64_t rmsnorm_backward_scratch_floats(int64_t N, int64_t C);
@@ -72,8 +83,10 @@ bool layernorm_backward(const void* x, const void* gamma, DType param, const flo
                         float* scratch, int64_t N, int64_t C, DType act, void* stream,
                         bool dx_partials = false);
 int64_t layernorm_dx_partial_chunks(int64_t N);
+// `q`, `qs`: as layernorm_forward's.
 void rmsnorm_forward(const void* x, const void* gamma, DType param, void* y, float* rrms, int64_t N,
-                     int64_t C, double eps, DType act, void* stream);
+                     int64_t C, double eps, DType act, void* stream, uint8_t* q = nullptr,
+                     float* qs = nullptr);
 // Accumulates dx (act) and dgamma (f32); either may be null.
 void rmsnorm_backward(const void* x, const void* gamma, DType param, const float* rrms,
                       const void* dy, void* dx, float* dgamma, float* scratch, int64_t N, int64_t C,

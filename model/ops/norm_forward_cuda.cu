@@ -29,6 +29,8 @@
 #include "model/cuda/kernel_util.cuh"
 #include "model/ops/add.h"
 #include "model/ops/add_norm.h"
+#include "model/ops/fp8.h"
+#include "model/ops/fp8_tile.cuh"
 #include "model/ops/norm.h"
 #include "model/ops/norm_cuda.cuh"
 
@@ -76,11 +78,14 @@ struct SumRow {  // h = x + a, rounded to T as add's kernel rounds it; first() a
   }
 };
 
-// yr[c, c + kV) = (v − mu)·rs·gamma (+ beta): one pack of a row's output.
-template <int kV, bool kLN, typename T, typename P>
+// yr[c, c + kV) = (v − mu)·rs·gamma (+ beta): one pack of a row's output; with kQ also its FP8
+// codes, from the values as stored (Note [fp8 fused producers] in model/ops/fp8.h: a half-warp's
+// 16 packs of 8 are one 1x128 tile of the row).
+template <int kV, bool kLN, bool kQ, typename T, typename P>
 __device__ __forceinline__ void store_normalized(const float (&v)[kV], const P* __restrict__ gamma,
                                                  const P* __restrict__ beta, T* __restrict__ yr,
-                                                 int c, float mu, float rs) {
+                                                 int c, float mu, float rs, const RowCodes& codes,
+                                                 int64_t row) {
   float g[kV], out[kV];
   load_floats<kV>(gamma + c, g);
 #pragma unroll
@@ -92,14 +97,21 @@ __device__ __forceinline__ void store_normalized(const float (&v)[kV], const P* 
     for (int k = 0; k < kV; ++k) out[k] += b[k];
   }
   store_floats<kV>(yr + c, out);
+  if constexpr (kQ) {
+    static_assert(kV == 8, "fp8 codes from 16-byte bf16 packs only");
+#pragma unroll
+    for (int k = 0; k < kV; ++k) out[k] = to_float(from_float<T>(out[k]));
+    codes.put(out, row, c);
+  }
 }
 
 // One warp normalizes one row: y = (v − mean)·rstd·gamma (+ beta) of the row `src` yields;
 // returns mean (0 for RMS) and rstd in *m and *r (every lane). Streaming: three reads of the row.
-template <typename T, typename P, int kV, bool kLN, typename Row>
+template <typename T, typename P, int kV, bool kLN, bool kQ, typename Row>
 __device__ __forceinline__ void norm_row_forward(const Row& src, const P* __restrict__ gamma,
                                                  const P* __restrict__ beta, T* __restrict__ yr,
-                                                 int C, float eps, int lane, float* m, float* r) {
+                                                 int C, float eps, int lane, float* m, float* r,
+                                                 const RowCodes& codes, int64_t row) {
   float mu = 0.0f;
   if constexpr (kLN) {
     float sum = 0.0f;
@@ -126,7 +138,7 @@ __device__ __forceinline__ void norm_row_forward(const Row& src, const P* __rest
   for (int c = lane * kV; c < C; c += 32 * kV) {
     float v[kV];
     src.again(c, v);
-    store_normalized<kV, kLN>(v, gamma, beta, yr, c, mu, rs);
+    store_normalized<kV, kLN, kQ>(v, gamma, beta, yr, c, mu, rs, codes, row);
   }
   *m = mu;
   *r = rs;
@@ -134,10 +146,11 @@ __device__ __forceinline__ void norm_row_forward(const Row& src, const P* __rest
 
 // norm_row_forward with the lane's kPacks packs read once into registers (Note
 // [register-resident norm forward]): the same expressions in the same order.
-template <typename T, typename P, int kV, int kPacks, bool kLN, typename Row>
+template <typename T, typename P, int kV, int kPacks, bool kLN, bool kQ, typename Row>
 __device__ __forceinline__ void norm_row_resident(const Row& src, const P* __restrict__ gamma,
                                                   const P* __restrict__ beta, T* __restrict__ yr,
-                                                  int C, float eps, int lane, float* m, float* r) {
+                                                  int C, float eps, int lane, float* m, float* r,
+                                                  const RowCodes& codes, int64_t row) {
   Pack<T, kV> v[kPacks];
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
@@ -172,24 +185,28 @@ __device__ __forceinline__ void norm_row_resident(const Row& src, const P* __res
     float f[kV];
 #pragma unroll
     for (int k = 0; k < kV; ++k) f[k] = to_float(v[j].v[k]);
-    store_normalized<kV, kLN>(f, gamma, beta, yr, c, mu, rs);
+    store_normalized<kV, kLN, kQ>(f, gamma, beta, yr, c, mu, rs, codes, row);
   }
   *m = mu;
   *r = rs;
 }
 
-// The row of warp `threadIdx.x / 32`, streamed (kPacks = 0) or register-resident.
-template <typename T, typename P, int kV, int kPacks, bool kLN, typename Row>
+// The row of warp `threadIdx.x / 32`, streamed (kPacks = 0) or register-resident; with kQ also
+// its FP8 codes into `codes`.
+template <typename T, typename P, int kV, int kPacks, bool kLN, bool kQ = false, typename Row>
 __device__ __forceinline__ void normalize_row(const Row& src, const P* __restrict__ gamma,
                                               const P* __restrict__ beta, T* __restrict__ y,
                                               float* __restrict__ mean, float* __restrict__ rstd,
-                                              int64_t row, int C, float eps) {
+                                              int64_t row, int C, float eps,
+                                              const RowCodes& codes = RowCodes{}) {
   const int lane = threadIdx.x % 32;
   float m, r;
   if constexpr (kPacks == 0) {
-    norm_row_forward<T, P, kV, kLN>(src, gamma, beta, y + row * C, C, eps, lane, &m, &r);
+    norm_row_forward<T, P, kV, kLN, kQ>(src, gamma, beta, y + row * C, C, eps, lane, &m, &r, codes,
+                                        row);
   } else {
-    norm_row_resident<T, P, kV, kPacks, kLN>(src, gamma, beta, y + row * C, C, eps, lane, &m, &r);
+    norm_row_resident<T, P, kV, kPacks, kLN, kQ>(src, gamma, beta, y + row * C, C, eps, lane, &m,
+                                                 &r, codes, row);
   }
   if (lane == 0) {
     if constexpr (kLN) mean[row] = m;
@@ -197,16 +214,17 @@ __device__ __forceinline__ void normalize_row(const Row& src, const P* __restric
   }
 }
 
-// y = (x − mean)·rstd·gamma (+ beta); writes mean (LN only) and rstd per row. Streaming.
-template <typename T, typename P, int kV, bool kLN>
+// y = (x − mean)·rstd·gamma (+ beta); writes mean (LN only) and rstd per row, and with kQ y's FP8
+// codes. Streaming.
+template <typename T, typename P, int kV, bool kLN, bool kQ>
 __global__ void norm_forward_kernel(const T* __restrict__ x, const P* __restrict__ gamma,
                                     const P* __restrict__ beta, T* __restrict__ y,
                                     float* __restrict__ mean, float* __restrict__ rstd, int64_t N,
-                                    int C, float eps) {
+                                    int C, float eps, RowCodes codes) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= N) return;  // whole warps leave together: the shuffles below see full warps
-  normalize_row<T, P, kV, 0, kLN>(PlainRow<T, kV>{x + row * C}, gamma, beta, y, mean, rstd, row, C,
-                                  eps);
+  normalize_row<T, P, kV, 0, kLN, kQ>(PlainRow<T, kV>{x + row * C}, gamma, beta, y, mean, rstd, row,
+                                      C, eps, codes);
 }
 
 // h = x + a and y = norm(h) (Note [fused residual add and LayerNorm]). Streaming.
@@ -227,15 +245,15 @@ __global__ void add_norm_forward_kernel(const T* __restrict__ x, const T* __rest
 constexpr int kResidentRows = 4;
 
 // The two kernels above with the row register-resident (Note [register-resident norm forward]).
-template <typename T, typename P, int kV, int kPacks, bool kLN>
+template <typename T, typename P, int kV, int kPacks, bool kLN, bool kQ>
 __global__ void norm_resident_kernel(const T* __restrict__ x, const P* __restrict__ gamma,
                                      const P* __restrict__ beta, T* __restrict__ y,
                                      float* __restrict__ mean, float* __restrict__ rstd, int64_t N,
-                                     int C, float eps) {
+                                     int C, float eps, RowCodes codes) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kResidentRows + threadIdx.x / 32;
   if (row >= N) return;
-  normalize_row<T, P, kV, kPacks, kLN>(PlainRow<T, kV>{x + row * C}, gamma, beta, y, mean, rstd,
-                                       row, C, eps);
+  normalize_row<T, P, kV, kPacks, kLN, kQ>(PlainRow<T, kV>{x + row * C}, gamma, beta, y, mean, rstd,
+                                           row, C, eps, codes);
 }
 
 template <typename T, typename P, int kV, int kPacks, bool kLN>
@@ -252,11 +270,15 @@ __global__ void add_norm_resident_kernel(const T* __restrict__ x, const T* __res
 
 // y = norm(x); or, with `a`, h = x + a and y = norm(h). The pack width is the one the plain norm
 // takes on its rows (x, or h: so the statistics sum in the same order, Note [fused residual add
-// and LayerNorm]); x or a unaligned where h is not: add's kernel, then the norm's.
+// and LayerNorm]); x or a unaligned where h is not: add's kernel, then the norm's. With `q` (bf16,
+// no `a`), also y's FP8 codes q[N, C] and scales qs (Note [fp8 fused producers] in
+// model/ops/fp8.h): in the same pass where the rows go in 16-byte packs and C % 128 == 0, else
+// fp8_quantize_rows of y after the norm.
 template <typename T, typename P, bool kLN>
 void launch_forward(const void* x, const void* gamma, const void* beta, void* y, float* mean,
                     float* rstd, int64_t N, int64_t C, double eps, void* stream,
-                    const void* a = nullptr, void* h = nullptr) {
+                    const void* a = nullptr, void* h = nullptr, uint8_t* q = nullptr,
+                    float* qs = nullptr) {
   constexpr int kV = kPack<T>;
   const bool packed = C % kV == 0 && is_aligned(a ? h : x, 16) && is_aligned(y, 16) &&
                       is_aligned(gamma, sizeof(P) * kV) && is_aligned(beta, sizeof(P) * kV);
@@ -265,6 +287,7 @@ void launch_forward(const void* x, const void* gamma, const void* beta, void* y,
     x = h;
     a = nullptr;
   }
+  const bool tiled = q != nullptr && packed && C % fp8::kTile == 0 && is_aligned(q, 8);
   const auto* xp = static_cast<const T*>(x);
   const auto* gp = static_cast<const P*>(gamma);
   const auto* bp = static_cast<const P*>(beta);
@@ -274,43 +297,60 @@ void launch_forward(const void* x, const void* gamma, const void* beta, void* y,
   auto st = static_cast<cudaStream_t>(stream);
   const int c = static_cast<int>(C);
   const float e = static_cast<float>(eps);
-  auto run = [&](auto v, auto packs) {
+  const RowCodes codes{q, qs, N, C};
+  auto run = [&](auto v, auto packs, auto quantize) {
     constexpr int kW = decltype(v)::value;
     constexpr int kP = decltype(packs)::value;
+    constexpr bool kQ = decltype(quantize)::value;
     constexpr dim3 kBlock(kRowsPerBlock * 32), kResident(kResidentRows * 32);
     const T* ap = static_cast<const T*>(a);
     T* hp = static_cast<T*>(h);
     if (a != nullptr) {
-      if constexpr (kP == 0) {
+      if constexpr (kP == 0 && !kQ) {
         add_norm_forward_kernel<T, P, kW, kLN>
             <<<blocks, kBlock, 0, st>>>(xp, ap, hp, gp, bp, yp, mean, rstd, N, c, e);
-      } else {
+      } else if constexpr (!kQ) {
         add_norm_resident_kernel<T, P, kW, kP, kLN>
             <<<resident_blocks, kResident, 0, st>>>(xp, ap, hp, gp, bp, yp, mean, rstd, N, c, e);
       }
       return;
     }
     if constexpr (kP == 0) {
-      norm_forward_kernel<T, P, kW, kLN>
-          <<<blocks, kBlock, 0, st>>>(xp, gp, bp, yp, mean, rstd, N, c, e);
+      norm_forward_kernel<T, P, kW, kLN, kQ>
+          <<<blocks, kBlock, 0, st>>>(xp, gp, bp, yp, mean, rstd, N, c, e, codes);
     } else {
-      norm_resident_kernel<T, P, kW, kP, kLN>
-          <<<resident_blocks, kResident, 0, st>>>(xp, gp, bp, yp, mean, rstd, N, c, e);
+      norm_resident_kernel<T, P, kW, kP, kLN, kQ>
+          <<<resident_blocks, kResident, 0, st>>>(xp, gp, bp, yp, mean, rstd, N, c, e, codes);
     }
   };
   using Vec = std::integral_constant<int, kV>;
   using One = std::integral_constant<int, 1>;
   using Streamed = std::integral_constant<int, 0>;
+  using Plain = std::false_type;
   const bool fast = norm_fast() && std::is_same_v<T, bf16>;  // f32 rows: the reference kernels
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (tiled) {  // the codes from the same pass (kV = 8: a half-warp's packs are one tile)
+      using Tiled = std::true_type;
+      const int64_t packs = ceil_div<int64_t>(C, 32 * kV);
+      if (!fast || !with_packs<8>(packs, [&](auto p) { run(Vec{}, p, Tiled{}); })) {
+        run(Vec{}, Streamed{}, Tiled{});
+      }
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   if (packed) {
     const int64_t packs = ceil_div<int64_t>(C, 32 * kV);
-    if (!fast || !with_packs<8>(packs, [&](auto p) { run(Vec{}, p); })) run(Vec{}, Streamed{});
+    if (!fast || !with_packs<8>(packs, [&](auto p) { run(Vec{}, p, Plain{}); })) {
+      run(Vec{}, Streamed{}, Plain{});
+    }
   } else if (fast && C <= 32 * kResidentElems) {
-    run(One{}, std::integral_constant<int, kResidentElems>{});
+    run(One{}, std::integral_constant<int, kResidentElems>{}, Plain{});
   } else {
-    run(One{}, Streamed{});
+    run(One{}, Streamed{}, Plain{});
   }
   CUDA_CHECK_LAUNCH();
+  if (q != nullptr) fp8_quantize_rows(y, N, C, q, qs, stream);  // a layout the tiles do not fit
 }
 
 // false: the streaming/reference kernels (tests and benchmarks only); true: the fast ones.
@@ -324,12 +364,14 @@ void set_norm_fast(bool on) { g_norm_fast.store(on, std::memory_order_relaxed); 
 
 void layernorm_forward(const void* x, const void* gamma, const void* beta, DType param, void* y,
                        float* mean, float* rstd, int64_t N, int64_t C, double eps, DType act,
-                       void* stream) {
+                       void* stream, uint8_t* q, float* qs) {
   check_norm_sizes("layernorm", N, C);
+  GTRON_CHECK(q == nullptr || act == DType::kBF16, "layernorm: fp8 codes of ", dtype_name(act),
+              " rows; expected bf16");
   if (N == 0 || C == 0) return;
   dispatch_act_param("layernorm", act, param, [&](auto t, auto p) {
-    launch_forward<decltype(t), decltype(p), true>(x, gamma, beta, y, mean, rstd, N, C, eps,
-                                                   stream);
+    launch_forward<decltype(t), decltype(p), true>(x, gamma, beta, y, mean, rstd, N, C, eps, stream,
+                                                   nullptr, nullptr, q, qs);
   });
 }
 
@@ -356,12 +398,14 @@ void add_rmsnorm_forward(const void* x, const void* a, const void* gamma, DType 
 }
 
 void rmsnorm_forward(const void* x, const void* gamma, DType param, void* y, float* rrms, int64_t N,
-                     int64_t C, double eps, DType act, void* stream) {
+                     int64_t C, double eps, DType act, void* stream, uint8_t* q, float* qs) {
   check_norm_sizes("rmsnorm", N, C);
+  GTRON_CHECK(q == nullptr || act == DType::kBF16, "rmsnorm: fp8 codes of ", dtype_name(act),
+              " rows; expected bf16");
   if (N == 0 || C == 0) return;
   dispatch_act_param("rmsnorm", act, param, [&](auto t, auto p) {
     launch_forward<decltype(t), decltype(p), false>(x, gamma, nullptr, y, nullptr, rrms, N, C, eps,
-                                                    stream);
+                                                    stream, nullptr, nullptr, q, qs);
   });
 }
 

@@ -2,11 +2,12 @@
 
 #include <vector>
 
+#include "model/ops/fp8.h"
 #include "model/stream.h"
 
 namespace gtron {
 
-Var swiglu(const Var& x) {
+Var swiglu(const Var& x, fp8::QuantizedRows* codes) {
   const Shape& in = x.shape();
   GTRON_CHECK(in.rank() >= 1 && in[in.rank() - 1] > 0 && in[in.rank() - 1] % 2 == 0, "swiglu: x ",
               in.str(), ", expected [..., 2F] with F > 0");
@@ -19,8 +20,16 @@ Var swiglu(const Var& x) {
   Device dev = x.device();
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(out_shape, x.dtype(), dev, &s);
+  if (codes != nullptr) {  // Note [fp8 fused producers]
+    GTRON_CHECK(dev.is_cuda() && x.dtype() == DType::kBF16,
+                "swiglu: fp8 codes of the output on CUDA in bf16 only; got ", dtype_name(x.dtype()),
+                " on ", dev.str());
+    *codes = fp8::scratch_rows(N, F, s);
+  }
   if (dev.is_cuda()) {
-    cuda::swiglu_forward(x.value().raw(), y.raw(), N, F, x.dtype(), s.native());
+    cuda::swiglu_forward(x.value().raw(), y.raw(), N, F, x.dtype(), s.native(),
+                         codes ? static_cast<uint8_t*>(codes->q.raw()) : nullptr,
+                         codes ? codes->s.data<float>() : nullptr);
   } else {
     dispatch_float(x.dtype(), [&](auto tag) {
       using T = decltype(tag);

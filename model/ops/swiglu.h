@@ -8,11 +8,18 @@
 
 namespace gtron {
 
+namespace fp8 {
+struct QuantizedRows;
+}  // namespace fp8
+
 // x: [..., 2F] holding [gate | up] (gate in columns [0, F), up in [F, 2F)). Returns [..., F].
 // Backward accumulates into both halves of dx:
 //   d gate += dy·up·silu'(gate), silu'(g) = σ(g)·(1 + g·(1 − σ(g))),   d up += dy·silu(gate).
 // REQUIRES: the last dim even and > 0.
-Var swiglu(const Var& x);
+// With `codes`: y's FP8 codes as well (Note [fp8 fused producers] in model/ops/fp8.h), the rows
+// layout fp8_quantize_rows makes of y ([N, F], tiles along F), into new scratch on the stream, in
+// the same pass as y. REQUIRES (codes): x on CUDA in bf16.
+Var swiglu(const Var& x, fp8::QuantizedRows* codes = nullptr);
 
 namespace cpu {
 // N rows: x [N, 2F], y [N, F].
@@ -25,8 +32,11 @@ void swiglu_backward(const T* x, const T* dy, T* dx, int64_t N, int64_t F);
 
 namespace cuda {
 // The CPU contract in `act` (f32 or bf16), fp32 math, on `stream` (a cudaStream_t). The backward
-// accumulates into dx, or writes it with `overwrite`.
-void swiglu_forward(const void* x, void* y, int64_t N, int64_t F, DType act, void* stream);
+// accumulates into dx, or writes it with `overwrite`. With `q` (act bf16), the forward also writes
+// y's FP8 codes q[N, F] and rows-layout scales qs (what fp8_quantize_rows makes of y), in the same
+// pass where the layout allows.
+void swiglu_forward(const void* x, void* y, int64_t N, int64_t F, DType act, void* stream,
+                    uint8_t* q = nullptr, float* qs = nullptr);
 void swiglu_backward(const void* x, const void* dy, void* dx, int64_t N, int64_t F, DType act,
                      void* stream, bool overwrite = false);
 }  // namespace cuda

@@ -1,8 +1,12 @@
 // SwiGLU on CUDA. Memory-bound elementwise: thread i owns outputs [i·kV, i·kV + kV) of the N·F
 // grid, moved as 16-byte packs when F is a multiple of the pack (a pack then never straddles two
 // rows) and every operand is aligned, else one element at a time. fp32 math with the accurate
-// expf, so f32 results track the CPU kernel to a few ulps.
+// expf, so f32 results track the CPU kernel to a few ulps. With FP8 codes of the output wanted
+// (Note [fp8 fused producers] in model/ops/fp8.h) and F % 128 == 0, 16 threads' packs are one
+// 1x128 tile of a row, which they quantize as they store it.
 #include "model/cuda/kernel_util.cuh"
+#include "model/ops/fp8.h"
+#include "model/ops/fp8_tile.cuh"
 #include "model/ops/swiglu.h"
 
 namespace gtron::cuda {
@@ -11,9 +15,11 @@ namespace {
 
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
-template <typename T, int kV>
+// y = silu(gate)·up; with kQ also y's FP8 codes (kV = 8, F % 128 == 0: whole half-warps leave
+// at the end of the grid together).
+template <typename T, int kV, bool kQ>
 __global__ void swiglu_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t N,
-                                      int64_t F) {
+                                      int64_t F, RowCodes codes) {
   const int64_t e = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kV;
   if (e >= N * F) return;
   const int64_t n = e / F, j = e - n * F;
@@ -24,6 +30,12 @@ __global__ void swiglu_forward_kernel(const T* __restrict__ x, T* __restrict__ y
 #pragma unroll
   for (int k = 0; k < kV; ++k) g[k] = g[k] * sigmoid(g[k]) * u[k];
   store_floats<kV>(y + e, g);
+  if constexpr (kQ) {
+    static_assert(kV == 8, "fp8 codes from 16-byte bf16 packs only");
+#pragma unroll
+    for (int k = 0; k < kV; ++k) g[k] = to_float(from_float<T>(g[k]));  // as stored
+    codes.put(g, n, j);
+  }
 }
 
 template <typename T, int kV, bool kOverwrite>
@@ -61,21 +73,37 @@ bool packed(int64_t F, int kV, const void* a, const void* b, const void* c = nul
 
 }  // namespace
 
-void swiglu_forward(const void* x, void* y, int64_t N, int64_t F, DType act, void* stream) {
+void swiglu_forward(const void* x, void* y, int64_t N, int64_t F, DType act, void* stream,
+                    uint8_t* q, float* qs) {
   GTRON_CHECK(N >= 0 && F > 0, "swiglu: N = ", N, ", F = ", F);
+  GTRON_CHECK(q == nullptr || act == DType::kBF16, "swiglu: fp8 codes of ", dtype_name(act),
+              " rows; expected bf16");
   if (N == 0) return;
+  const RowCodes codes{q, qs, N, F};
   dispatch_act("swiglu", act, [&](auto tag) {
     using T = decltype(tag);
     constexpr int kV = kPack<T>;
     const auto* xp = static_cast<const T*>(x);
     auto* yp = static_cast<T*>(y);
     auto st = static_cast<cudaStream_t>(stream);
-    if (packed(F, kV, x, y)) {
-      swiglu_forward_kernel<T, kV><<<pack_blocks(N * F, kV), 256, 0, st>>>(xp, yp, N, F);
+    const bool pk = packed(F, kV, x, y);
+    if constexpr (kV == 8) {
+      if (q != nullptr && pk && F % fp8::kTile == 0 && is_aligned(q, 8)) {
+        swiglu_forward_kernel<T, kV, true>
+            <<<pack_blocks(N * F, kV), 256, 0, st>>>(xp, yp, N, F, codes);
+        CUDA_CHECK_LAUNCH();
+        return;
+      }
+    }
+    if (pk) {
+      swiglu_forward_kernel<T, kV, false>
+          <<<pack_blocks(N * F, kV), 256, 0, st>>>(xp, yp, N, F, RowCodes{});
     } else {
-      swiglu_forward_kernel<T, 1><<<pack_blocks(N * F, 1), 256, 0, st>>>(xp, yp, N, F);
+      swiglu_forward_kernel<T, 1, false>
+          <<<pack_blocks(N * F, 1), 256, 0, st>>>(xp, yp, N, F, RowCodes{});
     }
     CUDA_CHECK_LAUNCH();
+    if (q != nullptr) fp8_quantize_rows(y, N, F, q, qs, stream);  // a layout the tiles do not fit
   });
 }
 

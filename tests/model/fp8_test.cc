@@ -10,7 +10,10 @@
 #include <random>
 #include <vector>
 
+#include "model/ops/gelu.h"
 #include "model/ops/linear.h"
+#include "model/ops/norm.h"
+#include "model/ops/swiglu.h"
 #include "tests/model/gradcheck.h"
 
 namespace gtron {
@@ -229,6 +232,24 @@ TEST(Fp8, LinearBackwardIsStraightThrough) {
                               Cout);
   EXPECT_EQ(w.grad().to_vector(), std::vector<double>(dw.begin(), dw.end()));
   EXPECT_EQ(b.grad().to_vector(), std::vector<double>(db.begin(), db.end()));
+}
+
+// Note [fp8 fused producers]: the producers write FP8 codes on CUDA in bf16 only (the codes
+// themselves: tests/model/fp8_fused_cuda_test.cc); asked for them on the CPU, each refuses by
+// name instead of handing back no codes. The process-wide switch is on unless a test turns it off.
+TEST(Fp8DeathTest, ProducersRefuseCodesOffCuda) {
+  const Var x = Var::constant(testing::randn_tensor({4, 256}, 1, 1.0, DType::kF32));
+  const Var g = Var::constant(testing::randn_tensor({256}, 2, 1.0, DType::kF32));
+  fp8::QuantizedRows codes;
+  EXPECT_DEATH(rmsnorm(x, g, 1e-5, &codes), "rmsnorm: fp8 codes of the output on CUDA");
+  EXPECT_DEATH(layernorm(x, g, g, 1e-5, &codes), "layernorm: fp8 codes of the output on CUDA");
+  EXPECT_DEATH(swiglu(x, &codes), "swiglu: fp8 codes of the output on CUDA");
+  EXPECT_DEATH(gelu(x, &codes), "gelu: fp8 codes of the output on CUDA");
+  EXPECT_FALSE(codes.q.defined());
+  EXPECT_TRUE(fp8::fused_producers());
+  fp8::set_fused_producers_for_testing(false);
+  EXPECT_FALSE(fp8::fused_producers());
+  fp8::set_fused_producers_for_testing(true);
 }
 
 }  // namespace
