@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# FP8 on a GPU machine, in one command: the FP8 GPU test, gtron bf16 against fp8 at the
+# FP8 on a GPU machine, in one command: the FP8 GPU tests, gtron bf16 against fp8 at the
 # Llama-3.2-1B shape (B=8, T=1024, vocab 50304, tied, graphs full, D=0), torch.compile bf16 and the
 # PyTorch FP8 rowwise reference (scripts/bench_torch.py --fp8 rowwise) at the same shape, and fp8
 # over the IPC backend (GTP=2, TP=2 x GTP=2 on one GPU) against one process.
 #
-# Binaries: .gpubin/ as scripts/gpu_tests.sh fp8 leaves it (fp8_cuda_test, bench_gpu, gtron), or
-# GTRON_BIN=DIR. Run from the repository root:  bash scripts/bench_fp8.sh [--steps N]
+# Binaries: .gpubin/ as scripts/gpu_tests.sh fp8 leaves it (fp8_cuda_test, fp8_fused_cuda_test,
+# bench_gpu, gtron), or GTRON_BIN=DIR. Run from the repository root:
+#   bash scripts/bench_fp8.sh [--steps N]
 set -u
 cd "$(dirname "$0")/.."
 bin=${GTRON_BIN:-.gpubin}
@@ -15,6 +16,8 @@ export LD_LIBRARY_PATH=$PWD/$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,power.limit --format=csv,noheader
 echo "== fp8_cuda_test"
 timeout 200 "$bin/fp8_cuda_test" 2>&1 | grep -v '^\[ RUN\|^\[       OK' | tail -30
+echo "== fp8_fused_cuda_test"
+timeout 200 "$bin/fp8_fused_cuda_test" 2>&1 | grep -v '^\[ RUN\|^\[       OK' | tail -30
 L1B=(--arch llama --L 16 --C 2048 --NH 32 --NKV 8 --HS 64 --F 8192 --V 50304 --T 1024 --B 8
   --steps "$steps" --warmup 5)
 for p in bf16 fp8 fp8 bf16; do

@@ -168,7 +168,7 @@ TEST(Fp8Fused, NormCodesEqualQuantizedOutput) {
   }
 }
 
-// SwiGLU over [N, 2F] at F = 128, 384 (a half-warp's tail in the last block row) and 1280, odd N,
+// SwiGLU over [N, 2F] at F = 128, 384 (a warp's two halves in different rows) and 1280, odd N,
 // aligned and misaligned: a NaN gate (its tile NaN), gate·up overflowing to inf, and a row whose
 // first tile has zero gates (a zero tile).
 TEST(Fp8Fused, SwigluCodesEqualQuantizedOutput) {
@@ -195,7 +195,8 @@ TEST(Fp8Fused, SwigluCodesEqualQuantizedOutput) {
   }
 }
 
-// GELU over rows of K = 128, 640 (a half-warp's tail) and 3072 (GPT-2's 4C at C = 768), odd row
+// GELU over rows of K = 128, 640 (a warp's two halves in different rows) and 3072 (GPT-2's 4C at
+// C = 768), odd row
 // counts, aligned and misaligned: +inf (its tile inf), -inf (gelu gives NaN) and a zero tile.
 TEST(Fp8Fused, GeluCodesEqualQuantizedOutput) {
   GTRON_REQUIRE_GPU();
