@@ -265,16 +265,24 @@ MTPModule::MTPModule(ParamRegistry& reg, const std::string& name, const LlamaDim
 Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w,
                        const Tensor& segments) const {
   if (llama) {  // positions 0 .. T − 1, as the main model's (DeepSeek-V3's MTP shares them)
-    return llama->forward(proj.forward(concat_features(hnorm.forward(h), enorm.forward(emb)), w), w,
-                          /*pos0=*/0, segments);
+    return llama->forward(project(h, emb, w), w, /*pos0=*/0, segments);
   }
   return forward(h, emb, w, causal_over(block.NH, segments));
 }
 
 Var MTPModule::forward(const Var& h, const Var& emb, WeightAccess& w,
                        const TransformerBlock::Attention& attend) const {
-  Var z = proj.forward(concat_features(hnorm.forward(h), enorm.forward(emb)), w);
+  Var z = project(h, emb, w);
   return llama ? llama->forward(z, w, attend) : block.forward(z, w, attend);
+}
+
+Var MTPModule::project(const Var& h, const Var& emb, WeightAccess& w) const {
+  // FP8 on CUDA: the concatenation writes the projection's FP8 input too (Note [fp8 fused
+  // producers]).
+  fp8::QuantizedRows codes;
+  const bool fused = proj.wants_fp8_codes(h);
+  const Var x = concat_features(hnorm.forward(h), enorm.forward(emb), fused ? &codes : nullptr);
+  return proj.forward(x, w, Var(), fused ? &codes : nullptr);
 }
 
 }  // namespace gtron

@@ -255,6 +255,8 @@ struct MTPModule {
   // family LlamaBlock::forward's, which receives q|k|v before RoPE).
   Var forward(const Var& h, const Var& emb, WeightAccess& w,
               const TransformerBlock::Attention& attend) const;
+  // proj(concat(hnorm(h), enorm(emb))): z, the block's input.
+  Var project(const Var& h, const Var& emb, WeightAccess& w) const;
 };
 
 }  // namespace gtron

@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <vector>
 
+#include "model/ops/fp8.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
 
 namespace gtron {
 
-Var concat_features(const Var& a, const Var& b) {
+Var concat_features(const Var& a, const Var& b, fp8::QuantizedRows* codes) {
   const int r = a.shape().rank();
   GTRON_CHECK(r >= 1 && b.shape().rank() == r, "concat_features: shapes ", a.shape().str(), " and ",
               b.shape().str(), " must have equal rank >= 1");
@@ -26,9 +27,16 @@ Var concat_features(const Var& a, const Var& b) {
   Device dev = a.device();
   Stream& s = current_stream(dev);
   Tensor y = Tensor::empty(Shape(ad), a.dtype(), dev, &s);
+  if (codes != nullptr) {  // Note [fp8 fused producers]
+    GTRON_CHECK(dev.is_cuda() && a.dtype() == DType::kBF16,
+                "concat_features: fp8 codes of the output on CUDA in bf16 only; got ",
+                dtype_name(a.dtype()), " on ", dev.str());
+    *codes = fp8::scratch_rows(N, Ca + Cb, s);
+  }
   if (dev.is_cuda()) {
     cuda::concat_forward(a.value().raw(), b.value().raw(), y.raw(), N, Ca, Cb, a.dtype(),
-                         s.native());
+                         s.native(), codes ? static_cast<uint8_t*>(codes->q.raw()) : nullptr,
+                         codes ? codes->s.data<float>() : nullptr);
   } else {
     dispatch_float(a.dtype(), [&](auto tag) {
       using T = decltype(tag);

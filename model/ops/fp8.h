@@ -102,8 +102,8 @@ struct QuantizedWeight {
 // The forward product reads its input x as 1x128 tiles along K. Quantized by the linear, that is
 // one more pass over x: read N·K bf16, write N·K codes and their scales, after the kernel that
 // wrote x. Where x comes straight from a row-wise kernel (llama's attn_norm and mlp_norm, GPT-2's
-// ln_1 and ln_2, SwiGLU, GELU), that kernel already holds each value as it stores it, so it
-// writes the codes and scales too, in the same pass: the linear's read of x (2·N·K bytes) and
+// ln_1 and ln_2, SwiGLU, GELU, the concatenation of an MTP depth's two norms), that kernel already
+// holds each value as it stores it, so it writes the codes and scales too, in the same pass: the linear's read of x (2·N·K bytes) and
 // its launch are gone. The producer quantizes the value it stores (rounded to bf16), through the
 // same tile arithmetic (fp8_tile.cuh), so its codes and scales equal fp8_quantize_rows of its
 // output bit for bit, and the losses and gradients do not depend on which path made them

@@ -19,6 +19,7 @@
 #include "model/dtype.h"
 #include "model/gpt.h"
 #include "model/mixed_precision.h"
+#include "model/ops/concat.h"
 #include "model/ops/fp8.h"
 #include "model/ops/gelu.h"
 #include "model/ops/norm.h"
@@ -218,6 +219,30 @@ TEST(Fp8Fused, GeluCodesEqualQuantizedOutput) {
   }
 }
 
+// concat_features (the MTP projection's input) over Ca | Cb = 128 | 128, 64 | 192 (a tile across
+// the seam) and 1024 | 1024, odd N, aligned and misaligned: a NaN in a, an inf in b, a zero tile.
+TEST(Fp8Fused, ConcatCodesEqualQuantizedOutput) {
+  GTRON_REQUIRE_GPU();
+  const int64_t N = 37;
+  for (auto [Ca, Cb] : {std::pair<int64_t, int64_t>{128, 128}, {64, 192}, {1024, 1024}}) {
+    std::vector<float> a = normal_values(N * Ca, 8), b = normal_values(N * Cb, 9, 3.0);
+    a[2 * Ca + 1] = NAN;
+    b[5 * Cb + Cb - 1] = INFINITY;
+    for (int64_t j = 0; j < Ca; ++j) a[7 * Ca + j] = 0.0f;
+    for (int64_t j = 0; j < 128 - Ca % 128; ++j) b[7 * Cb + j] = 0.0f;  // row 7's first tile
+    for (int shift : {0, 1}) {
+      const DeviceValues ad = device_bf16(a, shift), bd = device_bf16(b, 0);
+      const std::string at =
+          std::to_string(Ca) + " | " + std::to_string(Cb) + ", shift " + std::to_string(shift);
+      const int64_t nan =
+          expect_fused_codes("concat, " + at, N, Ca + Cb, [&](void* y, uint8_t* q, float* s) {
+            cuda::concat_forward(ad.ptr(), bd.ptr(), y, N, Ca, Cb, DType::kBF16, stream(), q, s);
+          });
+      EXPECT_EQ(nan, 2) << at << ": the NaN tile and the inf one";
+    }
+  }
+}
+
 // The op-level contract: rmsnorm(x, gamma, eps, &codes) hands back codes of y's size, equal to
 // fp8_quantize_rows of y (the refusals off CUDA: fp8_test.cc).
 TEST(Fp8Fused, NormOpHandsBackTheCodes) {
@@ -300,16 +325,16 @@ Step train_step(const GPTConfig& c, bool fused) {
 
 // Per block, three linears take producer-made codes (qkv from the attention norm, gate|up or fc
 // from the MLP norm, down or fc2 from SwiGLU or GELU) and one quantizes (the output projection,
-// fed by the attention); the MTP projection (fed by a concatenation) quantizes. Main blocks run
-// twice under full recompute.
+// fed by the attention); each MTP projection takes the concatenation's. Main blocks run twice
+// under full recompute.
 void expect_fusion_bit_identical(Arch arch, Recompute recompute) {
   const GPTConfig c = tiny_fp8(arch, recompute);
   const int64_t L = c.n_layer, D = c.mtp_depth;
   const int64_t blocks = (recompute == Recompute::kFull ? 2 * L : L) + D;
   const Step fused = train_step(c, true);
   const Step plain = train_step(c, false);
-  EXPECT_EQ(fused.counts.handed_in, 3 * blocks);
-  EXPECT_EQ(fused.counts.quantized, blocks + D);
+  EXPECT_EQ(fused.counts.handed_in, 3 * blocks + D);
+  EXPECT_EQ(fused.counts.quantized, blocks);
   EXPECT_EQ(plain.counts.handed_in, 0);
   EXPECT_EQ(plain.counts.quantized, 4 * blocks + D);
   ASSERT_EQ(fused.losses.size(), plain.losses.size());

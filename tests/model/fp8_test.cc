@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "model/ops/concat.h"
 #include "model/ops/gelu.h"
 #include "model/ops/linear.h"
 #include "model/ops/norm.h"
@@ -245,6 +246,7 @@ TEST(Fp8DeathTest, ProducersRefuseCodesOffCuda) {
   EXPECT_DEATH(layernorm(x, g, g, 1e-5, &codes), "layernorm: fp8 codes of the output on CUDA");
   EXPECT_DEATH(swiglu(x, &codes), "swiglu: fp8 codes of the output on CUDA");
   EXPECT_DEATH(gelu(x, &codes), "gelu: fp8 codes of the output on CUDA");
+  EXPECT_DEATH(concat_features(x, x, &codes), "concat_features: fp8 codes of the output on CUDA");
   EXPECT_FALSE(codes.q.defined());
   EXPECT_TRUE(fp8::fused_producers());
   fp8::set_fused_producers_for_testing(false);
