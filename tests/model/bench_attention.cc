@@ -19,6 +19,10 @@
 //   spread against plain's is the noise of the measurement.
 // - bias: FlashBackwardArgs::col_partial set (GPT-2's qkv bias gradient, Note [qkv bias
 //   partials]).
+// - fa3 (not in the default list; compute capability 9.0 only): the forward is
+//   cuda::flash_fa3_forward (model/ops/flash_fa3.h, Note [FlashAttention-3 forward]), a kernel
+//   the launchers do not take yet; the backward is plain's kernels run on its out and lse, so the
+//   check of dQ, dK and dV also checks the lse it left.
 // The backward overwrites dqkv (accumulate = false), as the step's first writer of the slot does.
 //
 // Method, per cell and variant:
@@ -48,6 +52,7 @@
 #include "model/cuda/device_buffer.h"
 #include "model/device.h"
 #include "model/ops/attention.h"
+#include "model/ops/flash_fa3.h"
 #include "model/ops/flash_wgmma.h"
 #include "model/ops/rope.h"
 #include "model/stream.h"
@@ -269,14 +274,20 @@ CellResult run_cell(const AttentionCell& c, const std::string& variant, uint64_t
     bench::fill_normal_bf16(sets[i]->qkv.get(), N * W, seed + 2 * i, 1.0f, st);
     bench::fill_normal_bf16(sets[i]->dout.get(), N * C, seed + 2 * i + 1, 1.0f, st);
   }
-  auto forward = [&](int64_t i) { cuda::flash_attention_forward(forward_args(c, *sets[i]), st); };
+  auto forward = [&](int64_t i) {
+    if (variant == "fa3") {
+      cuda::flash_fa3_forward(forward_args(c, *sets[i]), st);
+    } else {
+      cuda::flash_attention_forward(forward_args(c, *sets[i]), st);
+    }
+  };
   auto backward = [&](int64_t i) {
     const InputSet& s = *sets[i];
     cuda::flash_attention_backward(backward_args(c, s, variant, inv_freq),
                                    static_cast<float*>(s.scratch.get()), st);
   };
   CellResult r;
-  r.path = cuda::flash_wgmma_usable(c.HS) ? "wgmma" : "mma_sync";
+  r.path = variant == "fa3" ? "fa3" : cuda::flash_wgmma_usable(c.HS) ? "wgmma" : "mma_sync";
   const InputSet& s0 = *sets[0];
   poison(s0.out, N * C * kBf16, st);
   poison(s0.lse, N * c.NH * kF32, st);
@@ -366,6 +377,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "bench_attention: no CUDA device: the sweep times the flash kernels on a GPU "
                  "(--list prints its cells without one)\n");
+    return 2;
+  }
+  const bool fa3 = std::find(f.variants.begin(), f.variants.end(), "fa3") != f.variants.end();
+  if (fa3 && !cuda::flash_fa3_usable(f.head_sizes.front())) {
+    std::fprintf(stderr,
+                 "bench_attention: --variants fa3 needs a compute-capability 9.0 GPU (its kernel "
+                 "is built for sm_90a only)\n");
     return 2;
   }
   const std::string card = card_name();
