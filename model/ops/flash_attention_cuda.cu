@@ -61,7 +61,8 @@ constexpr int fwd_smem_bytes() {
   return (kRows * fwd_mt<HS>() + 4 * kRows) * HS * 2;  // Q, K[2], V[2]
 }
 
-template <int HS>
+// kSeg: with document masking (Note [document masking in the flash kernels]).
+template <int HS, bool kSeg>
 __global__ void __launch_bounds__(kThreadsFa) flash_forward_kernel(FlashForwardArgs a) {
   constexpr int kN = 64;  // keys per tile
   constexpr int NT = kN / 8;
@@ -85,8 +86,23 @@ __global__ void __launch_bounds__(kThreadsFa) flash_forward_kernel(FlashForwardA
   load_tile<HS, kBM, kThreadsFa>(sQ, gq, a.q_ld, q0, a.Tq);
   const int kv_end = min(a.Tk, q0 + kBM + off);
   const int n_tiles = (kv_end + kN - 1) / kN;
-  load_tile<HS, kN, kThreadsFa>(sK, gk, a.kv_ld, 0, a.Tk);
-  load_tile<HS, kN, kThreadsFa>(sV, gv, a.kv_ld, 0, a.Tk);
+  int j0 = 0;  // the first key tile (Note [document masking in the flash kernels])
+  SegRows sr[MT];
+  int32_t last_seg = 0;  // of the warp's last query
+  if constexpr (kSeg) {
+    sr[0].row = a.seg + b * a.seg_batch;
+    j0 = first_key_tile<kN>(sr[0], q0, n_tiles, a.Tq);
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      sr[t].row = sr[0].row;
+      const int r = q0 + (warp * MT + t) * 16 + (lane >> 2);
+      sr[t].own[0] = sr[t].at(r, a.Tq);
+      sr[t].own[1] = sr[t].at(r + 8, a.Tq);
+    }
+    last_seg = sr[0].at(q0 + (warp + 1) * 16 * MT - 1, a.Tq);
+  }
+  load_tile<HS, kN, kThreadsFa>(sK, gk, a.kv_ld, j0 * kN, a.Tk);
+  load_tile<HS, kN, kThreadsFa>(sV, gv, a.kv_ld, j0 * kN, a.Tk);
   cp_async_commit();
 
   float o[MT][HS / 8][4] = {};
@@ -97,22 +113,23 @@ __global__ void __launch_bounds__(kThreadsFa) flash_forward_kernel(FlashForwardA
   const float sl2 = a.scale * kLog2e;
   const int warp_row0 = q0 + warp * 16 * MT;  // this warp's first query
 
-  for (int j = 0; j < n_tiles; ++j) {
-    next_kv_tile<HS, kN>(sK, sV, gk, gv, a.kv_ld, j, n_tiles, a.Tk);
-    if (j == 0) {
+  for (int j = j0; j < n_tiles; ++j) {
+    next_kv_tile<HS, kN>(sK, sV, gk, gv, a.kv_ld, j, n_tiles, a.Tk, j0);
+    if (j == j0) {
 #pragma unroll
       for (int t = 0; t < MT; ++t) load_a<HS>(qf[t], sQ, (warp * MT + t) * 16, lane);
     }
-    const bf16* kt = sK + (j & 1) * kN * HS;
-    const bf16* vt = sV + (j & 1) * kN * HS;
+    const bf16* kt = sK + ((j - j0) & 1) * kN * HS;
+    const bf16* vt = sV + ((j - j0) & 1) * kN * HS;
     float s[MT][NT][4] = {};
     mma_abt<HS, NT, MT>(s, qf, kt, lane);
     const int k0 = j * kN;
-    const bool masked = k0 + kN - 1 > warp_row0 + off || k0 + kN > a.Tk;
+    bool masked = k0 + kN - 1 > warp_row0 + off || k0 + kN > a.Tk;
+    if constexpr (kSeg) masked = masked || sr[0].row[k0] != last_seg;
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
-      online_softmax<HS, NT>(s[t], o[t], m[t], l[t], warp_row0 + t * 16 + (lane >> 2), k0, masked,
-                             a, lane, sl2);
+      online_softmax<HS, NT, kSeg>(s[t], o[t], m[t], l[t], warp_row0 + t * 16 + (lane >> 2), k0,
+                                   masked, a, lane, sl2, sr[t]);
     }
     mma_pv<HS, kN / 16, MT>(o, s, vt, lane);
     __syncthreads();  // the next iteration's loads overwrite this tile's buffers
@@ -176,7 +193,7 @@ constexpr int bwd_kv_smem_bytes() {
 
 // dK and dV of 64 keys of one (b, k/v head), over the query tiles from the diagonal on of each
 // query head that reads it (Note [grouped-query flash attention]).
-template <int HS, int kQ, bool kRope>
+template <int HS, int kQ, bool kRope, bool kSeg>
 __global__ void __launch_bounds__(kThreadsFa)
     flash_backward_kv_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
   constexpr int NT = kQ / 8;
@@ -190,7 +207,7 @@ __global__ void __launch_bounds__(kThreadsFa)
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int k0 = blockIdx.x * kRows;  // the longest columns first: key tile 0 sees every query
-  const KeyWalk walk(a, k0, kQ);
+  KeyWalk walk(a, k0, kQ);
   const int b = walk.b, hk = walk.hk;
   const int64_t ld = a.qkv_ld;
   const bf16* row = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch;
@@ -210,6 +227,16 @@ __global__ void __launch_bounds__(kThreadsFa)
   const float sl2 = a.scale * kLog2e;
   const int key_base = k0 + warp * 16 + (lane >> 2);
   uint32_t kf[HS / 16][4], vf[HS / 16][4];
+  // The first query tile loads the same whatever the walk's length: it is cut here.
+  SegRows sr;             // the keys' segments (Note [document masking in the flash kernels])
+  int32_t first_seg = 0;  // of the warp's first key
+  if constexpr (kSeg) {
+    sr.row = a.seg + b * a.seg_batch;
+    walk.keep_segment<kQ>(sr, sr.at(k0 + kRows - 1, a.T), a.T);
+    sr.own[0] = sr.at(key_base, a.T);
+    sr.own[1] = sr.at(key_base + 8, a.T);
+    first_seg = sr.at(k0 + warp * 16, a.T);
+  }
 
   for (int it = 0; it < walk.n; ++it) {
     const int buf = it & 1;
@@ -235,9 +262,11 @@ __global__ void __launch_bounds__(kThreadsFa)
     float ds[NT][4] = {};  // dPᵀ, then dSᵀ
     mma_abt<HS, NT>(ds, vf, otile, lane);
     const int qs0 = walk.tile(it) * kQ;
-    // Only the tile on the diagonal and the tails see dead (query, key) pairs.
-    const bool masked = qs0 < k0 + kRows || qs0 + kQ > a.T || k0 + kRows > a.T;
-    key_tile_grads<NT>(p, ds, L, D, sl2, qs0, key_base, masked, a.T, lane);
+    // Only the tile on the diagonal and the tails see dead (query, key) pairs (and, with kSeg,
+    // tiles that cross a document boundary).
+    bool masked = qs0 < k0 + kRows || qs0 + kQ > a.T || k0 + kRows > a.T;
+    if constexpr (kSeg) masked = masked || sr.at(qs0 + kQ - 1, a.T) != first_seg;
+    key_tile_grads<NT, kSeg>(p, ds, L, D, sl2, qs0, key_base, masked, a.T, lane, sr);
     mma_pv<HS, kQ / 16>(dv, p, otile, lane);
     mma_pv<HS, kQ / 16>(dk, ds, qtile, lane);
     __syncthreads();
@@ -260,7 +289,7 @@ constexpr int bwd_q_smem_bytes() {
 }
 
 // dQ of 64 queries of one (b, h), over the key tiles (of its k/v head) up to the diagonal.
-template <int HS, int kN, bool kRope>
+template <int HS, int kN, bool kRope, bool kSeg>
 __global__ void __launch_bounds__(kThreadsFa)
     flash_backward_q_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
   constexpr int NT = kN / 8;
@@ -278,14 +307,27 @@ __global__ void __launch_bounds__(kThreadsFa)
   const int64_t ld = a.qkv_ld;
   const bf16 *gq = head.q, *gk = head.k, *gv = head.v, *gdo = head.dout;
 
+  int j0 = 0;  // the first key tile (Note [document masking in the flash kernels])
+  SegRows sr;
+  if constexpr (kSeg) {
+    sr.row = a.seg + b * a.seg_batch;
+    j0 = first_key_tile<kN>(sr, q0, (min(a.T, q0 + kRows) + kN - 1) / kN, a.T);
+  }
   load_tile<HS, kRows, kThreadsFa>(sQ, gq, ld, q0, a.T);
   load_tile<HS, kRows, kThreadsFa>(sO, gdo, a.o_ld, q0, a.T);
-  load_tile<HS, kN, kThreadsFa>(sK, gk, ld, 0, a.T);
-  load_tile<HS, kN, kThreadsFa>(sV, gv, ld, 0, a.T);
+  load_tile<HS, kN, kThreadsFa>(sK, gk, ld, j0 * kN, a.T);
+  load_tile<HS, kN, kThreadsFa>(sV, gv, ld, j0 * kN, a.T);
   cp_async_commit();
   const int n_tiles = (min(a.T, q0 + kRows) + kN - 1) / kN;
 
   const int row_base = q0 + warp * 16 + (lane >> 2);
+  int32_t last_seg = 0;  // of the warp's last query
+  if constexpr (kSeg) {
+    sr.own[0] = sr.at(row_base, a.T);
+    sr.own[1] = sr.at(row_base + 8, a.T);
+    last_seg = sr.at(q0 + warp * 16 + 15, a.T);
+  }
+
   float L[2], D[2];
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -298,22 +340,24 @@ __global__ void __launch_bounds__(kThreadsFa)
   uint32_t qf[HS / 16][4], of[HS / 16][4];
   const float sl2 = a.scale * kLog2e;
 
-  for (int j = 0; j < n_tiles; ++j) {
-    next_kv_tile<HS, kN>(sK, sV, gk, gv, ld, j, n_tiles, a.T);
-    if (j == 0) {
+  for (int j = j0; j < n_tiles; ++j) {
+    next_kv_tile<HS, kN>(sK, sV, gk, gv, ld, j, n_tiles, a.T, j0);
+    if (j == j0) {
       load_a<HS>(qf, sQ, warp * 16, lane);
       load_a<HS>(of, sO, warp * 16, lane);
     }
-    const bf16* kt = sK + (j & 1) * kN * HS;
-    const bf16* vt = sV + (j & 1) * kN * HS;
+    const bf16* kt = sK + ((j - j0) & 1) * kN * HS;
+    const bf16* vt = sV + ((j - j0) & 1) * kN * HS;
     float p[NT][4] = {};
     mma_abt<HS, NT>(p, qf, kt, lane);
     float ds[NT][4] = {};
     mma_abt<HS, NT>(ds, of, vt, lane);
     const int k0 = j * kN;
-    // Only the tile on the diagonal and the key tail see dead (query, key) pairs.
-    const bool masked = k0 + kN > q0 || k0 + kN > a.T;
-    query_tile_grads<NT>(p, ds, L, D, sl2, k0, row_base, masked, a.T, lane);
+    // Only the tile on the diagonal and the key tail see dead (query, key) pairs (and, with
+    // kSeg, tiles that cross a document boundary).
+    bool masked = k0 + kN > q0 || k0 + kN > a.T;
+    if constexpr (kSeg) masked = masked || sr.row[k0] != last_seg;
+    query_tile_grads<NT, kSeg>(p, ds, L, D, sl2, k0, row_base, masked, a.T, lane, sr);
     mma_pv<HS, kN / 16>(dq, ds, kt, lane);
     __syncthreads();
   }
@@ -329,14 +373,14 @@ void set_smem(Kernel k, int bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
-template <int HS>
+template <int HS, bool kSeg>
 void forward_hs(const FlashForwardArgs& a, cudaStream_t st) {
   constexpr int smem = fwd_smem_bytes<HS>();
-  static const bool once = (set_smem(flash_forward_kernel<HS>, smem), true);
+  static const bool once = (set_smem(flash_forward_kernel<HS, kSeg>, smem), true);
   (void)once;
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.Tq, kRows * fwd_mt<HS>())),
                   static_cast<unsigned>(a.B * a.NH));
-  flash_forward_kernel<HS><<<grid, kThreadsFa, smem, st>>>(a);
+  flash_forward_kernel<HS, kSeg><<<grid, kThreadsFa, smem, st>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -347,13 +391,13 @@ constexpr int bwd_tile() {
   return HS == 64 ? 64 : 32;
 }
 
-template <int HS, bool kRope>
+template <int HS, bool kRope, bool kSeg>
 void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
   constexpr int kT = bwd_tile<HS>();
   constexpr int smem_kv = bwd_kv_smem_bytes<HS, kT>();
   constexpr int smem_q = bwd_q_smem_bytes<HS, kT>();
-  static const bool once = (set_smem(flash_backward_kv_kernel<HS, kT, kRope>, smem_kv),
-                            set_smem(flash_backward_q_kernel<HS, kT, kRope>, smem_q), true);
+  static const bool once = (set_smem(flash_backward_kv_kernel<HS, kT, kRope, kSeg>, smem_kv),
+                            set_smem(flash_backward_q_kernel<HS, kT, kRope, kSeg>, smem_q), true);
   (void)once;
   if (flash_wgmma_usable(HS)) {
     flash_wgmma_backward(a, delta, st);  // forms Δ itself
@@ -365,10 +409,10 @@ void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
   CUDA_CHECK_LAUNCH();
   const unsigned row_tiles = static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows));
   const dim3 kv_grid(row_tiles, static_cast<unsigned>(a.B * a.NKV));
-  flash_backward_kv_kernel<HS, kT, kRope><<<kv_grid, kThreadsFa, smem_kv, st>>>(a, delta);
+  flash_backward_kv_kernel<HS, kT, kRope, kSeg><<<kv_grid, kThreadsFa, smem_kv, st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
   const dim3 q_grid(row_tiles, static_cast<unsigned>(a.B * a.NH));
-  flash_backward_q_kernel<HS, kT, kRope><<<q_grid, kThreadsFa, smem_q, st>>>(a, delta);
+  flash_backward_q_kernel<HS, kT, kRope, kSeg><<<q_grid, kThreadsFa, smem_q, st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -392,14 +436,18 @@ void flash_attention_forward(const FlashForwardArgs& args, void* stream) {
   GTRON_CHECK(
       is_aligned(a.q, 16) && is_aligned(a.k, 16) && is_aligned(a.v, 16) && is_aligned(a.o, 16),
       "flash_attention: operands must be 16-byte aligned");
+  GTRON_CHECK(a.seg == nullptr || (a.Tq == a.Tk && a.seg_batch >= a.Tq),
+              "flash_attention: document masking needs Tq = Tk (got ", a.Tq, ", ", a.Tk,
+              ") and segment rows of T ids (batch stride ", a.seg_batch, ")");
   if (static_cast<int64_t>(a.B) * a.NH * a.Tq == 0) return;
   const auto st = static_cast<cudaStream_t>(stream);
+  const bool seg = a.seg != nullptr;
   if (flash_wgmma_usable(a.HS)) {
     flash_wgmma_forward(a, st);
   } else if (a.HS == 64) {
-    forward_hs<64>(a, st);
+    seg ? forward_hs<64, true>(a, st) : forward_hs<64, false>(a, st);
   } else {
-    forward_hs<128>(a, st);
+    seg ? forward_hs<128, true>(a, st) : forward_hs<128, false>(a, st);
   }
 }
 
@@ -420,12 +468,24 @@ void flash_attention_backward(const FlashBackwardArgs& args, float* scratch, voi
               "flash_attention: operands must be 16-byte aligned");
   if (static_cast<int64_t>(a.B) * a.NH * a.T == 0) return;
   GTRON_CHECK(scratch != nullptr, "flash_attention: backward needs scratch");
+  GTRON_CHECK(a.seg == nullptr || a.seg_batch >= a.T, "flash_attention: segment batch stride ",
+              a.seg_batch, " below T = ", a.T);
   const auto st = static_cast<cudaStream_t>(stream);
-  const bool rope = a.rope_inv_freq != nullptr;
+  const bool rope = a.rope_inv_freq != nullptr, seg = a.seg != nullptr;
   if (a.HS == 64) {
-    rope ? backward_hs<64, true>(a, scratch, st) : backward_hs<64, false>(a, scratch, st);
+    if (seg) {
+      rope ? backward_hs<64, true, true>(a, scratch, st)
+           : backward_hs<64, false, true>(a, scratch, st);
+    } else {
+      rope ? backward_hs<64, true, false>(a, scratch, st)
+           : backward_hs<64, false, false>(a, scratch, st);
+    }
+  } else if (seg) {
+    rope ? backward_hs<128, true, true>(a, scratch, st)
+         : backward_hs<128, false, true>(a, scratch, st);
   } else {
-    rope ? backward_hs<128, true>(a, scratch, st) : backward_hs<128, false>(a, scratch, st);
+    rope ? backward_hs<128, true, false>(a, scratch, st)
+         : backward_hs<128, false, false>(a, scratch, st);
   }
 }
 

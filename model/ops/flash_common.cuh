@@ -37,15 +37,17 @@ __device__ __forceinline__ void load_rows(bf16* tile, const bf16* g, int64_t ld,
   }
 }
 
-// The key/value double buffer of a CTA walking key tiles 0 .. n_tiles − 1: issues tile j + 1's
-// loads into the other buffer (when there is one), then waits until tile j's have landed and
-// every thread sees them (with kAsync, wgmma's async proxy too, and tiles in panels). Tile j sits
-// in buffer j % 2. Called by all threads.
+// The key/value double buffer of a CTA walking key tiles first .. n_tiles − 1: issues tile
+// j + 1's loads into the other buffer (when there is one), then waits until tile j's have landed
+// and every thread sees them (with kAsync, wgmma's async proxy too, and tiles in panels). Tile j
+// sits in buffer (j − first) % 2; `first` is 0 but under document masking (Note [document masking
+// in the flash kernels]). Called by all threads.
 template <int HS, int kN, bool kAsync = false>
 __device__ __forceinline__ void next_kv_tile(bf16* sK, bf16* sV, const bf16* gk, const bf16* gv,
-                                             int64_t ld, int j, int n_tiles, int len) {
+                                             int64_t ld, int j, int n_tiles, int len,
+                                             int first = 0) {
   if (j + 1 < n_tiles) {
-    const int nb = (j + 1) & 1;
+    const int nb = (j + 1 - first) & 1;
     load_rows<HS, kN, kAsync>(sK + nb * kN * HS, gk, ld, (j + 1) * kN, len);
     load_rows<HS, kN, kAsync>(sV + nb * kN * HS, gv, ld, (j + 1) * kN, len);
     cp_async_commit();
@@ -188,13 +190,70 @@ __device__ __forceinline__ void store_grad_rows(const float (&acc_in)[HS / 8][4]
   write_column_partials<HS>(cs, lane, warp, red, a.col_partial + chunk * width + col0);
 }
 
+// Note [document masking in the flash kernels]
+// With FlashForwardArgs::seg / FlashBackwardArgs::seg set (Note [document masking] in
+// model/ops/segments.h; Tq = Tk = T), query i sees key j <= i only when seg[j] == seg[i]. The
+// segments of a row never decrease, which keeps the mask cheap; the kernels built with kSeg carry
+// it, the others are the unmasked kernels unchanged (their walks start at the constant 0):
+// - Tile skipping. The forward and the query kernel start their walk at key tile j0, the first
+//   whose last key is in the segment of the CTA's first query or later: every key of an earlier
+//   tile lies in an earlier segment than every query of the CTA. The key kernel stops each query
+//   head's walk after the last query tile whose first query is in the segment of the CTA's last
+//   key or earlier: every query of a later tile lies in a later segment than every key of the CTA.
+//   Both counts come from one __syncthreads_count per 128 tiles (cta_count: each thread tests one
+//   tile), not from a chain of dependent loads. The causal skip stays as it is. The walk from j0
+//   keeps tile j in buffer (j − j0) % 2 (next_kv_tile's `first`).
+// - Element masks. A tile that the causal test leaves whole is masked by segment only when its
+//   keys and the warp's queries are not all in one segment, and since segments never decrease
+//   one comparison tells: seg[first key of the tile] != seg[last query of the warp] (forward,
+//   query kernel), seg[first key of the warp] != seg[last query of the tile] (key kernel).
+//   Masked entries get score −∞ (forward) or probability 0 (backward), as the causal mask's do.
+//   A row always sees itself, so no row's softmax sum is empty; a row whose first visited tile
+//   is all masked for it keeps m = −∞ through the update, as a causal row past the diagonal does.
+// - Cost in registers (ptxas, sm_90a, 2026-12): the kSeg wgmma kernels take 2 to 6 more than
+//   their unmasked twins (forward 110 / 154 at head size 64 / 128, query kernel 132 / 164, key
+//   kernel 172 / 241), no spills; at head size 64 the query kernel then fits three CTAs an SM
+//   instead of four. The mma.sync key kernel at head size 128 (the pre-Hopper fallback) spills
+//   180 bytes against 40. The PTX of the unmasked kernels is the same as before the mask existed.
+
+// The segment ids of one batch row (kSeg kernels): `row` (seg + b·seg_batch) and, for each of a
+// lane's two accumulator rows, the segment of its query (forward, query kernel) or key (key
+// kernel); indices past T read the last position's.
+struct SegRows {
+  const int32_t* row = nullptr;
+  int32_t own[2] = {0, 0};
+  __device__ __forceinline__ int32_t at(int i, int T) const { return row[min(i, T - 1)]; }
+};
+
+// The number of i in [0, n) for which pred(i) holds. Every thread of the CTA calls it (one
+// barrier per kThreadsFa candidates).
+template <typename Pred>
+__device__ __forceinline__ int cta_count(int n, Pred pred) {
+  int total = 0;
+  for (int base = 0; base < n; base += kThreadsFa) {
+    const int i = base + static_cast<int>(threadIdx.x);
+    total += __syncthreads_count(i < n && pred(i));
+  }
+  return total;
+}
+
+// The forward's and query kernel's first key tile (of kN keys) not wholly before the segment of
+// query q0, among n_tiles (Note [document masking in the flash kernels]).
+template <int kN>
+__device__ __forceinline__ int first_key_tile(const SegRows& sr, int q0, int n_tiles, int T) {
+  const int32_t first = sr.at(q0, T);
+  return cta_count(n_tiles, [&](int j) { return sr.at(j * kN + kN - 1, T) < first; });
+}
+
 // The causal mask and the online-softmax update of one 16-row accumulator tile (rows row_base
 // and row_base + 8 of this lane), turning s into P in place and rescaling o.
-template <int HS, int NT>
+// kSeg: also the document mask, `sr` holding the rows' segments (Note [document masking in the
+// flash kernels]).
+template <int HS, int NT, bool kSeg = false>
 __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[HS / 8][4],
                                                float (&m)[2], float (&l)[2], int row_base, int k0,
                                                bool masked, const FlashForwardArgs& a, int lane,
-                                               float sl2) {
+                                               float sl2, const SegRows& sr = SegRows()) {
   const int off = a.Tk - a.Tq;
   if (masked) {
 #pragma unroll
@@ -204,6 +263,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[HS 
         const int key = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
         const int row = row_base + (e >> 1) * 8;
         if (key > row + off || key >= a.Tk) s[nt][e] = -INFINITY;
+        if constexpr (kSeg) {
+          if (key < a.Tk && sr.row[key] != sr.own[e >> 1]) s[nt][e] = -INFINITY;
+        }
       }
     }
   }
@@ -296,6 +358,14 @@ struct KeyWalk {
   }
   __device__ __forceinline__ int head(int i) const { return hk * group + i / per; }
   __device__ __forceinline__ int tile(int i) const { return qt0 + i % per; }
+  // Document masking: each head's walk ends after the query tiles of the segment of the CTA's
+  // last key, whose segment is `last` (Note [document masking in the flash kernels]). Every
+  // thread calls it. The diagonal tile always stays (its first query precedes the keys).
+  template <int kQ>
+  __device__ __forceinline__ void keep_segment(const SegRows& sr, int32_t last, int T) {
+    per = cta_count(per, [&](int i) { return sr.at((qt0 + i) * kQ, T) <= last; });
+    n = group * per;
+  }
 };
 
 // The key kernel's query tile qt into buffer `buf`: Q and dO rows by cp.async (the caller commits;
@@ -317,10 +387,12 @@ __device__ __forceinline__ void load_query_tile(bf16* sQ, bf16* sO, float* sL, f
 // The key kernel's elementwise step on one tile: p (Sᵀ: this lane's keys key_base, key_base + 8
 // by the tile's queries from qs0) becomes Pᵀ and ds (dPᵀ) becomes dSᵀ = Pᵀ ⊙ (dPᵀ − Δ). L and D
 // are the tile's log-sum-exps (log2 units) and Δ. Only the diagonal and tail tiles are masked.
-template <int NT>
+// kSeg: also the document mask, `sr` holding the keys' segments.
+template <int NT, bool kSeg = false>
 __device__ __forceinline__ void key_tile_grads(float (&p)[NT][4], float (&ds)[NT][4],
                                                const float* L, const float* D, float sl2, int qs0,
-                                               int key_base, bool masked, int T, int lane) {
+                                               int key_base, bool masked, int T, int lane,
+                                               const SegRows& sr = SegRows()) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int qi = nt * 8 + (lane & 3) * 2;
@@ -332,7 +404,7 @@ __device__ __forceinline__ void key_tile_grads(float (&p)[NT][4], float (&ds)[NT
       if (masked) {
         const int q = qs0 + qi + (e & 1);
         const int key = key_base + (e >> 1) * 8;
-        if (q < key || q >= T || key >= T) pe = 0.0f;
+        if (q < key || q >= T || key >= T || (kSeg && sr.row[q] != sr.own[e >> 1])) pe = 0.0f;
       }
       p[nt][e] = pe;
       ds[nt][e] = pe * (ds[nt][e] - ((e & 1) ? dq.y : dq.x));
@@ -343,11 +415,12 @@ __device__ __forceinline__ void key_tile_grads(float (&p)[NT][4], float (&ds)[NT
 // The query kernel's elementwise step on one tile: with p = S (this lane's rows row_base,
 // row_base + 8 by the keys from k0), ds (dP) becomes dS = P ⊙ (dP − Δ). L and D are the rows'
 // log-sum-exps (log2 units) and Δ.
-template <int NT>
+// kSeg: also the document mask, `sr` holding the rows' segments.
+template <int NT, bool kSeg = false>
 __device__ __forceinline__ void query_tile_grads(const float (&p)[NT][4], float (&ds)[NT][4],
                                                  const float (&L)[2], const float (&D)[2],
                                                  float sl2, int k0, int row_base, bool masked,
-                                                 int T, int lane) {
+                                                 int T, int lane, const SegRows& sr = SegRows()) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -356,7 +429,7 @@ __device__ __forceinline__ void query_tile_grads(const float (&p)[NT][4], float 
       if (masked) {
         const int key = k0 + nt * 8 + (lane & 3) * 2 + (e & 1);
         const int row = row_base + (e >> 1) * 8;
-        if (key > row || key >= T) pe = 0.0f;
+        if (key > row || key >= T || (kSeg && sr.row[key] != sr.own[e >> 1])) pe = 0.0f;
       }
       ds[nt][e] = pe * (ds[nt][e] - D[e >> 1]);
     }

@@ -112,12 +112,13 @@ __device__ __forceinline__ void tiles_landed() {
 }
 
 // Key tile j (rows j·64 ..) into the forward's one key buffer and value tile j into value buffer
-// j % 2, as one cp.async group (Note [one key buffer in the forward]).
+// (j − first) % 2, as one cp.async group (Note [one key buffer in the forward]; `first`: the
+// walk's first tile, Note [document masking in the flash kernels]).
 template <int HS>
 __device__ __forceinline__ void load_kv(bf16* sK, bf16* sV, const bf16* gk, const bf16* gv,
-                                        int64_t ld, int j, int len) {
+                                        int64_t ld, int j, int len, int first = 0) {
   load_rows<HS, kTile, true>(sK, gk, ld, j * kTile, len);
-  load_rows<HS, kTile, true>(sV + (j & 1) * tile_elems<HS>(), gv, ld, j * kTile, len);
+  load_rows<HS, kTile, true>(sV + ((j - first) & 1) * tile_elems<HS>(), gv, ld, j * kTile, len);
   cp_async_commit();
 }
 
@@ -141,7 +142,8 @@ constexpr int fwd_smem() {  // Q, K, V[2]
   return 4 * tile_elems<HS>() * 2 + kAlignPad;
 }
 
-template <int HS>
+// kSeg: with document masking (Note [document masking in the flash kernels]).
+template <int HS, bool kSeg>
 __global__ void __launch_bounds__(kThreadsFa) wg_forward_kernel(FlashForwardArgs a) {
   constexpr int NT = kTile / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -162,23 +164,35 @@ __global__ void __launch_bounds__(kThreadsFa) wg_forward_kernel(FlashForwardArgs
   load_rows<HS, kRows, true>(sQ, gq, a.q_ld, q0, a.Tq);
   const int kv_end = min(a.Tk, q0 + kRows + off);
   const int n_tiles = (kv_end + kTile - 1) / kTile;
-  load_rows<HS, kTile, true>(sK, gk, a.kv_ld, 0, a.Tk);
-  load_rows<HS, kTile, true>(sV, gv, a.kv_ld, 0, a.Tk);
+  int j0 = 0;  // the first key tile (Note [document masking in the flash kernels])
+  SegRows sr;
+  if constexpr (kSeg) {
+    sr.row = a.seg + b * a.seg_batch;
+    j0 = first_key_tile<kTile>(sr, q0, n_tiles, a.Tq);
+  }
+  load_rows<HS, kTile, true>(sK, gk, a.kv_ld, j0 * kTile, a.Tk);
+  load_rows<HS, kTile, true>(sV, gv, a.kv_ld, j0 * kTile, a.Tk);
   cp_async_commit();
 
   float o[HS / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float sl2 = a.scale * kLog2e;
   const int warp_row0 = q0 + warp * 16;
+  int32_t last_seg = 0;  // of the warp's last query
+  if constexpr (kSeg) {
+    sr.own[0] = sr.at(warp_row0 + (lane >> 2), a.Tq);
+    sr.own[1] = sr.at(warp_row0 + (lane >> 2) + 8, a.Tq);
+    last_seg = sr.at(warp_row0 + 15, a.Tq);
+  }
   uint32_t pa[kTile / 16][4] = {};  // P's operands: the last P·V reads them until the next wait
 
-  // n_tiles >= 1 (Tk >= Tq >= 1): a do-while, so no path reaches the final wait without a
-  // product in flight (ptxas serializes every wgmma when one does; see Note [flash attention on
-  // wgmma]).
-  int j = 0;
+  // n_tiles − j0 >= 1 (Tk >= Tq >= 1; j0 is at most the tile of query q0): a do-while, so no path
+  // reaches the final wait without a product in flight (ptxas serializes every wgmma when one
+  // does; see Note [flash attention on wgmma]).
+  int j = j0;
   do {
     tiles_landed<0>();
-    const bf16* vt = sV + (j & 1) * tile_elems<HS>();
+    const bf16* vt = sV + ((j - j0) & 1) * tile_elems<HS>();
     float s[NT][4];
     wg::fence();
     abt_hs<HS>(s, sQ, sK, false);
@@ -188,10 +202,11 @@ __global__ void __launch_bounds__(kThreadsFa) wg_forward_kernel(FlashForwardArgs
     wg::hold(o);
     wg::hold(pa);
     __syncthreads();  // no product reads K (tile j's scores are in) or tile j − 1's values
-    if (j + 1 < n_tiles) load_kv<HS>(sK, sV, gk, gv, a.kv_ld, j + 1, a.Tk);
+    if (j + 1 < n_tiles) load_kv<HS>(sK, sV, gk, gv, a.kv_ld, j + 1, a.Tk, j0);
     const int k0 = j * kTile;
-    const bool masked = k0 + kTile - 1 > warp_row0 + off || k0 + kTile > a.Tk;
-    online_softmax<HS, NT>(s, o, m, l, warp_row0 + (lane >> 2), k0, masked, a, lane, sl2);
+    bool masked = k0 + kTile - 1 > warp_row0 + off || k0 + kTile > a.Tk;
+    if constexpr (kSeg) masked = masked || sr.row[k0] != last_seg;
+    online_softmax<HS, NT, kSeg>(s, o, m, l, warp_row0 + (lane >> 2), k0, masked, a, lane, sl2, sr);
     wg::to_a(s, pa);
     wg::fence();
     pv_hs<HS>(o, pa, vt);
@@ -222,7 +237,7 @@ constexpr int bwd_kv_smem() {  // K, V, Q[2], dO[2], lse[2], Δ[2]
 
 // dK and dV of 64 keys of one (b, k/v head), over the query tiles from the diagonal on of each
 // query head that reads it (Note [grouped-query flash attention]).
-template <int HS, bool kRope>
+template <int HS, bool kRope, bool kSeg>
 __global__ void __launch_bounds__(kThreadsFa)
     wg_backward_kv_kernel(FlashBackwardArgs a, const float* __restrict__ delta) {
   constexpr int NT = kTile / 8;
@@ -236,7 +251,7 @@ __global__ void __launch_bounds__(kThreadsFa)
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int k0 = blockIdx.x * kRows;  // key tile 0 sees every query: the longest first
-  const KeyWalk walk(a, k0, kTile);
+  KeyWalk walk(a, k0, kTile);
   const int b = walk.b, hk = walk.hk;
   const int64_t ld = a.qkv_ld;
   const bf16* row = static_cast<const bf16*>(a.qkv) + b * a.qkv_batch;
@@ -255,6 +270,16 @@ __global__ void __launch_bounds__(kThreadsFa)
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   const float sl2 = a.scale * kLog2e;
   const int key_base = k0 + warp * 16 + (lane >> 2);
+  // The first query tile loads the same whatever the walk's length: it is cut here.
+  SegRows sr;             // the keys' segments (Note [document masking in the flash kernels])
+  int32_t first_seg = 0;  // of the warp's first key
+  if constexpr (kSeg) {
+    sr.row = a.seg + b * a.seg_batch;
+    walk.keep_segment<kTile>(sr, sr.at(k0 + kRows - 1, a.T), a.T);
+    sr.own[0] = sr.at(key_base, a.T);
+    sr.own[1] = sr.at(key_base + 8, a.T);
+    first_seg = sr.at(k0 + warp * 16, a.T);
+  }
 
   for (int it = 0; it < walk.n; ++it) {
     const int buf = it & 1;
@@ -280,8 +305,9 @@ __global__ void __launch_bounds__(kThreadsFa)
     wg::hold(p);
     wg::hold(ds);
     const int qs0 = walk.tile(it) * kTile;
-    const bool masked = qs0 < k0 + kRows || qs0 + kTile > a.T || k0 + kRows > a.T;
-    key_tile_grads<NT>(p, ds, L, D, sl2, qs0, key_base, masked, a.T, lane);
+    bool masked = qs0 < k0 + kRows || qs0 + kTile > a.T || k0 + kRows > a.T;
+    if constexpr (kSeg) masked = masked || sr.at(qs0 + kTile - 1, a.T) != first_seg;
+    key_tile_grads<NT, kSeg>(p, ds, L, D, sl2, qs0, key_base, masked, a.T, lane, sr);
     uint32_t pa[4][4], dsa[4][4];
     wg::to_a(p, pa);
     wg::to_a(ds, dsa);
@@ -312,7 +338,7 @@ constexpr int bwd_q_smem() {  // Q, dO, K[2], V[2]
 }
 
 // dQ of 64 queries of one (b, h), over the key tiles (of its k/v head) up to the diagonal.
-template <int HS, bool kRope>
+template <int HS, bool kRope, bool kSeg>
 __global__ void __launch_bounds__(kThreadsFa)
     wg_backward_q_kernel(FlashBackwardArgs a, float* __restrict__ delta) {
   constexpr int NT = kTile / 8;
@@ -330,18 +356,31 @@ __global__ void __launch_bounds__(kThreadsFa)
   const int64_t ld = a.qkv_ld;
   const bf16 *gq = head.q, *gk = head.k, *gv = head.v, *gdo = head.dout;
 
-  // O's rows go to the second value buffer, which tile 1 overwrites only after Δ is formed.
+  int j0 = 0;  // the first key tile (Note [document masking in the flash kernels])
+  SegRows sr;
+  if constexpr (kSeg) {
+    sr.row = a.seg + b * a.seg_batch;
+    j0 = first_key_tile<kTile>(sr, q0, (min(a.T, q0 + kRows) + kTile - 1) / kTile, a.T);
+  }
+  // O's rows go to the second value buffer, which tile j0 + 1 overwrites only after Δ is formed.
   const bf16* go = static_cast<const bf16*>(a.o) + b * a.o_batch + h * HS;
   bf16* sOut = sV + tile_elems<HS>();
   load_rows<HS, kRows, true>(sQ, gq, ld, q0, a.T);
   load_rows<HS, kRows, true>(sO, gdo, a.o_ld, q0, a.T);
   load_rows<HS, kRows, true>(sOut, go, a.o_ld, q0, a.T);
-  load_rows<HS, kTile, true>(sK, gk, ld, 0, a.T);
-  load_rows<HS, kTile, true>(sV, gv, ld, 0, a.T);
+  load_rows<HS, kTile, true>(sK, gk, ld, j0 * kTile, a.T);
+  load_rows<HS, kTile, true>(sV, gv, ld, j0 * kTile, a.T);
   cp_async_commit();
   const int n_tiles = (min(a.T, q0 + kRows) + kTile - 1) / kTile;
 
   const int row_base = q0 + warp * 16 + (lane >> 2);
+  int32_t last_seg = 0;  // of the warp's last query
+  if constexpr (kSeg) {
+    sr.own[0] = sr.at(row_base, a.T);
+    sr.own[1] = sr.at(row_base + 8, a.T);
+    last_seg = sr.at(q0 + warp * 16 + 15, a.T);
+  }
+
   float L[2], D[2];
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -373,14 +412,14 @@ __global__ void __launch_bounds__(kThreadsFa)
     D[rr] = row < a.T ? sum : 0.0f;
     if ((lane & 3) == 0 && row < a.T) delta[static_cast<int64_t>(blockIdx.y) * a.T + row] = sum;
   }
-  __syncthreads();  // tile 1's loads overwrite O's rows
+  __syncthreads();  // tile j0 + 1's loads overwrite O's rows
   float dq[HS / 8][4] = {};
   const float sl2 = a.scale * kLog2e;
 
-  for (int j = 0; j < n_tiles; ++j) {
-    next_kv_tile<HS, kTile, true>(sK, sV, gk, gv, ld, j, n_tiles, a.T);
-    const bf16* kt = sK + (j & 1) * tile_elems<HS>();
-    const bf16* vt = sV + (j & 1) * tile_elems<HS>();
+  for (int j = j0; j < n_tiles; ++j) {
+    next_kv_tile<HS, kTile, true>(sK, sV, gk, gv, ld, j, n_tiles, a.T, j0);
+    const bf16* kt = sK + ((j - j0) & 1) * tile_elems<HS>();
+    const bf16* vt = sV + ((j - j0) & 1) * tile_elems<HS>();
     float p[NT][4], ds[NT][4];
     wg::fence();
     abt_hs<HS>(p, sQ, kt, false);
@@ -390,8 +429,9 @@ __global__ void __launch_bounds__(kThreadsFa)
     wg::hold(p);
     wg::hold(ds);
     const int k0 = j * kTile;
-    const bool masked = k0 + kTile > q0 || k0 + kTile > a.T;
-    query_tile_grads<NT>(p, ds, L, D, sl2, k0, row_base, masked, a.T, lane);
+    bool masked = k0 + kTile > q0 || k0 + kTile > a.T;
+    if constexpr (kSeg) masked = masked || sr.row[k0] != last_seg;
+    query_tile_grads<NT, kSeg>(p, ds, L, D, sl2, k0, row_base, masked, a.T, lane, sr);
     uint32_t dsa[4][4];
     wg::to_a(ds, dsa);
     wg::fence();
@@ -434,38 +474,50 @@ bool flash_wgmma_usable(int64_t HS) {
 
 namespace {
 
-template <int HS>
+template <int HS, bool kSeg>
 void forward_hs(const FlashForwardArgs& a, cudaStream_t st) {
-  static const bool once = (allow_smem(wg_forward_kernel<HS>, fwd_smem<HS>()), true);
+  static const bool once = (allow_smem(wg_forward_kernel<HS, kSeg>, fwd_smem<HS>()), true);
   (void)once;
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.Tq, kRows)),
                   static_cast<unsigned>(a.B * a.NH));
-  wg_forward_kernel<HS><<<grid, kThreadsFa, fwd_smem<HS>(), st>>>(a);
+  wg_forward_kernel<HS, kSeg><<<grid, kThreadsFa, fwd_smem<HS>(), st>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int HS, bool kRope, bool kSeg>
+void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
+  static const bool once =
+      (allow_smem(wg_backward_kv_kernel<HS, kRope, kSeg>, bwd_kv_smem<HS>()),
+       allow_smem(wg_backward_q_kernel<HS, kRope, kSeg>, bwd_q_smem<HS>()), true);
+  (void)once;
+  const unsigned row_tiles = static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows));
+  const dim3 q_grid(row_tiles, static_cast<unsigned>(a.B * a.NH));
+  wg_backward_q_kernel<HS, kRope, kSeg>
+      <<<q_grid, kThreadsFa, bwd_q_smem<HS>(), st>>>(a, delta);  // Δ
+  CUDA_CHECK_LAUNCH();
+  const dim3 kv_grid(row_tiles, static_cast<unsigned>(a.B * a.NKV));
+  wg_backward_kv_kernel<HS, kRope, kSeg><<<kv_grid, kThreadsFa, bwd_kv_smem<HS>(), st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
 }
 
 template <int HS, bool kRope>
-void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
-  static const bool once = (allow_smem(wg_backward_kv_kernel<HS, kRope>, bwd_kv_smem<HS>()),
-                            allow_smem(wg_backward_q_kernel<HS, kRope>, bwd_q_smem<HS>()), true);
-  (void)once;
-  const unsigned row_tiles = static_cast<unsigned>(ceil_div<int64_t>(a.T, kRows));
-  const dim3 q_grid(row_tiles, static_cast<unsigned>(a.B * a.NH));
-  wg_backward_q_kernel<HS, kRope><<<q_grid, kThreadsFa, bwd_q_smem<HS>(), st>>>(a, delta);  // Δ
-  CUDA_CHECK_LAUNCH();
-  const dim3 kv_grid(row_tiles, static_cast<unsigned>(a.B * a.NKV));
-  wg_backward_kv_kernel<HS, kRope><<<kv_grid, kThreadsFa, bwd_kv_smem<HS>(), st>>>(a, delta);
-  CUDA_CHECK_LAUNCH();
+void backward_seg(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
+  if (a.seg != nullptr) {
+    backward_hs<HS, kRope, true>(a, delta, st);
+  } else {
+    backward_hs<HS, kRope, false>(a, delta, st);
+  }
 }
 
 }  // namespace
 
 void flash_wgmma_forward(const FlashForwardArgs& a, void* stream) {
   const auto st = static_cast<cudaStream_t>(stream);
+  const bool seg = a.seg != nullptr;
   if (a.HS == 64) {
-    forward_hs<64>(a, st);
+    seg ? forward_hs<64, true>(a, st) : forward_hs<64, false>(a, st);
   } else {
-    forward_hs<128>(a, st);
+    seg ? forward_hs<128, true>(a, st) : forward_hs<128, false>(a, st);
   }
 }
 
@@ -473,9 +525,9 @@ void flash_wgmma_backward(const FlashBackwardArgs& a, float* delta, void* stream
   const auto st = static_cast<cudaStream_t>(stream);
   const bool rope = a.rope_inv_freq != nullptr;
   if (a.HS == 64) {
-    rope ? backward_hs<64, true>(a, delta, st) : backward_hs<64, false>(a, delta, st);
+    rope ? backward_seg<64, true>(a, delta, st) : backward_seg<64, false>(a, delta, st);
   } else {
-    rope ? backward_hs<128, true>(a, delta, st) : backward_hs<128, false>(a, delta, st);
+    rope ? backward_seg<128, true>(a, delta, st) : backward_seg<128, false>(a, delta, st);
   }
 }
 

@@ -1,6 +1,9 @@
-// causal_attention_gqa and causal_attention_gqa_rope on CUDA against the CPU kernels (GPU test;
-// skipped without a GPU).
+// causal_attention_gqa and causal_attention_gqa_rope on CUDA against the CPU kernels, also with
+// document masking (GPU test; skipped without a GPU).
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
 
 #include "model/ops/attention.h"
 #include "model/ops/rope.h"
@@ -92,6 +95,48 @@ TEST(AttentionGqaCuda, FlashWithRopeMatchesTheComposedOps) {
   backward_with(yb, dy);
   EXPECT_EQ(ya.value().to_vector(), yb.value().to_vector());
   EXPECT_LT(testing::rel_diff(a.grad().to_vector(), b.grad().to_vector()), 4e-3);
+}
+
+// Document masking (Note [document masking] in model/ops/segments.h) through the ops: RoPE from
+// pos0 = 0 and grouped-query attention with segment ids, on CUDA (bf16: the flash kernels with
+// the fused rotation; fp32: rope, then the reference kernels) against the CPU.
+testing::OpCase gqa_rope_segments_case(int64_t B, int64_t T, int NH, int NKV, int HS) {
+  std::vector<int32_t> ids;
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t id = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      // Documents of 1, 64, 100 and then 37 tokens, the pattern shifted per sequence.
+      const int64_t u = t + 19 * b;
+      if (t > 0 && (u == 1 || u == 65 || u == 165 || (u > 165 && (u - 165) % 37 == 0))) ++id;
+      ids.push_back(id);
+    }
+  }
+  const std::vector<double> freqs = rope_inv_freq(HS, 500000.0);
+  testing::OpCase c;
+  c.f = [=](const std::vector<Var>& in, const std::vector<Var>&) {
+    const Tensor table = rope_table(freqs, in[0].device(), in[0].dtype());
+    const Tensor seg = Tensor::from_ints(ids, {B, T}).to(in[0].device());
+    return causal_attention_gqa_rope(in[0], table, NH, NKV, HS, 0, false, seg);
+  };
+  c.inputs = {testing::randn_tensor({B, T, (NH + 2 * int64_t{NKV}) * HS}, 6)};
+  return c;
+}
+
+TEST(AttentionGqaCuda, DocumentMaskWithRopeMatchesCpu) {
+  GTRON_REQUIRE_GPU();
+  for (int HS : {64, 128}) {
+    for (int64_t T : {7, 129, 1000}) {
+      SCOPED_TRACE("HS " + std::to_string(HS) + " T " + std::to_string(T));
+      testing::expect_cuda_matches_cpu(gqa_rope_segments_case(2, T, 8, 2, HS), DType::kBF16,
+                                       testing::kBF16Tol);
+      testing::expect_cuda_matches_cpu(gqa_rope_segments_case(1, T, 4, 1, HS), DType::kBF16,
+                                       testing::kBF16Tol);
+    }
+  }
+  testing::expect_cuda_matches_cpu(gqa_rope_segments_case(2, 129, 4, 2, 64), DType::kF32,
+                                   testing::kF32Tol);
+  testing::expect_cuda_matches_cpu(gqa_rope_segments_case(2, 9, 4, 2, 6), DType::kF32,
+                                   testing::kF32Tol);
 }
 
 }  // namespace

@@ -1,12 +1,17 @@
 // Flash attention (model/ops/flash_attention_cuda.cu) against the CPU kernel in f64 and against
 // the reference CUDA path, at odd lengths and head sizes 64 and 128, with as many k/v heads as
 // query heads (GPT-2) and with fewer (grouped-query, multi-query); key length above query length;
-// bit-identical reruns; no O(T²) memory (GPU test; skipped without a GPU).
+// bit-identical reruns; no O(T²) memory; document masking (segment ids: against the CPU and the
+// reference, packed documents against each document alone, one segment against the unmasked
+// kernels bit for bit) (GPU test; skipped without a GPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "model/ops/attention.h"
@@ -54,6 +59,9 @@ double rel_diff(const std::vector<double>& a, const std::vector<double>& b, int6
 struct Problem {
   int64_t B, T, NH, HS;
   int64_t NKV = 0;  // 0: NH
+  // Document masking: [B, T] segment ids (Note [document masking] in model/ops/segments.h); empty:
+  // none.
+  std::vector<int32_t> seg;
   int64_t kv() const { return NKV > 0 ? NKV : NH; }
   int64_t C() const { return NH * HS; }               // q and output width
   int64_t W() const { return (NH + 2 * kv()) * HS; }  // packed qkv width
@@ -62,6 +70,14 @@ struct Problem {
 struct Result {
   std::vector<double> out, lse, dqkv;
 };
+
+// The problem's segment ids on the GPU (undefined without).
+Tensor segments_on_gpu(const Problem& p) {
+  if (p.seg.empty()) return Tensor();
+  return Tensor::from_ints(p.seg, {p.B, p.T}).to(Device::cuda(0));
+}
+
+const int32_t* segments_on_host(const Problem& p) { return p.seg.empty() ? nullptr : p.seg.data(); }
 
 cuda::FlashForwardArgs forward_args(const Problem& p, const Tensor& qkv, Tensor& out, Tensor& lse) {
   const int64_t C = p.C(), W = p.W();
@@ -94,7 +110,11 @@ Result run_flash(const Problem& p, const std::vector<double>& qkv, const std::ve
   Tensor tdq = to_gpu_bf16(dqkv0, {p.B, p.T, W});
   Tensor out = Tensor::empty({p.B, p.T, C}, DType::kBF16, Device::cuda(0), &s);
   Tensor lse = Tensor::empty({p.B, p.NH, p.T}, DType::kF32, Device::cuda(0), &s);
-  cuda::flash_attention_forward(forward_args(p, tq, out, lse), s.native());
+  Tensor seg = segments_on_gpu(p);
+  cuda::FlashForwardArgs fa = forward_args(p, tq, out, lse);
+  fa.seg = seg.defined() ? seg.data<int32_t>() : nullptr;
+  fa.seg_batch = p.T;
+  cuda::flash_attention_forward(fa, s.native());
   cuda::FlashBackwardArgs b;
   b.qkv = tq.raw();
   b.o = out.raw();
@@ -111,6 +131,8 @@ Result run_flash(const Problem& p, const std::vector<double>& qkv, const std::ve
   b.HS = static_cast<int>(p.HS);
   b.T = static_cast<int>(p.T);
   b.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.HS)));
+  b.seg = fa.seg;
+  b.seg_batch = p.T;
   Tensor scratch = scratch_floats(cuda::flash_attention_backward_scratch_floats(p.B, p.T, p.NH), s);
   cuda::flash_attention_backward(b, scratch.data<float>(), s.native());
   return {to_host(out), to_host(lse), to_host(tdq)};
@@ -126,14 +148,16 @@ Result run_reference_cuda(const Problem& p, const std::vector<double>& qkv,
   Tensor tdq = to_gpu_bf16(dqkv0, {p.B, p.T, W});
   Tensor out = Tensor::empty({p.B, p.T, C}, DType::kBF16, Device::cuda(0), &s);
   Tensor lse = Tensor::empty({p.B, p.NH, p.T}, DType::kF32, Device::cuda(0), &s);
+  Tensor seg = segments_on_gpu(p);
+  const int32_t* sp = seg.defined() ? seg.data<int32_t>() : nullptr;
   Tensor fs = scratch_bytes(
       cuda::attention_gqa_forward_scratch_bytes(p.B, p.T, p.NH, NKV, p.HS, DType::kBF16), s);
   cuda::attention_gqa_forward(tq.raw(), out.raw(), lse.data<float>(), fs.raw(), p.B, p.T, p.NH, NKV,
-                              p.HS, DType::kBF16, s.native());
+                              p.HS, DType::kBF16, s.native(), sp);
   Tensor bs = scratch_bytes(
       cuda::attention_gqa_backward_scratch_bytes(p.B, p.T, p.NH, NKV, p.HS, DType::kBF16), s);
   cuda::attention_gqa_backward(tq.raw(), lse.data<float>(), tdo.raw(), tdq.raw(), bs.raw(), p.B,
-                               p.T, p.NH, NKV, p.HS, DType::kBF16, s.native());
+                               p.T, p.NH, NKV, p.HS, DType::kBF16, s.native(), sp);
   return {to_host(out), to_host(lse), to_host(tdq)};
 }
 
@@ -145,9 +169,9 @@ Result run_cpu_f64(const Problem& p, const std::vector<double>& qkv,
   r.lse.assign(p.B * p.NH * p.T, 0.0);
   r.dqkv = dqkv0;
   cpu::attention_gqa_forward<double>(qkv.data(), r.out.data(), r.lse.data(), p.B, p.T, p.NH, p.kv(),
-                                     p.HS);
+                                     p.HS, segments_on_host(p));
   cpu::attention_gqa_backward<double>(qkv.data(), r.lse.data(), dout.data(), r.dqkv.data(), p.B,
-                                      p.T, p.NH, p.kv(), p.HS);
+                                      p.T, p.NH, p.kv(), p.HS, segments_on_host(p));
   return r;
 }
 
@@ -334,6 +358,116 @@ TEST(FlashAttentionCuda, BackwardLeavesColumnPartialsOfDqkv) {
       Var plain = Var::leaf(to_gpu_bf16(bf16_values(B * T * 3 * C, 20 + T), {B, T, 3 * C}));
       backward_with(causal_attention(plain, static_cast<int>(NH)), dy);
       EXPECT_FALSE(plain.take_col_partials(&chunks).defined());
+    }
+  }
+}
+
+// Note [document masking in the flash kernels]: segment ids from document lengths that cycle
+// through `lengths` (the last one cut at T), the same for every sequence but shifted by `shift`
+// positions per sequence, so the boundaries fall at different places within the tiles.
+std::vector<int32_t> cycled_segments(int64_t B, int64_t T, const std::vector<int>& lengths,
+                                     int shift) {
+  std::vector<int32_t> seg;
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t id = 0;
+    int64_t left = lengths[0] - (b * shift) % lengths[0];
+    size_t next = 1;
+    for (int64_t t = 0; t < T; ++t) {
+      if (left == 0) {
+        ++id;
+        left = lengths[next++ % lengths.size()];
+      }
+      seg.push_back(id);
+      --left;
+    }
+  }
+  return seg;
+}
+
+// Document lengths that put boundaries inside tiles, on them (64, 128) and one position apart
+// (documents of 1 token), and a long document over many tiles.
+const std::vector<std::vector<int>> kDocumentLengths = {
+    {5, 1, 64, 17, 300, 1, 1, 90}, {64, 64, 128, 3}, {1000}, {2, 333, 40}};
+
+TEST(FlashAttentionCuda, DocumentMaskMatchesCpuF64AndReference) {
+  GTRON_REQUIRE_GPU();
+  for (int64_t HS : {64, 128}) {
+    for (int64_t T : {7, 129, 1000}) {
+      for (size_t l = 0; l < kDocumentLengths.size(); ++l) {
+        SCOPED_TRACE("HS " + std::to_string(HS) + " T " + std::to_string(T) + " lengths " +
+                     std::to_string(l));
+        for (Problem p : {Problem{1, T, 2, HS}, Problem{2, T, 4, HS, 2}, Problem{1, T, 4, HS, 1}}) {
+          p.seg = cycled_segments(p.B, T, kDocumentLengths[l], 37);
+          expect_flash_matches(p);
+        }
+      }
+    }
+  }
+}
+
+// Each document of a packed row, run alone through the unmasked kernels, gives the rows the
+// masked kernels give it in the packed row (to bf16 rounding: the tiles fall differently).
+TEST(FlashAttentionCuda, PackedDocumentsAreEachDocumentAlone) {
+  GTRON_REQUIRE_GPU();
+  for (int64_t HS : {64, 128}) {
+    for (int64_t NKV : {4, 2, 1}) {
+      const std::vector<int> docs = {70, 1, 200, 64, 129, 536};  // T = 1000
+      Problem p{1, 1000, 4, HS, NKV};
+      p.seg = cycled_segments(1, p.T, docs, 0);
+      const int64_t C = p.C(), W = p.W();
+      const auto qkv = bf16_values(p.T * W, 40 + HS + NKV);
+      const auto dout = bf16_values(p.T * C, 41 + HS + NKV);
+      const std::vector<double> zeros(p.T * W, 0.0);
+      const Result packed = run_flash(p, qkv, dout, zeros);
+      int64_t t0 = 0;
+      double worst_out = 0, worst_lse = 0, worst_grad = 0;
+      for (int len : docs) {
+        const Problem alone{1, len, 4, HS, NKV};
+        const auto cut = [&](const std::vector<double>& v, int64_t width) {
+          return std::vector<double>(v.begin() + t0 * width, v.begin() + (t0 + len) * width);
+        };
+        const Result r =
+            run_flash(alone, cut(qkv, W), cut(dout, C), std::vector<double>(len * W, 0.0));
+        worst_out = std::max(worst_out, rel_diff(cut(packed.out, C), r.out));
+        worst_grad = std::max(worst_grad, rel_diff(cut(packed.dqkv, W), r.dqkv));
+        for (int64_t h = 0; h < 4; ++h) {
+          for (int64_t t = 0; t < len; ++t) {
+            worst_lse =
+                std::max(worst_lse, std::abs(packed.lse[h * p.T + t0 + t] - r.lse[h * len + t]));
+          }
+        }
+        t0 += len;
+      }
+      std::printf("HS %ld NKV %ld: packed vs alone: out %.3g, dqkv %.3g (normwise), lse %.3g\n",
+                  static_cast<long>(HS), static_cast<long>(NKV), worst_out, worst_grad, worst_lse);
+      EXPECT_LT(worst_out, testing::kBF16Tol);
+      EXPECT_LT(worst_grad, testing::kBF16Tol);
+      EXPECT_LT(worst_lse, 1e-3);
+    }
+  }
+}
+
+// One segment over the whole row: the masked kernels compute exactly what the unmasked ones do
+// (no tile skipped, no element masked but the causal ones), bit for bit; reruns repeat.
+TEST(FlashAttentionCuda, OneSegmentIsTheUnmaskedKernelBitForBit) {
+  GTRON_REQUIRE_GPU();
+  for (int64_t HS : {64, 128}) {
+    for (int64_t NKV : {4, 1}) {
+      Problem p{2, 333, 4, HS, NKV};
+      const auto qkv = bf16_values(p.B * p.T * p.W(), 50);
+      const auto dout = bf16_values(p.B * p.T * p.C(), 51);
+      const auto g0 = grad_init(p);
+      const Result open = run_flash(p, qkv, dout, g0);
+      p.seg.assign(p.B * p.T, 0);
+      const Result one = run_flash(p, qkv, dout, g0);
+      EXPECT_EQ(one.out, open.out) << "HS " << HS << " NKV " << NKV;
+      EXPECT_EQ(one.lse, open.lse) << "HS " << HS << " NKV " << NKV;
+      EXPECT_EQ(one.dqkv, open.dqkv) << "HS " << HS << " NKV " << NKV;
+      p.seg = cycled_segments(p.B, p.T, {50, 1, 90}, 11);
+      const Result a = run_flash(p, qkv, dout, g0), b = run_flash(p, qkv, dout, g0);
+      EXPECT_EQ(a.out, b.out);
+      EXPECT_EQ(a.dqkv, b.dqkv);
+      EXPECT_NE(a.out, open.out) << "the mask changes the output";
     }
   }
 }

@@ -1,8 +1,8 @@
 // The whole GPT + MTP (D = 2) model on CUDA against the CPU, on a tiny config with odd sizes:
 // the loss and every parameter gradient after one forward + backward, in fp32 (tight) and in bf16
 // mixed precision (Bf16Weights: bf16 shadows, bf16 activations, fp32 main_grad). Also the device
-// window path (shifted inputs and targets cut on the GPU) against the host one, and the llama
-// family's tiny model the same way.
+// window path (shifted inputs and targets cut on the GPU) against the host one, the llama
+// family's tiny model the same way, and both with document masking.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -346,6 +346,49 @@ TEST(GptCuda, DeferredColumnFinishesKeepGradientsBitForBit) {
     for (size_t i = 0; i < params.size(); ++i) {
       params[i]->grad_ready = nullptr;
       EXPECT_EQ(seen[i], hooked.grads[i]) << params[i]->name << (bf16 ? " bf16" : " fp32");
+    }
+  }
+}
+
+// Document masking (GPTConfig::document_start, Note [document masking] in model/ops/segments.h):
+// the segment ids and GPT-2's restarted positions made on the device, the masked reference
+// kernels (fp32; GPT-2's head size 20 in bf16 too) and flash kernels (llama HS 64 in bf16), MTP
+// D = 2, against the CPU; reruns repeat bit for bit; the mask changes the loss.
+TEST(GptCuda, DocumentMaskingMatchesCpu) {
+  GTRON_REQUIRE_GPU();
+  GPTConfig llama = tiny_config();
+  llama.arch = Arch::kLlama;
+  llama.n_head = 4;
+  llama.n_kv_head = 2;
+  llama.head_dim = 64;
+  llama.intermediate_size = 56;
+  llama.qk_norm = true;
+  llama.rope_theta = 10000;
+  for (GPTConfig c : {tiny_config(), llama}) {
+    SCOPED_TRACE(c.llama() ? "llama" : "gpt2");
+    c.document_start = 60;
+    Tensor window = random_window(3, 11, c.vocab_size, 3);
+    // Documents open at positions 3, 4 and 9 of row 0, 6 of row 1 (and 0, which opens nothing
+    // more), none in row 2.
+    for (int64_t i : {3, 4, 9, 12 + 6, 12 + 0}) window.data<int32_t>()[i] = 60;
+    GPT cpu(c, DType::kF32, Device::cpu(), 5);
+    const Result ref = run(cpu, window);
+    GPTConfig open_cfg = c;
+    open_cfg.document_start = -1;
+    GPT open(open_cfg, DType::kF32, Device::cpu(), 5);
+    EXPECT_GT(std::abs(run(open, window).losses[1] - ref.losses[1]), 1e-4);
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+      TinyModel tiny(c, Device::cuda(0), bf16);
+      const Result got = run(tiny.model, window.to(Device::cuda(0)));
+      if (bf16) {
+        expect_close(got, ref, 1e-2, 0.1);
+      } else {
+        expect_close(got, ref, 1e-5, 1e-4);
+      }
+      const Result again = run(tiny.model, window.to(Device::cuda(0)));
+      EXPECT_EQ(again.losses, got.losses);
+      for (size_t i = 0; i < got.grads.size(); ++i) EXPECT_EQ(again.grads[i], got.grads[i]);
     }
   }
 }
