@@ -96,16 +96,14 @@ Var LlamaBlock::forward(const Var& x, WeightAccess& w, int64_t pos0, const Tenso
 
 Var LlamaBlock::forward(const Var& x, WeightAccess& w, const Attention& attend,
                         const QkNormRope* rope) const {
-  GTRON_CHECK(moe == nullptr || !x.device().is_cuda(),
-              "model.moe: the CUDA path is not built yet (mixture-of-experts blocks run on the "
-              "CPU only)");
   Var qkv_out = norm_linear(attn_norm, qkv, x, w);  // [B, T, (NH + 2·NKV)·HS]
   if (qk_norm_on) {
     qkv_out = qk_rmsnorm(qkv_out, NH, NKV, HS, Var::param(*q_norm.weight),
                          Var::param(*k_norm.weight), q_norm.eps, rope);
   }
   const Var attn = attend(qkv_out);
-  if (x.device().is_cuda() && o_proj.tp == nullptr && residual_in_gemm()) {
+  // A mixture-of-experts MLP takes the add + norm path below (it has no gate_up to fuse).
+  if (x.device().is_cuda() && o_proj.tp == nullptr && residual_in_gemm() && !moe) {
     Var h = o_proj.forward(attn, w, x);  // x + o_proj(attn), the residual in the GEMM's epilogue
     return mlp_after_gate_up(norm_linear(mlp_norm, gate_up, h, w), h, w);
   }

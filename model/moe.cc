@@ -60,7 +60,15 @@ MoeLayer::MoeLayer(ParamRegistry& reg, const std::string& name, int64_t C, const
     shared_gate_up_ = LinearLayer(reg, name + ".shared.gate_up", C, 2 * Fs, false, std);
     shared_down_ = LinearLayer(reg, name + ".shared.down", Fs, C, false, resid_std);
   }
-  bias_ = Tensor::zeros({d.E}, reg.dtype());
+  const Device dev = router_.weight->data.device();
+  if (dev.is_cuda()) {  // Note [MoE on CUDA]: the bias and the load counters on the device
+    GTRON_CHECK(d.E <= cuda::kMaxExperts, "MoE layer ", name, ": ", d.E,
+                " experts; CUDA takes at most ", cuda::kMaxExperts);
+    bias_ = Tensor::zeros({d.E}, DType::kF32, dev);
+    load_dev_ = Tensor::zeros({d.E}, DType::kI32, dev);
+  } else {
+    bias_ = Tensor::zeros({d.E}, reg.dtype());
+  }
 }
 
 bool MoeLayer::holds_elsewhere(const std::string& name) const {
@@ -154,7 +162,9 @@ Var MoeLayer::exchange_experts(const Var& xp, const MoePlan& plan, WeightAccess&
 }
 
 Var MoeLayer::forward(const Var& g, WeightAccess& w) {
-  GTRON_CHECK(!g.device().is_cuda(), "model.moe: the CUDA path is not built yet");
+  const bool cuda = g.device().is_cuda();
+  GTRON_CHECK(!cuda || d_.ep_size == 1, "MoE layer ", name_,
+              ": expert parallelism is not built on CUDA (parallel.ep = ", d_.ep_size, ")");
   const bool sigmoid = d_.router == MoeRouterKind::kSigmoid;
   const bool counting = grad_enabled();
 
@@ -166,7 +176,8 @@ Var MoeLayer::forward(const Var& g, WeightAccess& w) {
     aux_ = moe_aux_loss(scores, top.ids, d_.aux_loss_weight, /*normalize_rows=*/sigmoid);
     if (counting) last_aux_value_ = aux_.value();
   }
-  const MoePlan plan = moe_plan(top.ids, d_.E, counting ? load_.data() : nullptr);
+  const MoePlan plan = cuda ? moe_plan(top.ids, d_.E, nullptr, counting ? load_dev_ : Tensor())
+                            : moe_plan(top.ids, d_.E, counting ? load_.data() : nullptr);
 
   // The experts over the permuted rows, [N·k, C] in expert order, here or across the EP group.
   const Var xp = moe_dispatch(g, plan);
@@ -182,7 +193,20 @@ Var MoeLayer::take_aux_loss() {
   return a;
 }
 
+std::vector<int64_t>& MoeLayer::load() {
+  pull_load();
+  return load_;
+}
+
+void MoeLayer::pull_load() const {
+  if (!load_dev_.defined()) return;
+  const std::vector<double> counts = load_dev_.to_vector();  // waits for the plan kernels
+  for (size_t e = 0; e < load_.size(); ++e) load_[e] += static_cast<int64_t>(counts[e]);
+  load_dev_.zero_(&current_stream(load_dev_.device()));
+}
+
 MoeLayerStats MoeLayer::stats(int layer) const {
+  pull_load();
   MoeLayerStats s;
   s.layer = layer;
   s.tokens = load_;
@@ -203,6 +227,7 @@ MoeLayerStats MoeLayer::stats(int layer) const {
 }
 
 void MoeLayer::update_bias() {
+  pull_load();
   if (d_.router == MoeRouterKind::kSigmoid && d_.bias_update_rate > 0) {
     int64_t total = 0;
     for (int64_t t : load_) total += t;
@@ -217,6 +242,9 @@ void MoeLayer::update_bias() {
   reset_load();
 }
 
-void MoeLayer::reset_load() { std::fill(load_.begin(), load_.end(), 0); }
+void MoeLayer::reset_load() {
+  if (load_dev_.defined()) load_dev_.zero_(&current_stream(load_dev_.device()));
+  std::fill(load_.begin(), load_.end(), 0);
+}
 
 }  // namespace gtron

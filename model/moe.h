@@ -9,7 +9,7 @@
 // gate_up [2F, C] (gate's rows, then up's: Note [packed llama projections]) and down [C, F]; the
 // shared MLP is num_shared experts wide (F_shared = num_shared · F). Routing is dropless: every
 // token reaches its k experts. The ops are model/ops/moe_router.h, moe_dispatch.h and
-// grouped_linear.h; the CPU only for now.
+// grouped_linear.h, on the CPU and on CUDA (Note [MoE on CUDA]).
 //
 // Note [MoE layout]
 // Parameters, in creation order (the order of the checkpoint and of the GTP chain):
@@ -55,6 +55,21 @@
 // capture (graphs.scope = "none", as MoE needs anyway). Checkpoints hold every expert under its
 // global name whatever EP is: the trainer gathers the EP ranks' experts to save, and each rank
 // loads its own by name.
+//
+// Note [MoE on CUDA]
+// One process (EP = 1), fp32 or bf16 mixed precision (bf16 rows, the experts' bf16 shadows from
+// Bf16Weights, fp32 main_grads). The forward never reads the device from the host: the router's
+// choice, the plan (offsets), the grouped GEMMs' group sizes and the load counts stay on the GPU
+// (Note [MoE plan on CUDA] in model/ops/moe_dispatch.h, Note [grouped GEMM on CUDA] in
+// model/ops/grouped_linear_cuda.cu). Every buffer is sized by N, k, E, C and F alone ([N·k, ·]
+// permuted rows), so the layer's kernels could be captured in a graph; what keeps graphs.scope at
+// "none" for MoE is the balance loss, an output of the block beside its hidden state that the
+// graph runner does not carry (trainer/config_moe.cc). The routing runs in fp32 (Note [fp32
+// routing on CUDA] in model/ops/moe_router.h); the router bias is f32 on the device. The load
+// counters are i32 [E] on the device, advanced by the plan kernel in grad mode; load(), stats()
+// and update_bias() add them into the host counts (one small copy after the step, which waits
+// for the step's kernels) and zero them. Not built on CUDA: EP > 1 (the exchange reads the
+// counts on the host), FP8 expert GEMMs, more than 512 experts.
 //
 // Note [router bias]
 // The sigmoid router's aux-loss-free balancing (DeepSeek-V3): a per-expert bias b [E] added to
@@ -136,8 +151,9 @@ class MoeLayer {
   void update_bias();
   void reset_load();
   // The slots each expert received since the last reset, [E]: data-parallel ranks sum theirs
-  // before update_bias(), so every rank moves its bias the same way (Note [router bias]).
-  std::vector<int64_t>& load() { return load_; }
+  // before update_bias(), so every rank moves its bias the same way (Note [router bias]). On
+  // CUDA, first adds the device counters in (waits for the queued kernels; Note [MoE on CUDA]).
+  std::vector<int64_t>& load();
   // The router bias [E] in the model's dtype (state saved in checkpoints).
   Tensor& expert_bias() { return bias_; }
   const std::string& bias_name() const { return bias_name_; }
@@ -150,6 +166,8 @@ class MoeLayer {
   // Steps 2 to 5 of Note [expert parallelism]: xp in expert order -> the experts' outputs, in
   // the same order.
   Var exchange_experts(const Var& xp, const MoePlan& plan, WeightAccess& w);
+  // CUDA: adds the device load counters into load_ and zeroes them (Note [MoE on CUDA]).
+  void pull_load() const;
 
   MoeDims d_;
   std::string name_;                          // "blocks.<l>.mlp"
@@ -160,9 +178,11 @@ class MoeLayer {
   LinearLayer shared_gate_up_, shared_down_;  // [2·S·F, C], [C, S·F] when num_shared > 0
   Tensor bias_;                               // [E]
   std::string bias_name_;
-  std::vector<int64_t> load_;  // [E] slots since the last reset (written by the plan's closure)
-  Var aux_;                    // the last forward's balance loss
-  Tensor last_aux_value_;      // the balance loss of the last forward in grad mode
+  // [E] slots since the last reset (written by the plan's closure; on CUDA, pulled from load_dev_)
+  mutable std::vector<int64_t> load_;
+  mutable Tensor load_dev_;  // CUDA: i32 [E] on the device, advanced by the plan kernel
+  Var aux_;                  // the last forward's balance loss
+  Tensor last_aux_value_;    // the balance loss of the last forward in grad mode
 };
 
 }  // namespace gtron

@@ -46,9 +46,9 @@ void check_moe_keys(const Config& c) {
 }  // namespace
 
 // model.moe (model/moe.h): the llama family's, and what this version runs a mixture of experts
-// with: the CPU, data and expert parallelism, GTP (the routed experts whole), TP without
-// sequence parallelism (the MoE layer whole on every TP rank), eager (no graphs), no full
-// recompute.
+// with: the CPU, and CUDA at one EP rank (check_moe_device); data and expert parallelism, GTP
+// (the routed experts whole), TP without sequence parallelism (the MoE layer whole on every TP
+// rank), eager (no graphs), no full recompute.
 void check_moe(const Config& c) {
   check_moe_keys(c);
   const MoeConfig& moe = c.model.moe;
@@ -79,10 +79,8 @@ void check_moe(const Config& c) {
   }
   const char* why = nullptr;
   std::string hint;
-  if (c.train.device == DeviceChoice::kCuda) {
-    why = "train.device = \"cuda\": model.moe: the CUDA path is not built yet";
-    hint = "use train.device = \"cpu\" (or \"auto\" on a machine without a GPU)";
-  } else if (c.parallel.tp > 1 && c.parallel.sequence_parallel) {
+  check_moe_device(c, c.train.device);
+  if (c.parallel.tp > 1 && c.parallel.sequence_parallel) {
     // The MoE layer runs whole on every TP rank over the whole sequence; under sequence
     // parallelism its input is this rank's chunk only, and nothing gathers it.
     why =
@@ -90,6 +88,8 @@ void check_moe(const Config& c) {
         "every TP rank, over the whole sequence)";
     hint = "set parallel.sequence_parallel = false (tensor parallelism itself works)";
   } else if (c.graphs.scope != GraphScope::kNone) {
+    // The CUDA layer itself is capturable (Note [MoE on CUDA] in model/moe.h); the graph runner
+    // carries a block's hidden state only.
     why =
         "graphs.scope must be \"none\" with model.moe so far (the balance loss leaves the "
         "blocks beside their output, and expert parallelism sizes its exchanges on the host)";
@@ -113,3 +113,31 @@ void check_expert_parallel_world(const Config& c, int world_size) {
 }
 
 }  // namespace gtron::config_internal
+
+namespace gtron {
+
+void check_moe_device(const Config& c, DeviceChoice device) {
+  using config_internal::fail;
+  const MoeConfig& moe = c.model.moe;
+  if (moe.num_experts == 0 || device != DeviceChoice::kCuda) return;
+  // Note [MoE on CUDA] in model/moe.h: what the CUDA layer runs.
+  constexpr int64_t kCudaMaxExperts = 512;  // cuda::kMaxExperts (model/ops/moe_router.h)
+  const std::string where =
+      str_cat("model.moe on CUDA (train.device = \"", to_string(c.train.device), "\")");
+  if (c.parallel.ep > 1) {
+    fail(str_cat(where, ": parallel.ep = ", c.parallel.ep,
+                 " is not built (the expert exchange reads the routing on the host)"),
+         "set parallel.ep = 1 (data parallelism works), or train.device = \"cpu\"");
+  }
+  if (c.train.precision == PrecisionChoice::kFp8) {
+    fail(str_cat(where, ": train.precision = \"fp8\" is not built (no FP8 grouped expert GEMM)"),
+         "set train.precision = \"bf16\", or model.moe.num_experts = 0");
+  }
+  if (moe.num_experts > kCudaMaxExperts) {
+    fail(str_cat(where, ": model.moe.num_experts = ", moe.num_experts, ", at most ",
+                 kCudaMaxExperts),
+         str_cat("use model.moe.num_experts <= ", kCudaMaxExperts, ", or train.device = \"cpu\""));
+  }
+}
+
+}  // namespace gtron

@@ -209,10 +209,10 @@ std::vector<KeySpec> build_schema() {
           "llama: biases on the q, k, v projections (Qwen2)."),
       key(GTRON_FIELD(model.moe.num_experts), 0, at_least(0),
           "llama: routed experts E of each mixture-of-experts MLP; 0 = the dense SwiGLU MLP (the "
-          "other model.moe keys then do nothing). So far on the CPU, with data and expert "
-          "parallelism (parallel.ep), GTP (routed experts whole) and TP (the MoE layer whole on "
-          "every TP rank; no sequence parallelism), graphs.scope none, train.recompute none or "
-          "selective."),
+          "other model.moe keys then do nothing). On the CPU and on CUDA (CUDA: parallel.ep 1, "
+          "fp32 or bf16, at most 512 experts), with data and expert parallelism (parallel.ep), "
+          "GTP (routed experts whole) and TP (the MoE layer whole on every TP rank; no sequence "
+          "parallelism), graphs.scope none, train.recompute none or selective."),
       key(GTRON_FIELD(model.moe.top_k), 2, at_least(1),
           "llama MoE: experts each token is sent to (dropless: every token reaches all of them); "
           "<= model.moe.num_experts."),
@@ -343,7 +343,7 @@ std::vector<KeySpec> build_schema() {
           "Expert-parallel group size EP (model.moe): a sub-axis of the data ranks (world / tp); "
           "each of EP consecutive data ranks holds num_experts / EP routed experts and the "
           "routed tokens travel by all-to-all; dense weights stay data-parallel. Divides the "
-          "data ranks and model.moe.num_experts; the gloo backend (the CPU)."),
+          "data ranks and model.moe.num_experts; the gloo backend (the CPU; CUDA runs ep = 1)."),
       key(GTRON_FIELD(parallel.sequence_parallel), false, any,
           "Sequence parallelism (needs tp > 1; tp divides train.seq_len): norms and the residual "
           "stream hold T/tp of the sequence; all-gather / reduce-scatter replace the all-reduces."),

@@ -112,11 +112,8 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
   device_ = plan.device;
   bf16_ = plan.bf16;
   if (device_.is_cuda()) cuda::set_device(device_.index);
-  if (cfg_.model.moe.num_experts > 0 && device_.is_cuda()) {
-    throw UserError(str_cat("model.moe: the CUDA path is not built yet (train.device = \"",
-                            to_string(cfg_.train.device), "\" chose ", device_.str(),
-                            "). Hint: --set train.device=cpu"));
-  }
+  // train.device "auto" may have chosen CUDA (Note [MoE on CUDA] in model/moe.h).
+  check_moe_device(cfg_, device_.is_cuda() ? DeviceChoice::kCuda : DeviceChoice::kCpu);
   const int grid_of_one = test_grid_of_one();
   if (env_.world_size > 1 || grid_of_one > 0) {
     rdv_ = parallel::rendezvous(env_);

@@ -1,7 +1,11 @@
 // The CPU kernel of each group is linear's (cpu::linear_forward / linear_backward, or the FP8
 // emulation), run group after group in one stream closure that reads the offsets when it runs.
+// The CUDA kernels are model/ops/grouped_linear_cuda.cu's (Note [grouped GEMM on CUDA]).
 #include "model/ops/grouped_linear.h"
 
+#include <memory>
+
+#include "model/ops/device_util.h"
 #include "model/ops/fp8.h"
 #include "model/ops/linear.h"
 #include "model/ops/shape_check.h"
@@ -9,8 +13,56 @@
 
 namespace gtron {
 
+namespace {
+
+// The CUDA forward and the backward it records.
+Var grouped_linear_cuda(const Var& x, const std::vector<Var>& weights, const Tensor& offsets_in,
+                        int64_t M, int64_t Cin, int64_t Cout) {
+  const int G = static_cast<int>(weights.size());
+  Stream& s = current_stream(x.device());
+  const Tensor offsets = ids_on_device(offsets_in, s);
+  std::vector<const void*> wp;
+  for (const Var& w : weights) wp.push_back(w.value().raw());
+  Tensor y = Tensor::empty({M, Cout}, x.dtype(), x.device(), &s);
+  cuda::grouped_linear_forward(x.value().raw(), wp.data(), y.raw(), offsets.data<int32_t>(), M, Cin,
+                               Cout, G, x.dtype(), s.native());
+  bool need = x.requires_grad();
+  for (const Var& w : weights) need = need || w.requires_grad();
+  Var out = Var::output(y, need);
+  if (!out.requires_grad()) return out;
+  record_backward([x, weights, offsets, out, M, Cin, Cout, G] {
+    if (!out.has_grad()) return;
+    Stream& s = current_stream(out.device());
+    // Weight values and gradient slots as they are bound now (a weight access may rebind them
+    // for the backward).
+    std::vector<const void*> wp;
+    std::vector<float*> dw;
+    std::unique_ptr<bool[]> dw_overwrite(new bool[static_cast<size_t>(G)]());
+    for (int g = 0; g < G; ++g) {
+      const Var& w = weights[static_cast<size_t>(g)];
+      wp.push_back(w.value().raw());
+      // Note [first gradient write]: a weight's first gradient of the step is written.
+      dw.push_back(w.requires_grad()
+                       ? f32_grad("grouped_linear weight", w.weight_grad(&dw_overwrite[g]))
+                       : nullptr);
+    }
+    const int32_t* off = offsets.data<int32_t>();
+    if (x.requires_grad()) {
+      bool overwrite = false;
+      Tensor& dx = x.grad_for_write(&overwrite);
+      cuda::grouped_linear_backward_data(out.grad().raw(), wp.data(), dx.raw(), off, M, Cin, Cout,
+                                         G, out.dtype(), s.native(), overwrite);
+    }
+    cuda::grouped_linear_backward_weight(x.value().raw(), out.grad().raw(), dw.data(),
+                                         dw_overwrite.get(), off, M, Cin, Cout, G, out.dtype(),
+                                         s.native());
+  });
+  return out;
+}
+
+}  // namespace
+
 Var grouped_linear(const Var& x, const std::vector<Var>& weights, const Tensor& offsets, bool fp8) {
-  GTRON_CHECK(!x.device().is_cuda(), "grouped_linear: model.moe: the CUDA path is not built yet");
   GTRON_CHECK(x.shape().rank() == 2 && !weights.empty(), "grouped_linear: x ", x.shape().str(),
               ", expected [M, Cin]; ", weights.size(), " groups");
   const int64_t M = x.shape()[0], Cin = x.shape()[1];
@@ -22,6 +74,10 @@ Var grouped_linear(const Var& x, const std::vector<Var>& weights, const Tensor& 
   }
   GTRON_CHECK(offsets.dtype() == DType::kI32 && offsets.numel() == G + 1,
               "grouped_linear: offsets ", offsets.shape().str(), ", expected i32 [", G + 1, "]");
+  if (x.device().is_cuda()) {
+    GTRON_CHECK(!fp8, "grouped_linear: FP8 expert GEMMs are not built on CUDA");
+    return grouped_linear_cuda(x, weights, offsets, M, Cin, Cout);
+  }
   Stream& s = current_stream(x.device());
   Tensor y = Tensor::empty({M, Cout}, x.dtype(), x.device(), &s);
   dispatch_float(x.dtype(), [&](auto tag) {

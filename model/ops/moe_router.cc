@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
 
@@ -9,19 +10,39 @@ namespace gtron {
 
 namespace {
 
-// The MoE ops have CPU kernels only so far (the GPU path is a later part of issue 50).
-void check_cpu(const char* op, const Var& x) {
-  GTRON_CHECK(!x.device().is_cuda(), op, ": model.moe: the CUDA path is not built yet");
+int64_t last_dim(const Var& x) { return x.shape()[x.shape().rank() - 1]; }
+
+// Note [fp32 routing on CUDA]: the CUDA scores are f32.
+void check_cuda_scores(const char* op, const Var& scores) {
+  GTRON_CHECK(scores.dtype() == DType::kF32, op, ": CUDA router scores are f32; got ",
+              dtype_name(scores.dtype()));
 }
 
-int64_t last_dim(const Var& x) { return x.shape()[x.shape().rank() - 1]; }
+Var router_scores_cuda(const Var& logits, MoeRouterKind kind, int64_t N, int64_t E) {
+  Stream& s = current_stream(logits.device());
+  Tensor y = Tensor::empty(logits.shape(), DType::kF32, logits.device(), &s);
+  cuda::router_scores_forward(logits.value().raw(), y.data<float>(), N, E, kind, logits.dtype(),
+                              s.native());
+  Var out = Var::output(y, logits.requires_grad());
+  if (out.requires_grad()) {
+    record_backward([logits, out, N, E, kind] {
+      if (!out.has_grad()) return;
+      Stream& s = current_stream(out.device());
+      bool overwrite = false;
+      Tensor& dz = logits.grad_for_write(&overwrite);
+      cuda::router_scores_backward(out.value().data<float>(), out.grad().data<float>(), dz.raw(), N,
+                                   E, kind, logits.dtype(), s.native(), overwrite);
+    });
+  }
+  return out;
+}
 
 }  // namespace
 
 Var router_scores(const Var& logits, MoeRouterKind kind) {
-  check_cpu("router_scores", logits);
   const int64_t E = last_dim(logits);
   const int64_t N = logits.value().numel() / E;
+  if (logits.device().is_cuda()) return router_scores_cuda(logits, kind, N, E);
   Stream& s = current_stream(logits.device());
   Tensor y = Tensor::empty(logits.shape(), logits.dtype(), logits.device(), &s);
   dispatch_float(logits.dtype(), [&](auto tag) {
@@ -49,7 +70,6 @@ Var router_scores(const Var& logits, MoeRouterKind kind) {
 }
 
 TopKGates topk_gates(const Var& scores, const Tensor& bias, int k, bool normalize) {
-  check_cpu("topk_gates", scores);
   const int64_t E = last_dim(scores);
   const int64_t N = scores.value().numel() / E;
   GTRON_CHECK(k >= 1 && k <= E, "topk_gates: k = ", k, " of E = ", E, " experts");
@@ -60,18 +80,32 @@ TopKGates topk_gates(const Var& scores, const Tensor& bias, int k, bool normaliz
   Stream& s = current_stream(scores.device());
   Tensor ids = Tensor::empty({N, k}, DType::kI32, scores.device(), &s);
   Tensor g = Tensor::empty({N, k}, scores.dtype(), scores.device(), &s);
-  dispatch_float(scores.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* sp = scores.value().data<T>();
-    const T* bp = bias.defined() ? bias.data<T>() : nullptr;  // read when the kernel runs
-    int32_t* ip = ids.data<int32_t>();
-    T* gp = g.data<T>();
-    s.run([=] { cpu::topk_gates_forward<T>(sp, bp, ip, gp, N, E, k, normalize); });
-  });
+  if (scores.device().is_cuda()) {
+    check_cuda_scores("topk_gates", scores);
+    cuda::topk_gates_forward(scores.value().data<float>(),
+                             bias.defined() ? bias.data<float>() : nullptr, ids.data<int32_t>(),
+                             g.data<float>(), N, E, k, normalize, s.native());
+  } else {
+    dispatch_float(scores.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* sp = scores.value().data<T>();
+      const T* bp = bias.defined() ? bias.data<T>() : nullptr;  // read when the kernel runs
+      int32_t* ip = ids.data<int32_t>();
+      T* gp = g.data<T>();
+      s.run([=] { cpu::topk_gates_forward<T>(sp, bp, ip, gp, N, E, k, normalize); });
+    });
+  }
   TopKGates out{Var::output(g, scores.requires_grad()), ids};
   if (out.gates.requires_grad()) {
     record_backward([scores, gates = out.gates, ids, N, E, k, normalize] {
       if (!gates.has_grad()) return;
+      if (gates.device().is_cuda()) {
+        cuda::topk_gates_backward(scores.value().data<float>(), ids.data<int32_t>(),
+                                  gates.value().data<float>(), gates.grad().data<float>(),
+                                  scores.grad().data<float>(), N, E, k, normalize,
+                                  current_stream(gates.device()).native());
+        return;
+      }
       dispatch_float(gates.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T* sp = scores.value().data<T>();
@@ -89,7 +123,6 @@ TopKGates topk_gates(const Var& scores, const Tensor& bias, int k, bool normaliz
 }
 
 Var moe_aux_loss(const Var& scores, const Tensor& ids, double weight, bool normalize_rows) {
-  check_cpu("moe_aux_loss", scores);
   const int64_t E = last_dim(scores);
   const int64_t N = scores.value().numel() / E;
   GTRON_CHECK(ids.dtype() == DType::kI32 && ids.rank() == 2 && ids.dim(0) == N,
@@ -98,18 +131,34 @@ Var moe_aux_loss(const Var& scores, const Tensor& ids, double weight, bool norma
   Stream& s = current_stream(scores.device());
   Tensor loss = Tensor::empty(Shape{}, scores.dtype(), scores.device(), &s);
   Tensor coef = Tensor::empty({E}, scores.dtype(), scores.device(), &s);
-  dispatch_float(scores.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* sp = scores.value().data<T>();
-    const int32_t* ip = ids.data<int32_t>();
-    T* lp = loss.data<T>();
-    T* cp = coef.data<T>();
-    s.run([=] { cpu::moe_aux_loss_forward<T>(sp, ip, lp, cp, N, E, k, weight, normalize_rows); });
-  });
+  if (scores.device().is_cuda()) {
+    check_cuda_scores("moe_aux_loss", scores);
+    GTRON_CHECK(ids.device() == scores.device(), "moe_aux_loss: ids on ", ids.device().str(),
+                ", scores on ", scores.device().str());
+    Tensor scratch = scratch_floats(cuda::moe_aux_loss_scratch_floats(N, E), s);
+    cuda::moe_aux_loss_forward(scores.value().data<float>(), ids.data<int32_t>(),
+                               loss.data<float>(), coef.data<float>(), scratch.data<float>(), N, E,
+                               k, weight, normalize_rows, s.native());
+  } else {
+    dispatch_float(scores.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* sp = scores.value().data<T>();
+      const int32_t* ip = ids.data<int32_t>();
+      T* lp = loss.data<T>();
+      T* cp = coef.data<T>();
+      s.run([=] { cpu::moe_aux_loss_forward<T>(sp, ip, lp, cp, N, E, k, weight, normalize_rows); });
+    });
+  }
   Var out = Var::output(loss, scores.requires_grad());
   if (out.requires_grad()) {
     record_backward([scores, out, coef, N, E, normalize_rows] {
       if (!out.has_grad()) return;
+      if (out.device().is_cuda()) {
+        cuda::moe_aux_loss_backward(scores.value().data<float>(), coef.data<float>(),
+                                    out.grad().data<float>(), scores.grad().data<float>(), N, E,
+                                    normalize_rows, current_stream(out.device()).native());
+        return;
+      }
       dispatch_float(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
         const T* sp = scores.value().data<T>();

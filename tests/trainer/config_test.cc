@@ -208,8 +208,16 @@ TEST(ConfigErrors, MoeChecks) {
                     {"model.moe.router", "softmax", "sigmoid"});
   expect_text_error(moe(R"("num_experts": 4, "aux_loss_weight": -1)"),
                     {"model.moe.aux_loss_weight"});
-  expect_text_error(moe(R"("num_experts": 4)", R"(, "train": {"device": "cuda"})"),
-                    {"model.moe: the CUDA path is not built yet"});
+  // CUDA (Note [MoE on CUDA] in model/moe.h): one EP rank, no FP8, at most 512 experts.
+  validate(from_text(moe(R"("num_experts": 4)", R"(, "train": {"device": "cuda"})")), 1);
+  expect_text_error(
+      moe(R"("num_experts": 4)", R"(, "train": {"device": "cuda"}, "parallel": {"ep": 2})"),
+      {"model.moe on CUDA", "parallel.ep = 2", "not built"});
+  expect_text_error(
+      moe(R"("num_experts": 4)", R"(, "train": {"device": "cuda", "precision": "fp8"})"),
+      {"model.moe on CUDA", "train.precision = \"fp8\""});
+  expect_text_error(moe(R"("num_experts": 513, "top_k": 2)", R"(, "train": {"device": "cuda"})"),
+                    {"model.moe on CUDA", "model.moe.num_experts = 513", "at most 512"});
   expect_text_error(moe(R"("num_experts": 4)", R"(, "graphs": {"scope": "layers"})"),
                     {"graphs.scope", "model.moe"});
   expect_text_error(moe(R"("num_experts": 4)", R"(, "train": {"recompute": "full"})"),
