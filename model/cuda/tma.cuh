@@ -55,6 +55,10 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 }
 
 // Spins until the phase of parity `parity` of *bar has completed (Note [mbarrier phases]).
+// Without a watchdog: a __trap() after too many tries would turn a broken ring's hang into an
+// error, but ptxas (CUDA 13.0) then stops giving the code after a setmaxnreg its budget (the
+// FlashAttention-3 forward's consumers spilled 240 bytes at 168 registers, and a test kernel
+// after setmaxnreg.dec 24 spilled at 16 live values), so a hang it stays: run with a timeout.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   const uint32_t addr = smem_u32(bar);
   uint32_t done = 0;
