@@ -1,0 +1,109 @@
+// A tiny mixture-of-experts llama trained on the GPU (Note [MoE on CUDA] in model/moe.h): fp32
+// follows the CPU's fp32 losses step by step, bf16 follows them within bf16 tolerance, two GPU
+// runs are bit-identical (losses and the router biases the load counts moved), and a steady-state
+// step makes no allocator miss. Both routers: softmax with the balance loss, sigmoid with the
+// bias update and a shared expert.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/device.h"
+#include "tests/trainer/gpu_train_util.h"
+
+namespace gtron {
+namespace {
+
+std::vector<std::string> moe_sets(bool sigmoid, std::vector<std::string> more = {}) {
+  std::vector<std::string> s = {"model.arch=llama",
+                                "model.n_kv_head=2",
+                                "model.moe.num_experts=4",
+                                "model.moe.top_k=2",
+                                "model.moe.expert_intermediate_size=32",
+                                "model.moe.first_dense_layers=1"};
+  if (sigmoid) {
+    s.insert(s.end(), {"model.moe.router=sigmoid", "model.moe.bias_update_rate=0.01",
+                       "model.moe.num_shared_experts=1"});
+  } else {
+    s.push_back("model.moe.aux_loss_weight=0.01");
+  }
+  s.insert(s.end(), more.begin(), more.end());
+  return s;
+}
+
+TrainSummary train(const std::string& name, const std::string& device, const std::string& precision,
+                   bool sigmoid, int64_t steps = 5) {
+  return testing::train_ok(testing::tiny_train_config(testing::fresh_dir(name), device, precision,
+                                                      steps, 1, moe_sets(sigmoid)));
+}
+
+// fp32 on the GPU against the CPU: the first step's loss is one forward (1e-5, the model test's
+// bound); the next steps add Adam updates, which normalize each gradient component, so a
+// component that is tiny on both sides may move its weight by a different lr-sized amount: 1e-3
+// relative, as the document-masking fp32 test allows.
+TEST(TrainMoeCuda, Fp32FollowsTheCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  for (bool sigmoid : {false, true}) {
+    SCOPED_TRACE(sigmoid ? "sigmoid" : "softmax");
+    const std::string r = sigmoid ? "sigmoid" : "softmax";
+    const TrainSummary gpu = train("moe_fp32_gpu_" + r, "cuda", "fp32", sigmoid);
+    const TrainSummary cpu = train("moe_fp32_cpu_" + r, "cpu", "fp32", sigmoid);
+    ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
+    ASSERT_FALSE(cpu.losses.empty());
+    EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-5) << "step 1";
+    for (size_t i = 0; i < cpu.losses.size(); ++i) {
+      EXPECT_NEAR(gpu.losses[i], cpu.losses[i], 1e-3 * std::abs(cpu.losses[i])) << "step " << i + 1;
+    }
+  }
+}
+
+// bf16 against the CPU's fp32 (train_curve_cuda_test's tolerance), and a rerun bit for bit.
+TEST(TrainMoeCuda, Bf16FollowsTheCpuAndRepeats) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  for (bool sigmoid : {false, true}) {
+    SCOPED_TRACE(sigmoid ? "sigmoid" : "softmax");
+    const std::string r = sigmoid ? "sigmoid" : "softmax";
+    const TrainSummary a = train("moe_bf16_a_" + r, "cuda", "bf16", sigmoid, 10);
+    const TrainSummary b = train("moe_bf16_b_" + r, "cuda", "bf16", sigmoid, 10);
+    const TrainSummary cpu = train("moe_bf16_cpu_" + r, "cpu", "fp32", sigmoid, 10);
+    EXPECT_EQ(a.losses, b.losses) << "two GPU runs differ";
+    EXPECT_EQ(a.val_loss, b.val_loss);
+    ASSERT_EQ(a.losses.size(), cpu.losses.size());
+    for (size_t i = 0; i < cpu.losses.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(a.losses[i])) << "step " << i + 1;
+      EXPECT_NEAR(a.losses[i], cpu.losses[i], 0.05) << "step " << i + 1;
+    }
+  }
+}
+
+// The allocator's misses and reserved bytes stop changing after the first steps (the load
+// counters, router scratch, plans and expert buffers all come back from the cache).
+TEST(TrainMoeCuda, NoAllocatorMissesInSteadyState) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  const Config cfg = testing::tiny_train_config(testing::fresh_dir("moe_alloc"), "cuda", "bf16", 12,
+                                                1, moe_sets(true));
+  testing::train_ok(cfg);
+  std::ifstream f(metrics_path(cfg));
+  ASSERT_TRUE(f.good()) << metrics_path(cfg);
+  std::map<int64_t, std::pair<double, double>> by_step;  // step -> (misses, reserved MiB)
+  std::string line;
+  while (std::getline(f, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("split", "train") != "train") continue;
+    ASSERT_TRUE(j.contains("alloc_misses") && j.contains("reserved_mib")) << line;
+    by_step[j["step"].get<int64_t>()] = {j["alloc_misses"].get<double>(),
+                                         j["reserved_mib"].get<double>()};
+  }
+  ASSERT_EQ(by_step.size(), 12u);
+  for (int64_t s = 4; s <= 12; ++s) {
+    EXPECT_EQ(by_step.at(s).first, by_step.at(3).first) << "allocator misses grew at step " << s;
+    EXPECT_EQ(by_step.at(s).second, by_step.at(3).second) << "reserved bytes grew at step " << s;
+  }
+}
+
+}  // namespace
+}  // namespace gtron
