@@ -103,20 +103,20 @@ struct QuantizedWeight {
 // one more pass over x: read N·K bf16, write N·K codes and their scales, after the kernel that
 // wrote x. Where x comes straight from a row-wise kernel (llama's attn_norm and mlp_norm, GPT-2's
 // ln_1 and ln_2, SwiGLU, GELU, the concatenation of an MTP depth's two norms), that kernel already
-// holds each value as it stores it, so it writes the codes and scales too, in the same pass: the linear's read of x (2·N·K bytes) and
-// its launch are gone. The producer quantizes the value it stores (rounded to bf16), through the
-// same tile arithmetic (fp8_tile.cuh), so its codes and scales equal fp8_quantize_rows of its
-// output bit for bit, and the losses and gradients do not depend on which path made them
-// (tests/model/fp8_fused_cuda_test.cc). The codes (QuantizedRows) are scratch on the stream that
-// lives from the producer to the linear's forward product (Note [fp8 scratch] in fp8.cc); the
-// bf16 output is still written and kept, for the backward (the wgrad quantizes x along the
-// tokens from it, and recomputation re-forms it: the recomputed producer writes the same codes).
-// The blocks ask for the codes (LinearLayer::wants_fp8_codes) only where the linear will read
-// them: FP8 on CUDA, not split over TP (a split's seams sit between the two), sizes for which
-// cuda::fp8_gemm_ok holds; set_fused_producers_for_testing(false) turns the fusion off for the
-// process, for tests that compare the two paths. A producer kernel tiles its rows when each lane
-// holds 16-byte packs (bf16, K % 128 == 0, aligned); otherwise it writes bf16 and then runs
-// fp8_quantize_rows, the same codes.
+// holds each value as it stores it, so it writes the codes and scales too, in the same pass: the
+// linear's read of x (2·N·K bytes) and its launch are gone. The producer quantizes the value it
+// stores (rounded to bf16), through the same tile arithmetic (fp8_tile.cuh), so its codes and
+// scales equal fp8_quantize_rows of its output bit for bit, and the losses and gradients do not
+// depend on which path made them (tests/model/fp8_fused_cuda_test.cc). The codes (QuantizedRows)
+// are scratch on the stream that lives from the producer to the linear's forward product (Note [fp8
+// scratch] in fp8.cc); the bf16 output is still written and kept, for the backward (the wgrad
+// quantizes x along the tokens from it, and recomputation re-forms it: the recomputed producer
+// writes the same codes). The blocks ask for the codes (LinearLayer::wants_fp8_codes) only where
+// the linear will read them: FP8 on CUDA, not split over TP (a split's seams sit between the two),
+// sizes for which cuda::fp8_gemm_ok holds; set_fused_producers_for_testing(false) turns the fusion
+// off for the process, for tests that compare the two paths. A producer kernel tiles its rows when
+// each lane holds 16-byte packs (bf16, K % 128 == 0, aligned); otherwise it writes bf16 and then
+// runs fp8_quantize_rows, the same codes.
 struct QuantizedRows {
   Tensor q;  // codes of x [R, K] (as the u8 bytes of a tensor)
   Tensor s;  // rows-layout scales [ceil(K/128), R] (Note [fp8 layouts])
