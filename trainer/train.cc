@@ -322,7 +322,9 @@ std::string Run::save_checkpoint() {
   memory::AllocKindScope kind(memory::AllocKind::kCheckpoint);  // Note [allocation kinds]
   // On the host, one tensor at a time (Note [checkpoints leave the device]).
   std::vector<NamedTensor> params = par_->full_parameters();
-  for (const auto& [name, tensor] : model_->buffers()) params.push_back({name, tensor.clone()});
+  for (const auto& [name, tensor] : model_->buffers()) {  // the MoE router biases, on the host
+    params.push_back({name, tensor.device().is_cuda() ? tensor.to(Device::cpu()) : tensor.clone()});
+  }
   std::vector<NamedTensor> moments = par_->full_moments(opt_->m(), opt_->v());
   std::string dir;
   if (is_rank0()) {

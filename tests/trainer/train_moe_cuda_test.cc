@@ -1,11 +1,13 @@
 // A tiny mixture-of-experts llama trained on the GPU (Note [MoE on CUDA] in model/moe.h): fp32
 // follows the CPU's fp32 losses step by step, bf16 follows them within bf16 tolerance, two GPU
-// runs are bit-identical (losses and the router biases the load counts moved), and a steady-state
-// step makes no allocator miss. Both routers: softmax with the balance loss, sigmoid with the
-// bias update and a shared expert.
+// runs are bit-identical (losses and the router biases the load counts moved), a resume is
+// bit-exact (the biases go through the checkpoint), and a steady-state step makes no allocator
+// miss. Both routers: softmax with the balance loss, sigmoid with the bias update and a shared
+// expert.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -77,6 +79,26 @@ TEST(TrainMoeCuda, Bf16FollowsTheCpuAndRepeats) {
       ASSERT_TRUE(std::isfinite(a.losses[i])) << "step " << i + 1;
       EXPECT_NEAR(a.losses[i], cpu.losses[i], 0.05) << "step " << i + 1;
     }
+  }
+}
+
+// The router biases leave the device for the checkpoint and come back on resume: 8 steps straight
+// equal 4 + --resume + 4, bit for bit (the bias moved at every step).
+TEST(TrainMoeCuda, ResumeIsBitExact) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  const TrainSummary straight = testing::train_ok(testing::tiny_train_config(
+      testing::fresh_dir("moe_straight"), "cuda", "bf16", 8, 1, moe_sets(true)));
+  const std::string dir = testing::fresh_dir("moe_resumed");
+  const Config cfg =
+      testing::tiny_train_config(dir, "cuda", "bf16", 8, 1, moe_sets(true, {"checkpoint.every=4"}));
+  testing::train_ok(cfg);
+  std::filesystem::remove_all(dir + "/checkpoints/step_00000008");  // stopped after step 4
+  TrainSummary resumed;
+  ASSERT_EQ(run_training(cfg, /*resume=*/true, &resumed), kExitOk);
+  ASSERT_EQ(resumed.first_step, 5);
+  ASSERT_EQ(resumed.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(resumed.losses[i], straight.losses[4 + i]) << "step " << 5 + i;
   }
 }
 
