@@ -57,8 +57,8 @@ ls -1 .gpubin .gpubin/lib
 # compress about 5x, so the whole set travels under the 64 MiB carry limit). On the GPU machine:
 #   tar xJf .gpupack/gpubin.tar.xz      (recreates .gpubin/)
 if [[ "${GTRON_GPU_PACK:-0}" == "1" ]]; then
-  rm -rf .gpupack
   mkdir -p .gpupack
+  rm -f .gpupack/gpubin.tar.xz  # only the pack: other things carried beside it stay
   # A 512 MiB window, one thread: the copies of the CUDA fatbin that every binary carries (~9 MB
   # each) compress against each other across the whole set (a 64 MiB window stopped reaching
   # them once the set passed it). 462 MB -> 14 MB in about 4.5 minutes here (2026-12-04).
