@@ -314,7 +314,9 @@ TEST(GroupedLinearCuda, FirstWritesOverwrite) {
     for (size_t g = 0; g < rows.size(); ++g) {
       const std::vector<double> got = host(gpu_p[g]->main_grad);
       EXPECT_LT(testing::rel_diff(got, host(cpu_p[g]->main_grad)), tol) << "dW " << g;
-      if (rows[g] == 0) EXPECT_EQ(got, std::vector<double>(got.size(), 0.0)) << "dW " << g;
+      if (rows[g] == 0) {
+        EXPECT_EQ(got, std::vector<double>(got.size(), 0.0)) << "dW " << g;
+      }
     }
   }
 }

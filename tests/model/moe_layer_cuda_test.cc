@@ -134,7 +134,9 @@ void expect_layer_close(const LayerResult& gpu, const LayerResult& cpu, double t
   EXPECT_LT(testing::rel_diff(gpu.y, cpu.y), tol) << "y";
   EXPECT_LT(testing::rel_diff(gpu.dx, cpu.dx), tol) << "dx";
   ASSERT_EQ(gpu.aux.size(), cpu.aux.size());
-  if (!cpu.aux.empty()) EXPECT_LT(std::fabs(gpu.aux[0] - cpu.aux[0]), tol * cpu.aux[0]) << "aux";
+  if (!cpu.aux.empty()) {
+    EXPECT_LT(std::fabs(gpu.aux[0] - cpu.aux[0]), tol * cpu.aux[0]) << "aux";
+  }
   ASSERT_EQ(gpu.grads.size(), cpu.grads.size());
   for (size_t i = 0; i < cpu.grads.size(); ++i) {
     double norm = 0;
