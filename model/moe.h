@@ -52,7 +52,7 @@
 // dense weight's reduce over all data ranks as before. The load counts stay per expert over all E
 // (every rank counts its own tokens' choices), summed over the data ranks. The row counts are
 // read on the host (CPU streams run at once), so the exchange sizes follow the routing: no
-// capture (graphs.scope = "none", as MoE needs anyway). Checkpoints hold every expert under its
+// capture (graphs.scope = "none"). Checkpoints hold every expert under its
 // global name whatever EP is: the trainer gathers the EP ranks' experts to save, and each rank
 // loads its own by name.
 //
@@ -62,9 +62,11 @@
 // choice, the plan (offsets), the grouped GEMMs' group sizes and the load counts stay on the GPU
 // (Note [MoE plan on CUDA] in model/ops/moe_dispatch.h, Note [grouped GEMM on CUDA] in
 // model/ops/grouped_linear_cuda.cu). Every buffer is sized by N, k, E, C and F alone ([N·k, ·]
-// permuted rows), so the layer's kernels could be captured in a graph; what keeps graphs.scope at
-// "none" for MoE is the balance loss, an output of the block beside its hidden state that the
-// graph runner does not carry (trainer/config_moe.cc). The routing runs in fp32 (Note [fp32
+// permuted rows), and nothing the host decides depends on the routing, so graphs capture the
+// layer: the load counters advance at every replay, and the bias the update writes between steps
+// stays at its address. What graphs cannot take is the balance loss, an output of the block
+// beside its hidden state that the graph runner does not carry (trainer/config_moe.cc refuses
+// graphs with aux_loss_weight > 0), and expert parallelism. The routing runs in fp32 (Note [fp32
 // routing on CUDA] in model/ops/moe_router.h); the router bias is f32 on the device. The load
 // counters are i32 [E] on the device, advanced by the plan kernel in grad mode; load(), stats()
 // and update_bias() add them into the host counts (one small copy after the step, which waits

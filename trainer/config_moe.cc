@@ -48,7 +48,7 @@ void check_moe_keys(const Config& c) {
 // model.moe (model/moe.h): the llama family's, and what this version runs a mixture of experts
 // with: the CPU, and CUDA at one EP rank (check_moe_device); data and expert parallelism, GTP
 // (the routed experts whole), TP without sequence parallelism (the MoE layer whole on every TP
-// rank), eager (no graphs), no full recompute.
+// rank), graphs without a balance loss or expert parallelism, no full recompute.
 void check_moe(const Config& c) {
   check_moe_keys(c);
   const MoeConfig& moe = c.model.moe;
@@ -77,8 +77,7 @@ void check_moe(const Config& c) {
          "set model.moe.router = \"sigmoid\", or model.moe.bias_update_rate = 0 (balance a "
          "softmax router with model.moe.aux_loss_weight)");
   }
-  const char* why = nullptr;
-  std::string hint;
+  std::string why, hint;
   check_moe_device(c, c.train.device);
   if (c.parallel.tp > 1 && c.parallel.sequence_parallel) {
     // The MoE layer runs whole on every TP rank over the whole sequence; under sequence
@@ -87,18 +86,26 @@ void check_moe(const Config& c) {
         "parallel.sequence_parallel is not built for model.moe yet (the MoE layer runs whole on "
         "every TP rank, over the whole sequence)";
     hint = "set parallel.sequence_parallel = false (tensor parallelism itself works)";
-  } else if (c.graphs.scope != GraphScope::kNone) {
-    // The CUDA layer itself is capturable (Note [MoE on CUDA] in model/moe.h); the graph runner
+  } else if (c.graphs.scope != GraphScope::kNone && moe.aux_loss_weight > 0) {
+    // The layer itself is capturable (Note [MoE on CUDA] in model/moe.h), but the graph runner
     // carries a block's hidden state only.
-    why =
-        "graphs.scope must be \"none\" with model.moe so far (the balance loss leaves the "
-        "blocks beside their output, and expert parallelism sizes its exchanges on the host)";
-    hint = "set graphs.scope = \"none\"";
+    why = str_cat("graphs.scope = \"", to_string(c.graphs.scope),
+                  "\" with model.moe.aux_loss_weight = ", moe.aux_loss_weight,
+                  ": the balance loss leaves each MoE block beside its hidden state, which graphs "
+                  "do not carry");
+    hint =
+        "set graphs.scope = \"none\", or model.moe.aux_loss_weight = 0 (the sigmoid router's "
+        "bias balances without a loss)";
+  } else if (c.graphs.scope != GraphScope::kNone && c.parallel.ep > 1) {
+    why = str_cat("graphs.scope = \"", to_string(c.graphs.scope),
+                  "\" with parallel.ep = ", c.parallel.ep,
+                  ": expert parallelism sizes its exchanges on the host");
+    hint = "set graphs.scope = \"none\", or parallel.ep = 1";
   } else if (c.train.recompute == RecomputeChoice::kFull) {
     why = "train.recompute = \"full\" is not built for model.moe yet";
     hint = "set train.recompute = \"none\"";
   }
-  if (why != nullptr) fail(why, hint);
+  if (!why.empty()) fail(why, hint);
 }
 
 void check_expert_parallel_world(const Config& c, int world_size) {

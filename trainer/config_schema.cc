@@ -212,7 +212,8 @@ std::vector<KeySpec> build_schema() {
           "other model.moe keys then do nothing). On the CPU and on CUDA (CUDA: parallel.ep 1, "
           "fp32 or bf16, at most 512 experts), with data and expert parallelism (parallel.ep), "
           "GTP (routed experts whole) and TP (the MoE layer whole on every TP rank; no sequence "
-          "parallelism), graphs.scope none, train.recompute none or selective."),
+          "parallelism), graphs only without aux_loss_weight and ep, train.recompute none or "
+          "selective."),
       key(GTRON_FIELD(model.moe.top_k), 2, at_least(1),
           "llama MoE: experts each token is sent to (dropless: every token reaches all of them); "
           "<= model.moe.num_experts."),

@@ -218,8 +218,11 @@ TEST(ConfigErrors, MoeChecks) {
       {"model.moe on CUDA", "train.precision = \"fp8\""});
   expect_text_error(moe(R"("num_experts": 513, "top_k": 2)", R"(, "train": {"device": "cuda"})"),
                     {"model.moe on CUDA", "model.moe.num_experts = 513", "at most 512"});
-  expect_text_error(moe(R"("num_experts": 4)", R"(, "graphs": {"scope": "layers"})"),
-                    {"graphs.scope", "model.moe"});
+  // Graphs capture the MoE layer, but not a balance loss beside a block's output.
+  validate(from_text(moe(R"("num_experts": 4)", R"(, "graphs": {"scope": "layers"})")), 1);
+  expect_text_error(
+      moe(R"("num_experts": 4, "aux_loss_weight": 0.01)", R"(, "graphs": {"scope": "layers"})"),
+      {"graphs.scope = \"layers\"", "model.moe.aux_loss_weight = 0.01", "balance loss"});
   expect_text_error(moe(R"("num_experts": 4)", R"(, "train": {"recompute": "full"})"),
                     {"train.recompute = \"full\"", "model.moe"});
   // TP runs the MoE layer whole on every TP rank: not with sequence parallelism.

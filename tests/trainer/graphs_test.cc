@@ -1,7 +1,8 @@
 // End to end through the CLI and the launcher (issue: graphs, acceptances 1 and 2): graphs.scope
 // layers and full give the same printed losses, digit for digit, as none — for 1 process and for
-// GTP=2 with MTP D=2 and overlap_param_gather; and with DP=2 x GTP=2, skipping the ready
-// callbacks before replays (the tests' switch) changes the losses, while the normal run does not.
+// GTP=2 with MTP D=2 and overlap_param_gather, a mixture of experts too; and with DP=2 x GTP=2,
+// skipping the ready callbacks before replays (the tests' switch) changes the losses, while the
+// normal run does not.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -67,6 +68,28 @@ TEST_F(Graphs, GtpTwoWithMtpAndOverlapMatchesEager) {
   const auto none = train("gtp2_none", 2, {"parallel.gtp=2"});
   EXPECT_EQ(train("gtp2_layers", 2, {"parallel.gtp=2", "graphs.scope=layers"}), none);
   EXPECT_EQ(train("gtp2_full", 2, {"parallel.gtp=2", "graphs.scope=full"}), none);
+}
+
+// A mixture of experts without a balance loss (the sigmoid router's bias balances it, updated
+// between steps from the load the replays counted), in main blocks 2 and 3 and both MTP depths,
+// with a shared expert: its routing, plan and grouped experts replay as they ran.
+TEST_F(Graphs, MixtureOfExpertsMatchesEager) {
+  const std::vector<std::string> moe = {"model.arch=llama",
+                                        "model.moe.num_experts=4",
+                                        "model.moe.router=sigmoid",
+                                        "model.moe.bias_update_rate=0.01",
+                                        "model.moe.num_shared_experts=1",
+                                        "model.moe.first_dense_layers=2",
+                                        "mtp.moe=true"};
+  auto with = [&moe](std::vector<std::string> more) {
+    more.insert(more.begin(), moe.begin(), moe.end());
+    return more;
+  };
+  const auto none = train("moe_none", 1, moe);
+  EXPECT_EQ(train("moe_layers", 1, with({"graphs.scope=layers"})), none);
+  EXPECT_EQ(train("moe_full", 1, with({"graphs.scope=full"})), none);
+  const auto gtp_none = train("moe_gtp2_none", 2, with({"parallel.gtp=2"}));
+  EXPECT_EQ(train("moe_gtp2_layers", 2, with({"parallel.gtp=2", "graphs.scope=layers"})), gtp_none);
 }
 
 TEST_F(Graphs, StaleParametersWithoutPreReplayReadiness) {

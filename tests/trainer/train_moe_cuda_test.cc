@@ -1,9 +1,9 @@
 // A tiny mixture-of-experts llama trained on the GPU (Note [MoE on CUDA] in model/moe.h): fp32
 // follows the CPU's fp32 losses step by step, bf16 follows them within bf16 tolerance, two GPU
 // runs are bit-identical (losses and the router biases the load counts moved), a resume is
-// bit-exact (the biases go through the checkpoint), and a steady-state step makes no allocator
-// miss. Both routers: softmax with the balance loss, sigmoid with the bias update and a shared
-// expert.
+// bit-exact (the biases go through the checkpoint), graphs replay the eager losses, and a
+// steady-state step makes no allocator miss. Both routers: softmax with the balance loss, sigmoid
+// with the bias update and a shared expert.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -102,12 +102,29 @@ TEST(TrainMoeCuda, ResumeIsBitExact) {
   }
 }
 
-// The allocator's misses and reserved bytes stop changing after the first steps (the load
-// counters, router scratch, plans and expert buffers all come back from the cache).
-TEST(TrainMoeCuda, NoAllocatorMissesInSteadyState) {
+// Graphs capture the MoE layer (no balance loss: the sigmoid router's bias balances it): layers
+// and full replay the eager losses bit for bit, the load counted by the replays moving the bias
+// the same way.
+TEST(TrainMoeCuda, GraphsReplayTheEagerLosses) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
-  const Config cfg = testing::tiny_train_config(testing::fresh_dir("moe_alloc"), "cuda", "bf16", 12,
-                                                1, moe_sets(true));
+  auto run = [](const std::string& name, const std::string& scope) {
+    return testing::train_ok(testing::tiny_train_config(
+        testing::fresh_dir(name), "cuda", "bf16", 8, 1, moe_sets(true, {"graphs.scope=" + scope})));
+  };
+  const TrainSummary eager = run("moe_graphs_none", "none");
+  for (const std::string scope : {"layers", "full"}) {
+    const TrainSummary g = run("moe_graphs_" + scope, scope);
+    EXPECT_EQ(g.losses, eager.losses) << scope;
+    EXPECT_EQ(g.val_loss, eager.val_loss) << scope;
+  }
+}
+
+// The allocator's misses and reserved bytes stop changing from step `steady` on (the load
+// counters, router scratch, plans and expert buffers all come back from the cache, or from the
+// graphs' pool once captured).
+void expect_steady(const std::string& name, const std::vector<std::string>& more, int64_t steady) {
+  const Config cfg = testing::tiny_train_config(testing::fresh_dir(name), "cuda", "bf16", 12, 1,
+                                                moe_sets(true, more));
   testing::train_ok(cfg);
   std::ifstream f(metrics_path(cfg));
   ASSERT_TRUE(f.good()) << metrics_path(cfg);
@@ -120,11 +137,19 @@ TEST(TrainMoeCuda, NoAllocatorMissesInSteadyState) {
     by_step[j["step"].get<int64_t>()] = {j["alloc_misses"].get<double>(),
                                          j["reserved_mib"].get<double>()};
   }
-  ASSERT_EQ(by_step.size(), 12u);
-  for (int64_t s = 4; s <= 12; ++s) {
-    EXPECT_EQ(by_step.at(s).first, by_step.at(3).first) << "allocator misses grew at step " << s;
-    EXPECT_EQ(by_step.at(s).second, by_step.at(3).second) << "reserved bytes grew at step " << s;
+  ASSERT_EQ(by_step.size(), 12u) << name;
+  for (int64_t s = steady + 1; s <= 12; ++s) {
+    EXPECT_EQ(by_step.at(s).first, by_step.at(steady).first)
+        << name << ": allocator misses grew at step " << s;
+    EXPECT_EQ(by_step.at(s).second, by_step.at(steady).second)
+        << name << ": reserved bytes grew at step " << s;
   }
+}
+
+TEST(TrainMoeCuda, NoAllocatorMissesInSteadyState) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  expect_steady("moe_alloc", {}, 3);
+  expect_steady("moe_alloc_layers", {"graphs.scope=layers"}, 4);  // captured at step 3
 }
 
 }  // namespace
