@@ -22,8 +22,12 @@ namespace {
 // Uniform in (0, 1) from 53 random bits, never 0 (Box–Muller takes its log).
 double uniform_open(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53; }
 
+// Element pairs (2j, 2j + 1) depend on (key, j) alone, so any split of the pairs over threads
+// writes the same bits; tensors of a million elements or more use every OpenMP thread (a
+// 4-billion-parameter model takes a minute on one core).
 template <typename T>
 void fill_normal(T* p, int64_t n, double std, uint64_t key) {
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 20))
   for (int64_t i = 0; i < n; i += 2) {
     double u1 = uniform_open(splitmix64(key + 2 * static_cast<uint64_t>(i)));
     double u2 = uniform_open(splitmix64(key + 2 * static_cast<uint64_t>(i) + 1));
