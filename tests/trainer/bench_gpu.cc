@@ -15,6 +15,20 @@
 // printed as "transient_grads". "held_gib" says what
 // the run holds besides its activations when it ends: fp32 masters, gradient buckets, AdamW's
 // moments and the bf16 shadows.
+//
+// The mixture of experts (--arch llama): --moe-experts E (0, the default: dense) and, with it,
+// --moe-top-k, --moe-width (0: --F's), --moe-shared, --moe-first-dense, --moe-router
+// softmax|sigmoid, --moe-norm-topk 0|1 are model.moe's keys (num_experts, top_k,
+// expert_intermediate_size, num_shared_experts, first_dense_layers, router, norm_topk_prob; their
+// defaults are the schema's). The run goes through the trainer's own path: a Config of the same
+// model and run (device cuda, the precision, recompute, graphs and transient-gradient flags, T, B)
+// that validate() checks, so what `gtron train` refuses for MoE (on CUDA: FP8, more than 512
+// experts; full recompute; ...) exits 2 here with its message, then gpt_config() gives the MoeDims.
+// No balance loss and no bias updates (aux_loss_weight and bias_update_rate stay 0); the routers'
+// load counters advance on the device and nothing reads them inside the timed steps (the trainer
+// pulls them once a step for its metrics). The JSON line adds "moe_experts", "moe_top_k",
+// "moe_width", "moe_shared", "moe_first_dense", "moe_router" and "moe_norm_topk", as
+// scripts/bench_torch.py prints them (scripts/bench_moe.sh runs the two).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,8 +44,10 @@
 #include "model/stream.h"
 #include "parallel/ddp.h"
 #include "parallel/self_communicator.h"
+#include "trainer/config.h"
 #include "trainer/metrics.h"
 #include "trainer/optimizer.h"
+#include "trainer/train.h"
 
 namespace {
 
@@ -131,7 +147,107 @@ std::string family_fields(const gtron::GPTConfig& c) {
                 "\"tied\": %d, \"rope_theta\": %g",
                 d.NKV, static_cast<long>(d.HS), static_cast<long>(d.F), c.qk_norm ? 1 : 0,
                 c.tied_embeddings ? 1 : 0, c.rope_theta);
-  return std::string(buf) + ", \"recompute\": \"" + rc + "\"";
+  std::string out = std::string(buf) + ", \"recompute\": \"" + rc + "\"";
+  if (c.moe.E == 0) return out;
+  std::snprintf(buf, sizeof buf,
+                ", \"moe_experts\": %d, \"moe_top_k\": %d, \"moe_width\": %ld, \"moe_shared\": %d, "
+                "\"moe_first_dense\": %d, \"moe_router\": \"%s\", \"moe_norm_topk\": %d",
+                c.moe.E, c.moe.top_k, static_cast<long>(c.moe.F), c.moe.num_shared,
+                c.moe.first_dense_layers,
+                c.moe.router == gtron::MoeRouterKind::kSigmoid ? "sigmoid" : "softmax",
+                c.moe.norm_topk_prob ? 1 : 0);
+  return out + buf;
+}
+
+// What a run is asked to do beyond the model: the flags a trainer Config holds too.
+struct RunFlags {
+  int64_t T = 0, B = 0;
+  std::string precision;  // bf16, fp8 or fp32
+  gtron::graphs::Scope scope = gtron::graphs::Scope::kNone;
+  bool transient = false;
+};
+
+// A trainer Config of the model `c` and the run: what validate() checks for a mixture of experts.
+gtron::Config trainer_config(const gtron::GPTConfig& c, const RunFlags& run) {
+  using namespace gtron;
+  Config cfg = default_config();
+  ModelConfig& m = cfg.model;
+  m.arch = c.llama() ? ModelArch::kLlama : ModelArch::kGpt2;
+  m.vocab_size = c.vocab_size;
+  m.context_length = run.T;
+  m.n_layer = c.n_layer;
+  m.n_head = c.n_head;
+  m.n_embd = c.n_embd;
+  m.tied_embeddings = c.tied_embeddings;
+  if (c.llama()) {
+    m.n_kv_head = c.n_kv_head;
+    m.head_dim = c.head_dim;
+    m.intermediate_size = c.intermediate_size;
+    m.rope_theta = c.rope_theta;
+    m.qk_norm = c.qk_norm;
+  }
+  cfg.mtp.depth = c.mtp_depth;
+  TrainConfig& t = cfg.train;
+  t.device = DeviceChoice::kCuda;
+  t.precision = run.precision == "fp8"    ? PrecisionChoice::kFp8
+                : run.precision == "fp32" ? PrecisionChoice::kFp32
+                                          : PrecisionChoice::kBf16;
+  t.recompute = c.recompute == Recompute::kFull        ? RecomputeChoice::kFull
+                : c.recompute == Recompute::kSelective ? RecomputeChoice::kSelective
+                                                       : RecomputeChoice::kNone;
+  t.seq_len = run.T;
+  t.micro_batch = run.B;
+  t.global_batch = run.B;
+  t.transient_grads = run.transient ? TransientGradsChoice::kOn : TransientGradsChoice::kOff;
+  cfg.graphs.scope = run.scope == graphs::Scope::kFull     ? GraphScope::kFull
+                     : run.scope == graphs::Scope::kLayers ? GraphScope::kLayers
+                                                           : GraphScope::kNone;
+  return cfg;
+}
+
+// The --moe-* flags into c.moe through the trainer's path (the header's paragraph): model.moe of
+// trainer_config(), validate(), then gpt_config(). Exits 2 on a bad flag or a refused
+// combination. Without --moe-experts (or with 0) the model stays dense and no --moe-* is allowed.
+void apply_moe_flags(int argc, char** argv, gtron::GPTConfig& c, const RunFlags& run) {
+  using namespace gtron;
+  const int64_t experts = arg(argc, argv, "moe-experts", 0);
+  if (experts == 0) {
+    for (const char* name : {"moe-top-k", "moe-width", "moe-shared", "moe-first-dense",
+                             "moe-router", "moe-norm-topk"}) {
+      if (given(argc, argv, name)) {
+        std::fprintf(stderr, "bench_gpu: --%s needs --moe-experts E > 0\n", name);
+        std::exit(2);
+      }
+    }
+    return;
+  }
+  Config cfg = trainer_config(c, run);
+  MoeConfig& moe = cfg.model.moe;
+  moe.num_experts = experts;
+  moe.top_k = arg(argc, argv, "moe-top-k", moe.top_k);
+  moe.expert_intermediate_size = arg(argc, argv, "moe-width", 0);
+  moe.num_shared_experts = arg(argc, argv, "moe-shared", 0);
+  moe.first_dense_layers = arg(argc, argv, "moe-first-dense", 0);
+  const std::string router = flag(argc, argv, "moe-router", "softmax");
+  if (router != "softmax" && router != "sigmoid") {
+    std::fprintf(stderr, "bench_gpu: --moe-router is softmax or sigmoid, got '%s'\n",
+                 router.c_str());
+    std::exit(2);
+  }
+  moe.router = router == "sigmoid" ? MoeRouterChoice::kSigmoid : MoeRouterChoice::kSoftmax;
+  moe.norm_topk_prob = switch_arg(argc, argv, "moe-norm-topk", moe.norm_topk_prob);
+  try {
+    validate(cfg, /*world_size=*/1);
+  } catch (const UserError& e) {
+    std::fprintf(stderr,
+                 "bench_gpu: %s\n(--moe-experts, --moe-top-k, --moe-width, --moe-shared, "
+                 "--moe-first-dense, --moe-router, --moe-norm-topk are model.moe's num_experts, "
+                 "top_k, expert_intermediate_size, num_shared_experts, first_dense_layers, router, "
+                 "norm_topk_prob)\n",
+                 e.what());
+    std::exit(2);
+  }
+  c.moe = gpt_config(cfg).moe;
 }
 
 }  // namespace
@@ -141,10 +257,6 @@ int main(int argc, char** argv) {
   const int64_t T = arg(argc, argv, "T", 1024);
   const int64_t B = arg(argc, argv, "B", 16);
   GPTConfig c = model_config(argc, argv, T);
-  if (cuda_device_count() == 0) {
-    std::fprintf(stderr, "bench_gpu: no CUDA device\n");
-    return 1;
-  }
   const int steps = static_cast<int>(arg(argc, argv, "steps", 50));
   const int warmup = static_cast<int>(arg(argc, argv, "warmup", 5));
   const std::string precision = flag(argc, argv, "precision", "bf16");
@@ -193,6 +305,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   c.fp8 = precision == "fp8";
+  apply_moe_flags(argc, argv, c, RunFlags{T, B, precision, scope, transient});
+  // Every flag is checked before this, so a bad one exits 2 on a machine without a GPU too.
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "bench_gpu: no CUDA device\n");
+    return 1;
+  }
 
   const Device dev = Device::cuda(0);
   Stream& stream = current_stream(dev);
