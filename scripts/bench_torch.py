@@ -22,11 +22,24 @@ projection without bias, one llama block. The flags and their defaults are bench
 HS: C / NH, F: 8C/3 rounded up to a multiple of 64). The GPT-2 model (`--arch gpt2`, the
 default) is tied and takes none of these flags.
 
+`--moe-experts E` (llama): gtron's mixture of experts in blocks l >= `--moe-first-dense` (the MTP
+depths stay dense, as mtp.moe = false), with bench_gpu's flags and model.moe's defaults:
+`--moe-top-k` (2), `--moe-width` (F), `--moe-shared` (0), `--moe-router softmax|sigmoid`,
+`--moe-norm-topk 0|1` (1). The layer is scripts/bench_torch_moe.py: experts through
+torch._grouped_mm over the rows sorted by expert, compiled with the model (`--moe-align A` pads
+each expert's rows to a multiple of A, `--moe-compile-experts 0` keeps the experts out of the
+compiled graph; the JSON line's "moe_impl" says which). A MoE model is built on the GPU (its
+billions of parameters would take a minute to initialize on the host). `--check` runs
+bench_torch_moe.check() instead of a benchmark (its own small shape with `--moe-router` and
+`--moe-norm-topk`; the GPU when there is one, else the CPU) and exits 1 if a case fails.
+
 Runs on the GPU machine (PyTorch is there; gtron itself never needs Python):
   python3 scripts/bench_torch.py --mode compile --D 1
   python3 scripts/bench_torch.py --arch llama --L 16 --C 2048 --NH 32 --NKV 8 --HS 64 --F 8192 --B 8
+  python3 scripts/bench_torch.py --check [--moe-router sigmoid]   (scripts/bench_moe.sh runs it)
 """
 import argparse
+import contextlib
 import json
 import math
 import time
@@ -34,6 +47,8 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from bench_torch_moe import MoE, check as moe_check, moe_std
 
 
 def _rowwise_fp8(t):
@@ -190,7 +205,7 @@ def rotate_half(x):
 class LlamaBlock(nn.Module):
     """Hugging Face's LlamaDecoderLayer (Qwen3DecoderLayer with qk_norm)."""
 
-    def __init__(self, C, NH, NKV, HS, F_, qk_norm, eps):
+    def __init__(self, C, NH, NKV, HS, F_, qk_norm, eps, moe=None):
         super().__init__()
         self.NH, self.NKV, self.HS = NH, NKV, HS
         self.attn_norm = RMSNorm(C, eps)
@@ -201,9 +216,11 @@ class LlamaBlock(nn.Module):
         self.k_norm = RMSNorm(HS, eps) if qk_norm else None
         self.o_proj = nn.Linear(NH * HS, C, bias=False)
         self.mlp_norm = RMSNorm(C, eps)
-        self.gate_proj = nn.Linear(C, F_, bias=False)
-        self.up_proj = nn.Linear(C, F_, bias=False)
-        self.down_proj = nn.Linear(F_, C, bias=False)
+        self.moe = moe  # bench_torch_moe.MoE in place of the SwiGLU, or None
+        if moe is None:
+            self.gate_proj = nn.Linear(C, F_, bias=False)
+            self.up_proj = nn.Linear(C, F_, bias=False)
+            self.down_proj = nn.Linear(F_, C, bias=False)
 
     def forward(self, x, cos, sin):
         B, T, _ = x.shape
@@ -219,6 +236,8 @@ class LlamaBlock(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         x = x + self.o_proj(y.transpose(1, 2).reshape(B, T, self.NH * self.HS))
         g = self.mlp_norm(x)
+        if self.moe is not None:
+            return x + self.moe(g)
         return x + self.down_proj(F.silu(self.gate_proj(g)) * self.up_proj(g))
 
 
@@ -239,13 +258,19 @@ class LlamaMTPDepth(nn.Module):
 
 class Llama(nn.Module):
     def __init__(self, V, T, L, C, NH, NKV, HS, F_, qk_norm, tied, rope_theta, D, mtp_weight,
-                 eps=1e-5):
+                 eps=1e-5, moe=None):
         super().__init__()
         self.Vp = (V + 63) // 64 * 64
         self.D, self.mtp_weight = D, mtp_weight
         self.wte = nn.Embedding(self.Vp, C)
         dims = (C, NH, NKV, HS, F_, qk_norm, eps)
-        self.blocks = nn.ModuleList(LlamaBlock(*dims) for _ in range(L))
+        # moe: MoE's keyword arguments and "first_dense" (blocks before it keep the SwiGLU).
+        moe = dict(moe or {})
+        first_dense = moe.pop("first_dense", L)
+        std, resid_std = moe_std(L)
+        self.blocks = nn.ModuleList(
+            LlamaBlock(*dims, moe=MoE(C, std=std, resid_std=resid_std, **moe)
+                       if moe and l >= first_dense else None) for l in range(L))
         self.norm_f = RMSNorm(C, eps)
         self.lm_head = None if tied else nn.Linear(C, self.Vp, bias=False)
         self.mtp = nn.ModuleList(LlamaMTPDepth(*dims) for _ in range(D))
@@ -303,6 +328,21 @@ def main():
     ap.add_argument("--fp8", choices=["none", "rowwise"], default="none",
                     help="rowwise: the block and MTP linears' products in FP8 e4m3 through "
                          "torch._scaled_mm with row-wise scales (the PyTorch FP8 reference)")
+    # The mixture of experts (llama; bench_gpu's flags = model.moe's keys); None: not given.
+    ap.add_argument("--moe-experts", type=int, default=0, help="routed experts E (0: dense)")
+    ap.add_argument("--moe-top-k", type=int, default=None, help="experts per token (2)")
+    ap.add_argument("--moe-width", type=int, default=None, help="each expert's width (F's)")
+    ap.add_argument("--moe-shared", type=int, default=None, help="shared experts (0)")
+    ap.add_argument("--moe-first-dense", type=int, default=None, help="dense blocks first (0)")
+    ap.add_argument("--moe-router", choices=["softmax", "sigmoid"], default=None)
+    ap.add_argument("--moe-norm-topk", type=int, choices=[0, 1], default=None,
+                    help="softmax: renormalize the top-k gates (1)")
+    ap.add_argument("--moe-align", type=int, default=1,
+                    help="pad each expert's rows to a multiple of this (1: no padding)")
+    ap.add_argument("--moe-compile-experts", type=int, choices=[0, 1], default=1,
+                    help="0: the experts outside the compiled graph (torch.compiler.disable)")
+    ap.add_argument("--check", action="store_true",
+                    help="check the grouped_mm MoE against a per-expert loop, then exit")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1337)
@@ -313,22 +353,31 @@ def main():
                     help="with --profile: also write the profiled steps as a Chrome trace "
                          "(every kernel with its start, duration and grid) to FILE")
     a = ap.parse_args()
+    if a.check:  # its own small shape; only the router's kind comes from the flags
+        raise SystemExit(0 if moe_check(router=a.moe_router or "softmax",
+                                        norm_topk=a.moe_norm_topk != 0) else 1)
     family = resolve_family(ap, a)
+    moe_fields = resolve_moe(ap, a, family)
 
     torch.manual_seed(a.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
     dev = torch.device("cuda")
-    if a.arch == "llama":
-        model = Llama(a.V, a.T, a.L, a.C, a.NH, family["NKV"], family["HS"], family["F"],
-                      family["qk_norm"] == 1, family["tied"] == 1, family["rope_theta"], a.D,
-                      a.mtp_weight).to(dev)
-    else:
-        model = GPT(a.V, a.T, a.L, a.C, a.NH, a.D, a.mtp_weight).to(dev)
+    # A MoE model is built on the GPU (billions of parameters); the dense ones as before.
+    with torch.device(dev) if moe_fields else contextlib.nullcontext():
+        if a.arch == "llama":
+            model = Llama(a.V, a.T, a.L, a.C, a.NH, family["NKV"], family["HS"], family["F"],
+                          family["qk_norm"] == 1, family["tied"] == 1, family["rope_theta"], a.D,
+                          a.mtp_weight, moe=moe_kwargs(a, moe_fields)).to(dev)
+        else:
+            model = GPT(a.V, a.T, a.L, a.C, a.NH, a.D, a.mtp_weight).to(dev)
+    if moe_fields:
+        moe_fields["moe_impl"] = next(m for m in model.modules() if isinstance(m, MoE)).impl()
     if a.fp8 == "rowwise":
         use_fp8_linears(model)
     n_params = sum(p.numel() for p in model.parameters())
-    decay = [p for n, p in model.named_parameters() if p.dim() == 2 and not n.startswith("w")]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() != 2 or n.startswith("w")]
+    # Matrices decay (the experts' [E, out, in] stacks too), the embedding does not.
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.startswith("w")]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or n.startswith("w")]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
@@ -367,7 +416,7 @@ def main():
         "system": "torch", "mode": a.mode, "fp8": a.fp8, "torch": torch.__version__,
         "L": a.L, "C": a.C, "NH": a.NH, "T": a.T, "B": a.B, "V": a.V, "D": a.D,
         "steps": a.steps, "warmup": a.warmup, "loss": round(loss.item(), 4), "params": n_params,
-        **family,
+        **family, **moe_fields,
     }), flush=True)
     if a.profile > 0:
         profile_kernels(step, a.profile, a.profile_trace)
@@ -394,6 +443,50 @@ def resolve_family(ap, a):
                  "divide NH, HS be even and positive, F and rope-theta positive")
     return {"arch": "llama", "NKV": nkv, "HS": hs, "F": f, "qk_norm": a.qk_norm or 0,
             "tied": a.tied, "rope_theta": theta}
+
+
+def resolve_moe(ap, a, family):
+    """The MoE JSON fields (bench_gpu's names, model.moe's defaults resolved), {} for a dense
+    model; a usage error (exit 2) for a MoE flag without --moe-experts, with --arch gpt2 or
+    --fp8, or a shape gtron refuses (model.moe's checks in trainer/config_moe.cc)."""
+    flags = {"moe-top-k": a.moe_top_k, "moe-width": a.moe_width, "moe-shared": a.moe_shared,
+             "moe-first-dense": a.moe_first_dense, "moe-router": a.moe_router,
+             "moe-norm-topk": a.moe_norm_topk}
+    if a.moe_experts == 0:
+        given = [name for name, v in flags.items() if v is not None]
+        if given:
+            ap.error(f"--{given[0]} needs --moe-experts E > 0")
+        return {}
+    if a.arch != "llama":
+        ap.error("--moe-experts: the mixture of experts belongs to --arch llama")
+    if a.fp8 != "none":
+        ap.error("--moe-experts with --fp8: gtron has no FP8 grouped expert GEMM on CUDA")
+    fields = {"moe_experts": a.moe_experts,
+              "moe_top_k": 2 if a.moe_top_k is None else a.moe_top_k,
+              "moe_width": a.moe_width or family["F"],
+              "moe_shared": a.moe_shared or 0, "moe_first_dense": a.moe_first_dense or 0,
+              "moe_router": a.moe_router or "softmax",
+              "moe_norm_topk": 1 if a.moe_norm_topk is None else a.moe_norm_topk}
+    if not 1 <= fields["moe_top_k"] <= a.moe_experts or a.moe_experts > 512:
+        ap.error(f"--moe-top-k {fields['moe_top_k']} with --moe-experts {a.moe_experts}: top-k "
+                 "must be 1 .. E, and E at most 512 (gtron's CUDA router)")
+    if fields["moe_first_dense"] >= a.L or fields["moe_shared"] < 0 or fields["moe_width"] <= 0:
+        ap.error(f"--moe-first-dense {fields['moe_first_dense']} must be < --L {a.L}, "
+                 "--moe-shared >= 0 and --moe-width > 0")
+    if a.moe_align < 1:
+        ap.error(f"--moe-align {a.moe_align}: 1 (no padding) or more")
+    return fields
+
+
+def moe_kwargs(a, fields):
+    """Llama's `moe` argument from resolve_moe()'s fields (None: dense)."""
+    if not fields:
+        return None
+    return {"E": fields["moe_experts"], "top_k": fields["moe_top_k"],
+            "F_": fields["moe_width"], "num_shared": fields["moe_shared"],
+            "router": fields["moe_router"], "norm_topk": fields["moe_norm_topk"] == 1,
+            "align": a.moe_align, "compile_experts": a.moe_compile_experts == 1,
+            "first_dense": fields["moe_first_dense"]}
 
 
 def profile_kernels(step, n, trace_path=""):
