@@ -42,9 +42,10 @@ for label in "${tests[@]}" "${benches[@]}"; do
   chmod u+w ".gpubin/$(basename "$path")"
   strip --strip-unneeded ".gpubin/$(basename "$path")"  # the carry limit is 64 MiB
 done
-cp scripts/bench_gpu.sh scripts/bench_gpu_bin.sh scripts/bench_torch.py scripts/profile_gpu.sh \
-  scripts/profile_table.py scripts/trace_gpu.sh scripts/trace_table.py scripts/power_gpu.sh \
-  scripts/kernel_compare.py scripts/bench_attention.sh scripts/bench_attention.py .gpubin/
+cp scripts/bench_gpu.sh scripts/bench_gpu_bin.sh scripts/bench_torch.py scripts/bench_torch_moe.py \
+  scripts/profile_gpu.sh scripts/profile_table.py scripts/trace_gpu.sh scripts/trace_table.py \
+  scripts/power_gpu.sh scripts/kernel_compare.py scripts/bench_attention.sh \
+  scripts/bench_attention.py .gpubin/
 # Shared libraries of this image that a GPU machine may lack (Gloo and its dependencies, libgomp):
 # run there with LD_LIBRARY_PATH=.gpubin/lib. CUDA's own libraries and the C runtime stay out.
 bash scripts/gpu_libs.sh .gpubin/lib .gpubin/*_test .gpubin/bench_{gpu,add_norm,norm,attention} \
