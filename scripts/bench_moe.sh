@@ -4,8 +4,8 @@
 # scripts/bench_torch_moe.py), on one GPU, at a Qwen3-MoE shape that fits one 80 GB card:
 #   L=12, C=2048, NH=16, NKV=4, HS=128 (q/k norms, RoPE base 1e6), 64 experts, top 8, expert
 #   width 768, no shared expert, softmax router with the top-8 gates renormalized; vocab 50304,
-#   tied (Qwen's 151936 untied head would add 0.6B parameters, about 11 GB of fp32 weights, grads
-#   and AdamW moments, which the card does not have beside the 3.9B of this model); T=1024,
+#   tied (Qwen's 151936 untied head would add 0.52B parameters, about 9 GiB of weights, grads,
+#   AdamW moments and shadows, which the card does not have beside this model's 3.9B); T=1024,
 #   B=4 (GTRON_MOE_B); the dense MLP width F=6144 (Qwen3-30B-A3B's) serves the MTP depth only.
 # In order: the card (nvidia-smi), bench_torch.py --check (the grouped_mm layer against a loop
 # over the experts, fp32 and bf16, compiled against eager; its "align_ok" and "compile_ok" pick
