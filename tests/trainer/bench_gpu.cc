@@ -20,10 +20,12 @@
 // --moe-top-k, --moe-width (0: --F's), --moe-shared, --moe-first-dense, --moe-router
 // softmax|sigmoid, --moe-norm-topk 0|1 are model.moe's keys (num_experts, top_k,
 // expert_intermediate_size, num_shared_experts, first_dense_layers, router, norm_topk_prob; their
-// defaults are the schema's). The run goes through the trainer's own path: a Config of the same
+// defaults are the schema's). The run passes the trainer's own checks: a Config of the same
 // model and run (device cuda, the precision, recompute, graphs and transient-gradient flags, T, B)
 // that validate() checks, so what `gtron train` refuses for MoE (on CUDA: FP8, more than 512
-// experts; full recompute; ...) exits 2 here with its message, then gpt_config() gives the MoeDims.
+// experts; full recompute; ...) exits 2 here with its message; then the keys become GPTConfig's
+// MoeDims as gpt_config() in trainer/train_setup.cc maps them (not linked: it would bring the
+// trainer's Gloo, NCCL and tokenizer libraries into this binary).
 // No balance loss and no bias updates (aux_loss_weight and bias_update_rate stay 0); the routers'
 // load counters advance on the device and nothing reads them inside the timed steps (the trainer
 // pulls them once a step for its metrics). The JSON line adds "moe_experts", "moe_top_k",
@@ -47,7 +49,6 @@
 #include "trainer/config.h"
 #include "trainer/metrics.h"
 #include "trainer/optimizer.h"
-#include "trainer/train.h"
 
 namespace {
 
@@ -205,9 +206,10 @@ gtron::Config trainer_config(const gtron::GPTConfig& c, const RunFlags& run) {
   return cfg;
 }
 
-// The --moe-* flags into c.moe through the trainer's path (the header's paragraph): model.moe of
-// trainer_config(), validate(), then gpt_config(). Exits 2 on a bad flag or a refused
-// combination. Without --moe-experts (or with 0) the model stays dense and no --moe-* is allowed.
+// The --moe-* flags into c.moe through the trainer's checks (the header's paragraph): model.moe
+// of trainer_config(), validate(), then MoeDims as gpt_config() makes them. Exits 2 on a bad flag
+// or a refused combination. Without --moe-experts (or with 0) the model stays dense and no
+// --moe-* is allowed.
 void apply_moe_flags(int argc, char** argv, gtron::GPTConfig& c, const RunFlags& run) {
   using namespace gtron;
   const int64_t experts = arg(argc, argv, "moe-experts", 0);
@@ -247,7 +249,13 @@ void apply_moe_flags(int argc, char** argv, gtron::GPTConfig& c, const RunFlags&
                  e.what());
     std::exit(2);
   }
-  c.moe = gpt_config(cfg).moe;
+  c.moe.E = static_cast<int>(moe.num_experts);
+  c.moe.top_k = static_cast<int>(moe.top_k);
+  c.moe.num_shared = static_cast<int>(moe.num_shared_experts);
+  c.moe.F = moe.expert_intermediate_size > 0 ? moe.expert_intermediate_size : c.llama_dims().F;
+  c.moe.first_dense_layers = static_cast<int>(moe.first_dense_layers);
+  c.moe.router = router == "sigmoid" ? MoeRouterKind::kSigmoid : MoeRouterKind::kSoftmax;
+  c.moe.norm_topk_prob = moe.norm_topk_prob;
 }
 
 }  // namespace
