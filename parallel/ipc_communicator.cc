@@ -282,6 +282,28 @@ Work IpcCommunicator::broadcast(Tensor& inout, int root) {
   });
 }
 
+Work IpcCommunicator::all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts,
+                                 Tensor& out, const std::vector<int64_t>& recv_counts) {
+  check_all_to_all_args(*this, in, send_counts, out, recv_counts);
+  const int64_t es = static_cast<int64_t>(dtype_size(in.dtype()));
+  ipc::AllToAllPlan plan;
+  int64_t sent = 0, received = 0;
+  for (size_t q = 0; q < send_counts.size(); ++q) {
+    plan.send_off[q] = sent * es;
+    plan.send_bytes[q] = send_counts[q] * es;
+    plan.recv_off[q] = received * es;
+    plan.recv_bytes[q] = recv_counts[q] * es;
+    sent += send_counts[q];
+    received += recv_counts[q];
+  }
+  const char* src = in.numel() > 0 ? bytes_of(in) : nullptr;
+  char* dst = out.numel() > 0 ? bytes_of(out) : nullptr;
+  return run(in, out, CollectiveKind::kAllToAll, [&](void* s) {
+    ipc::all_to_all(peers_, rank_, size_, options_.slot_bytes, src, dst, plan,
+                    to_ns(options_.timeout_s), errors_->word, s);
+  });
+}
+
 void IpcCommunicator::barrier() {
   run(Tensor(), Tensor(), CollectiveKind::kAllReduce, [&](void* s) {
     barrier_on(s);

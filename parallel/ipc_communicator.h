@@ -20,8 +20,10 @@
 // - Windows (Note [IPC windows]): buffers every rank registers in the same order; a
 //   reduce_scatter from a window reads the peers' inputs in place. The GTP send pool lives in them
 //   (make_ipc_symmetric_backend), as it lives in NCCL symmetric windows on NCCL.
-// - all_to_all is not built here: the base class's CommError says so (expert parallelism runs
-//   over Gloo and NCCL).
+// - all_to_all moves bytes through the same slots in one launch that runs as many rounds as the
+//   largest pair of any two ranks needs (Note [IPC all_to_all] in parallel/ipc_kernels.h), since
+//   no rank knows its peers' counts with each other; the counters stay on the device, so it
+//   captures and replays like the rest (with the counts it was captured with).
 // - Teardown: a last barrier (skipped once broken) so no peer still reads this arena when it is
 //   freed; then peers' handles are closed and the arena freed.
 //
@@ -64,6 +66,8 @@ class IpcCommunicator final : public CudaCommunicator {
   Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::kSum) override;
   Work all_reduce(Tensor& inout, ReduceOp op = ReduceOp::kSum) override;
   Work broadcast(Tensor& inout, int root) override;
+  Work all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                  const std::vector<int64_t>& recv_counts) override;
   void barrier() override;
 
   // Note [IPC windows]

@@ -1,6 +1,7 @@
 // Kernels of the CUDA-IPC communicator: stage, barrier, gather, reduce (Note [IPC arena] in
-// parallel/ipc_kernels.h). Peers' slots are read with ld.global.cg (L2, not L1): another process
-// wrote them, and the L1 of this SM may hold an older line of the same slot.
+// parallel/ipc_kernels.h) and the one-launch all_to_all (Note [IPC all_to_all]). Peers' slots are
+// read with ld.global.cg (L2, not L1): another process wrote them, and the L1 of this SM may hold
+// an older line of the same slot.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,6 +23,10 @@ __device__ __forceinline__ uint64_t* flag_arrive(char* base) {
 // Written by this rank's barrier kernel, read by its next launches: volatile, never a stale line.
 __device__ __forceinline__ volatile uint64_t* flag_epoch(char* base) {
   return reinterpret_cast<volatile uint64_t*>(base) + 1;
+}
+// need[parity]: the rounds this rank's all_to_all at a barrier of that parity asks for.
+__device__ __forceinline__ volatile int64_t* flag_need(char* base, uint64_t parity) {
+  return reinterpret_cast<volatile int64_t*>(base) + 2 + (parity & 1);
 }
 // Slot `parity` of an arena.
 __device__ __forceinline__ char* slot(char* base, uint64_t parity, size_t slot_bytes) {
@@ -57,6 +62,26 @@ __global__ void stage_kernel(Peers peers, int rank, size_t slot_bytes, const cha
   }
 }
 
+// Waits until peer p's arrive reaches `target`, for at most timeout_ns (Note [IPC bounded wait]);
+// false if this wait or another of this rank's failed.
+__device__ bool wait_arrival(char* peer_base, int p, uint64_t target, int64_t timeout_ns,
+                             volatile ErrorWord* err) {
+  const uint64_t* arrive = flag_arrive(peer_base);
+  const int64_t start = global_ns();
+  while (load_acquire_sys(arrive) < target) {
+    if (err->code != 0) return false;  // another wait of this rank timed out already
+    if (global_ns() - start > timeout_ns) {
+      err->peer = p;
+      __threadfence_system();
+      err->code = 1;
+      __threadfence_system();
+      return false;
+    }
+    __nanosleep(200);
+  }
+  return true;
+}
+
 // One block; thread 0 advances the counters, threads [0, size) wait for one peer each.
 __global__ void barrier_kernel(Peers peers, int rank, int size, int64_t timeout_ns,
                                ErrorWord* error) {
@@ -75,19 +100,7 @@ __global__ void barrier_kernel(Peers peers, int rank, int size, int64_t timeout_
   __syncthreads();
   const int p = threadIdx.x;
   if (target == 0 || p >= size || p == rank) return;
-  const uint64_t* arrive = flag_arrive(peers.base[p]);
-  const int64_t start = global_ns();
-  while (load_acquire_sys(arrive) < target) {
-    if (err->code != 0) return;  // another wait of this rank timed out already
-    if (global_ns() - start > timeout_ns) {
-      err->peer = p;
-      __threadfence_system();
-      err->code = 1;
-      __threadfence_system();
-      return;
-    }
-    __nanosleep(200);
-  }
+  wait_arrival(peers.base[p], p, target, timeout_ns, err);
 }
 
 template <typename U>
@@ -162,6 +175,84 @@ __global__ void reduce_kernel(Peers peers, int rank, int size, size_t slot_bytes
   }
 }
 
+// `bytes` (a multiple of sizeof(U)) from src to dst by the block's threads; peers' memory through
+// L2 (ld.global.cg).
+template <typename U, bool kFromPeer>
+__device__ __forceinline__ void block_copy(char* dst, const char* src, int64_t bytes) {
+  const U* s = reinterpret_cast<const U*>(src);
+  U* d = reinterpret_cast<U*>(dst);
+  for (int64_t i = threadIdx.x; i < bytes / static_cast<int64_t>(sizeof(U)); i += blockDim.x) {
+    d[i] = kFromPeer ? __ldcg(s + i) : s[i];
+  }
+}
+
+// Bytes [k·part, (k + 1)·part) of a block of `bytes`: their count (0 past the end).
+__device__ __forceinline__ int64_t piece(int64_t bytes, int64_t k, int64_t part) {
+  const int64_t left = bytes - k * part;
+  return left <= 0 ? 0 : (left < part ? left : part);
+}
+
+// Note [IPC all_to_all]: one block, `rounds` of stage, arrive/wait, consume.
+template <typename U>
+__global__ void all_to_all_kernel(Peers peers, int rank, int size, size_t slot_bytes,
+                                  const char* in, char* out, AllToAllPlan plan, int64_t timeout_ns,
+                                  ErrorWord* error) {
+  __shared__ uint64_t epoch0;            // this rank's epoch before the call
+  __shared__ unsigned long long rounds;  // grows to the maximum over ranks in round 0
+  __shared__ int broken;
+  volatile ErrorWord* err = error;
+  char* mine = peers.base[rank];
+  const int64_t part = static_cast<int64_t>(slot_bytes / size) / 16 * 16;
+  int64_t own_rounds = 0;  // thread 0: the rounds this rank's blocks need
+  if (threadIdx.x == 0) {
+    epoch0 = *flag_epoch(mine);
+    int64_t largest = 0;
+    for (int q = 0; q < size; ++q) {
+      if (q == rank) continue;
+      if (plan.send_bytes[q] > largest) largest = plan.send_bytes[q];
+      if (plan.recv_bytes[q] > largest) largest = plan.recv_bytes[q];
+    }
+    own_rounds = largest > part ? (largest + part - 1) / part : 1;
+    rounds = static_cast<unsigned long long>(own_rounds);
+    broken = err->code != 0;
+  }
+  __syncthreads();
+  if (broken) return;
+  block_copy<U, false>(out + plan.recv_off[rank], in + plan.send_off[rank], plan.send_bytes[rank]);
+  for (int64_t k = 0; k < static_cast<int64_t>(rounds); ++k) {
+    const uint64_t e = epoch0 + static_cast<uint64_t>(k) + 1;
+    char* staged = slot(mine, e, slot_bytes);
+    for (int q = 0; q < size; ++q) {
+      if (q == rank) continue;
+      block_copy<U, false>(staged + q * part, in + plan.send_off[q] + k * part,
+                           piece(plan.send_bytes[q], k, part));
+    }
+    __threadfence_system();  // every thread's staging before the arrival
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (k == 0) *flag_need(mine, e) = own_rounds;
+      *flag_epoch(mine) = e;
+      __threadfence_system();
+      store_release_sys(flag_arrive(mine), e);
+    }
+    const int p = threadIdx.x;
+    if (p < size && p != rank && wait_arrival(peers.base[p], p, e, timeout_ns, err) && k == 0) {
+      atomicMax(&rounds, static_cast<unsigned long long>(*flag_need(peers.base[p], e)));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) broken = err->code != 0;
+    __syncthreads();
+    if (broken) return;
+    for (int q = 0; q < size; ++q) {
+      if (q == rank) continue;
+      block_copy<U, true>(out + plan.recv_off[q] + k * part,
+                          slot(peers.base[q], e, slot_bytes) + rank * part,
+                          piece(plan.recv_bytes[q], k, part));
+    }
+    __syncthreads();  // this round's reads end before the next arrival
+  }
+}
+
 unsigned blocks_for(size_t work) {
   return static_cast<unsigned>(
       std::min<size_t>(ceil_div<size_t>(std::max<size_t>(work, 1), 256), 132 * 8));
@@ -208,6 +299,14 @@ struct Gather {
   template <typename... Args>
   static void launch(unsigned blocks, cudaStream_t s, Args... args) {
     gather_kernel<U><<<blocks, 256, 0, s>>>(args...);
+  }
+};
+
+template <typename U>
+struct AllToAll {
+  template <typename... Args>
+  static void launch(unsigned blocks, cudaStream_t s, Args... args) {
+    all_to_all_kernel<U><<<blocks, 1024, 0, s>>>(args...);
   }
 };
 
@@ -277,6 +376,22 @@ void reduce(const Peers& peers, int rank, int size, size_t slot_bytes, int64_t o
       launch_reduce<int32_t>(peers, rank, size, slot_bytes, offset, dst, n, op, s);
       break;
   }
+  CUDA_CHECK_LAUNCH();
+}
+
+void all_to_all(const Peers& peers, int rank, int size, size_t slot_bytes, const void* in,
+                void* out, const AllToAllPlan& plan, int64_t timeout_ns, ErrorWord* error,
+                void* stream) {
+  GTRON_CHECK(size >= 1 && size <= kMaxRanks && rank >= 0 && rank < size && slot_bytes / size >= 16,
+              "ipc all_to_all: rank ", rank, " of ", size, ", slot of ", slot_bytes, " bytes");
+  uintptr_t all = reinterpret_cast<uintptr_t>(in) | reinterpret_cast<uintptr_t>(out);
+  for (int q = 0; q < size; ++q) {
+    all |= static_cast<uintptr_t>(plan.send_off[q] | plan.send_bytes[q] | plan.recv_off[q] |
+                                  plan.recv_bytes[q]);
+  }
+  launch_by_unit<AllToAll>(unit_of(all, 0, 16, 16), 1, static_cast<cudaStream_t>(stream), peers,
+                           rank, size, slot_bytes, static_cast<const char*>(in),
+                           static_cast<char*>(out), plan, timeout_ns, error);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -23,6 +23,26 @@
 // memory the host reads without a sync) and returns. Every later barrier sees the error and
 // returns at once; the host turns it into CommError at the next collective or wait. The data of a
 // failed collective is garbage; the communicator is broken from then on.
+//
+// Note [IPC all_to_all]
+// An all-to-all-v cannot be stage, barrier, consume in host-counted chunks: rank p knows only
+// the counts it sends and receives, not how much its peers exchange with each other, so no rank
+// can tell the host how many chunks (barriers) the largest pair needs. It is one launch instead,
+// a single block that runs its own rounds:
+//   - the slot is cut into P parts of `part` bytes; in round k this rank stages bytes
+//     [k·part, (k + 1)·part) of its block for rank q into part q of slot (epoch + 1) & 1;
+//   - it arrives as the barrier kernel does (epoch += 1, arrive = epoch); in round 0 it first
+//     writes the rounds it needs, ceil(largest block sent or received / part), into
+//     need[epoch & 1] of its flags; after the wait every rank takes the maximum over all ranks'
+//     words, so every rank runs the same rounds and passes the same barriers;
+//   - after the wait it copies bytes [k·part, (k + 1)·part) of rank q's part `rank` into its
+//     block from q (the block to itself is copied straight from the input, in round 0).
+// Rounds are separated by the barrier as the two-slot argument of Note [IPC arena] asks: every
+// thread's reads of round k end (__syncthreads) before thread 0 arrives at round k + 1. `need`
+// has one word per parity for the same reason: a peer writes need[e & 1] again only at barrier
+// e + 2, which it passes after this rank read the word. The counters advance on the device, so
+// later collectives and graph replays stay in step whatever the round count. The cost: one block
+// moves the data (one SM's bandwidth), fine for the routed rows of a mixture of experts.
 #pragma once
 
 #include <cstddef>
@@ -67,5 +87,18 @@ void gather(const Peers& peers, int rank, int first, int count, size_t slot_byte
 // parallel/ipc_communicator.h).
 void reduce(const Peers& peers, int rank, int size, size_t slot_bytes, int64_t offset, void* dst,
             int64_t n, Dtype dtype, Op op, void* stream);
+
+// The bytes rank `rank` exchanges in one all_to_all (Note [IPC all_to_all]), by peer: block q of
+// `in` is [send_off[q], send_off[q] + send_bytes[q]), the block from q lands at out + recv_off[q].
+struct AllToAllPlan {
+  int64_t send_off[kMaxRanks] = {}, send_bytes[kMaxRanks] = {};
+  int64_t recv_off[kMaxRanks] = {}, recv_bytes[kMaxRanks] = {};
+};
+
+// Note [IPC all_to_all]. REQUIRES: the peers' plans agree (recv_bytes[q] here == send_bytes[rank]
+// on q); `in` and `out` do not overlap.
+void all_to_all(const Peers& peers, int rank, int size, size_t slot_bytes, const void* in,
+                void* out, const AllToAllPlan& plan, int64_t timeout_ns, ErrorWord* error,
+                void* stream);
 
 }  // namespace gtron::parallel::ipc

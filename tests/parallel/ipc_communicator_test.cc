@@ -5,7 +5,9 @@
 // Checked: every collective, dtype and reduction against a host computation in the same rank
 // order (bit for bit), with slots small enough that every size but the smallest is cut into
 // chunks; collectives captured into a CUDA graph and replayed on fresh inputs; a peer that never
-// arrives ends the wait in a CommError naming the communicator and the peer, within the bound.
+// arrives ends the wait in a CommError naming the communicator and the peer, within the bound;
+// all_to_all with uneven and zero counts, one pair large enough that every rank (even one that
+// exchanges little) must run several rounds, followed by an all_gather on the same slots.
 #include "parallel/ipc_communicator.h"
 
 #include <cuda_runtime.h>
@@ -166,6 +168,62 @@ int every_collective(int rank, int size, StoreClient& store) {
   return check.bad == 0 ? 0 : 1;
 }
 
+// Elements rank p sends rank q in exchange `salt` of all_to_all_v: uneven, some zero; with `big`,
+// rank 0's block for the last rank spans several rounds of a kSlotBytes slot.
+int64_t a2a_count(int p, int q, int size, int salt, bool big) {
+  if (big && p == 0 && q == size - 1) return 2500;
+  if ((p + 2 * q + salt) % 4 == 0) return 0;
+  return (p * 37 + q * 101 + salt * 13) % 300;
+}
+
+// all_to_all at 3 count patterns (one all zero) and f32, bf16, checked element for element, then
+// an all_gather: the slots and counters are in step after a call of several rounds.
+int all_to_all_v(int rank, int size, StoreClient& store) {
+  IpcCommunicator comm(store, "ipc_a2a", rank, size, Device::cuda(0), {20.0, kSlotBytes});
+  Stream s(Device::cuda(0));
+  StreamGuard guard(s);
+  Checker check{rank};
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (int pattern = 0; pattern < 3; ++pattern) {
+      const bool zero = pattern == 2, big = pattern == 1;
+      auto count = [&](int p, int q) { return zero ? 0 : a2a_count(p, q, size, pattern, big); };
+      std::vector<int64_t> send, recv;
+      int64_t n_send = 0, n_recv = 0;
+      for (int q = 0; q < size; ++q) {
+        send.push_back(count(rank, q));
+        recv.push_back(count(q, rank));
+        n_send += send.back();
+        n_recv += recv.back();
+      }
+      Tensor out = Tensor::zeros({n_recv}, dt, Device::cuda(0), &s);
+      comm.all_to_all(on_gpu(input(rank, n_send, dt, 40 + pattern), dt, s), send, out, recv)
+          .wait(s);
+      std::vector<double> want;
+      for (int q = 0; q < size; ++q) {  // rank q's block for this rank
+        int64_t at = 0;
+        for (int r = 0; r < rank; ++r) at += count(q, r);
+        int64_t total = 0;
+        for (int r = 0; r < size; ++r) total += count(q, r);
+        const std::vector<double> v = input(q, total, dt, 40 + pattern);
+        want.insert(want.end(), v.begin() + at, v.begin() + at + count(q, rank));
+      }
+      check.expect(n_recv > 0 ? on_host(out, s) : std::vector<double>(), want, "all_to_all", dt,
+                   n_recv);
+      const int64_t n = 700;  // an all_gather after it, on the same slots
+      Tensor gathered = Tensor::zeros({size * n}, dt, Device::cuda(0), &s);
+      comm.all_gather(on_gpu(input(rank, n, dt, 50), dt, s), gathered).wait(s);
+      std::vector<double> all;
+      for (int r = 0; r < size; ++r) {
+        const std::vector<double> v = input(r, n, dt, 50);
+        all.insert(all.end(), v.begin(), v.end());
+      }
+      check.expect(on_host(gathered, s), all, "all_gather after all_to_all", dt, n);
+    }
+  }
+  comm.barrier();
+  return check.bad == 0 ? 0 : 1;
+}
+
 // An all_reduce and a reduce_scatter captured once, replayed on three fresh inputs.
 int captured_and_replayed(int rank, int size, StoreClient& store) {
   IpcCommunicator comm(store, "ipc_graph", rank, size, Device::cuda(0), {20.0, kSlotBytes});
@@ -265,6 +323,14 @@ TEST(IpcCommunicatorTest, EveryCollectiveBitForBit) {
   for (int size : {2, 3, 4}) {
     const std::vector<int> codes = run_processes(
         size, [size](int rank, StoreClient& store) { return every_collective(rank, size, store); });
+    for (int r = 0; r < size; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r << " of " << size;
+  }
+}
+
+TEST(IpcCommunicatorTest, AllToAllUnevenAndZeroCounts) {
+  for (int size : {2, 3, 4}) {
+    const std::vector<int> codes = run_processes(
+        size, [size](int rank, StoreClient& store) { return all_to_all_v(rank, size, store); });
     for (int r = 0; r < size; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r << " of " << size;
   }
 }
