@@ -135,14 +135,23 @@ Var MoeLayer::exchange_experts(const Var& xp, const MoePlan& plan, WeightAccess&
   GTRON_CHECK(!current_stream(xp.device()).capturing(),
               "expert parallelism reads the routing on the host: no graph capture");
   const int P = d_.ep_size, El = d_.E / P;
-  // The plan's closure has run (a CPU stream not capturing): its offsets are on the host.
-  const int32_t* off = plan.offsets.data<int32_t>();
   std::vector<int32_t> mine(static_cast<size_t>(d_.E));
-  for (int e = 0; e < d_.E; ++e) mine[static_cast<size_t>(e)] = off[e + 1] - off[e];
+  if (xp.device().is_cuda()) {
+    // The known cost of EP on CUDA: a small copy that waits for the plan (Note [expert
+    // parallelism]).
+    const std::vector<double> off = plan.offsets.to_vector();
+    for (int e = 0; e < d_.E; ++e) {
+      mine[static_cast<size_t>(e)] = static_cast<int32_t>(off[e + 1] - off[e]);
+    }
+  } else {
+    // The plan's closure has run (a CPU stream not capturing): its offsets are on the host.
+    const int32_t* off = plan.offsets.data<int32_t>();
+    for (int e = 0; e < d_.E; ++e) mine[static_cast<size_t>(e)] = off[e + 1] - off[e];
+  }
   std::vector<int64_t> send_rows(static_cast<size_t>(P), 0);
   for (int e = 0; e < d_.E; ++e)
     send_rows[static_cast<size_t>(e / El)] += mine[static_cast<size_t>(e)];
-  // Step 2: El counts to each peer, El from each.
+  // Step 2: El counts to each peer, El from each (host tensors: a CUDA group stages them).
   Tensor counts_out = Tensor::from_ints(mine, {d_.E});
   Tensor counts_in = Tensor::zeros({d_.E}, DType::kI32);
   const std::vector<int64_t> each(static_cast<size_t>(P), El);
@@ -153,7 +162,11 @@ Var MoeLayer::exchange_experts(const Var& xp, const MoePlan& plan, WeightAccess&
   for (int b = 0; b < d_.E; ++b)
     recv_rows[static_cast<size_t>(b / El)] += arriving[static_cast<size_t>(b)];
   // Steps 3 to 5.
-  const MoePlan regroup = regroup_plan(arriving, P, El);
+  MoePlan regroup = regroup_plan(arriving, P, El);
+  if (xp.device().is_cuda()) {  // the permutation's indices where its kernels run
+    Stream& s = current_stream(xp.device());
+    for (Tensor* t : {&regroup.src, &regroup.pos, &regroup.offsets}) *t = t->to(xp.device(), &s);
+  }
   MoePlan back = regroup;
   std::swap(back.src, back.pos);
   const Var rows = moe_dispatch(ep_all_to_all(xp, send_rows, recv_rows, *ep_), regroup);
@@ -163,8 +176,6 @@ Var MoeLayer::exchange_experts(const Var& xp, const MoePlan& plan, WeightAccess&
 
 Var MoeLayer::forward(const Var& g, WeightAccess& w) {
   const bool cuda = g.device().is_cuda();
-  GTRON_CHECK(!cuda || d_.ep_size == 1, "MoE layer ", name_,
-              ": expert parallelism is not built on CUDA (parallel.ep = ", d_.ep_size, ")");
   const bool sigmoid = d_.router == MoeRouterKind::kSigmoid;
   const bool counting = grad_enabled();
 

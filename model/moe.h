@@ -52,12 +52,17 @@
 // dense weight's reduce over all data ranks as before. The load counts stay per expert over all E
 // (every rank counts its own tokens' choices), summed over the data ranks. The row counts are
 // read on the host (CPU streams run at once), so the exchange sizes follow the routing: no
-// capture (graphs.scope = "none"). Checkpoints hold every expert under its
-// global name whatever EP is: the trainer gathers the EP ranks' experts to save, and each rank
+// capture (graphs.scope = "none"). On CUDA (over NCCL or IPC) that read is the known cost of
+// EP > 1: each MoE layer's forward copies this rank's per-expert counts (the plan's E + 1
+// offsets) to the host, which waits for the router and the plan, and the counts exchange of step 2
+// goes through the device and back (ExpertParallelGroup stages host tensors), a second small
+// wait; the rows themselves stay on the device and the backward reads nothing. Graphs are
+// refused with EP > 1 on every device (trainer/config_moe.cc). Checkpoints hold every expert under
+// its global name whatever EP is: the trainer gathers the EP ranks' experts to save, and each rank
 // loads its own by name.
 //
 // Note [MoE on CUDA]
-// One process (EP = 1), fp32 or bf16 mixed precision (bf16 rows, the experts' bf16 shadows from
+// fp32 or bf16 mixed precision (bf16 rows, the experts' bf16 shadows from
 // Bf16Weights, fp32 main_grads). The forward never reads the device from the host: the router's
 // choice, the plan (offsets), the grouped GEMMs' group sizes and the load counts stay on the GPU
 // (Note [MoE plan on CUDA] in model/ops/moe_dispatch.h, Note [grouped GEMM on CUDA] in
@@ -70,8 +75,9 @@
 // routing on CUDA] in model/ops/moe_router.h); the router bias is f32 on the device. The load
 // counters are i32 [E] on the device, advanced by the plan kernel in grad mode; load(), stats()
 // and update_bias() add them into the host counts (one small copy after the step, which waits
-// for the step's kernels) and zero them. Not built on CUDA: EP > 1 (the exchange reads the
-// counts on the host), FP8 expert GEMMs, more than 512 experts.
+// for the step's kernels) and zero them. EP > 1 runs on CUDA with host reads of the counts
+// (Note [expert parallelism]), so without graphs. Not built on CUDA: FP8 expert GEMMs, more than
+// 512 experts.
 //
 // Note [router bias]
 // The sigmoid router's aux-loss-free balancing (DeepSeek-V3): a per-expert bias b [E] added to

@@ -3,7 +3,8 @@
 //
 // Ordering: every exchange is issued on the current stream of the tensors' device (Gloo queues it
 // from a closure of the CPU stream) and the stream then waits for it (a CPU stream blocks). No host
-// sync of its own.
+// sync of its own, except for host tensors over a CUDA communicator (NCCL, IPC: a CUDA MoE
+// layer's counts), which are staged through the device; the host then waits for the result.
 //
 // Thread safety: one thread (the training thread) drives it.
 #pragma once

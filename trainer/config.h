@@ -248,8 +248,8 @@ DeviceChoice resolve_device(const TrainConfig& train, bool cuda_available);
 // bf16 on cpu (the case train.device "auto" fell back to cpu).
 PrecisionChoice resolve_precision(const TrainConfig& train, DeviceChoice resolved_device);
 
-// model.moe against the device a run resolved to (config_moe.cc): on CUDA, one expert-parallel
-// rank, no FP8 and at most 512 experts (Note [MoE on CUDA] in model/moe.h). Throws UserError.
+// model.moe against the device a run resolved to (config_moe.cc): on CUDA, no FP8 and at most
+// 512 experts (Note [MoE on CUDA] in model/moe.h). Throws UserError.
 void check_moe_device(const Config& cfg, DeviceChoice resolved_device);
 
 // Micro-batches each rank runs per step: global_batch / (micro_batch · world_size / parallel.tp).

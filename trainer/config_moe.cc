@@ -46,7 +46,7 @@ void check_moe_keys(const Config& c) {
 }  // namespace
 
 // model.moe (model/moe.h): the llama family's, and what this version runs a mixture of experts
-// with: the CPU, and CUDA at one EP rank (check_moe_device); data and expert parallelism, GTP
+// with: the CPU and CUDA (check_moe_device); data and expert parallelism, GTP
 // (the routed experts whole), TP without sequence parallelism (the MoE layer whole on every TP
 // rank), graphs without a balance loss or expert parallelism, no full recompute.
 void check_moe(const Config& c) {
@@ -131,11 +131,8 @@ void check_moe_device(const Config& c, DeviceChoice device) {
   constexpr int64_t kCudaMaxExperts = 512;  // cuda::kMaxExperts (model/ops/moe_router.h)
   const std::string where =
       str_cat("model.moe on CUDA (train.device = \"", to_string(c.train.device), "\")");
-  if (c.parallel.ep > 1) {
-    fail(str_cat(where, ": parallel.ep = ", c.parallel.ep,
-                 " is not built (the expert exchange reads the routing on the host)"),
-         "set parallel.ep = 1 (data parallelism works), or train.device = \"cpu\"");
-  }
+  // parallel.ep > 1 runs over NCCL and IPC, the CUDA backends (a Gloo run is a CPU run); graphs
+  // with it are refused by check_moe (Note [expert parallelism] in model/moe.h).
   if (c.train.precision == PrecisionChoice::kFp8) {
     fail(str_cat(where, ": train.precision = \"fp8\" is not built (no FP8 grouped expert GEMM)"),
          "set train.precision = \"bf16\", or model.moe.num_experts = 0");

@@ -21,7 +21,8 @@ class ExpertParallelGroup {
   // All-to-all-v in elements (Communicator::all_to_all's contract): `in` holds size() blocks in
   // rank order, send[p] elements for rank p; `out` receives recv[q] elements from each rank q, in
   // rank order. Ordered on the current stream of the tensors' device: it starts after the work
-  // queued there, and the work queued after it sees `out` (a CPU stream blocks until then).
+  // queued there, and the work queued after it sees `out` (a CPU stream blocks until then). Host
+  // tensors over a device group are staged through the device, and `out` is filled on return.
   virtual void all_to_all(const Tensor& in, const std::vector<int64_t>& send, Tensor& out,
                           const std::vector<int64_t>& recv) = 0;
 };

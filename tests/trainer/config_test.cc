@@ -208,11 +208,16 @@ TEST(ConfigErrors, MoeChecks) {
                     {"model.moe.router", "softmax", "sigmoid"});
   expect_text_error(moe(R"("num_experts": 4, "aux_loss_weight": -1)"),
                     {"model.moe.aux_loss_weight"});
-  // CUDA (Note [MoE on CUDA] in model/moe.h): one EP rank, no FP8, at most 512 experts.
+  // CUDA (Note [MoE on CUDA] in model/moe.h): expert parallelism without graphs, no FP8, at most
+  // 512 experts.
   validate(from_text(moe(R"("num_experts": 4)", R"(, "train": {"device": "cuda"})")), 1);
-  expect_text_error(
-      moe(R"("num_experts": 4)", R"(, "train": {"device": "cuda"}, "parallel": {"ep": 2})"),
-      {"model.moe on CUDA", "parallel.ep = 2", "not built"});
+  validate(from_text(moe(R"("num_experts": 4)", R"(, "train": {"device": "cuda", "global_batch": )"
+                                                R"(16}, "parallel": {"ep": 2, "backend": "ipc"})")),
+           2);
+  expect_text_error(moe(R"("num_experts": 4)", R"(, "train": {"device": "cuda", "global_batch": )"
+                                               R"(16}, "parallel": {"ep": 2}, "graphs": )"
+                                               R"({"scope": "layers"})"),
+                    {"graphs.scope = \"layers\"", "parallel.ep = 2", "on the host"});
   expect_text_error(
       moe(R"("num_experts": 4)", R"(, "train": {"device": "cuda", "precision": "fp8"})"),
       {"model.moe on CUDA", "train.precision = \"fp8\""});
