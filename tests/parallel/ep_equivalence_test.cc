@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/parallel/moe_ep_config.h"
 #include "tests/trainer/cli_util.h"
 
 namespace gtron {
@@ -24,17 +25,7 @@ using testing::run_launcher;
 using testing::temp_dir;
 using testing::write_text;
 
-const char kConfig[] = R"({
-  "model": {"arch": "llama", "vocab_size": 16, "context_length": 32, "n_layer": 2, "n_head": 4,
-            "n_kv_head": 2, "n_embd": 32, "intermediate_size": 64,
-            "moe": {"num_experts": 4, "top_k": 2, "num_shared_experts": 1,
-                    "expert_intermediate_size": 32, "first_dense_layers": 1, "router": "sigmoid",
-                    "bias_update_rate": 0.01, "aux_loss_weight": 0.01}},
-  "mtp": {"depth": 1},
-  "data": {"synthetic": {"order": 2, "vocab": 16, "alpha": 0.2, "bigram": 0.0, "tokens": 200000,
-                         "val_tokens": 20000}},
-  "optimizer": {"lr": 3e-3, "weight_decay": 0.0},
-  "schedule": {"kind": "cosine", "warmup_steps": 5},
+const std::string kConfig = "{" + std::string(testing::kMoeEpModelKeys) + R"(,
   "train": {"steps": 30, "global_batch": 8, "micro_batch": 2, "seq_len": 32, "device": "cpu"},
   "parallel": {"bucket_mb": 0.02},
   "checkpoint": {"every": 15, "keep": 3},
