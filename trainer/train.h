@@ -9,6 +9,7 @@
 
 #include "model/gpt.h"
 #include "trainer/config.h"
+#include "trainer/model_config.h"
 #include "trainer/text/tokenizer.h"
 
 namespace gtron {
@@ -17,8 +18,6 @@ namespace gtron {
 constexpr int kExitOk = 0;
 constexpr int kExitUserError = 2;
 constexpr int kExitNonFinite = 3;  // NaN/inf loss or gradient: training stopped
-
-GPTConfig gpt_config(const Config& cfg);
 
 // Creates `path` and its missing parents (mkdir -p); UserError naming the folder that failed.
 void make_dirs(const std::string& path);

@@ -48,6 +48,7 @@
 #include "parallel/self_communicator.h"
 #include "trainer/config.h"
 #include "trainer/metrics.h"
+#include "trainer/model_config.h"
 #include "trainer/optimizer.h"
 
 namespace {
@@ -249,13 +250,7 @@ void apply_moe_flags(int argc, char** argv, gtron::GPTConfig& c, const RunFlags&
                  e.what());
     std::exit(2);
   }
-  c.moe.E = static_cast<int>(moe.num_experts);
-  c.moe.top_k = static_cast<int>(moe.top_k);
-  c.moe.num_shared = static_cast<int>(moe.num_shared_experts);
-  c.moe.F = moe.expert_intermediate_size > 0 ? moe.expert_intermediate_size : c.llama_dims().F;
-  c.moe.first_dense_layers = static_cast<int>(moe.first_dense_layers);
-  c.moe.router = router == "sigmoid" ? MoeRouterKind::kSigmoid : MoeRouterKind::kSoftmax;
-  c.moe.norm_topk_prob = moe.norm_topk_prob;
+  c.moe = gpt_config(cfg).moe;  // the trainer's mapping (trainer/model_config.h)
 }
 
 }  // namespace
