@@ -8,11 +8,11 @@
 // causal mask leaves, from the diagonal down to tile 0 (so the one masked tile comes first):
 // - Warpgroup 0 is the producer. It lowers its registers to kProducerRegs (setmaxnreg) and one of
 //   its threads issues every load by TMA (a 4-d tensor map of each of q, k, v: head columns,
-//   heads, rows, batches, made on the host; rows past T land as zeros): Q's 128 rows once, then
-//   the K and V tiles into a ring of kStages slots, each slot with a full and an empty mbarrier
-//   for K and another pair for V (Note [mbarrier phases] in model/cuda/tma.cuh). K runs a tile
-//   ahead of V (K0, K1, V0, K2, V1, ...) because the consumers read tile i's keys with tile
-//   i − 1's values.
+//   heads, rows, batches, made on the host by tma::head_map, model/cuda/tma_map.h; rows past T
+//   land as zeros): Q's 128 rows once, then the K and V tiles into a ring of kStages slots,
+//   each slot with a full and an empty mbarrier for K and another pair for V (Note [mbarrier
+//   phases] in model/cuda/tma.cuh). K runs a tile ahead of V (K0, K1, V0, K2, V1, ...) because
+//   the consumers read tile i's keys with tile i − 1's values.
 // - Warpgroups 1 and 2 are the consumers, rows 0..63 and 64..127 of the CTA's tile; each raises
 //   its registers to kConsumerRegs. Per key tile i a consumer issues S_i = Q·K_iᵀ (m64n128k16,
 //   both operands in shared memory), rescales O by the previous tile's correction, issues
@@ -41,7 +41,6 @@
 // code after each setmaxnreg within its budget, spills it at 184 and fits it at 200 (HS 64:
 // spills at 152, fits at 168).
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -49,6 +48,7 @@
 #include "model/cuda/kernel_util.cuh"
 #include "model/cuda/mma_tile.cuh"
 #include "model/cuda/tma.cuh"
+#include "model/cuda/tma_map.h"
 #include "model/cuda/wgmma.cuh"
 #include "model/cuda/wgmma_wide.cuh"
 #include "model/ops/flash_fa3.h"
@@ -373,44 +373,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   consume<HS>(a, sQ, sK, sV, bars, wg - 1, b, h, q0, n_tiles);
 }
 
-// cuTensorMapEncodeTiled from the driver through the runtime, so nothing links libcuda.
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                                cudaEnableDefault, &found));
-    GTRON_CHECK(found == cudaDriverEntryPointSuccess && f != nullptr,
-                "flash_fa3: the driver has no cuTensorMapEncodeTiled (CUDA 12.0+ driver needed)");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// The tensor map of one of q, k, v: dimensions (innermost first) HS columns, `heads` heads HS
-// apart, T rows `ld` apart, B batches `batch` apart (elements); the box one 64-column panel of
-// `rows` rows of one head, 128-byte swizzled. Rows past T are outside and land as zeros.
-CUtensorMap head_map(const void* base, int HS, int heads, int T, int B, int64_t ld, int64_t batch,
-                     int rows) {
-  // With one batch its stride is never used; any stride past the rows keeps the map valid.
-  const int64_t batch_stride = B > 1 ? batch : ld * T;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(HS), static_cast<cuuint64_t>(heads),
-                              static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(B)};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(HS) * 2, static_cast<cuuint64_t>(ld) * 2,
-                                 static_cast<cuuint64_t>(batch_stride) * 2};
-  const cuuint32_t box[4] = {kPanel, 1, static_cast<cuuint32_t>(rows), 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  CUtensorMap map;
-  const CUresult r = encode_tiled()(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box,
-      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  GTRON_CHECK(r == CUDA_SUCCESS, "flash_fa3: cuTensorMapEncodeTiled failed (", static_cast<int>(r),
-              ") for HS ", HS, ", ", heads, " heads, T ", T, ", B ", B, ", row stride ", ld,
-              ", batch stride ", batch_stride);
-  return map;
-}
-
 template <int HS>
 void forward_hs(const FlashForwardArgs& a, cudaStream_t st) {
   using S = Fa3Smem<HS>;
@@ -420,9 +382,9 @@ void forward_hs(const FlashForwardArgs& a, cudaStream_t st) {
     return true;
   }();
   (void)once;
-  const CUtensorMap mq = head_map(a.q, HS, a.NH, a.Tq, a.B, a.q_ld, a.q_batch, kRowsCta);
-  const CUtensorMap mk = head_map(a.k, HS, a.NKV, a.Tk, a.B, a.kv_ld, a.kv_batch, kKeys);
-  const CUtensorMap mv = head_map(a.v, HS, a.NKV, a.Tk, a.B, a.kv_ld, a.kv_batch, kKeys);
+  const CUtensorMap mq = tma::head_map(a.q, HS, a.NH, a.Tq, a.B, a.q_ld, a.q_batch, kRowsCta);
+  const CUtensorMap mk = tma::head_map(a.k, HS, a.NKV, a.Tk, a.B, a.kv_ld, a.kv_batch, kKeys);
+  const CUtensorMap mv = tma::head_map(a.v, HS, a.NKV, a.Tk, a.B, a.kv_ld, a.kv_batch, kKeys);
   const dim3 grid(static_cast<unsigned>(a.B * a.NH),
                   static_cast<unsigned>(ceil_div<int64_t>(a.Tq, kRowsCta)));
   fa3_forward_kernel<HS><<<grid, kThreads, S::kBytes, st>>>(mq, mk, mv, a);

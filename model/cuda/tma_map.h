@@ -1,0 +1,25 @@
+// Tensor maps for the TMA loads of model/cuda/tma.cuh, made on the host: cuTensorMapEncodeTiled,
+// reached through the runtime's driver entry point (cudaGetDriverEntryPointByVersion), so nothing
+// links libcuda. The maps go to sm_90a kernels as __grid_constant__ parameters.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace gtron::cuda::tma {
+
+// The bf16 map of one head-strided operand (q, k, v, o or dO rows): dimensions (innermost first)
+// HS columns, `heads` heads HS apart, T rows `ld` apart, B batches `batch` apart (elements); the
+// box one 64-column panel of `rows` rows of one head, 128-byte swizzled (the operand layout of
+// Note [wgmma operands] in model/cuda/wgmma.cuh). Rows past T are outside and land as zeros.
+// REQUIRES: base 16-byte aligned, ld and batch multiples of 8, rows <= 256.
+CUtensorMap head_map(const void* base, int HS, int heads, int T, int B, int64_t ld, int64_t batch,
+                     int rows);
+
+// The fp32 map of a flat vector of n floats (lse or Δ rows [B, NH, T] seen as one row): the box
+// `box` consecutive floats, unswizzled; elements at n or past land as zeros.
+// REQUIRES: base 16-byte aligned, 0 < n < 2^31, box a multiple of 4 in [4, 256].
+CUtensorMap vector_map(const float* base, int64_t n, int box);
+
+}  // namespace gtron::cuda::tma
