@@ -1,8 +1,12 @@
-// A flash-attention forward with FlashAttention-3's structure (model/ops/flash_fa3_cuda.cu, built
-// for sm_90a; Note [FlashAttention-3 forward] there): a TMA producer warp and two consumer
-// warpgroups of 64 query rows each, key tiles of 128, softmax and products ping-ponged between
-// the consumers. Issue 49. Not routed from flash_attention_forward yet: the attention sweep's
-// "fa3" variant (tests/model/bench_attention.cc) and flash_fa3_cuda_test call it directly.
+// Flash attention with FlashAttention-3's structure (built for sm_90a; issue 49). The forward
+// (model/ops/flash_fa3_cuda.cu, Note [FlashAttention-3 forward]): a TMA producer warp and two
+// consumer warpgroups of 64 query rows each, key tiles of 128, softmax and products ping-ponged
+// between the consumers. The backward (model/ops/flash_fa3_bwd_cuda.cu, Note [FlashAttention-3
+// backward]): the wgmma query kernel for dQ and Δ, then a key kernel of the same structure, 128
+// keys a CTA with K and V resident and Q, dO, lse and Δ streamed by TMA. Not routed from
+// flash_attention_forward/backward yet: the attention sweep's "fa3" variant
+// (tests/model/bench_attention.cc), flash_fa3_cuda_test and flash_fa3_bwd_cuda_test call them
+// directly.
 #pragma once
 
 #include <cstdint>
@@ -21,5 +25,15 @@ bool flash_fa3_usable(int64_t HS);
 // REQUIRES: flash_fa3_usable(a.HS); a.Tq == a.Tk; a.seg null (no document masking yet); the
 // alignment flash_attention_forward asks (strides multiples of 8 elements, 16-byte pointers).
 void flash_fa3_forward(const FlashForwardArgs& a, void* stream);
+
+// flash_attention_backward's contract (model/ops/attention.h) for bf16, causal self-attention, with
+// flash_wgmma_backward's arguments: dqkv (packed rows [B, T, (NH + 2·NKV)·HS]) gets dQ, dK and dV
+// (added, or written when !a.accumulate) from qkv, o, dout and the forward's lse; `delta`
+// (B·NH·T floats, flash_attention_backward_scratch_floats) receives Δ = rowsum(dO ⊙ O) on the way.
+// a.rope_inv_freq is honoured. Deterministic (no atomics; a shared k/v head's gradient is summed
+// over its query heads in head order), no O(T²) memory.
+// REQUIRES: flash_fa3_usable(a.HS); a.seg and a.col_partial null; strides multiples of 8
+// elements; qkv, dqkv, o, dout, lse and delta 16-byte aligned; B·NH·T < 2^31.
+void flash_fa3_backward(const FlashBackwardArgs& a, float* delta, void* stream);
 
 }  // namespace gtron::cuda

@@ -21,4 +21,8 @@ void flash_wgmma_forward(const FlashForwardArgs& a, void* stream);
 // kernel of the backward.
 void flash_wgmma_backward(const FlashBackwardArgs& a, float* delta, void* stream);
 
+// The query kernel alone (dQ, and Δ into `delta`): the first half of flash_wgmma_backward, for a
+// backward whose dK and dV come from another kernel (flash_fa3_backward, model/ops/flash_fa3.h).
+void flash_wgmma_backward_query(const FlashBackwardArgs& a, float* delta, void* stream);
+
 }  // namespace gtron::cuda

@@ -484,8 +484,9 @@ void forward_hs(const FlashForwardArgs& a, cudaStream_t st) {
   CUDA_CHECK_LAUNCH();
 }
 
+// The query kernel (dQ and Δ), then, with `keys`, the key kernel (dK, dV).
 template <int HS, bool kRope, bool kSeg>
-void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
+void backward_hs(const FlashBackwardArgs& a, float* delta, bool keys, cudaStream_t st) {
   static const bool once =
       (allow_smem(wg_backward_kv_kernel<HS, kRope, kSeg>, bwd_kv_smem<HS>()),
        allow_smem(wg_backward_q_kernel<HS, kRope, kSeg>, bwd_q_smem<HS>()), true);
@@ -495,17 +496,28 @@ void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
   wg_backward_q_kernel<HS, kRope, kSeg>
       <<<q_grid, kThreadsFa, bwd_q_smem<HS>(), st>>>(a, delta);  // Δ
   CUDA_CHECK_LAUNCH();
+  if (!keys) return;
   const dim3 kv_grid(row_tiles, static_cast<unsigned>(a.B * a.NKV));
   wg_backward_kv_kernel<HS, kRope, kSeg><<<kv_grid, kThreadsFa, bwd_kv_smem<HS>(), st>>>(a, delta);
   CUDA_CHECK_LAUNCH();
 }
 
 template <int HS, bool kRope>
-void backward_seg(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
+void backward_seg(const FlashBackwardArgs& a, float* delta, bool keys, cudaStream_t st) {
   if (a.seg != nullptr) {
-    backward_hs<HS, kRope, true>(a, delta, st);
+    backward_hs<HS, kRope, true>(a, delta, keys, st);
   } else {
-    backward_hs<HS, kRope, false>(a, delta, st);
+    backward_hs<HS, kRope, false>(a, delta, keys, st);
+  }
+}
+
+void backward(const FlashBackwardArgs& a, float* delta, bool keys, cudaStream_t st) {
+  const bool rope = a.rope_inv_freq != nullptr;
+  if (a.HS == 64) {
+    rope ? backward_seg<64, true>(a, delta, keys, st) : backward_seg<64, false>(a, delta, keys, st);
+  } else {
+    rope ? backward_seg<128, true>(a, delta, keys, st)
+         : backward_seg<128, false>(a, delta, keys, st);
   }
 }
 
@@ -522,13 +534,11 @@ void flash_wgmma_forward(const FlashForwardArgs& a, void* stream) {
 }
 
 void flash_wgmma_backward(const FlashBackwardArgs& a, float* delta, void* stream) {
-  const auto st = static_cast<cudaStream_t>(stream);
-  const bool rope = a.rope_inv_freq != nullptr;
-  if (a.HS == 64) {
-    rope ? backward_seg<64, true>(a, delta, st) : backward_seg<64, false>(a, delta, st);
-  } else {
-    rope ? backward_seg<128, true>(a, delta, st) : backward_seg<128, false>(a, delta, st);
-  }
+  backward(a, delta, /*keys=*/true, static_cast<cudaStream_t>(stream));
+}
+
+void flash_wgmma_backward_query(const FlashBackwardArgs& a, float* delta, void* stream) {
+  backward(a, delta, /*keys=*/false, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace gtron::cuda
