@@ -8,9 +8,12 @@
 #       --jsonl's documents, and DIR/tokenizer.json (byte-level BPE, vocabulary 8192, llama3
 #       split pattern) trained on them; about 14 MB to carry to a GPU machine.
 #   scripts/fp8_parity.sh DIR [--steps N] [--seeds "1 2 3"] [--out RUNS] [--warmup W] [--device cpu]
+#                         [--jobs J]
 #       on the GPU machine: prepares DIR's corpus into shards (once), then trains every
 #       (precision, seed) run for N steps (default 2000) into RUNS (default runs/fp8_parity),
-#       then prints the table as JSON lines. GTRON=path/to/gtron (default .gpubin/gtron).
+#       J runs at a time (default 1; the model is small enough that several share one GPU, and
+#       each run's result does not depend on what runs beside it), then prints the table as JSON
+#       lines. GTRON=path/to/gtron (default .gpubin/gtron).
 #
 # The model: llama, L=8, C=512, 8 query and 4 key/value heads of 64, SwiGLU width 1536, vocab
 # 8192, T=512, 16 sequences a step (8,192 tokens), AdamW 1e-3 cosine with 100 warmup steps,
@@ -36,6 +39,7 @@ seeds="1 2 3"
 runs=runs/fp8_parity
 device=cuda
 warmup=100
+jobs=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --steps) steps=$2; shift 2 ;;
@@ -43,6 +47,7 @@ while [[ $# -gt 0 ]]; do
     --out) runs=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
     *) echo "fp8_parity.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -52,21 +57,27 @@ if [[ ! -f "$dir/shards/meta.json" ]]; then
     --val-fraction 0.05 --out "$dir/shards" | tail -2
 fi
 mkdir -p "$runs"
+one_run() {  # PRECISION SEED
+  local p=$1 seed=$2 start
+  start=$(date +%s)
+  "$gtron" train --config configs/llama_tiny.json --out "$runs/${p}_s$seed" \
+    --set model.vocab_size=8192 --set model.context_length=512 --set model.n_layer=8 \
+    --set model.n_head=8 --set model.n_kv_head=4 --set model.n_embd=512 \
+    --set model.intermediate_size=1536 --set mtp.depth=0 \
+    --set "data.train=$dir/shards/train_*.bin" --set "data.val=$dir/shards/val_*.bin" \
+    --set train.seq_len=512 --set train.global_batch=16 --set train.micro_batch=16 \
+    --set train.steps="$steps" --set train.eval_every=250 --set train.eval_batches=16 \
+    --set train.seed="$seed" --set train.precision="$p" --set train.device="$device" \
+    --set optimizer.lr=1e-3 --set optimizer.weight_decay=0.1 --set schedule.warmup_steps="$warmup" \
+    --set graphs.scope=full --set checkpoint.every=0 --set log.every=10 \
+    >"$runs/${p}_s$seed.log" 2>&1 || { echo "run ${p}_s$seed failed:"; tail -5 "$runs/${p}_s$seed.log"; }
+  echo "{\"run\": \"${p}_s$seed\", \"seconds\": $(( $(date +%s) - start ))}"
+}
 for seed in $seeds; do
   for p in bf16 fp8; do
-    start=$(date +%s)
-    "$gtron" train --config configs/llama_tiny.json --out "$runs/${p}_s$seed" \
-      --set model.vocab_size=8192 --set model.context_length=512 --set model.n_layer=8 \
-      --set model.n_head=8 --set model.n_kv_head=4 --set model.n_embd=512 \
-      --set model.intermediate_size=1536 --set mtp.depth=0 \
-      --set "data.train=$dir/shards/train_*.bin" --set "data.val=$dir/shards/val_*.bin" \
-      --set train.seq_len=512 --set train.global_batch=16 --set train.micro_batch=16 \
-      --set train.steps="$steps" --set train.eval_every=250 --set train.eval_batches=16 \
-      --set train.seed="$seed" --set train.precision="$p" --set train.device="$device" \
-      --set optimizer.lr=1e-3 --set optimizer.weight_decay=0.1 --set schedule.warmup_steps="$warmup" \
-      --set graphs.scope=full --set checkpoint.every=0 --set log.every=10 \
-      >"$runs/${p}_s$seed.log" 2>&1 || { echo "run ${p}_s$seed failed:"; tail -5 "$runs/${p}_s$seed.log"; }
-    echo "{\"run\": \"${p}_s$seed\", \"seconds\": $(( $(date +%s) - start ))}"
+    while [[ $(jobs -rp | wc -l) -ge $jobs ]]; do wait -n || true; done
+    one_run "$p" "$seed" &
   done
 done
+wait
 python3 scripts/fp8_parity.py "$runs" --warmup "$warmup"
