@@ -157,7 +157,7 @@ std::string sweep_usage() {
          "  --width 2048         NH*HS\n"
          "  --group 4            query heads per k/v head in gqa cells\n"
          "  --variants plain,rope,bias   launcher options swept (see bench_attention.cc);\n"
-         "                       also fa3: the FlashAttention-3-structured forward (sm_90a)\n"
+         "                       also fa3: the FlashAttention-3-structured kernels (sm_90a)\n"
          "  --warmup 10 --repeats 50     untimed and timed calls (the median is reported)\n"
          "  --rotate 3           input sets the calls rotate among\n"
          "  --tol 0.01           normwise relative error bound of the check\n"

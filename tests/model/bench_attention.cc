@@ -19,10 +19,11 @@
 //   spread against plain's is the noise of the measurement.
 // - bias: FlashBackwardArgs::col_partial set (GPT-2's qkv bias gradient, Note [qkv bias
 //   partials]).
-// - fa3 (not in the default list; compute capability 9.0 only): the forward is
-//   cuda::flash_fa3_forward (model/ops/flash_fa3.h, Note [FlashAttention-3 forward]), a kernel
-//   the launchers do not take yet; the backward is plain's kernels run on its out and lse, so the
-//   check of dQ, dK and dV also checks the lse it left.
+// - fa3 (not in the default list; compute capability 9.0 only): cuda::flash_fa3_forward and
+//   cuda::flash_fa3_backward (model/ops/flash_fa3.h, Notes [FlashAttention-3 forward] and
+//   [FlashAttention-3 backward]), kernels the launchers do not take yet; the backward runs on the
+//   fa3 forward's out and lse (the query kernel for dQ and Δ, then the FA3-structured key kernel),
+//   so the check of dQ, dK and dV also checks the lse it left.
 // The backward overwrites dqkv (accumulate = false), as the step's first writer of the slot does.
 //
 // Method, per cell and variant:
@@ -283,8 +284,12 @@ CellResult run_cell(const AttentionCell& c, const std::string& variant, uint64_t
   };
   auto backward = [&](int64_t i) {
     const InputSet& s = *sets[i];
-    cuda::flash_attention_backward(backward_args(c, s, variant, inv_freq),
-                                   static_cast<float*>(s.scratch.get()), st);
+    const cuda::FlashBackwardArgs a = backward_args(c, s, variant, inv_freq);
+    if (variant == "fa3") {
+      cuda::flash_fa3_backward(a, static_cast<float*>(s.scratch.get()), st);  // scratch: Δ
+    } else {
+      cuda::flash_attention_backward(a, static_cast<float*>(s.scratch.get()), st);
+    }
   };
   CellResult r;
   r.path = variant == "fa3" ? "fa3" : cuda::flash_wgmma_usable(c.HS) ? "wgmma" : "mma_sync";

@@ -1,0 +1,405 @@
+// The FlashAttention-3-structured backward (cuda::flash_fa3_backward, model/ops/flash_fa3.h)
+// against the fp32 reference kernels (cuda::attention_gqa_forward/backward on the same bf16
+// values widened to fp32) and against the wgmma backward (flash_attention_backward on this card),
+// at odd lengths, head sizes 64 and 128, with as many k/v heads as query heads and with fewer
+// (GQA 4:1, MQA); the gradient poisoned with NaN first, so an element left unwritten fails;
+// accumulation into an existing gradient; RoPE; strides (padded rows whose extra columns stay
+// untouched); bit-identical reruns; the fa3 forward and backward together. GPU test: skipped
+// without a GPU or where the kernels cannot run (compute capability 9.0 only).
+//
+// Key length above query length is not part of the backward's contract (FlashBackwardArgs has
+// one T: self-attention), so it is not tested here.
+//
+// Bounds. Both sides compute on the same bf16 inputs; the flash side rounds P and dS to bf16
+// before their products and stores dQ, dK and dV in bf16. bf16 keeps 8 significant bits, so each
+// rounding moves a value by at most u = 2^-8 of itself, and by about u/√3 ≈ 2.3e-3 on average over
+// a uniformly placed error (less where the value sits high in its binade). The stored gradient
+// carries one such rounding and the P or dS under it another, independent, so the normwise error
+// ‖got − ref‖/‖ref‖ expected against the fp32 reference is about √2 · 2.3e-3 ≈ 3e-3 (random
+// inputs: the rounding errors of a sum do not line up). testing::kBF16Tol = 1e-2 holds that with
+// a factor 3 of margin, while a wrong mask, tile, head or slot gives errors of order one over the
+// rows it touches: one 64-key block wrong of T = 2048 is already √(64/2048) ≈ 0.18 normwise.
+// Against the wgmma backward the bf16 roundings are the same ones (the same S, lse and Δ; the
+// same fp32 products in the same query order), so only fp32 summation order can differ: a
+// relative difference δ ≤ T·2^-24 ≈ 1.2e-4 before the final rounding flips a fraction of about
+// δ/u of the stored values by one bf16 step, √(δ/u)·u ≈ 7e-4 normwise: kWgmmaTol = 2e-3. dQ comes
+// from the very same query kernel on the same inputs, so it must match bit for bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/ops/attention.h"
+#include "model/ops/device_util.h"
+#include "model/ops/flash_fa3.h"
+#include "model/ops/rope.h"
+#include "model/stream.h"
+#include "tests/model/cuda_op_check.h"
+
+namespace gtron {
+namespace {
+
+#define GTRON_REQUIRE_FA3(HS)                                                \
+  GTRON_REQUIRE_GPU();                                                       \
+  if (!cuda::flash_fa3_usable(HS)) {                                         \
+    GTEST_SKIP() << "flash_fa3 needs a compute-capability 9.0 GPU: skipped"; \
+  }
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kWgmmaTol = 2e-3;  // against the wgmma backward (derivation above)
+
+// Values rounded to bf16, held as doubles (what every side computes on).
+std::vector<double> bf16_values(int64_t n, uint64_t seed, double std = 1.0) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd(0.0, std);
+  std::vector<double> v(n);
+  for (auto& x : v) x = bf16_to_float(float_to_bf16(static_cast<float>(nd(rng))));
+  return v;
+}
+
+std::vector<double> to_host(const Tensor& t) {
+  return t.to(Device::cpu()).to(DType::kF64).to_vector();
+}
+
+Tensor to_gpu(const std::vector<double>& v, const Shape& shape, DType dtype = DType::kBF16) {
+  return Tensor::from_vector(v, shape, dtype).to(Device::cuda(0));
+}
+
+struct Problem {
+  int64_t B, T, NH, HS, NKV;
+  int64_t C() const { return NH * HS; }              // q and output width
+  int64_t KV() const { return NKV * HS; }            // k or v width
+  int64_t W() const { return (NH + 2 * NKV) * HS; }  // packed qkv width
+};
+
+std::string describe(const Problem& p) {
+  return "B " + std::to_string(p.B) + " T " + std::to_string(p.T) + " NH " + std::to_string(p.NH) +
+         " NKV " + std::to_string(p.NKV) + " HS " + std::to_string(p.HS);
+}
+
+// The inputs of one problem: packed qkv rows [B, T, W] and dout rows [B, T, C].
+struct Inputs {
+  std::vector<double> qkv, dout;
+};
+
+Inputs make_inputs(const Problem& p, uint64_t seed) {
+  return {bf16_values(p.B * p.T * p.W(), seed), bf16_values(p.B * p.T * p.C(), seed + 1)};
+}
+
+// How one run is set up. Rows are padded by extra columns (qkv_pad on the qkv and dqkv rows,
+// o_pad on the out and dout rows); padding columns of the inputs hold NaN (a kernel reading them
+// poisons its result), those of dqkv NaN too (they must stay so).
+struct Config {
+  bool fa3 = true;              // flash_fa3_backward, or flash_attention_backward (wgmma)
+  bool fa3_forward = false;     // out and lse from flash_fa3_forward, or flash_attention_forward
+  std::vector<double> init;     // dqkv's values before ([B, T, W]; accumulate); empty: NaN, written
+  const float* rope = nullptr;  // rope_inv_freq
+  int64_t qkv_pad = 0, o_pad = 0;
+};
+
+// Rows [B, T, w] widened to [B, T, ld] with `fill` in the new columns.
+std::vector<double> pad_rows(const std::vector<double>& v, int64_t w, int64_t ld, double fill) {
+  const int64_t rows = static_cast<int64_t>(v.size()) / w;
+  std::vector<double> out(rows * ld, fill);
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(v.begin() + r * w, w, out.begin() + r * ld);
+  return out;
+}
+
+// The flash forward, then the chosen backward; returns dqkv rows [B, T, W + qkv_pad].
+std::vector<double> run_flash(const Problem& p, const Inputs& in, const Config& run) {
+  const int64_t C = p.C(), W = p.W(), ld = W + run.qkv_pad, o_ld = C + run.o_pad;
+  Stream& s = current_stream(Device::cuda(0));
+  Tensor qkv = to_gpu(pad_rows(in.qkv, W, ld, kNaN), {p.B, p.T, ld});
+  Tensor dout = to_gpu(pad_rows(in.dout, C, o_ld, kNaN), {p.B, p.T, o_ld});
+  const std::vector<double> init =
+      run.init.empty() ? std::vector<double>(p.B * p.T * W, kNaN) : run.init;
+  Tensor dqkv = to_gpu(pad_rows(init, W, ld, kNaN), {p.B, p.T, ld});
+  Tensor out = to_gpu(std::vector<double>(p.B * p.T * o_ld, kNaN), {p.B, p.T, o_ld});
+  Tensor lse = Tensor::empty({p.B, p.NH, p.T}, DType::kF32, Device::cuda(0), &s);
+  const char* base = static_cast<const char*>(qkv.raw());
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.HS)));
+
+  cuda::FlashForwardArgs f;
+  f.q = base;
+  f.k = base + C * 2;
+  f.v = base + (C + p.KV()) * 2;
+  f.o = out.raw();
+  f.lse = lse.data<float>();
+  f.q_ld = f.kv_ld = ld;
+  f.q_batch = f.kv_batch = p.T * ld;
+  f.o_ld = o_ld;
+  f.o_batch = p.T * o_ld;
+  f.B = static_cast<int>(p.B);
+  f.NH = static_cast<int>(p.NH);
+  f.NKV = static_cast<int>(p.NKV);
+  f.HS = static_cast<int>(p.HS);
+  f.Tq = f.Tk = static_cast<int>(p.T);
+  f.scale = scale;
+  if (run.fa3_forward) {
+    cuda::flash_fa3_forward(f, s.native());
+  } else {
+    cuda::flash_attention_forward(f, s.native());
+  }
+
+  cuda::FlashBackwardArgs b;
+  b.qkv = qkv.raw();
+  b.o = out.raw();
+  b.dout = dout.raw();
+  b.lse = lse.data<float>();
+  b.dqkv = dqkv.raw();
+  b.qkv_ld = ld;
+  b.qkv_batch = p.T * ld;
+  b.o_ld = o_ld;
+  b.o_batch = p.T * o_ld;
+  b.B = static_cast<int>(p.B);
+  b.NH = static_cast<int>(p.NH);
+  b.NKV = static_cast<int>(p.NKV);
+  b.HS = static_cast<int>(p.HS);
+  b.T = static_cast<int>(p.T);
+  b.scale = scale;
+  b.accumulate = !run.init.empty();
+  b.rope_inv_freq = run.rope;
+  Tensor scratch = scratch_floats(cuda::flash_attention_backward_scratch_floats(p.B, p.T, p.NH), s);
+  if (run.fa3) {
+    cuda::flash_fa3_backward(b, scratch.data<float>(), s.native());
+  } else {
+    cuda::flash_attention_backward(b, scratch.data<float>(), s.native());
+  }
+  return to_host(dqkv);
+}
+
+// The fp32 reference kernels on the same bf16 values: the gradient rows [B, T, W].
+std::vector<double> run_reference(const Problem& p, const Inputs& in) {
+  Stream& s = current_stream(Device::cuda(0));
+  Tensor qkv = to_gpu(in.qkv, {p.B, p.T, p.W()}, DType::kF32);
+  Tensor dout = to_gpu(in.dout, {p.B, p.T, p.C()}, DType::kF32);
+  Tensor dqkv = to_gpu(std::vector<double>(p.B * p.T * p.W(), 0.0), {p.B, p.T, p.W()}, DType::kF32);
+  Tensor out = Tensor::empty({p.B, p.T, p.C()}, DType::kF32, Device::cuda(0), &s);
+  Tensor lse = Tensor::empty({p.B, p.NH, p.T}, DType::kF32, Device::cuda(0), &s);
+  Tensor fs = scratch_bytes(
+      cuda::attention_gqa_forward_scratch_bytes(p.B, p.T, p.NH, p.NKV, p.HS, DType::kF32), s);
+  cuda::attention_gqa_forward(qkv.raw(), out.raw(), lse.data<float>(), fs.raw(), p.B, p.T, p.NH,
+                              p.NKV, p.HS, DType::kF32, s.native());
+  Tensor bs = scratch_bytes(
+      cuda::attention_gqa_backward_scratch_bytes(p.B, p.T, p.NH, p.NKV, p.HS, DType::kF32), s);
+  cuda::attention_gqa_backward(qkv.raw(), lse.data<float>(), dout.raw(), dqkv.raw(), bs.raw(), p.B,
+                               p.T, p.NH, p.NKV, p.HS, DType::kF32, s.native());
+  return to_host(dqkv);
+}
+
+// Normwise ‖got − ref‖ / ‖ref‖ over columns [c0, c1) of got's rows (got_ld wide) against ref's
+// (ref_ld wide); NaN when got holds one there.
+double rel_err(const std::vector<double>& got, int64_t got_ld, const std::vector<double>& ref,
+               int64_t ref_ld, int64_t c0, int64_t c1) {
+  double num = 0, den = 0;
+  const int64_t rows = static_cast<int64_t>(ref.size()) / ref_ld;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const double d = got[r * got_ld + c] - ref[r * ref_ld + c];
+      num += d * d;
+      den += ref[r * ref_ld + c] * ref[r * ref_ld + c];
+    }
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// Elements of columns [c0, c1) that differ (NaN differs from everything).
+int64_t differences(const std::vector<double>& got, int64_t got_ld, const std::vector<double>& ref,
+                    int64_t ref_ld, int64_t c0, int64_t c1) {
+  int64_t n = 0;
+  const int64_t rows = static_cast<int64_t>(ref.size()) / ref_ld;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = c0; c < c1; ++c) n += got[r * got_ld + c] == ref[r * ref_ld + c] ? 0 : 1;
+  }
+  return n;
+}
+
+struct Part {
+  const char* name;
+  int64_t c0, c1;
+};
+
+std::vector<Part> parts(const Problem& p) {
+  const int64_t C = p.C(), KV = p.KV();
+  return {{"dq", 0, C}, {"dk", C, C + KV}, {"dv", C + KV, p.W()}};
+}
+
+// fa3's gradient `got` against the wgmma backward's `wg` (same run set-up): dQ bit for bit, dK
+// and dV within kWgmmaTol.
+void expect_matches_wgmma(const Problem& p, const std::vector<double>& got,
+                          const std::vector<double>& wg, const std::string& what) {
+  const int64_t W = p.W();
+  EXPECT_EQ(differences(got, W, wg, W, 0, p.C()), 0) << "dq vs wgmma, " << what;
+  for (const Part& part : parts(p)) {
+    EXPECT_LT(rel_err(got, W, wg, W, part.c0, part.c1), kWgmmaTol)
+        << part.name << " vs wgmma, " << what;  // NaN fails too
+  }
+}
+
+// The fa3 backward (on the wgmma forward's out and lse) against the fp32 reference and the wgmma
+// backward, the gradient written over NaN.
+void expect_matches_reference(const Problem& p) {
+  const Inputs in = make_inputs(p, 1 + p.T + 3 * p.HS + 7 * p.NKV);
+  const std::vector<double> got = run_flash(p, in, Config{});
+  const std::vector<double> ref = run_reference(p, in);
+  for (const Part& part : parts(p)) {
+    EXPECT_LT(rel_err(got, p.W(), ref, p.W(), part.c0, part.c1), testing::kBF16Tol)
+        << part.name << " vs fp32, " << describe(p);
+  }
+  Config wgmma;
+  wgmma.fa3 = false;
+  expect_matches_wgmma(p, got, run_flash(p, in, wgmma), describe(p));
+}
+
+TEST(FlashFa3BackwardCuda, MatchesReferenceAtOddLengths) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    for (int64_t T : {1, 7, 63, 129, 1000, 2048}) expect_matches_reference(Problem{2, T, 2, HS, 2});
+  }
+}
+
+// Grouped-query attention, 4 query heads per k/v head (dK and dV summed over the 4 inside one
+// CTA), and multi-query (one k/v head for all 4).
+TEST(FlashFa3BackwardCuda, GroupedQueryMatchesReference) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    for (int64_t T : {1, 7, 63, 129, 1000, 2048}) {
+      expect_matches_reference(Problem{2, T, 8, HS, 2});
+      expect_matches_reference(Problem{1, T, 4, HS, 1});
+    }
+  }
+}
+
+// A gradient to start from: standard normal values scaled to the root mean square of each part
+// (dQ, dK, dV) of `grad`, rounded to bf16.
+std::vector<double> initial_gradient(const Problem& p, const std::vector<double>& grad,
+                                     uint64_t seed) {
+  std::vector<double> init = bf16_values(p.B * p.T * p.W(), seed);
+  const int64_t rows = p.B * p.T, W = p.W();
+  for (const Part& part : parts(p)) {
+    double sum = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = part.c0; c < part.c1; ++c) sum += grad[r * W + c] * grad[r * W + c];
+    const double rms = std::sqrt(sum / static_cast<double>(rows * (part.c1 - part.c0)));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = part.c0; c < part.c1; ++c) {
+        double& x = init[r * W + c];
+        x = bf16_to_float(float_to_bf16(static_cast<float>(x * rms)));
+      }
+    }
+  }
+  return init;
+}
+
+// accumulate = true adds to the gradient that is there (values of the gradient's own size, so a
+// kernel that overwrote instead would be off by order one).
+TEST(FlashFa3BackwardCuda, AccumulatesIntoTheGradient) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    for (int64_t NKV : {4, 1}) {
+      const Problem p{2, 300, 4, HS, NKV};
+      const Inputs in = make_inputs(p, 20 + NKV);
+      std::vector<double> want = run_reference(p, in);
+      Config acc;
+      acc.init = initial_gradient(p, want, 30 + NKV);
+      const std::vector<double> got = run_flash(p, in, acc);
+      for (size_t i = 0; i < want.size(); ++i) want[i] += acc.init[i];
+      const std::vector<double> fresh = run_flash(p, in, Config{});
+      for (const Part& part : parts(p)) {
+        EXPECT_LT(rel_err(got, p.W(), want, p.W(), part.c0, part.c1), testing::kBF16Tol)
+            << part.name << " accumulated vs fp32, " << describe(p);
+        EXPECT_GT(rel_err(fresh, p.W(), want, p.W(), part.c0, part.c1), 0.1)
+            << part.name << ": the initial gradient is not negligible, " << describe(p);
+      }
+      acc.fa3 = false;
+      expect_matches_wgmma(p, got, run_flash(p, in, acc), "accumulated, " + describe(p));
+    }
+  }
+}
+
+// With rope_inv_freq set, dQ and dK are rotated back before the store (Note [RoPE in the flash
+// backward]): as the wgmma backward does it, and not the unrotated gradient.
+TEST(FlashFa3BackwardCuda, RotatesBackWithRope) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    const Tensor inv_freq = rope_table(rope_inv_freq(HS, 10000.0), Device::cuda(0), DType::kBF16);
+    for (int64_t NKV : {4, 1}) {
+      const Problem p{2, 700, 4, HS, NKV};
+      const Inputs in = make_inputs(p, 50 + NKV);
+      Config rope;
+      rope.rope = inv_freq.data<float>();
+      const std::vector<double> got = run_flash(p, in, rope);
+      const std::vector<double> plain = run_flash(p, in, Config{});
+      const int64_t C = p.C(), W = p.W();
+      EXPECT_GT(rel_err(got, W, plain, W, C, C + p.KV()), 0.1) << "dk not rotated, " << describe(p);
+      EXPECT_EQ(differences(got, W, plain, W, C + p.KV(), W), 0) << "dv rotated, " << describe(p);
+      rope.fa3 = false;
+      expect_matches_wgmma(p, got, run_flash(p, in, rope), "rope, " + describe(p));
+    }
+  }
+}
+
+// Padded rows (qkv and dqkv rows W + 40 wide, out and dout rows C + 24 wide, the padding of the
+// inputs NaN): the same gradient as the dense call bit for bit, and the padding of dqkv left as
+// it was (NaN).
+TEST(FlashFa3BackwardCuda, HonoursRowStrides) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    const Problem p{3, 200, 4, HS, 2};
+    const Inputs in = make_inputs(p, 40 + HS);
+    const std::vector<double> dense = run_flash(p, in, Config{});
+    Config padded;
+    padded.qkv_pad = 40;
+    padded.o_pad = 24;
+    const std::vector<double> got = run_flash(p, in, padded);
+    const int64_t W = p.W(), ld = W + padded.qkv_pad;
+    EXPECT_EQ(differences(got, ld, dense, W, 0, W), 0) << describe(p);
+    int64_t touched = 0;
+    for (int64_t r = 0; r < p.B * p.T; ++r)
+      for (int64_t c = W; c < ld; ++c) touched += std::isnan(got[r * ld + c]) ? 0 : 1;
+    EXPECT_EQ(touched, 0) << "columns past W written, " << describe(p);
+  }
+}
+
+TEST(FlashFa3BackwardCuda, RerunsAreBitIdentical) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    for (int64_t NKV : {4, 2, 1}) {
+      const Problem p{3, 1333, 4, HS, NKV};
+      const Inputs in = make_inputs(p, 5 + NKV);
+      const std::vector<double> a = run_flash(p, in, Config{});
+      const std::vector<double> b = run_flash(p, in, Config{});
+      EXPECT_EQ(differences(a, p.W(), b, p.W(), 0, p.W()), 0) << describe(p);
+      EXPECT_EQ(std::count_if(a.begin(), a.end(), [](double x) { return std::isnan(x); }), 0)
+          << describe(p);
+    }
+  }
+}
+
+// What the sweep's fa3 variant runs: the fa3 forward, then the fa3 backward on its out and lse.
+TEST(FlashFa3BackwardCuda, WithTheFa3ForwardMatchesReference) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    for (int64_t T : {7, 129, 1000}) {
+      for (int64_t NKV : {4, 1}) {
+        const Problem p{2, T, 4, HS, NKV};
+        const Inputs in = make_inputs(p, 60 + T + NKV);
+        Config both;
+        both.fa3_forward = true;
+        const std::vector<double> got = run_flash(p, in, both);
+        const std::vector<double> ref = run_reference(p, in);
+        for (const Part& part : parts(p)) {
+          EXPECT_LT(rel_err(got, p.W(), ref, p.W(), part.c0, part.c1), testing::kBF16Tol)
+              << part.name << " vs fp32 (fa3 forward), " << describe(p);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gtron
