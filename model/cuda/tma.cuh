@@ -88,16 +88,6 @@ __device__ __forceinline__ void load_4d(void* dst, const CUtensorMap* map, uint6
       : "memory");
 }
 
-// The box of a 1-d tensor map at element c0 into shared memory at dst (128-byte aligned),
-// completing on *bar; elements past the vector land as zeros.
-__device__ __forceinline__ void load_1d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0) {
-  asm volatile(
-      "cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
-      "[%1, {%2}], [%3];\n" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(smem_u32(bar))
-      : "memory");
-}
-
 // Named barrier `id` (1..15; 0 is __syncthreads') of kThreads threads: bar_sync waits until
 // kThreads threads have arrived (itself included), bar_arrive counts this thread and goes on.
 // Called by whole warps.

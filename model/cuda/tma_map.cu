@@ -49,21 +49,4 @@ CUtensorMap head_map(const void* base, int HS, int heads, int T, int B, int64_t 
   return map;
 }
 
-CUtensorMap vector_map(const float* base, int64_t n, int box) {
-  GTRON_CHECK(n > 0 && n < (int64_t{1} << 31), "tma: a vector map of ", n,
-              " floats (coordinates are 32-bit)");
-  const cuuint64_t dims[1] = {static_cast<cuuint64_t>(n)};
-  const cuuint64_t strides[1] = {0};  // a rank-1 map has no strides; the array is not read
-  const cuuint32_t boxes[1] = {static_cast<cuuint32_t>(box)};
-  const cuuint32_t elem_strides[1] = {1};
-  CUtensorMap map;
-  const CUresult r = encode_tiled()(
-      &map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, const_cast<float*>(base), dims, strides, boxes,
-      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-      CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  GTRON_CHECK(r == CUDA_SUCCESS, "tma: cuTensorMapEncodeTiled failed (", static_cast<int>(r),
-              ") for a vector of ", n, " floats, box ", box);
-  return map;
-}
-
 }  // namespace gtron::cuda::tma

@@ -17,9 +17,4 @@ namespace gtron::cuda::tma {
 CUtensorMap head_map(const void* base, int HS, int heads, int T, int B, int64_t ld, int64_t batch,
                      int rows);
 
-// The fp32 map of a flat vector of n floats (lse or Δ rows [B, NH, T] seen as one row): the box
-// `box` consecutive floats, unswizzled; elements at n or past land as zeros.
-// REQUIRES: base 16-byte aligned, 0 < n < 2^31, box a multiple of 4 in [4, 256].
-CUtensorMap vector_map(const float* base, int64_t n, int box);
-
 }  // namespace gtron::cuda::tma

@@ -33,7 +33,7 @@ void flash_fa3_forward(const FlashForwardArgs& a, void* stream);
 // a.rope_inv_freq is honoured. Deterministic (no atomics; a shared k/v head's gradient is summed
 // over its query heads in head order), no O(T²) memory.
 // REQUIRES: flash_fa3_usable(a.HS); a.seg and a.col_partial null; strides multiples of 8
-// elements; qkv, dqkv, o, dout, lse and delta 16-byte aligned; B·NH·T < 2^31.
+// elements; qkv, dqkv, o and dout 16-byte aligned.
 void flash_fa3_backward(const FlashBackwardArgs& a, float* delta, void* stream);
 
 }  // namespace gtron::cuda

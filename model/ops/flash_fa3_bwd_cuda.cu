@@ -7,12 +7,17 @@
 // A CTA of 384 threads owns kKeysCta = 128 keys of one (b, k/v head) and walks the query tiles
 // that see them: for each query head of the group in turn (Note [grouped-query flash attention]),
 // the tiles from the diagonal to the end, as the wgmma key kernel does (KeyWalk).
-// - Warpgroup 0 is the producer: it lowers its registers to kProducerRegs and one thread issues
-//   every load by TMA. First K and V of the CTA's 128 keys (one barrier, loaded once, resident
-//   for the whole walk), then per step i of the walk Q, dO (kQ rows each, 4-d maps as the forward
-//   makes them), and that tile's lse and Δ (1-d maps over the [B, NH, T] rows) into slot
-//   i % kStages of a ring, one full and one empty mbarrier per slot (Note [mbarrier phases] in
-//   model/cuda/tma.cuh). All four land on the slot's full barrier.
+// - Warpgroup 0 is the producer: it lowers its registers to kProducerRegs, and its first warp
+//   fills the ring. One lane issues the TMA loads: first K and V of the CTA's 128 keys (one
+//   barrier, loaded once, resident for the whole walk), then per step i of the walk Q and dO (kQ
+//   rows each, 4-d maps as the forward makes them) into slot i % kStages of a ring, one full and
+//   one empty mbarrier per slot (Note [mbarrier phases] in model/cuda/tma.cuh). The warp's 32
+//   lanes copy the step's lse (times log2 e) and Δ rows into the slot with plain loads and
+//   stores, zeros past T, as flash_common.cuh's load_query_tile does for the wgmma key kernel,
+//   and then arrive on the slot's full barrier (32 arrivals, lane 0's being the expect_tx; the
+//   arrival releases the stores, the consumers' wait acquires them). Rows of T floats start
+//   anywhere, so a 1-d TMA box over them would start at unaligned addresses; 2·kQ floats a step
+//   are little work for the warp.
 // - Warpgroups 1 and 2 are the consumers. Consumer w owns keys 64w .. 64w + 63 of the CTA; both
 //   read the same slot, so every streamed byte serves 128 keys. Per step a consumer issues
 //   Sᵀ = K_w·Qᵀ and dPᵀ = V_w·dOᵀ (m64 × kQ, both operands in shared memory, K-major), waits,
@@ -49,11 +54,11 @@
 // 65536). Overlapping the next step's scores with this step's dK/dV products (the forward's
 // intra-warpgroup overlap) would keep Pᵀ and dSᵀ live as well: 192 + 64 = 256 values at HS 64,
 // 192 + 32 = 224 at HS 128 before any address, past the budget.
-// ptxas (CUDA 13.0, 2026-12) fits every instantiation at 240 and at 224 (but HS 128 with RoPE,
-// which spills 4 bytes there), spills 380 to 640 bytes at 216 and then serializes the wgmmas: the
-// consumers need about 220 to 232 registers, so 240 leaves a margin of one or two accumulator
-// rows, not of a further tile.
-// Shared memory (kStages = 3 slots of Q 16 KB + dO 16 KB + lse and Δ 2·kQ·4 bytes):
+// ptxas (CUDA 13.0, 2026-12) fits every instantiation at 240 and at 224 with no spill, spills 380
+// to 640 bytes at 216 and then serializes the wgmmas: the consumers need between 217 and 224
+// registers, so 240 leaves a margin of about two accumulator rows, not of a further tile. The
+// producer fits its 24 (no spill reported).
+// Shared memory (kStages = 3 slots of Q 16 KB + dO 16 KB + lse and Δ, 2·kQ·4 bytes):
 //   HS 64:  K 16 KB + V 16 KB + 3 × 33 KB          = 131 KB (+ barriers, 1 KB alignment)
 //   HS 128: K 32 KB + V 32 KB + 3 × 32.5 KB         = 161.5 KB
 // so one CTA an SM, which the 384 threads at 168 registers demand anyway.
@@ -124,10 +129,8 @@ struct BwdSmem {
   static constexpr int kL = kDo + kStages * kTileBytes;
   static constexpr int kD = kL + kStages * kRowBytes;
   static constexpr int kBars = kD + kStages * kRowBytes;
-  static constexpr int kNumBars = 1 + 2 * kStages;  // K/V full; full and empty per slot
-  static constexpr int kSlotBytes = 2 * kTileBytes + 2 * kRowBytes;  // a slot's expect_tx
-  static constexpr int kBytes = kBars + kNumBars * 8 + 1024;         // + the alignment pad
-  static_assert(kRowBytes % 128 == 0, "TMA writes 128-byte aligned shared memory");
+  static constexpr int kNumBars = 1 + 2 * kStages;            // K/V full; full and empty per slot
+  static constexpr int kBytes = kBars + kNumBars * 8 + 1024;  // + the alignment pad
 };
 
 // The CTA's tiles and barriers, from the aligned base.
@@ -135,7 +138,7 @@ template <int HS>
 struct BwdTiles {
   using S = BwdSmem<HS>;
   bf16 *k, *v, *q, *dout;  // q, dout: slot s at s·kQ·HS
-  float *lse, *delta;      // slot s at s·kQ
+  float *lse, *delta;      // slot s at s·kQ (lse in log2 units)
   uint64_t* kv_full;
   uint64_t *full, *empty;  // [kStages] each
   __device__ __forceinline__ explicit BwdTiles(unsigned char* base)
@@ -152,33 +155,45 @@ struct BwdTiles {
 
 // The kernel's tensor maps (__grid_constant__ parameters, so their addresses are the maps').
 struct BwdMaps {
-  CUtensorMap k, v, q, dout, lse, delta;
+  CUtensorMap k, v, q, dout;
 };
 
-// The producer thread: K and V of the CTA's keys once, then Q, dO, lse and Δ of step i of the
-// walk into slot i % kStages (Note [FlashAttention-3 backward]).
+// The producer warp: K and V of the CTA's keys once, then Q, dO (lane 0, by TMA), lse and Δ (all
+// lanes) of step i of the walk into slot i % kStages (Note [FlashAttention-3 backward]).
 template <int HS>
 __device__ __forceinline__ void produce(const BwdMaps& m, const BwdTiles<HS>& t,
-                                        const KeyWalk& walk, int k0, int NH, int T) {
+                                        const KeyWalk& walk, const FlashBackwardArgs& a,
+                                        const float* delta, int k0, int lane) {
   using S = BwdSmem<HS>;
-  tma::prefetch_map(&m.k);
-  tma::prefetch_map(&m.v);
-  tma::prefetch_map(&m.q);
-  tma::prefetch_map(&m.dout);
-  tma::prefetch_map(&m.lse);
-  tma::prefetch_map(&m.delta);
-  tma::mbar_expect_tx(t.kv_full, 2 * S::kKvBytes);
+  if (lane == 0) {
+    tma::prefetch_map(&m.k);
+    tma::prefetch_map(&m.v);
+    tma::prefetch_map(&m.q);
+    tma::prefetch_map(&m.dout);
+    tma::mbar_expect_tx(t.kv_full, 2 * S::kKvBytes);
 #pragma unroll
-  for (int p = 0; p < HS / kPanel; ++p) {
-    tma::load_4d(t.k + p * kKeysCta * kPanel, &m.k, t.kv_full, p * kPanel, walk.hk, k0, walk.b);
-    tma::load_4d(t.v + p * kKeysCta * kPanel, &m.v, t.kv_full, p * kPanel, walk.hk, k0, walk.b);
+    for (int p = 0; p < HS / kPanel; ++p) {
+      tma::load_4d(t.k + p * kKeysCta * kPanel, &m.k, t.kv_full, p * kPanel, walk.hk, k0, walk.b);
+      tma::load_4d(t.v + p * kKeysCta * kPanel, &m.v, t.kv_full, p * kPanel, walk.hk, k0, walk.b);
+    }
   }
   for (int i = 0; i < walk.n; ++i) {
     const int slot = i % S::kStages, use = i / S::kStages;
     tma::mbar_wait(t.empty + slot, (use & 1) ^ 1);
-    uint64_t* full = t.full + slot;
-    tma::mbar_expect_tx(full, S::kSlotBytes);
     const int h = walk.head(i), q0 = walk.tile(i) * S::kQ;
+    const int64_t row = (static_cast<int64_t>(walk.b) * a.NH + h) * a.T;
+#pragma unroll
+    for (int j = lane; j < S::kQ; j += 32) {
+      const bool valid = q0 + j < a.T;
+      t.lse[slot * S::kQ + j] = valid ? a.lse[row + q0 + j] * kLog2e : 0.0f;
+      t.delta[slot * S::kQ + j] = valid ? delta[row + q0 + j] : 0.0f;
+    }
+    uint64_t* full = t.full + slot;
+    if (lane != 0) {
+      tma::mbar_arrive(full);
+      continue;
+    }
+    tma::mbar_expect_tx(full, 2 * S::kTileBytes);
     bf16* q = t.q + slot * S::kQ * HS;
     bf16* dout = t.dout + slot * S::kQ * HS;
 #pragma unroll
@@ -186,11 +201,6 @@ __device__ __forceinline__ void produce(const BwdMaps& m, const BwdTiles<HS>& t,
       tma::load_4d(q + p * S::kQ * kPanel, &m.q, full, p * kPanel, h, q0, walk.b);
       tma::load_4d(dout + p * S::kQ * kPanel, &m.dout, full, p * kPanel, h, q0, walk.b);
     }
-    // Rows [B, NH, T] as one vector: a tile crossing T reads the next head's first rows (or
-    // zeros past the end), which only queries past T see, and those are masked.
-    const int row = (walk.b * NH + h) * T + q0;
-    tma::load_1d(t.lse + slot * S::kQ, &m.lse, full, row);
-    tma::load_1d(t.delta + slot * S::kQ, &m.delta, full, row);
   }
 }
 
@@ -222,36 +232,6 @@ __device__ __forceinline__ void grad_products(float (&d)[HS / 8][4],
 #pragma unroll
   for (int p = 0; p < HS / kPanel; ++p) {
     wg::pv_rs(*reinterpret_cast<float(*)[8][4]>(&d[p * 8]), a, b + p * NQ * kPanel);
-  }
-}
-
-// The elementwise step of one tile: p (Sᵀ: this lane's keys key_base, key_base + 8 by the tile's
-// queries from qs0) becomes Pᵀ and ds (dPᵀ) becomes dSᵀ = Pᵀ ⊙ (dPᵀ − Δ). lse (natural log) and
-// dl (Δ) are the slot's rows; the lse is brought to log2 units here, as flash_common.cuh's
-// load_query_tile does before its key kernel reads it. Only tiles crossing the diagonal or T are
-// masked.
-template <int NT>
-__device__ __forceinline__ void tile_grads(float (&p)[NT][4], float (&ds)[NT][4], const float* lse,
-                                           const float* dl, float sl2, int qs0, int key_base,
-                                           bool masked, int T, int lane) {
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int qi = nt * 8 + (lane & 3) * 2;
-    const float2 lq = *reinterpret_cast<const float2*>(lse + qi);
-    const float2 dq = *reinterpret_cast<const float2*>(dl + qi);
-    const float l2[2] = {lq.x * kLog2e, lq.y * kLog2e};
-    const float d2[2] = {dq.x, dq.y};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float pe = fast_exp2(p[nt][e] * sl2 - l2[e & 1]);
-      if (masked) {
-        const int q = qs0 + qi + (e & 1);
-        const int key = key_base + (e >> 1) * 8;
-        if (q < key || q >= T || key >= T) pe = 0.0f;
-      }
-      p[nt][e] = pe;
-      ds[nt][e] = pe * (ds[nt][e] - d2[e & 1]);
-    }
   }
 }
 
@@ -307,8 +287,8 @@ __device__ __forceinline__ void consume(const FlashBackwardArgs& a, const BwdTil
       wg::hold(p);
       wg::hold(ds);
       const bool masked = qs0 < kw0 + kKeysWg || qs0 + kQ > a.T || kw0 + kKeysWg > a.T;
-      tile_grads<NT>(p, ds, t.lse + slot * kQ, t.delta + slot * kQ, sl2, qs0, key_base, masked, a.T,
-                     lane);
+      key_tile_grads<NT>(p, ds, t.lse + slot * kQ, t.delta + slot * kQ, sl2, qs0, key_base, masked,
+                         a.T, lane);
       uint32_t pa[NT / 2][4], dsa[NT / 2][4];
       wg::to_a(p, pa);
       wg::to_a(ds, dsa);
@@ -333,7 +313,8 @@ __device__ __forceinline__ void consume(const FlashBackwardArgs& a, const BwdTil
 
 template <int HS, bool kRope>
 __global__ void __launch_bounds__(kThreads, 1)
-    fa3_backward_kv_kernel(const __grid_constant__ BwdMaps maps, FlashBackwardArgs a) {
+    fa3_backward_kv_kernel(const __grid_constant__ BwdMaps maps, FlashBackwardArgs a,
+                           const float* __restrict__ delta) {
   using S = BwdSmem<HS>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t pad = (1024 - (smem_u32(smem_raw) & 1023)) & 1023;
@@ -344,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     tma::mbar_init(t.kv_full, 1);
     for (int s = 0; s < S::kStages; ++s) {
-      tma::mbar_init(t.full + s, 1);
+      tma::mbar_init(t.full + s, 32);  // the producer warp's lanes
       tma::mbar_init(t.empty + s, kConsumers * 4);
     }
     tma::mbar_init_fence();
@@ -354,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     tma::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce<HS>(maps, t, walk, k0, a.NH, a.T);
+    if (threadIdx.x < 32) produce<HS>(maps, t, walk, a, delta, k0, threadIdx.x);
     return;
   }
   tma::setmaxnreg_inc<kConsumerRegs>();
@@ -371,7 +352,6 @@ void backward_keys(const FlashBackwardArgs& a, const float* delta, cudaStream_t 
   }();
   (void)once;
   const char* qkv = static_cast<const char*>(a.qkv);
-  const int64_t rows = static_cast<int64_t>(a.B) * a.NH * a.T;
   BwdMaps m;
   m.k = tma::head_map(qkv + static_cast<int64_t>(a.NH) * HS * 2, HS, a.NKV, a.T, a.B, a.qkv_ld,
                       a.qkv_batch, kKeysCta);
@@ -379,11 +359,9 @@ void backward_keys(const FlashBackwardArgs& a, const float* delta, cudaStream_t 
                       a.qkv_ld, a.qkv_batch, kKeysCta);
   m.q = tma::head_map(qkv, HS, a.NH, a.T, a.B, a.qkv_ld, a.qkv_batch, S::kQ);
   m.dout = tma::head_map(a.dout, HS, a.NH, a.T, a.B, a.o_ld, a.o_batch, S::kQ);
-  m.lse = tma::vector_map(a.lse, rows, S::kQ);
-  m.delta = tma::vector_map(delta, rows, S::kQ);
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.T, kKeysCta)),
                   static_cast<unsigned>(a.B * a.NKV));
-  fa3_backward_kv_kernel<HS, kRope><<<grid, kThreads, S::kBytes, st>>>(m, a);
+  fa3_backward_kv_kernel<HS, kRope><<<grid, kThreads, S::kBytes, st>>>(m, a, delta);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -402,12 +380,9 @@ void flash_fa3_backward(const FlashBackwardArgs& args, float* delta, void* strea
   GTRON_CHECK(a.qkv_ld % 8 == 0 && a.o_ld % 8 == 0 && a.qkv_batch % 8 == 0 && a.o_batch % 8 == 0,
               "flash_fa3: row and batch strides must be multiples of 8 elements");
   GTRON_CHECK(is_aligned(a.qkv, 16) && is_aligned(a.dqkv, 16) && is_aligned(a.o, 16) &&
-                  is_aligned(a.dout, 16) && is_aligned(a.lse, 16) && is_aligned(delta, 16),
-              "flash_fa3: operands (and lse, delta) must be 16-byte aligned");
-  const int64_t rows = static_cast<int64_t>(a.B) * a.NH * a.T;
-  if (rows == 0) return;
-  GTRON_CHECK(rows < (int64_t{1} << 31), "flash_fa3: B·NH·T = ", rows,
-              " lse rows, past the 32-bit coordinates of a tensor map");
+                  is_aligned(a.dout, 16),
+              "flash_fa3: operands must be 16-byte aligned");
+  if (static_cast<int64_t>(a.B) * a.NH * a.T == 0) return;
   GTRON_CHECK(delta != nullptr, "flash_fa3: backward needs delta (B·NH·T floats)");
   GTRON_CHECK(flash_fa3_usable(a.HS), "flash_fa3: needs a compute-capability 9.0 GPU (sm_90a)");
   flash_wgmma_backward_query(a, delta, stream);  // dQ, and Δ for the key kernel
