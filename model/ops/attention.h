@@ -108,6 +108,17 @@ void attention_gqa_backward(const void* qkv, const float* lse, const void* dout,
 // tests.
 bool flash_attention_supported(int64_t HS, DType act);
 
+// Which sm_90a kernels flash_attention_forward/backward run on a compute-capability 9.0 GPU where
+// both kinds apply (HS 64 or 128, no document masking, self-attention with Tq = Tk, no column
+// partials): kWgmma (model/ops/flash_wgmma.h, one warpgroup a CTA; the default) or kFa3
+// (model/ops/flash_fa3.h, FlashAttention-3's producer/consumer structure). Everything else keeps
+// its kernels. Process-wide, read at each launch (so a graph captures the choice in force at
+// capture); bench_gpu --attention and the attention sweep set it until measurements pick one
+// (Note [Hopper attention choice] in flash_attention_cuda.cu).
+enum class HopperFlash { kWgmma, kFa3 };
+void set_hopper_flash(HopperFlash kind);
+HopperFlash hopper_flash();
+
 // q rows [B, Tq] with NH heads and k, v rows [B, Tk] (Tk >= Tq) with NKV heads (0: NH; NKV
 // divides NH), head h in columns [h·HS, (h+1)·HS) of each row; query head h reads k/v head
 // h / (NH / NKV). Element strides between rows (`*_ld`) and batches (`*_batch`), multiples of 8,

@@ -30,12 +30,14 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "model/cuda/kernel_util.cuh"
 #include "model/cuda/mma_tile.cuh"
 #include "model/ops/attention.h"
 #include "model/ops/flash_common.cuh"
+#include "model/ops/flash_fa3.h"
 #include "model/ops/flash_wgmma.h"
 
 namespace gtron::cuda {
@@ -416,7 +418,30 @@ void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
   CUDA_CHECK_LAUNCH();
 }
 
+// Note [Hopper attention choice]
+// Two kernel families serve HS 64/128 on an sm_90 GPU: the one-warpgroup wgmma kernels
+// (flash_wgmma_cuda.cu) and the FlashAttention-3-structured ones (flash_fa3*_cuda.cu). Until the
+// sweep (tests/model/bench_attention.cc) and the end-to-end step have measured both on a GPU, the
+// wgmma kernels stay the default and kFa3 is opt-in; the choice lives here and nowhere else. The
+// fa3 kernels take neither document masking nor generation's Tk > Tq, nor the backward's column
+// partials: those calls keep the wgmma (or mma.sync) kernels whatever the setting.
+std::atomic<HopperFlash> g_hopper_flash{HopperFlash::kWgmma};
+
+bool fa3_forward_applies(const FlashForwardArgs& a) {
+  return g_hopper_flash.load(std::memory_order_relaxed) == HopperFlash::kFa3 && a.seg == nullptr &&
+         a.Tq == a.Tk && flash_fa3_usable(a.HS);
+}
+
+bool fa3_backward_applies(const FlashBackwardArgs& a) {
+  return g_hopper_flash.load(std::memory_order_relaxed) == HopperFlash::kFa3 && a.seg == nullptr &&
+         a.col_partial == nullptr && flash_fa3_usable(a.HS);
+}
+
 }  // namespace
+
+void set_hopper_flash(HopperFlash kind) { g_hopper_flash.store(kind); }
+
+HopperFlash hopper_flash() { return g_hopper_flash.load(); }
 
 bool flash_attention_supported(int64_t HS, DType act) {
   return act == DType::kBF16 && (HS == 64 || HS == 128);
@@ -442,7 +467,9 @@ void flash_attention_forward(const FlashForwardArgs& args, void* stream) {
   if (static_cast<int64_t>(a.B) * a.NH * a.Tq == 0) return;
   const auto st = static_cast<cudaStream_t>(stream);
   const bool seg = a.seg != nullptr;
-  if (flash_wgmma_usable(a.HS)) {
+  if (fa3_forward_applies(a)) {
+    flash_fa3_forward(a, st);
+  } else if (flash_wgmma_usable(a.HS)) {
     flash_wgmma_forward(a, st);
   } else if (a.HS == 64) {
     seg ? forward_hs<64, true>(a, st) : forward_hs<64, false>(a, st);
@@ -471,6 +498,10 @@ void flash_attention_backward(const FlashBackwardArgs& args, float* scratch, voi
   GTRON_CHECK(a.seg == nullptr || a.seg_batch >= a.T, "flash_attention: segment batch stride ",
               a.seg_batch, " below T = ", a.T);
   const auto st = static_cast<cudaStream_t>(stream);
+  if (fa3_backward_applies(a)) {
+    flash_fa3_backward(a, scratch, st);  // forms Δ itself
+    return;
+  }
   const bool rope = a.rope_inv_freq != nullptr, seg = a.seg != nullptr;
   if (a.HS == 64) {
     if (seg) {

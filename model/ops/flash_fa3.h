@@ -3,10 +3,10 @@
 // consumer warpgroups of 64 query rows each, key tiles of 128, softmax and products ping-ponged
 // between the consumers. The backward (model/ops/flash_fa3_bwd_cuda.cu, Note [FlashAttention-3
 // backward]): the wgmma query kernel for dQ and Δ, then a key kernel of the same structure, 128
-// keys a CTA with K and V resident and Q, dO, lse and Δ streamed by TMA. Not routed from
-// flash_attention_forward/backward yet: the attention sweep's "fa3" variant
-// (tests/model/bench_attention.cc), flash_fa3_cuda_test and flash_fa3_bwd_cuda_test call them
-// directly.
+// keys a CTA with K and V resident and Q, dO, lse and Δ streamed by TMA.
+// flash_attention_forward/backward route here under cuda::set_hopper_flash(HopperFlash::kFa3)
+// (model/ops/attention.h); the attention sweep's "fa3" variant (tests/model/bench_attention.cc),
+// flash_fa3_cuda_test and flash_fa3_bwd_cuda_test call them directly.
 #pragma once
 
 #include <cstdint>

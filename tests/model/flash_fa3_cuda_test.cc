@@ -4,7 +4,8 @@
 // as many k/v heads as query heads and with fewer (GQA, MQA); outputs poisoned with NaN first, so
 // an element left unwritten fails; strides honoured (q apart from k/v, a wider output row whose
 // extra columns stay untouched); bit-identical reruns (GPU test; skipped without a GPU or where
-// the kernel cannot run: it needs compute capability 9.0).
+// the kernel cannot run: it needs compute capability 9.0); flash_attention_forward routes to it
+// under cuda::set_hopper_flash(kFa3).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -219,6 +220,28 @@ TEST(FlashFa3Cuda, RerunsAreBitIdentical) {
                 0)
           << describe(p);
     }
+  }
+}
+
+// Note [Hopper attention choice]: with set_hopper_flash(kFa3), flash_attention_forward runs the
+// FA3 kernel (bit for bit its direct call's output, which differs from the wgmma kernel's in
+// summation order), and with kWgmma it is the wgmma kernel again; the setting is restored.
+TEST(FlashFa3Cuda, RoutedFromFlashAttentionForwardWhenChosen) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    const Problem p{2, 777, 8, HS, 2};
+    const auto qkv = bf16_values(p.B * p.T * p.W(), 90 + HS);
+    const Output wgmma = run_forward(p, qkv, Kernel::kFlash);
+    const Output direct = run_forward(p, qkv, Kernel::kFa3);
+    cuda::set_hopper_flash(cuda::HopperFlash::kFa3);
+    const Output routed = run_forward(p, qkv, Kernel::kFlash);
+    cuda::set_hopper_flash(cuda::HopperFlash::kWgmma);
+    const Output back = run_forward(p, qkv, Kernel::kFlash);
+    EXPECT_EQ(routed.out, direct.out) << describe(p);
+    EXPECT_EQ(routed.lse, direct.lse) << describe(p);
+    EXPECT_EQ(back.out, wgmma.out) << describe(p);
+    EXPECT_NE(direct.out, wgmma.out) << "the two kernels agree bit for bit: the routing test "
+                                     << "cannot tell them apart, " << describe(p);
   }
 }
 

@@ -9,7 +9,9 @@
 // --NKV (n_kv_head), --HS (head_dim), --F (intermediate_size; each 0: the family's default),
 // --qk-norm 0|1, --rope-theta, --tied 0|1 (tied_embeddings; GPT-2 stays tied). The same flags
 // drive scripts/bench_torch.py's reference model. `--recompute none|selective|full` is
-// train.recompute (GPTConfig::recompute), printed as "recompute".
+// train.recompute (GPTConfig::recompute), printed as "recompute". `--attention wgmma|fa3` picks
+// the sm_90 flash kernels (cuda::set_hopper_flash; wgmma, the default, or the FlashAttention-3-
+// structured ones), printed as "attention".
 // `--transient-grads 0|1|auto` is train.transient_grads (Note [transient gradients] in
 // parallel/ddp.h; 1 not with --graphs layers; auto, the default, = 1 unless --graphs layers),
 // printed as "transient_grads". "held_gib" says what
@@ -43,6 +45,7 @@
 #include "model/cuda/runtime.h"
 #include "model/gpt.h"
 #include "model/mixed_precision.h"
+#include "model/ops/attention.h"
 #include "model/stream.h"
 #include "parallel/ddp.h"
 #include "parallel/self_communicator.h"
@@ -264,6 +267,13 @@ int main(int argc, char** argv) {
   const int warmup = static_cast<int>(arg(argc, argv, "warmup", 5));
   const std::string precision = flag(argc, argv, "precision", "bf16");
   const std::string graphs_flag = flag(argc, argv, "graphs", "none");
+  // The sm_90 attention kernels (Note [Hopper attention choice], model/ops/attention.h).
+  const std::string attention = flag(argc, argv, "attention", "wgmma");
+  if (attention != "wgmma" && attention != "fa3") {
+    std::fprintf(stderr, "bench_gpu: --attention is wgmma or fa3, got '%s'\n", attention.c_str());
+    return 2;
+  }
+  cuda::set_hopper_flash(attention == "fa3" ? cuda::HopperFlash::kFa3 : cuda::HopperFlash::kWgmma);
   graphs::Scope scope = graphs::Scope::kNone;
   if (graphs_flag == "layers") {
     scope = graphs::Scope::kLayers;
@@ -383,7 +393,8 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"tokens_per_s\": %.1f, \"ms_per_step\": %.3f, \"mfu\": %.4f, \"peak_mem_gib\": %.3f, "
       "\"allocator_misses_steady_state\": %llu, \"reserved_growth_bytes\": %lld, "
-      "\"precision\": \"%s\", \"graphs\": \"%s\", \"L\": %d, \"C\": %ld, \"NH\": %d, \"T\": %ld, "
+      "\"precision\": \"%s\", \"graphs\": \"%s\", \"attention\": \"%s\", \"L\": %d, \"C\": %ld, "
+      "\"NH\": %d, \"T\": %ld, "
       "\"B\": %ld, "
       "\"V\": %ld, \"Vp\": %ld, \"D\": %d, \"steps\": %d, \"warmup\": %d, \"loss\": %.9g, "
       "\"params\": %ld, \"transient_grads\": %d, \"held_gib\": {\"master\": %.3f, "
@@ -392,10 +403,11 @@ int main(int argc, char** argv) {
       tps, 1e3 * sec / steps, mfu, static_cast<double>(st.peak_allocated) / (1ull << 30),
       static_cast<unsigned long long>(st.misses - misses0),
       static_cast<long long>(st.reserved) - static_cast<long long>(reserved0), precision.c_str(),
-      graphs_flag.c_str(), c.n_layer, static_cast<long>(c.n_embd), c.n_head, static_cast<long>(T),
-      static_cast<long>(B), static_cast<long>(c.vocab_size), static_cast<long>(c.padded_vocab()),
-      c.mtp_depth, steps, warmup, last_loss.item(), static_cast<long>(model.num_parameters()),
-      transient ? 1 : 0, gib(4 * dp.flat_numel()), gib(dp.grad_bytes()), gib(8 * dp.owned_numel()),
-      gib(shadows.shadow_bytes()), by_kind.c_str(), family_fields(c).c_str());
+      graphs_flag.c_str(), attention.c_str(), c.n_layer, static_cast<long>(c.n_embd), c.n_head,
+      static_cast<long>(T), static_cast<long>(B), static_cast<long>(c.vocab_size),
+      static_cast<long>(c.padded_vocab()), c.mtp_depth, steps, warmup, last_loss.item(),
+      static_cast<long>(model.num_parameters()), transient ? 1 : 0, gib(4 * dp.flat_numel()),
+      gib(dp.grad_bytes()), gib(8 * dp.owned_numel()), gib(shadows.shadow_bytes()), by_kind.c_str(),
+      family_fields(c).c_str());
   return 0;
 }
