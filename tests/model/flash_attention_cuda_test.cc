@@ -8,9 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
-#include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -18,146 +17,44 @@
 #include "model/ops/device_util.h"
 #include "model/stream.h"
 #include "tests/model/cuda_op_check.h"
+#include "tests/model/flash_test_util.h"
 
 namespace gtron {
 namespace {
 
-// Values rounded to bf16, held as doubles (what both sides compute on).
-std::vector<double> bf16_values(int64_t n, uint64_t seed, double std = 1.0) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> nd(0.0, std);
-  std::vector<double> v(n);
-  for (auto& x : v) x = bf16_to_float(float_to_bf16(static_cast<float>(nd(rng))));
-  return v;
-}
-
-Tensor to_gpu_bf16(const std::vector<double>& v, const Shape& shape) {
-  return Tensor::from_vector(v, shape, DType::kBF16).to(Device::cuda(0));
-}
-
-std::vector<double> to_host(const Tensor& t) {
-  Tensor h = t.to(Device::cpu()).to(DType::kF64);
-  const double* p = h.data<double>();
-  return std::vector<double>(p, p + h.numel());
-}
-
-double rel_diff(const std::vector<double>& a, const std::vector<double>& b, int64_t begin = 0,
-                int64_t end = -1, int64_t stride = 1, int64_t width = 1) {
-  // Normwise ‖a − b‖ / ‖b‖ over the columns [begin, end) of rows `stride` wide, `width` = 1
-  // meaning every element.
-  double num = 0, den = 0;
-  const int64_t n = static_cast<int64_t>(a.size());
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t c = width == 1 ? i : i % stride;
-    if (width != 1 && (c < begin || c >= end)) continue;
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-struct Problem {
-  int64_t B, T, NH, HS;
-  int64_t NKV = 0;  // 0: NH
-  // Document masking: [B, T] segment ids (Note [document masking] in model/ops/segments.h); empty:
-  // none.
-  std::vector<int32_t> seg;
-  int64_t kv() const { return NKV > 0 ? NKV : NH; }
-  int64_t C() const { return NH * HS; }               // q and output width
-  int64_t W() const { return (NH + 2 * kv()) * HS; }  // packed qkv width
-};
-
-struct Result {
-  std::vector<double> out, lse, dqkv;
-};
-
-// The problem's segment ids on the GPU (undefined without).
-Tensor segments_on_gpu(const Problem& p) {
-  if (p.seg.empty()) return Tensor();
-  return Tensor::from_ints(p.seg, {p.B, p.T}).to(Device::cuda(0));
-}
+using Problem = testing::FlashProblem;
+using Result = testing::FlashResult;
+using testing::bf16_values;
+using testing::qkv_parts;
+using testing::QkvPart;
+using testing::rel_err;
+using testing::to_gpu;
+using testing::to_host;
 
 const int32_t* segments_on_host(const Problem& p) { return p.seg.empty() ? nullptr : p.seg.data(); }
-
-cuda::FlashForwardArgs forward_args(const Problem& p, const Tensor& qkv, Tensor& out, Tensor& lse) {
-  const int64_t C = p.C(), W = p.W();
-  cuda::FlashForwardArgs a;
-  a.q = qkv.raw();
-  a.k = static_cast<const char*>(qkv.raw()) + C * 2;
-  a.v = static_cast<const char*>(qkv.raw()) + (C + p.kv() * p.HS) * 2;
-  a.o = out.raw();
-  a.lse = lse.data<float>();
-  a.q_ld = a.kv_ld = W;
-  a.o_ld = C;
-  a.q_batch = a.kv_batch = p.T * W;
-  a.o_batch = p.T * C;
-  a.B = static_cast<int>(p.B);
-  a.NH = static_cast<int>(p.NH);
-  a.NKV = static_cast<int>(p.NKV);
-  a.HS = static_cast<int>(p.HS);
-  a.Tq = a.Tk = static_cast<int>(p.T);
-  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.HS)));
-  return a;
-}
 
 // Flash forward + backward on the GPU; dqkv starts from `dqkv0` (the accumulate contract).
 Result run_flash(const Problem& p, const std::vector<double>& qkv, const std::vector<double>& dout,
                  const std::vector<double>& dqkv0) {
   const int64_t C = p.C(), W = p.W();
   Stream& s = current_stream(Device::cuda(0));
-  Tensor tq = to_gpu_bf16(qkv, {p.B, p.T, W});
-  Tensor tdo = to_gpu_bf16(dout, {p.B, p.T, C});
-  Tensor tdq = to_gpu_bf16(dqkv0, {p.B, p.T, W});
+  Tensor tq = to_gpu(qkv, {p.B, p.T, W});
+  Tensor tdo = to_gpu(dout, {p.B, p.T, C});
+  Tensor tdq = to_gpu(dqkv0, {p.B, p.T, W});
   Tensor out = Tensor::empty({p.B, p.T, C}, DType::kBF16, Device::cuda(0), &s);
   Tensor lse = Tensor::empty({p.B, p.NH, p.T}, DType::kF32, Device::cuda(0), &s);
-  Tensor seg = segments_on_gpu(p);
-  cuda::FlashForwardArgs fa = forward_args(p, tq, out, lse);
+  Tensor seg = testing::segment_ids(p);
+  cuda::FlashForwardArgs fa =
+      testing::flash_forward_args(p, tq.raw(), out.raw(), lse.data<float>());
   fa.seg = seg.defined() ? seg.data<int32_t>() : nullptr;
   fa.seg_batch = p.T;
   cuda::flash_attention_forward(fa, s.native());
-  cuda::FlashBackwardArgs b;
-  b.qkv = tq.raw();
-  b.o = out.raw();
-  b.dout = tdo.raw();
-  b.lse = lse.data<float>();
-  b.dqkv = tdq.raw();
-  b.qkv_ld = W;
-  b.qkv_batch = p.T * W;
-  b.o_ld = C;
-  b.o_batch = p.T * C;
-  b.B = static_cast<int>(p.B);
-  b.NH = static_cast<int>(p.NH);
-  b.NKV = static_cast<int>(p.NKV);
-  b.HS = static_cast<int>(p.HS);
-  b.T = static_cast<int>(p.T);
-  b.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.HS)));
+  cuda::FlashBackwardArgs b =
+      testing::flash_backward_args(p, tq.raw(), out.raw(), tdo.raw(), lse.data<float>(), tdq.raw());
   b.seg = fa.seg;
   b.seg_batch = p.T;
   Tensor scratch = scratch_floats(cuda::flash_attention_backward_scratch_floats(p.B, p.T, p.NH), s);
   cuda::flash_attention_backward(b, scratch.data<float>(), s.native());
-  return {to_host(out), to_host(lse), to_host(tdq)};
-}
-
-// The reference CUDA path (batched GEMMs + row kernels, the grouped layout) in bf16.
-Result run_reference_cuda(const Problem& p, const std::vector<double>& qkv,
-                          const std::vector<double>& dout, const std::vector<double>& dqkv0) {
-  const int64_t C = p.C(), W = p.W(), NKV = p.kv();
-  Stream& s = current_stream(Device::cuda(0));
-  Tensor tq = to_gpu_bf16(qkv, {p.B, p.T, W});
-  Tensor tdo = to_gpu_bf16(dout, {p.B, p.T, C});
-  Tensor tdq = to_gpu_bf16(dqkv0, {p.B, p.T, W});
-  Tensor out = Tensor::empty({p.B, p.T, C}, DType::kBF16, Device::cuda(0), &s);
-  Tensor lse = Tensor::empty({p.B, p.NH, p.T}, DType::kF32, Device::cuda(0), &s);
-  Tensor seg = segments_on_gpu(p);
-  const int32_t* sp = seg.defined() ? seg.data<int32_t>() : nullptr;
-  Tensor fs = scratch_bytes(
-      cuda::attention_gqa_forward_scratch_bytes(p.B, p.T, p.NH, NKV, p.HS, DType::kBF16), s);
-  cuda::attention_gqa_forward(tq.raw(), out.raw(), lse.data<float>(), fs.raw(), p.B, p.T, p.NH, NKV,
-                              p.HS, DType::kBF16, s.native(), sp);
-  Tensor bs = scratch_bytes(
-      cuda::attention_gqa_backward_scratch_bytes(p.B, p.T, p.NH, NKV, p.HS, DType::kBF16), s);
-  cuda::attention_gqa_backward(tq.raw(), lse.data<float>(), tdo.raw(), tdq.raw(), bs.raw(), p.B,
-                               p.T, p.NH, NKV, p.HS, DType::kBF16, s.native(), sp);
   return {to_host(out), to_host(lse), to_host(tdq)};
 }
 
@@ -177,19 +74,17 @@ Result run_cpu_f64(const Problem& p, const std::vector<double>& qkv,
 
 void expect_close(const Result& got, const Result& ref, const Problem& p, double tol,
                   const char* what) {
-  const int64_t C = p.C(), W = p.W(), KV = p.kv() * p.HS;
-  EXPECT_LT(rel_diff(got.out, ref.out), tol)
+  const int64_t W = p.W();
+  EXPECT_LT(rel_err(got.out, ref.out), tol)
       << what << " out, T = " << p.T << " HS = " << p.HS << " NKV = " << p.kv();
   double lse_err = 0;
   for (size_t i = 0; i < ref.lse.size(); ++i) {
     lse_err = std::max(lse_err, std::abs(got.lse[i] - ref.lse[i]));
   }
   EXPECT_LT(lse_err, 1e-3) << what << " lse, T = " << p.T << " HS = " << p.HS;
-  const char* parts[3] = {"dq", "dk", "dv"};
-  const int64_t begin[3] = {0, C, C + KV}, end[3] = {C, C + KV, W};
-  for (int part = 0; part < 3; ++part) {
-    EXPECT_LT(rel_diff(got.dqkv, ref.dqkv, begin[part], end[part], W, 2), tol)
-        << what << " " << parts[part] << ", T = " << p.T << " HS = " << p.HS << " NKV = " << p.kv();
+  for (const QkvPart& part : qkv_parts(p)) {
+    EXPECT_LT(rel_err(got.dqkv, W, ref.dqkv, W, part.c0, part.c1), tol)
+        << what << " " << part.name << ", T = " << p.T << " HS = " << p.HS << " NKV = " << p.kv();
   }
 }
 
@@ -203,7 +98,7 @@ void expect_flash_matches(const Problem& p) {
   const auto g0 = grad_init(p);
   const Result flash = run_flash(p, qkv, dout, g0);
   expect_close(flash, run_cpu_f64(p, qkv, dout, g0), p, testing::kBF16Tol, "vs cpu f64");
-  expect_close(flash, run_reference_cuda(p, qkv, dout, g0), p, testing::kBF16Tol,
+  expect_close(flash, testing::run_reference(p, DType::kBF16, qkv, dout, g0), p, testing::kBF16Tol,
                "vs reference cuda");
 }
 
@@ -262,11 +157,12 @@ TEST(FlashAttentionCuda, KeyLengthAboveQueryLengthAlignsToTheLastQuery) {
             for (int64_t c = 0; c < C; ++c)
               q[(b * Tq + t) * C + c] = qkv[(b * full.T + full.T - Tq + t) * W + c];
         Stream& s = current_stream(Device::cuda(0));
-        Tensor tq = to_gpu_bf16(q, {full.B, Tq, C});
-        Tensor tkv = to_gpu_bf16(qkv, {full.B, full.T, W});
+        Tensor tq = to_gpu(q, {full.B, Tq, C});
+        Tensor tkv = to_gpu(qkv, {full.B, full.T, W});
         Tensor out = Tensor::empty({full.B, Tq, C}, DType::kBF16, Device::cuda(0), &s);
         Tensor lse = Tensor::empty({full.B, full.NH, Tq}, DType::kF32, Device::cuda(0), &s);
-        cuda::FlashForwardArgs a = forward_args(full, tkv, out, lse);
+        cuda::FlashForwardArgs a =
+            testing::flash_forward_args(full, tkv.raw(), out.raw(), lse.data<float>());
         a.q = tq.raw();
         a.q_ld = C;
         a.q_batch = Tq * C;
@@ -280,7 +176,7 @@ TEST(FlashAttentionCuda, KeyLengthAboveQueryLengthAlignsToTheLastQuery) {
           for (int64_t t = 0; t < Tq; ++t)
             for (int64_t c = 0; c < C; ++c)
               want[(b * Tq + t) * C + c] = ref.out[(b * full.T + full.T - Tq + t) * C + c];
-        EXPECT_LT(rel_diff(got, want), testing::kBF16Tol)
+        EXPECT_LT(rel_err(got, want), testing::kBF16Tol)
             << "Tq = " << Tq << " HS = " << HS << " NKV = " << NKV;
         for (int64_t bh = 0; bh < full.B * full.NH; ++bh)
           for (int64_t t = 0; t < Tq; ++t)
@@ -299,8 +195,8 @@ TEST(FlashAttentionCuda, CausalAttentionHoldsNoQuadraticBuffer) {
   for (int64_t HS : {64, 128}) {
     const int64_t B = 1, T = HS == 64 ? 4096 : 8192, NH = 2, C = NH * HS;
     ASSERT_TRUE(cuda::flash_attention_supported(HS, DType::kBF16));
-    Var qkv = Var::leaf(to_gpu_bf16(bf16_values(B * T * 3 * C, 8), {B, T, 3 * C}));
-    Tensor dy = to_gpu_bf16(bf16_values(B * T * C, 9), {B, T, C});
+    Var qkv = Var::leaf(to_gpu(bf16_values(B * T * 3 * C, 8), {B, T, 3 * C}));
+    Tensor dy = to_gpu(bf16_values(B * T * C, 9), {B, T, C});
     Stream& s = current_stream(Device::cuda(0));
     auto& alloc = allocator_for(Device::cuda(0));
     s.synchronize();
@@ -328,9 +224,9 @@ TEST(FlashAttentionCuda, BackwardLeavesColumnPartialsOfDqkv) {
     for (int64_t T : {1, 63, 129, 1000}) {
       const int64_t B = 2, NH = 2, C = NH * HS;
       ASSERT_TRUE(cuda::flash_attention_supported(HS, DType::kBF16));
-      Var qkv = Var::leaf(to_gpu_bf16(bf16_values(B * T * 3 * C, 20 + T), {B, T, 3 * C}));
+      Var qkv = Var::leaf(to_gpu(bf16_values(B * T * 3 * C, 20 + T), {B, T, 3 * C}));
       qkv.request_col_partials();
-      Tensor dy = to_gpu_bf16(bf16_values(B * T * C, 30 + T), {B, T, C});
+      Tensor dy = to_gpu(bf16_values(B * T * C, 30 + T), {B, T, C});
       backward_with(causal_attention(qkv, static_cast<int>(NH)), dy);
       int64_t chunks = 0;
       Tensor parts = qkv.take_col_partials(&chunks);
@@ -350,12 +246,12 @@ TEST(FlashAttentionCuda, BackwardLeavesColumnPartialsOfDqkv) {
             << "HS " << HS << " T " << T << " c " << c;
       }
       // A gradient access after the write drops them; nobody asking gets none.
-      Var again = Var::leaf(to_gpu_bf16(bf16_values(B * T * 3 * C, 20 + T), {B, T, 3 * C}));
+      Var again = Var::leaf(to_gpu(bf16_values(B * T * 3 * C, 20 + T), {B, T, 3 * C}));
       again.request_col_partials();
       backward_with(causal_attention(again, static_cast<int>(NH)), dy);
       (void)again.grad();
       EXPECT_FALSE(again.take_col_partials(&chunks).defined());
-      Var plain = Var::leaf(to_gpu_bf16(bf16_values(B * T * 3 * C, 20 + T), {B, T, 3 * C}));
+      Var plain = Var::leaf(to_gpu(bf16_values(B * T * 3 * C, 20 + T), {B, T, 3 * C}));
       backward_with(causal_attention(plain, static_cast<int>(NH)), dy);
       EXPECT_FALSE(plain.take_col_partials(&chunks).defined());
     }
@@ -428,8 +324,8 @@ TEST(FlashAttentionCuda, PackedDocumentsAreEachDocumentAlone) {
         };
         const Result r =
             run_flash(alone, cut(qkv, W), cut(dout, C), std::vector<double>(len * W, 0.0));
-        worst_out = std::max(worst_out, rel_diff(cut(packed.out, C), r.out));
-        worst_grad = std::max(worst_grad, rel_diff(cut(packed.dqkv, W), r.dqkv));
+        worst_out = std::max(worst_out, rel_err(cut(packed.out, C), r.out));
+        worst_grad = std::max(worst_grad, rel_err(cut(packed.dqkv, W), r.dqkv));
         for (int64_t h = 0; h < 4; ++h) {
           for (int64_t t = 0; t < len; ++t) {
             worst_lse =

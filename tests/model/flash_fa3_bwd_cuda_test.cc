@@ -28,8 +28,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
-#include <random>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -39,47 +38,22 @@
 #include "model/ops/rope.h"
 #include "model/stream.h"
 #include "tests/model/cuda_op_check.h"
+#include "tests/model/flash_test_util.h"
 
 namespace gtron {
 namespace {
 
-#define GTRON_REQUIRE_FA3(HS)                                                \
-  GTRON_REQUIRE_GPU();                                                       \
-  if (!cuda::flash_fa3_usable(HS)) {                                         \
-    GTEST_SKIP() << "flash_fa3 needs a compute-capability 9.0 GPU: skipped"; \
-  }
+using Problem = testing::FlashProblem;
+using testing::bf16_values;
+using testing::describe;
+using testing::kNaN;
+using testing::qkv_parts;
+using testing::QkvPart;
+using testing::rel_err;
+using testing::to_gpu;
+using testing::to_host;
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kWgmmaTol = 2e-3;  // against the wgmma backward (derivation above)
-
-// Values rounded to bf16, held as doubles (what every side computes on).
-std::vector<double> bf16_values(int64_t n, uint64_t seed, double std = 1.0) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> nd(0.0, std);
-  std::vector<double> v(n);
-  for (auto& x : v) x = bf16_to_float(float_to_bf16(static_cast<float>(nd(rng))));
-  return v;
-}
-
-std::vector<double> to_host(const Tensor& t) {
-  return t.to(Device::cpu()).to(DType::kF64).to_vector();
-}
-
-Tensor to_gpu(const std::vector<double>& v, const Shape& shape, DType dtype = DType::kBF16) {
-  return Tensor::from_vector(v, shape, dtype).to(Device::cuda(0));
-}
-
-struct Problem {
-  int64_t B, T, NH, HS, NKV;
-  int64_t C() const { return NH * HS; }              // q and output width
-  int64_t KV() const { return NKV * HS; }            // k or v width
-  int64_t W() const { return (NH + 2 * NKV) * HS; }  // packed qkv width
-};
-
-std::string describe(const Problem& p) {
-  return "B " + std::to_string(p.B) + " T " + std::to_string(p.T) + " NH " + std::to_string(p.NH) +
-         " NKV " + std::to_string(p.NKV) + " HS " + std::to_string(p.HS);
-}
 
 // The inputs of one problem: packed qkv rows [B, T, W] and dout rows [B, T, C].
 struct Inputs {
@@ -120,47 +94,16 @@ std::vector<double> run_flash(const Problem& p, const Inputs& in, const Config& 
   Tensor dqkv = to_gpu(pad_rows(init, W, ld, kNaN), {p.B, p.T, ld});
   Tensor out = to_gpu(std::vector<double>(p.B * p.T * o_ld, kNaN), {p.B, p.T, o_ld});
   Tensor lse = Tensor::empty({p.B, p.NH, p.T}, DType::kF32, Device::cuda(0), &s);
-  const char* base = static_cast<const char*>(qkv.raw());
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.HS)));
-
-  cuda::FlashForwardArgs f;
-  f.q = base;
-  f.k = base + C * 2;
-  f.v = base + (C + p.KV()) * 2;
-  f.o = out.raw();
-  f.lse = lse.data<float>();
-  f.q_ld = f.kv_ld = ld;
-  f.q_batch = f.kv_batch = p.T * ld;
-  f.o_ld = o_ld;
-  f.o_batch = p.T * o_ld;
-  f.B = static_cast<int>(p.B);
-  f.NH = static_cast<int>(p.NH);
-  f.NKV = static_cast<int>(p.NKV);
-  f.HS = static_cast<int>(p.HS);
-  f.Tq = f.Tk = static_cast<int>(p.T);
-  f.scale = scale;
+  cuda::FlashForwardArgs f =
+      testing::flash_forward_args(p, qkv.raw(), out.raw(), lse.data<float>(), ld, o_ld);
   if (run.fa3_forward) {
     cuda::flash_fa3_forward(f, s.native());
   } else {
     cuda::flash_attention_forward(f, s.native());
   }
 
-  cuda::FlashBackwardArgs b;
-  b.qkv = qkv.raw();
-  b.o = out.raw();
-  b.dout = dout.raw();
-  b.lse = lse.data<float>();
-  b.dqkv = dqkv.raw();
-  b.qkv_ld = ld;
-  b.qkv_batch = p.T * ld;
-  b.o_ld = o_ld;
-  b.o_batch = p.T * o_ld;
-  b.B = static_cast<int>(p.B);
-  b.NH = static_cast<int>(p.NH);
-  b.NKV = static_cast<int>(p.NKV);
-  b.HS = static_cast<int>(p.HS);
-  b.T = static_cast<int>(p.T);
-  b.scale = scale;
+  cuda::FlashBackwardArgs b = testing::flash_backward_args(p, qkv.raw(), out.raw(), dout.raw(),
+                                                           lse.data<float>(), dqkv.raw(), ld, o_ld);
   b.accumulate = !run.init.empty();
   b.rope_inv_freq = run.rope;
   Tensor scratch = scratch_floats(cuda::flash_attention_backward_scratch_floats(p.B, p.T, p.NH), s);
@@ -174,37 +117,7 @@ std::vector<double> run_flash(const Problem& p, const Inputs& in, const Config& 
 
 // The fp32 reference kernels on the same bf16 values: the gradient rows [B, T, W].
 std::vector<double> run_reference(const Problem& p, const Inputs& in) {
-  Stream& s = current_stream(Device::cuda(0));
-  Tensor qkv = to_gpu(in.qkv, {p.B, p.T, p.W()}, DType::kF32);
-  Tensor dout = to_gpu(in.dout, {p.B, p.T, p.C()}, DType::kF32);
-  Tensor dqkv = to_gpu(std::vector<double>(p.B * p.T * p.W(), 0.0), {p.B, p.T, p.W()}, DType::kF32);
-  Tensor out = Tensor::empty({p.B, p.T, p.C()}, DType::kF32, Device::cuda(0), &s);
-  Tensor lse = Tensor::empty({p.B, p.NH, p.T}, DType::kF32, Device::cuda(0), &s);
-  Tensor fs = scratch_bytes(
-      cuda::attention_gqa_forward_scratch_bytes(p.B, p.T, p.NH, p.NKV, p.HS, DType::kF32), s);
-  cuda::attention_gqa_forward(qkv.raw(), out.raw(), lse.data<float>(), fs.raw(), p.B, p.T, p.NH,
-                              p.NKV, p.HS, DType::kF32, s.native());
-  Tensor bs = scratch_bytes(
-      cuda::attention_gqa_backward_scratch_bytes(p.B, p.T, p.NH, p.NKV, p.HS, DType::kF32), s);
-  cuda::attention_gqa_backward(qkv.raw(), lse.data<float>(), dout.raw(), dqkv.raw(), bs.raw(), p.B,
-                               p.T, p.NH, p.NKV, p.HS, DType::kF32, s.native());
-  return to_host(dqkv);
-}
-
-// Normwise ‖got − ref‖ / ‖ref‖ over columns [c0, c1) of got's rows (got_ld wide) against ref's
-// (ref_ld wide); NaN when got holds one there.
-double rel_err(const std::vector<double>& got, int64_t got_ld, const std::vector<double>& ref,
-               int64_t ref_ld, int64_t c0, int64_t c1) {
-  double num = 0, den = 0;
-  const int64_t rows = static_cast<int64_t>(ref.size()) / ref_ld;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const double d = got[r * got_ld + c] - ref[r * ref_ld + c];
-      num += d * d;
-      den += ref[r * ref_ld + c] * ref[r * ref_ld + c];
-    }
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
+  return testing::run_reference(p, DType::kF32, in.qkv, in.dout).dqkv;
 }
 
 // Elements of columns [c0, c1) that differ (NaN differs from everything).
@@ -218,23 +131,13 @@ int64_t differences(const std::vector<double>& got, int64_t got_ld, const std::v
   return n;
 }
 
-struct Part {
-  const char* name;
-  int64_t c0, c1;
-};
-
-std::vector<Part> parts(const Problem& p) {
-  const int64_t C = p.C(), KV = p.KV();
-  return {{"dq", 0, C}, {"dk", C, C + KV}, {"dv", C + KV, p.W()}};
-}
-
 // fa3's gradient `got` against the wgmma backward's `wg` (same run set-up): dQ bit for bit, dK
 // and dV within kWgmmaTol.
 void expect_matches_wgmma(const Problem& p, const std::vector<double>& got,
                           const std::vector<double>& wg, const std::string& what) {
   const int64_t W = p.W();
   EXPECT_EQ(differences(got, W, wg, W, 0, p.C()), 0) << "dq vs wgmma, " << what;
-  for (const Part& part : parts(p)) {
+  for (const QkvPart& part : qkv_parts(p)) {
     EXPECT_LT(rel_err(got, W, wg, W, part.c0, part.c1), kWgmmaTol)
         << part.name << " vs wgmma, " << what;  // NaN fails too
   }
@@ -246,7 +149,7 @@ void expect_matches_reference(const Problem& p) {
   const Inputs in = make_inputs(p, 1 + p.T + 3 * p.HS + 7 * p.NKV);
   const std::vector<double> got = run_flash(p, in, Config{});
   const std::vector<double> ref = run_reference(p, in);
-  for (const Part& part : parts(p)) {
+  for (const QkvPart& part : qkv_parts(p)) {
     EXPECT_LT(rel_err(got, p.W(), ref, p.W(), part.c0, part.c1), testing::kBF16Tol)
         << part.name << " vs fp32, " << describe(p);
   }
@@ -280,7 +183,7 @@ std::vector<double> initial_gradient(const Problem& p, const std::vector<double>
                                      uint64_t seed) {
   std::vector<double> init = bf16_values(p.B * p.T * p.W(), seed);
   const int64_t rows = p.B * p.T, W = p.W();
-  for (const Part& part : parts(p)) {
+  for (const QkvPart& part : qkv_parts(p)) {
     double sum = 0;
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = part.c0; c < part.c1; ++c) sum += grad[r * W + c] * grad[r * W + c];
@@ -309,7 +212,7 @@ TEST(FlashFa3BackwardCuda, AccumulatesIntoTheGradient) {
       const std::vector<double> got = run_flash(p, in, acc);
       for (size_t i = 0; i < want.size(); ++i) want[i] += acc.init[i];
       const std::vector<double> fresh = run_flash(p, in, Config{});
-      for (const Part& part : parts(p)) {
+      for (const QkvPart& part : qkv_parts(p)) {
         EXPECT_LT(rel_err(got, p.W(), want, p.W(), part.c0, part.c1), testing::kBF16Tol)
             << part.name << " accumulated vs fp32, " << describe(p);
         EXPECT_GT(rel_err(fresh, p.W(), want, p.W(), part.c0, part.c1), 0.1)
@@ -392,7 +295,7 @@ TEST(FlashFa3BackwardCuda, WithTheFa3ForwardMatchesReference) {
         both.fa3_forward = true;
         const std::vector<double> got = run_flash(p, in, both);
         const std::vector<double> ref = run_reference(p, in);
-        for (const Part& part : parts(p)) {
+        for (const QkvPart& part : qkv_parts(p)) {
           EXPECT_LT(rel_err(got, p.W(), ref, p.W(), part.c0, part.c1), testing::kBF16Tol)
               << part.name << " vs fp32 (fa3 forward), " << describe(p);
         }

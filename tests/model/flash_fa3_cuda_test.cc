@@ -10,51 +10,26 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
-#include <random>
-#include <string>
+#include <cstdint>
 #include <vector>
 
 #include "model/ops/attention.h"
-#include "model/ops/device_util.h"
 #include "model/ops/flash_fa3.h"
 #include "model/stream.h"
 #include "tests/model/cuda_op_check.h"
+#include "tests/model/flash_test_util.h"
 
 namespace gtron {
 namespace {
 
-#define GTRON_REQUIRE_FA3(HS)                                                \
-  GTRON_REQUIRE_GPU();                                                       \
-  if (!cuda::flash_fa3_usable(HS)) {                                         \
-    GTEST_SKIP() << "flash_fa3 needs a compute-capability 9.0 GPU: skipped"; \
-  }
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// Values rounded to bf16, held as doubles (what every side computes on).
-std::vector<double> bf16_values(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> nd(0.0, 1.0);
-  std::vector<double> v(n);
-  for (auto& x : v) x = bf16_to_float(float_to_bf16(static_cast<float>(nd(rng))));
-  return v;
-}
-
-std::vector<double> to_host(const Tensor& t) {
-  return t.to(Device::cpu()).to(DType::kF64).to_vector();
-}
-
-struct Problem {
-  int64_t B, T, NH, HS, NKV;
-  int64_t C() const { return NH * HS; }              // q and output width
-  int64_t W() const { return (NH + 2 * NKV) * HS; }  // packed qkv width
-};
-
-struct Output {
-  std::vector<double> out;  // [B, T, o_ld]
-  std::vector<double> lse;  // [B, NH, T]
-};
+using Problem = testing::FlashProblem;
+using Output = testing::FlashResult;  // out and lse; no dqkv (forward only)
+using testing::bf16_values;
+using testing::describe;
+using testing::kNaN;
+using testing::rel_err;
+using testing::to_gpu;
+using testing::to_host;
 
 // Which forward runs: the FA3-structured kernel or flash_attention_forward (the wgmma kernel on
 // this card).
@@ -68,74 +43,29 @@ Output run_forward(const Problem& p, const std::vector<double>& qkv, Kernel kern
   const int64_t C = p.C(), W = p.W();
   if (o_ld == 0) o_ld = C;
   Stream& s = current_stream(Device::cuda(0));
-  Tensor tqkv = Tensor::from_vector(qkv, {p.B, p.T, W}, DType::kBF16).to(Device::cuda(0));
+  Tensor tqkv = to_gpu(qkv, {p.B, p.T, W});
   Tensor tq;
   if (separate_q) {
     std::vector<double> q(p.B * p.T * C);
     for (int64_t r = 0; r < p.B * p.T; ++r)
       for (int64_t c = 0; c < C; ++c) q[r * C + c] = qkv[r * W + c];
-    tq = Tensor::from_vector(q, {p.B, p.T, C}, DType::kBF16).to(Device::cuda(0));
+    tq = to_gpu(q, {p.B, p.T, C});
   }
-  Tensor out = Tensor::from_vector(std::vector<double>(p.B * p.T * o_ld, kNaN), {p.B, p.T, o_ld},
-                                   DType::kBF16)
-                   .to(Device::cuda(0));
-  Tensor lse = Tensor::from_vector(std::vector<double>(p.B * p.NH * p.T, kNaN), {p.B, p.NH, p.T},
-                                   DType::kF32)
-                   .to(Device::cuda(0));
-  const char* base = static_cast<const char*>(tqkv.raw());
-  cuda::FlashForwardArgs a;
-  a.q = separate_q ? tq.raw() : base;
-  a.k = base + C * 2;
-  a.v = base + (C + p.NKV * p.HS) * 2;
-  a.o = out.raw();
-  a.lse = lse.data<float>();
-  a.q_ld = separate_q ? C : W;
-  a.q_batch = p.T * a.q_ld;
-  a.kv_ld = W;
-  a.kv_batch = p.T * W;
-  a.o_ld = o_ld;
-  a.o_batch = p.T * o_ld;
-  a.B = static_cast<int>(p.B);
-  a.NH = static_cast<int>(p.NH);
-  a.NKV = static_cast<int>(p.NKV);
-  a.HS = static_cast<int>(p.HS);
-  a.Tq = a.Tk = static_cast<int>(p.T);
-  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.HS)));
+  Tensor out = to_gpu(std::vector<double>(p.B * p.T * o_ld, kNaN), {p.B, p.T, o_ld});
+  Tensor lse = to_gpu(std::vector<double>(p.B * p.NH * p.T, kNaN), {p.B, p.NH, p.T}, DType::kF32);
+  cuda::FlashForwardArgs a =
+      testing::flash_forward_args(p, tqkv.raw(), out.raw(), lse.data<float>(), W, o_ld);
+  if (separate_q) {
+    a.q = tq.raw();
+    a.q_ld = C;
+    a.q_batch = p.T * C;
+  }
   if (kernel == Kernel::kFa3) {
     cuda::flash_fa3_forward(a, s.native());
   } else {
     cuda::flash_attention_forward(a, s.native());
   }
-  return {to_host(out), to_host(lse)};
-}
-
-// The fp32 reference kernels on the same bf16 values: out [B, T, C], lse [B, NH, T].
-Output run_reference(const Problem& p, const std::vector<double>& qkv) {
-  Stream& s = current_stream(Device::cuda(0));
-  Tensor tq = Tensor::from_vector(qkv, {p.B, p.T, p.W()}, DType::kF32).to(Device::cuda(0));
-  Tensor out = Tensor::empty({p.B, p.T, p.C()}, DType::kF32, Device::cuda(0), &s);
-  Tensor lse = Tensor::empty({p.B, p.NH, p.T}, DType::kF32, Device::cuda(0), &s);
-  Tensor scratch = scratch_bytes(
-      cuda::attention_gqa_forward_scratch_bytes(p.B, p.T, p.NH, p.NKV, p.HS, DType::kF32), s);
-  cuda::attention_gqa_forward(tq.raw(), out.raw(), lse.data<float>(), scratch.raw(), p.B, p.T, p.NH,
-                              p.NKV, p.HS, DType::kF32, s.native());
-  return {to_host(out), to_host(lse)};
-}
-
-// Normwise ‖got − ref‖ / ‖ref‖ over columns [0, C) of got's rows (got_ld wide) against ref's
-// (C wide); NaN when got holds one there.
-double rel_err(const std::vector<double>& got, int64_t got_ld, const std::vector<double>& ref,
-               int64_t C) {
-  double num = 0, den = 0;
-  const int64_t rows = static_cast<int64_t>(ref.size()) / C;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < C; ++c) {
-      const double d = got[r * got_ld + c] - ref[r * C + c];
-      num += d * d;
-      den += ref[r * C + c] * ref[r * C + c];
-    }
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
+  return {to_host(out), to_host(lse), {}};
 }
 
 double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
@@ -148,23 +78,17 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
   return m;
 }
 
-std::string describe(const Problem& p) {
-  return "B " + std::to_string(p.B) + " T " + std::to_string(p.T) + " NH " + std::to_string(p.NH) +
-         " NKV " + std::to_string(p.NKV) + " HS " + std::to_string(p.HS);
-}
-
 // FA3 against the fp32 reference (out within the bf16 tolerance, lse within 1e-3) and against the
 // wgmma flash forward (the same bf16 roundings of P: closer still).
 void expect_matches_reference(const Problem& p) {
   const auto qkv = bf16_values(p.B * p.T * p.W(), 1 + p.T + 3 * p.HS + 7 * p.NKV);
   const Output got = run_forward(p, qkv, Kernel::kFa3);
-  const Output ref = run_reference(p, qkv);
+  const Output ref = testing::run_reference(p, DType::kF32, qkv);  // the fp32 reference
   const Output flash = run_forward(p, qkv, Kernel::kFlash);
-  const double err = rel_err(got.out, p.C(), ref.out, p.C());
+  const double err = rel_err(got.out, ref.out);
   EXPECT_LT(err, testing::kBF16Tol) << "out vs fp32, " << describe(p);  // NaN fails too
   EXPECT_LT(max_abs_diff(got.lse, ref.lse), 1e-3) << "lse vs fp32, " << describe(p);
-  EXPECT_LT(rel_err(got.out, p.C(), flash.out, p.C()), testing::kBF16Tol)
-      << "out vs flash, " << describe(p);
+  EXPECT_LT(rel_err(got.out, flash.out), testing::kBF16Tol) << "out vs flash, " << describe(p);
   EXPECT_LT(max_abs_diff(got.lse, flash.lse), 1e-3) << "lse vs flash, " << describe(p);
 }
 
@@ -197,7 +121,7 @@ TEST(FlashFa3Cuda, HonoursRowStrides) {
     const auto qkv = bf16_values(p.B * p.T * p.W(), 40 + HS);
     const Output dense = run_forward(p, qkv, Kernel::kFa3);
     const Output strided = run_forward(p, qkv, Kernel::kFa3, o_ld, /*separate_q=*/true);
-    EXPECT_EQ(rel_err(strided.out, o_ld, dense.out, C), 0.0) << describe(p);
+    EXPECT_EQ(rel_err(strided.out, o_ld, dense.out, C, 0, C), 0.0) << describe(p);
     EXPECT_EQ(strided.lse, dense.lse) << describe(p);
     int64_t touched = 0;
     for (int64_t r = 0; r < p.B * p.T; ++r)
