@@ -23,6 +23,9 @@ namespace gtron::internal {
 //   computed on the device (the norm into the same row) and AdamW reads the factor there; AdamW
 //   also writes the bf16 shadows of the parameters it updates whole, and the other shadows are
 //   re-cast from the updated masters at their next use (Note [fused shadow refresh]).
+// - the exception, a mixture of experts: after the update the load counters come to the host (one
+//   wait a step) to be summed over the data ranks, logged and to move the router bias, as on the
+//   CPU (Note [router bias] in model/moe.h).
 // - the rows come back to the host (one sync) only at a flush: on log steps, and before an
 //   evaluation or a checkpoint. The non-finite check runs at each flush over every step since the
 //   previous one, so a NaN is detected at the next flush (at most log.every steps late, always
@@ -84,6 +87,13 @@ int Run::train_cuda() {
     const double lr = sched_.at(step);
     opt_->step_on_device(par_->owned(), lr);
     par_->after_update();
+    if (cfg_.model.moe.num_experts > 0) {
+      // Note [router bias] in model/moe.h, as the CPU loop: the step's load over the data ranks,
+      // the stats, then the bias update. The one host wait of an MoE step (Note [MoE on CUDA]).
+      if (grid_.world) sum_moe_load();
+      moe_stats_ = model_->moe_stats();
+      model_->moe_update_bias();
+    }
     if (bf16_weights_) bf16_weights_->refresh_after_step();
     row_lr_.push_back(lr);
     ++window_steps_;

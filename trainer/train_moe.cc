@@ -29,7 +29,9 @@ void Run::sum_moe_load() {
   const std::vector<int64_t> load = model_->moe_load();
   std::vector<double> v(load.begin(), load.end());  // exact: counts far below 2^53
   Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, DType::kF64);
-  grid_.data_group()->all_reduce(t, parallel::ReduceOp::kSum).synchronize();
+  parallel::Communicator& comm = *grid_.data_group();
+  if (comm.device().is_cuda()) t = t.to(comm.device());  // NCCL and IPC reduce device memory
+  comm.all_reduce(t, parallel::ReduceOp::kSum).synchronize();
   std::vector<int64_t> sum;
   for (double x : t.to_vector()) sum.push_back(static_cast<int64_t>(x));
   model_->set_moe_load(sum);

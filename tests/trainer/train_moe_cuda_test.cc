@@ -1,9 +1,10 @@
 // A tiny mixture-of-experts llama trained on the GPU (Note [MoE on CUDA] in model/moe.h): fp32
 // follows the CPU's fp32 losses step by step, bf16 follows them within bf16 tolerance, two GPU
-// runs are bit-identical (losses and the router biases the load counts moved), a resume is
-// bit-exact (the biases go through the checkpoint), graphs replay the eager losses, and a
-// steady-state step makes no allocator miss. Both routers: softmax with the balance loss, sigmoid
-// with the bias update and a shared expert.
+// runs are bit-identical (losses and the router biases the load counts moved), the load is
+// logged and the bias moves after every step as on the CPU, a resume is bit-exact (the biases go
+// through the checkpoint), graphs replay the eager losses, and a steady-state step makes no
+// allocator miss. Both routers: softmax with the balance loss, sigmoid with the bias update and a
+// shared expert.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -117,6 +118,48 @@ TEST(TrainMoeCuda, GraphsReplayTheEagerLosses) {
     EXPECT_EQ(g.losses, eager.losses) << scope;
     EXPECT_EQ(g.val_loss, eager.val_loss) << scope;
   }
+}
+
+// metrics.jsonl's `key` by train step (absent keys are not recorded).
+std::map<int64_t, double> metric_by_step(const Config& cfg, const std::string& key) {
+  std::map<int64_t, double> out;
+  std::ifstream f(metrics_path(cfg));
+  std::string line;
+  while (std::getline(f, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("split", "train") != "train" || !j.contains(key)) continue;
+    out[j["step"].get<int64_t>()] = j[key].get<double>();
+  }
+  return out;
+}
+
+// Note [router bias] on the GPU loop as on the CPU's: after every step the load is counted, logged
+// and reset, and the sigmoid router's bias moves by it (step 1 routes as the CPU does: its loss
+// agrees within 1e-5 above).
+TEST(TrainMoeCuda, TheBiasMovesAndTheLoadIsLoggedEveryStep) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  std::map<std::string, std::map<int64_t, double>> got[2];
+  for (int gpu = 0; gpu < 2; ++gpu) {
+    const Config cfg =
+        testing::tiny_train_config(testing::fresh_dir(gpu ? "moe_bias_gpu" : "moe_bias_cpu"),
+                                   gpu ? "cuda" : "cpu", "fp32", 3, 1, moe_sets(true));
+    testing::train_ok(cfg);
+    for (const char* k : {"moe1_load_min", "moe1_load_max", "moe1_bias_norm"}) {
+      got[gpu][k] = metric_by_step(cfg, k);
+    }
+  }
+  for (const auto& [k, by_step] : got[1]) {
+    ASSERT_EQ(by_step.size(), 3u) << k << " is not logged at every GPU step";
+  }
+  for (int64_t s = 1; s <= 3; ++s) {
+    // A step's norm is the bias the step routed with: 0 at step 1, moved by every step after.
+    if (s > 1) EXPECT_GT(got[1]["moe1_bias_norm"][s], 0) << "step " << s << ": no bias update";
+    // A step's load only: 16 sequences of 32 tokens, 2 slots each, over 4 experts.
+    EXPECT_LE(got[1]["moe1_load_max"][s], 16 * 32 * 2) << "step " << s;
+  }
+  EXPECT_EQ(got[1]["moe1_load_min"][1], got[0]["moe1_load_min"][1]) << "step 1";
+  EXPECT_EQ(got[1]["moe1_load_max"][1], got[0]["moe1_load_max"][1]) << "step 1";
+  EXPECT_EQ(got[1]["moe1_bias_norm"][2], got[0]["moe1_bias_norm"][2]) << "step 1's update";
 }
 
 // The allocator's misses and reserved bytes stop changing from step `steady` on (the load
