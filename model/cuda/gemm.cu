@@ -217,12 +217,15 @@ void check_args(const GemmArgs& g) {
   GTRON_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1, "gemm: m = ", g.m, ", n = ", g.n,
               ", k = ", g.k, ", batch = ", g.batch);
   if (g.fp8) {
-    GTRON_CHECK(!g.trans_a && g.trans_b && g.batch == 1 && g.bias == nullptr &&
-                    g.epilogue == Epilogue::kNone && g.scale_a != nullptr && g.scale_b != nullptr,
+    GTRON_CHECK(!g.trans_a && g.trans_b && g.batch == 1 && g.epilogue == Epilogue::kNone &&
+                    g.scale_a != nullptr && g.scale_b != nullptr,
                 "gemm: fp8 takes A [M, K] and B stored [N, K] (trans_b) with both scales, and no "
-                "batch, bias or epilogue");
+                "batch or epilogue");
     GTRON_CHECK(g.c_type == DType::kF32 || g.c_type == DType::kBF16, "gemm: fp8 C type ",
                 dtype_name(g.c_type), ", expected f32 or bf16");
+    GTRON_CHECK(g.bias == nullptr || g.bias_type == g.c_type || g.bias_type == DType::kF32,
+                "gemm: bias type ", dtype_name(g.bias_type), " with C ", dtype_name(g.c_type),
+                "; the bias is in C's type or f32");
     return;
   }
   GTRON_CHECK(g.ab == DType::kF32 || g.ab == DType::kBF16, "gemm: A/B type ", dtype_name(g.ab),

@@ -20,7 +20,8 @@
 //   (Note [fp8 recipe] and [fp8 layouts] in model/ops/fp8.h); A is [M, K] and B is stored [N, K]
 //   (trans_a false, trans_b true: the reduction contiguous in both, as Hopper's FP8 products need);
 //   A's scales are 1x128 tiles along K, B's 1x128 tiles or 128x128 blocks; C is bf16 or f32; no
-//   bias, no epilogue, no batch.
+//   epilogue, no batch. A bias is passed to cuBLASLt like any other, but whether it offers it with
+//   block scales is its choice: try_gemm says (the FP8 linear adds the bias after where not).
 //
 // Resources: one cuBLASLt handle per device and one workspace per (device, stream), made on the
 // first GEMM that needs them and kept for the life of the process; the chosen algorithm is cached

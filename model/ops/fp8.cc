@@ -79,7 +79,17 @@ void fp8_product(const Quantized& a, const Quantized& b, cuda::Fp8Scales b_scale
     g.d = c;
     g.beta = 1.0f;
   }
+  if (bias == nullptr) {
+    cuda::gemm(g, s.native());
+    return;
+  }
+  // The bias rides in the epilogue where cuBLASLt offers it with block scales (beside a residual
+  // too); else the product without it, then a pass over the bf16 output adds it.
+  if (cuda::try_gemm(g, s.native())) return;
+  g.bias = nullptr;
   cuda::gemm(g, s.native());
+  GTRON_CHECK(c_type == DType::kBF16, "fp8 linear: a bias on a ", dtype_name(c_type), " output");
+  cuda::fp8_add_bias(c, bias, bias_type, M, N, s.native());
 }
 
 std::atomic<bool> g_fused_producers{true};  // false: set_fused_producers_for_testing

@@ -178,6 +178,9 @@ void fp8_quantize_rows_cols(const void* x, int64_t R, int64_t K, uint8_t* q, flo
 // transposed codes qt[K, N] with their scales st (blocks layout of the [K, N] matrix).
 void fp8_quantize_blocks(const void* w, DType w_dtype, int64_t N, int64_t K, uint8_t* q, float* s,
                          uint8_t* qt, float* st, void* stream);
+// y[r, c] += bias[c] for bf16 y[N, C] and a bias [C] in bf16 or f32 (bias_dtype): the FP8
+// linear's bias where cuBLASLt offers no block-scaled product with the bias epilogue.
+void fp8_add_bias(void* y, const void* bias, DType bias_dtype, int64_t N, int64_t C, void* stream);
 // out[N, K] (f32 or bf16: out_dtype) = the values of codes q[N, K] with blocks-layout scales s
 // (exact: a code times a power of two; bf16 holds it unless it falls below bf16's subnormals).
 void fp8_dequantize_blocks(const uint8_t* q, const float* s, int64_t N, int64_t K, void* out,

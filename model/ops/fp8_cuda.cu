@@ -5,6 +5,7 @@
 // Each is one pass over its input (bf16 activations and gradients; the weight in fp32 or bf16):
 // amax of the tile, its scale, then the codes. A tile with a non-finite value gets a NaN scale and
 // NaN codes (0x7f), as on the CPU.
+#include <algorithm>
 #include <cmath>
 
 #include "model/cuda/kernel_util.cuh"
@@ -215,7 +216,35 @@ __global__ void dequantize_blocks_kernel(const uint8_t* __restrict__ q, const fl
   out[i] = from_float<T>(__half2float(__half(h)) * s[(n / kTile) * ld + k / kTile]);
 }
 
+// y[r, c] += bias[c]: one block a row (grid-stride), bf16 y.
+template <typename B>
+__global__ void add_bias_kernel(bf16* __restrict__ y, const B* __restrict__ bias, int64_t N,
+                                int64_t C) {
+  const int Ci = static_cast<int>(C);
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    bf16* row = y + n * C;
+    for (int c = threadIdx.x; c < Ci; c += blockDim.x)
+      row[c] = __float2bfloat16_rn(__bfloat162float(row[c]) + load(bias + c));
+  }
+}
+
 }  // namespace
+
+void fp8_add_bias(void* y, const void* bias, DType bias_dtype, int64_t N, int64_t C, void* stream) {
+  GTRON_CHECK(bias_dtype == DType::kF32 || bias_dtype == DType::kBF16,
+              "fp8_add_bias: ", dtype_name(bias_dtype), " bias; expected f32 or bf16");
+  if (N == 0 || C == 0) return;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(N, int64_t{1} << 30));
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (bias_dtype == DType::kF32) {
+    add_bias_kernel<float>
+        <<<blocks, 256, 0, st>>>(static_cast<bf16*>(y), static_cast<const float*>(bias), N, C);
+  } else {
+    add_bias_kernel<bf16>
+        <<<blocks, 256, 0, st>>>(static_cast<bf16*>(y), static_cast<const bf16*>(bias), N, C);
+  }
+  CUDA_CHECK_LAUNCH();
+}
 
 void fp8_dequantize_blocks(const uint8_t* q, const float* s, int64_t N, int64_t K, void* out,
                            DType out_dtype, void* stream) {

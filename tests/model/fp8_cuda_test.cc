@@ -263,6 +263,9 @@ TEST(Fp8Cuda, LinearWithBiasAndResidualMatchesTheCpuEmulation) {
                                    testing::kBF16Tol);
   testing::expect_cuda_matches_cpu(fp8_linear_case(256, 128, 256, false, true), DType::kBF16,
                                    testing::kBF16Tol);
+  // Both (GPT-2's attention projection): the bias in the epilogue beside the residual, or after.
+  testing::expect_cuda_matches_cpu(fp8_linear_case(256, 128, 256, true, true), DType::kBF16,
+                                   testing::kBF16Tol);
 }
 
 // The FP8 and bf16 products of the Llama-3.2-1B linears (B·T = 8192 rows), timed with CUDA events

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "model/cuda/gemm.h"
 #include "model/ops/concat.h"
 #include "model/ops/gelu.h"
 #include "model/ops/linear.h"
@@ -226,13 +227,17 @@ TEST(Fp8, LinearBackwardIsStraightThrough) {
     return v;
   };
   const std::vector<float> dyc = cols(dys, N, Cout), xc = cols(xs, N, Cin);
-  std::vector<float> dw(Cout * Cin, 0.0f), db(Cout, 0.0f);
+  std::vector<float> dw(Cout * Cin, 0.0f);
   cpu::linear_backward<float>(xc.data(), ws.data(), dyc.data(), nullptr, dw.data(), nullptr, N, Cin,
                               Cout);
-  cpu::linear_backward<float>(xs.data(), ws.data(), dys.data(), nullptr, nullptr, db.data(), N, Cin,
-                              Cout);
+  // db into aligned memory, as b's gradient is: Eigen's vectorized column sum peels columns by the
+  // destination's alignment, so the order of each column's sum (its last bits) follows where a
+  // std::vector happens to land on the heap.
+  Tensor db = Tensor::zeros({Cout}, DType::kF32, Device::cpu());
+  cpu::linear_backward<float>(xs.data(), ws.data(), dys.data(), nullptr, nullptr, db.data<float>(),
+                              N, Cin, Cout);
   EXPECT_EQ(w.grad().to_vector(), std::vector<double>(dw.begin(), dw.end()));
-  EXPECT_EQ(b.grad().to_vector(), std::vector<double>(db.begin(), db.end()));
+  EXPECT_EQ(b.grad().to_vector(), db.to_vector());
 }
 
 // Note [fp8 fused producers]: the producers write FP8 codes on CUDA in bf16 only (the codes
@@ -252,6 +257,32 @@ TEST(Fp8DeathTest, ProducersRefuseCodesOffCuda) {
   fp8::set_fused_producers_for_testing(false);
   EXPECT_FALSE(fp8::fused_producers());
   fp8::set_fused_producers_for_testing(true);
+}
+
+// The FP8 linear hands a biased layer's bias (GPT-2's) to its forward product: gemm's argument
+// check takes it, in the output's type or f32 (an empty problem returns before touching a GPU).
+// It once refused any bias with fp8, so every biased FP8 linear aborted on its first forward.
+TEST(Fp8, GemmArgumentsTakeTheLinearsBias) {
+  float scale = 1.0f;
+  uint8_t codes[16] = {};
+  cuda::GemmArgs g;
+  g.fp8 = true;
+  g.a = codes;
+  g.b = codes;
+  g.trans_b = true;
+  g.scale_a = &scale;
+  g.scale_b = &scale;
+  g.b_scales = cuda::Fp8Scales::kBlocks;
+  g.c = codes;
+  g.c_type = DType::kBF16;
+  g.m = 0;
+  g.n = 128;
+  g.k = 128;
+  g.bias = &scale;
+  for (DType bias_type : {DType::kBF16, DType::kF32}) {
+    g.bias_type = bias_type;
+    EXPECT_TRUE(cuda::try_gemm(g, nullptr)) << dtype_name(bias_type);
+  }
 }
 
 }  // namespace
