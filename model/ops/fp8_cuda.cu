@@ -76,7 +76,7 @@ __global__ void quantize_cols_kernel(const bf16* __restrict__ x, int64_t R, int6
   }
   if (c0 + c >= K) return;
   const int e = bad ? 0 : e4m3_scale_exponent(amax);
-  uint8_t codes[32];
+  alignas(16) uint8_t codes[32];  // read back as uint4: 16-byte aligned even in local memory
 #pragma unroll
   for (int i = 0; i < 32; ++i) codes[i] = e4m3_encode(tile[part * 32 + i][c], e, bad);
   uint4* dst = reinterpret_cast<uint4*>(qt + (c0 + c) * R + r0 + part * 32);
@@ -138,7 +138,7 @@ __global__ void quantize_rows_cols_kernel(const bf16* __restrict__ x, int64_t R,
   uint8_t* dst = qt + (c0 + c) * R + r0 + part * 64;
 #pragma unroll
   for (int chunk = 0; chunk < 4; ++chunk) {
-    uint8_t codes[16];
+    alignas(16) uint8_t codes[16];  // read back as a uint4
 #pragma unroll
     for (int i = 0; i < 16; ++i)
       codes[i] = e4m3_encode(__bfloat162float(tile[part * 64 + chunk * 16 + i][c]), e, bad);
