@@ -58,11 +58,15 @@ std::unique_ptr<memory::SymmetricBackend> default_send_backend(Device device) {
 // (the same 128x128 blocks, from the same values, that one process's linear quantizes its full
 // weight in: a block never straddles two shards) into one packed chunk, [codes | block scales],
 // the chunks are all-gathered into the tail of the weight's gather buffer, and the use dequantizes
-// them into the buffer's head, the full weight in the compute dtype. The linear then quantizes that
-// weight again: every value is already on its block's e4m3 grid, so it gets back the same values
-// (a block whose largest code fell to 224 or less takes half the scale and twice the codes, the
-// same products), and the losses are those of one process. The gathers move one byte a weight
-// (plus a float a block) instead of two (bf16) or four (f32); the buffer holds both regions.
+// them into the buffer's head, the full weight in the compute dtype. The shard is quantized from
+// its fp32 values, never a bf16 copy: one process's codes come from the fp32 master (Note [fp8
+// weights once a step] in model/ops/fp8.h), and e4m3 rounding after bf16 rounding can differ
+// from e4m3 rounding alone (a value just past a tie, which bf16 rounds onto it). The linear then
+// quantizes that weight again: every value is already on its block's e4m3 grid, so it gets back
+// the same values (a block whose largest code fell to 224 or less takes half the scale and twice
+// the codes, the same products), and the losses are those of one process. The gathers move one
+// byte a weight (plus a float a block) instead of two (bf16) or four (f32); the buffer holds both
+// regions.
 // Weights whose shards are not whole blocks gather as before.
 
 struct GtpWeights::Info {
@@ -79,7 +83,7 @@ struct GtpWeights::Info {
   int bwd_uses = 0;             // backward uses started in this pass
   void* active_send = nullptr;  // the send buffer of the use whose backward is running
   memory::PoolKey key;
-  Tensor shard_lo;  // [shard_rows * cols] compute-dtype copy of the shard (bf16 gathers only)
+  Tensor shard_lo;  // [shard_rows * cols] compute-dtype copy of the shard (bf16 gathers, not FP8)
   // Note [fp8 gathers]: bytes of the codes and of a whole packed chunk (0: no FP8 gathers), where
   // the gathered chunks start in the buffer (in compute-dtype elements), this rank's chunk.
   int64_t fp8_codes = 0, fp8_chunk = 0, fp8_at = 0;
@@ -271,9 +275,10 @@ void GtpWeights::gather(Info& in, Direction dir, bool async) {
   in.p->make_ready();  // the shard may be waiting for its DP gather (Note [readiness])
   Tensor out = Tensor::from_blob(buf, {in.padded_rows * in.cols}, opt_.compute_dtype, device_);
   Tensor shard = in.p->data.view({in.shard_rows * in.cols});
-  if (opt_.compute_dtype != DType::kF32) {
+  if (opt_.compute_dtype != DType::kF32 && in.fp8_chunk == 0) {
     // bf16 gathers: cast the shard first (on the stream, so that a capture re-casts it at every
-    // replay: the shard changes at each optimizer step).
+    // replay: the shard changes at each optimizer step). FP8 gathers quantize the fp32 shard
+    // itself, as Bf16Weights quantizes one process's fp32 master (Note [fp8 gathers]).
     Stream& stream = current_stream(device_);
     if (!in.shard_lo.defined()) {
       in.shard_lo = Tensor::empty(shard.shape(), opt_.compute_dtype, device_, &stream);
