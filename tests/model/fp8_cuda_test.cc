@@ -257,6 +257,28 @@ TEST(Fp8Cuda, LinearMatchesTheCpuEmulation) {
                                    testing::kBF16Tol);
 }
 
+// t [R, K] with each tile of `tile_rows` rows by 128 columns scaled by its own power of two in
+// [2^-6, 2^6]: a scale read from the wrong place (a transposed or mis-strided scale layout) then
+// misplaces factors up to 2^12, where operands of one magnitude share nearly every scale and hide
+// it.
+Tensor tile_magnitudes(const Tensor& t, int64_t tile_rows, int salt) {
+  const int64_t R = t.shape()[0], K = t.shape()[1];
+  std::vector<double> v = t.to_vector();
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < K; ++k)
+      v[r * K + k] *=
+          std::ldexp(1.0, static_cast<int>((r / tile_rows * 5 + k / 128 * 3 + salt) % 13) - 6);
+  return Tensor::from_vector(v, t.shape(), t.dtype());
+}
+
+TEST(Fp8Cuda, LinearWithTilesOfMixedMagnitudesMatchesTheCpuEmulation) {
+  GTRON_REQUIRE_GPU();
+  testing::OpCase c = fp8_linear_case(384, 512, 256, false, false);
+  c.inputs[0] = tile_magnitudes(c.inputs[0], 1, 0);    // x: 1x128 tiles
+  c.params[0] = tile_magnitudes(c.params[0], 128, 7);  // w: 128x128 blocks
+  testing::expect_cuda_matches_cpu(c, DType::kBF16, testing::kBF16Tol);
+}
+
 TEST(Fp8Cuda, LinearWithBiasAndResidualMatchesTheCpuEmulation) {
   GTRON_REQUIRE_GPU();
   testing::expect_cuda_matches_cpu(fp8_linear_case(256, 128, 256, true, false), DType::kBF16,
