@@ -225,12 +225,12 @@ struct SegRows {
   __device__ __forceinline__ int32_t at(int i, int T) const { return row[min(i, T - 1)]; }
 };
 
-// The number of i in [0, n) for which pred(i) holds. Every thread of the CTA calls it (one
-// barrier per kThreadsFa candidates).
-template <typename Pred>
+// The number of i in [0, n) for which pred(i) holds. Every thread of the CTA (kCtaThreads of
+// them) calls it (one barrier per kCtaThreads candidates).
+template <int kCtaThreads = kThreadsFa, typename Pred>
 __device__ __forceinline__ int cta_count(int n, Pred pred) {
   int total = 0;
-  for (int base = 0; base < n; base += kThreadsFa) {
+  for (int base = 0; base < n; base += kCtaThreads) {
     const int i = base + static_cast<int>(threadIdx.x);
     total += __syncthreads_count(i < n && pred(i));
   }
@@ -238,11 +238,12 @@ __device__ __forceinline__ int cta_count(int n, Pred pred) {
 }
 
 // The forward's and query kernel's first key tile (of kN keys) not wholly before the segment of
-// query q0, among n_tiles (Note [document masking in the flash kernels]).
-template <int kN>
+// query q0, among n_tiles (Note [document masking in the flash kernels]). Every thread of the CTA
+// (kCtaThreads of them) calls it.
+template <int kN, int kCtaThreads = kThreadsFa>
 __device__ __forceinline__ int first_key_tile(const SegRows& sr, int q0, int n_tiles, int T) {
   const int32_t first = sr.at(q0, T);
-  return cta_count(n_tiles, [&](int j) { return sr.at(j * kN + kN - 1, T) < first; });
+  return cta_count<kCtaThreads>(n_tiles, [&](int j) { return sr.at(j * kN + kN - 1, T) < first; });
 }
 
 // The causal mask and the online-softmax update of one 16-row accumulator tile (rows row_base
@@ -360,10 +361,11 @@ struct KeyWalk {
   __device__ __forceinline__ int tile(int i) const { return qt0 + i % per; }
   // Document masking: each head's walk ends after the query tiles of the segment of the CTA's
   // last key, whose segment is `last` (Note [document masking in the flash kernels]). Every
-  // thread calls it. The diagonal tile always stays (its first query precedes the keys).
-  template <int kQ>
+  // thread of the CTA (kCtaThreads) calls it. The diagonal tile always stays (its first query
+  // precedes the keys).
+  template <int kQ, int kCtaThreads = kThreadsFa>
   __device__ __forceinline__ void keep_segment(const SegRows& sr, int32_t last, int T) {
-    per = cta_count(per, [&](int i) { return sr.at((qt0 + i) * kQ, T) <= last; });
+    per = cta_count<kCtaThreads>(per, [&](int i) { return sr.at((qt0 + i) * kQ, T) <= last; });
     n = group * per;
   }
 };

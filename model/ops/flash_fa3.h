@@ -22,8 +22,9 @@ bool flash_fa3_usable(int64_t HS);
 // o rows [B, T] (NH heads) and lse [B, NH, T] (natural log) from q rows [B, T] (NH heads) and k, v
 // rows [B, T] (NKV heads; query head h reads k/v head h / (NH / NKV)); row and batch strides as
 // FlashForwardArgs gives them. Deterministic (no atomics), no O(T²) memory.
-// REQUIRES: flash_fa3_usable(a.HS); a.Tq == a.Tk; a.seg null (no document masking yet); the
-// alignment flash_attention_forward asks (strides multiples of 8 elements, 16-byte pointers).
+// a.seg (document masking, Note [document masking in the FA3 forward]) is honoured.
+// REQUIRES: flash_fa3_usable(a.HS); a.Tq == a.Tk; a.seg null or a.seg_batch >= T; the alignment
+// flash_attention_forward asks (strides multiples of 8 elements, 16-byte pointers).
 void flash_fa3_forward(const FlashForwardArgs& a, void* stream);
 
 // flash_attention_backward's contract (model/ops/attention.h) for bf16, causal self-attention, with
@@ -32,8 +33,9 @@ void flash_fa3_forward(const FlashForwardArgs& a, void* stream);
 // (B·NH·T floats, flash_attention_backward_scratch_floats) receives Δ = rowsum(dO ⊙ O) on the way.
 // a.rope_inv_freq is honoured. Deterministic (no atomics; a shared k/v head's gradient is summed
 // over its query heads in head order), no O(T²) memory.
-// REQUIRES: flash_fa3_usable(a.HS); a.seg and a.col_partial null; strides multiples of 8
-// elements; qkv, dqkv, o and dout 16-byte aligned.
+// a.seg (document masking, Note [document masking in the FA3 backward]) is honoured.
+// REQUIRES: flash_fa3_usable(a.HS); a.seg null or a.seg_batch >= a.T; a.col_partial null;
+// strides multiples of 8 elements; qkv, dqkv, o and dout 16-byte aligned.
 void flash_fa3_backward(const FlashBackwardArgs& a, float* delta, void* stream);
 
 }  // namespace gtron::cuda

@@ -80,6 +80,30 @@
 //   which gtron's scratch contract does not provide) and its conversion pass.
 // A semaphore that orders the adds by key block (FlashAttention-3's deterministic mode) would
 // keep the 5 products, at the price of CTAs waiting on each other in the causal triangle.
+//
+// Note [document masking in the FA3 backward]
+// With a.seg set (Note [document masking in the flash kernels] in flash_common.cuh) the key
+// kernel is built with kSeg, and the query kernel that runs first (dQ, Δ) is the wgmma one, which
+// honours a.seg already; kSeg = false compiles to the PTX the key kernel had before the mask.
+// - The walk of each query head ends early. Before the roles split, the 384 threads count the
+//   query tiles from the diagonal whose first query is in the segment of the CTA's last key or an
+//   earlier one (KeyWalk::keep_segment, one __syncthreads_count per 384 tiles); every query of a
+//   later tile lies in a later segment than every key of the CTA. Producer and consumers walk
+//   the shortened walk, so the ring's phases still match.
+// - A consumer skips (waits for and releases, as for the causal skip) a tile whose first query
+//   lies past the segment of its own last key: consumer 0's keys can end a segment before
+//   consumer 1's do.
+// - Element masks, per warp: a tile is masked when the causal test says so or when its last
+//   query and the warp's first key are in different segments; key_tile_grads<kSeg> then zeroes
+//   Pᵀ where a query's segment is not its key's. The consumers read the segment ids they compare
+//   from global memory (L1) where they use them, not holding them across the walk.
+// - Registers. The producer fitted its 24 with nothing to spare: KeyWalk::per and n were
+//   arithmetic on the arguments, which ptxas redoes instead of keeping, while the count is a
+//   barrier's result that would take a register for the whole walk and spill. So thread 0 stores
+//   per in shared memory (BwdSmem::kPer) before the CTA-wide barrier, and the kSeg producer reads
+//   it at each use (producer_walk). ptxas (CUDA 13.0, sm_90a): no spill for any instantiation at
+//   kConsumerRegs = 240; the kSeg consumers need more than the unmasked ones (HS 64: fits at 232,
+//   spills 4 bytes at 224; HS 128: spills 4 bytes at 232), where the unmasked ones fit at 224.
 #include <cuda.h>
 #include <cuda_bf16.h>
 
@@ -129,8 +153,9 @@ struct BwdSmem {
   static constexpr int kL = kDo + kStages * kTileBytes;
   static constexpr int kD = kL + kStages * kRowBytes;
   static constexpr int kBars = kD + kStages * kRowBytes;
-  static constexpr int kNumBars = 1 + 2 * kStages;            // K/V full; full and empty per slot
-  static constexpr int kBytes = kBars + kNumBars * 8 + 1024;  // + the alignment pad
+  static constexpr int kNumBars = 1 + 2 * kStages;   // K/V full; full and empty per slot
+  static constexpr int kPer = kBars + kNumBars * 8;  // the walk's tiles a head (kSeg)
+  static constexpr int kBytes = kPer + 16 + 1024;    // + the alignment pad
 };
 
 // The CTA's tiles and barriers, from the aligned base.
@@ -141,6 +166,7 @@ struct BwdTiles {
   float *lse, *delta;      // slot s at s·kQ (lse in log2 units)
   uint64_t* kv_full;
   uint64_t *full, *empty;  // [kStages] each
+  int* per;                // KeyWalk::per under document masking
   __device__ __forceinline__ explicit BwdTiles(unsigned char* base)
       : k(reinterpret_cast<bf16*>(base + S::kK)),
         v(reinterpret_cast<bf16*>(base + S::kV)),
@@ -150,7 +176,8 @@ struct BwdTiles {
         delta(reinterpret_cast<float*>(base + S::kD)),
         kv_full(reinterpret_cast<uint64_t*>(base + S::kBars)),
         full(kv_full + 1),
-        empty(kv_full + 1 + S::kStages) {}
+        empty(kv_full + 1 + S::kStages),
+        per(reinterpret_cast<int*>(base + S::kPer)) {}
 };
 
 // The kernel's tensor maps (__grid_constant__ parameters, so their addresses are the maps').
@@ -158,9 +185,21 @@ struct BwdMaps {
   CUtensorMap k, v, q, dout;
 };
 
+// The walk as the producer reads it at each use: kSeg takes per from shared memory (Note
+// [document masking in the FA3 backward]).
+template <int HS, bool kSeg>
+__device__ __forceinline__ KeyWalk producer_walk(const KeyWalk& walk, const BwdTiles<HS>& t) {
+  KeyWalk w = walk;
+  if constexpr (kSeg) {
+    w.per = *t.per;
+    w.n = w.group * w.per;
+  }
+  return w;
+}
+
 // The producer warp: K and V of the CTA's keys once, then Q, dO (lane 0, by TMA), lse and Δ (all
 // lanes) of step i of the walk into slot i % kStages (Note [FlashAttention-3 backward]).
-template <int HS>
+template <int HS, bool kSeg>
 __device__ __forceinline__ void produce(const BwdMaps& m, const BwdTiles<HS>& t,
                                         const KeyWalk& walk, const FlashBackwardArgs& a,
                                         const float* delta, int k0, int lane) {
@@ -177,10 +216,11 @@ __device__ __forceinline__ void produce(const BwdMaps& m, const BwdTiles<HS>& t,
       tma::load_4d(t.v + p * kKeysCta * kPanel, &m.v, t.kv_full, p * kPanel, walk.hk, k0, walk.b);
     }
   }
-  for (int i = 0; i < walk.n; ++i) {
+  for (int i = 0; i < producer_walk<HS, kSeg>(walk, t).n; ++i) {
     const int slot = i % S::kStages, use = i / S::kStages;
     tma::mbar_wait(t.empty + slot, (use & 1) ^ 1);
-    const int h = walk.head(i), q0 = walk.tile(i) * S::kQ;
+    const KeyWalk w = producer_walk<HS, kSeg>(walk, t);
+    const int h = w.head(i), q0 = w.tile(i) * S::kQ;
     const int64_t row = (static_cast<int64_t>(walk.b) * a.NH + h) * a.T;
 #pragma unroll
     for (int j = lane; j < S::kQ; j += 32) {
@@ -254,8 +294,9 @@ __device__ __forceinline__ void release(uint64_t* bar, int lane) {
   if (lane == 0) tma::mbar_arrive(bar);
 }
 
-// Consumer w: dK and dV of keys kw0 .. kw0 + 63 over the walk, then the stores.
-template <int HS, bool kRope>
+// Consumer w: dK and dV of keys kw0 .. kw0 + 63 over the walk, then the stores. kSeg: with the
+// document mask (Note [document masking in the FA3 backward]).
+template <int HS, bool kRope, bool kSeg>
 __device__ __forceinline__ void consume(const FlashBackwardArgs& a, const BwdTiles<HS>& t,
                                         const KeyWalk& walk, int w, int k0) {
   using S = BwdSmem<HS>;
@@ -267,6 +308,8 @@ __device__ __forceinline__ void consume(const FlashBackwardArgs& a, const BwdTil
   const bf16* v_w = t.v + w * kKeysWg * kPanel;
   const float sl2 = a.scale * kLog2e;
   const bool live = kw0 < a.T;  // some key of this warpgroup exists
+  SegRows sr;                   // the keys' segments, read where used (registers)
+  if constexpr (kSeg) sr.row = a.seg + walk.b * a.seg_batch;
 
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   tma::mbar_wait(t.kv_full, 0);
@@ -274,7 +317,9 @@ __device__ __forceinline__ void consume(const FlashBackwardArgs& a, const BwdTil
     const int slot = i % S::kStages;
     tma::mbar_wait(t.full + slot, (i / S::kStages) & 1);
     const int qs0 = walk.tile(i) * kQ;
-    if (live && qs0 + kQ > kw0) {  // some query of the tile sees some key (causal skip)
+    bool run = live && qs0 + kQ > kw0;  // some query of the tile sees some key (causal skip)
+    if constexpr (kSeg) run = run && sr.at(qs0, a.T) <= sr.at(kw0 + kKeysWg - 1, a.T);
+    if (run) {
       const bf16* q = t.q + slot * kQ * HS;
       const bf16* dout = t.dout + slot * kQ * HS;
       float p[NT][4];   // Sᵀ, then Pᵀ: [64 keys, kQ queries]
@@ -286,9 +331,14 @@ __device__ __forceinline__ void consume(const FlashBackwardArgs& a, const BwdTil
       wg::wait<0>();
       wg::hold(p);
       wg::hold(ds);
-      const bool masked = qs0 < kw0 + kKeysWg || qs0 + kQ > a.T || kw0 + kKeysWg > a.T;
-      key_tile_grads<NT>(p, ds, t.lse + slot * kQ, t.delta + slot * kQ, sl2, qs0, key_base, masked,
-                         a.T, lane);
+      bool masked = qs0 < kw0 + kKeysWg || qs0 + kQ > a.T || kw0 + kKeysWg > a.T;
+      if constexpr (kSeg) {  // the tile's last query against the warp's first key
+        masked = masked || sr.at(qs0 + kQ - 1, a.T) != sr.at(kw0 + warp * 16, a.T);
+        sr.own[0] = sr.at(key_base, a.T);
+        sr.own[1] = sr.at(key_base + 8, a.T);
+      }
+      key_tile_grads<NT, kSeg>(p, ds, t.lse + slot * kQ, t.delta + slot * kQ, sl2, qs0, key_base,
+                               masked, a.T, lane, sr);
       uint32_t pa[NT / 2][4], dsa[NT / 2][4];
       wg::to_a(p, pa);
       wg::to_a(ds, dsa);
@@ -311,7 +361,7 @@ __device__ __forceinline__ void consume(const FlashBackwardArgs& a, const BwdTil
   store_keys<HS, kRope>(dv, dbase + v_column(a, walk.hk), a, r0, lane, 1.0f, false);
 }
 
-template <int HS, bool kRope>
+template <int HS, bool kRope, bool kSeg>
 __global__ void __launch_bounds__(kThreads, 1)
     fa3_backward_kv_kernel(const __grid_constant__ BwdMaps maps, FlashBackwardArgs a,
                            const float* __restrict__ delta) {
@@ -320,7 +370,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t pad = (1024 - (smem_u32(smem_raw) & 1023)) & 1023;
   const BwdTiles<HS> t(smem_raw + pad);
   const int k0 = blockIdx.x * kKeysCta;  // key block 0 sees every query: the longest first
-  const KeyWalk walk(a, k0, S::kQ);
+  KeyWalk walk(a, k0, S::kQ);
+  if constexpr (kSeg) {  // every thread, before the roles split
+    SegRows sr;
+    sr.row = a.seg + walk.b * a.seg_batch;
+    walk.keep_segment<S::kQ, kThreads>(sr, sr.at(k0 + kKeysCta - 1, a.T), a.T);
+    if (threadIdx.x == 0) *t.per = walk.per;  // for the producer, after the barrier below
+  }
 
   if (threadIdx.x == 0) {
     tma::mbar_init(t.kv_full, 1);
@@ -335,18 +391,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     tma::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x < 32) produce<HS>(maps, t, walk, a, delta, k0, threadIdx.x);
+    if (threadIdx.x < 32) produce<HS, kSeg>(maps, t, walk, a, delta, k0, threadIdx.x);
     return;
   }
   tma::setmaxnreg_inc<kConsumerRegs>();
-  consume<HS, kRope>(a, t, walk, wg - 1, k0);
+  consume<HS, kRope, kSeg>(a, t, walk, wg - 1, k0);
 }
 
-template <int HS, bool kRope>
+template <int HS, bool kRope, bool kSeg>
 void backward_keys(const FlashBackwardArgs& a, const float* delta, cudaStream_t st) {
   using S = BwdSmem<HS>;
   static const bool once = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(fa3_backward_kv_kernel<HS, kRope>,
+    CUDA_CHECK(cudaFuncSetAttribute(fa3_backward_kv_kernel<HS, kRope, kSeg>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
     return true;
   }();
@@ -361,8 +417,19 @@ void backward_keys(const FlashBackwardArgs& a, const float* delta, cudaStream_t 
   m.dout = tma::head_map(a.dout, HS, a.NH, a.T, a.B, a.o_ld, a.o_batch, S::kQ);
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.T, kKeysCta)),
                   static_cast<unsigned>(a.B * a.NKV));
-  fa3_backward_kv_kernel<HS, kRope><<<grid, kThreads, S::kBytes, st>>>(m, a, delta);
+  fa3_backward_kv_kernel<HS, kRope, kSeg><<<grid, kThreads, S::kBytes, st>>>(m, a, delta);
   CUDA_CHECK_LAUNCH();
+}
+
+template <bool kSeg>
+void backward_rope(const FlashBackwardArgs& a, const float* delta, bool rope, cudaStream_t st) {
+  if (a.HS == 64) {
+    rope ? backward_keys<64, true, kSeg>(a, delta, st)
+         : backward_keys<64, false, kSeg>(a, delta, st);
+  } else {
+    rope ? backward_keys<128, true, kSeg>(a, delta, st)
+         : backward_keys<128, false, kSeg>(a, delta, st);
+  }
 }
 
 }  // namespace
@@ -374,7 +441,8 @@ void flash_fa3_backward(const FlashBackwardArgs& args, float* delta, void* strea
   GTRON_CHECK(a.NKV > 0 && a.NH % a.NKV == 0, "flash_fa3: ", a.NKV, " k/v heads do not divide ",
               a.NH, " query heads");
   GTRON_CHECK(a.T >= 0, "flash_fa3: length ", a.T);
-  GTRON_CHECK(a.seg == nullptr, "flash_fa3: document masking (seg) is not supported");
+  GTRON_CHECK(a.seg == nullptr || a.seg_batch >= a.T, "flash_fa3: segment batch stride ",
+              a.seg_batch, " below T = ", a.T);
   GTRON_CHECK(a.col_partial == nullptr,
               "flash_fa3: column partials (col_partial) are not supported");
   GTRON_CHECK(a.qkv_ld % 8 == 0 && a.o_ld % 8 == 0 && a.qkv_batch % 8 == 0 && a.o_batch % 8 == 0,
@@ -385,13 +453,13 @@ void flash_fa3_backward(const FlashBackwardArgs& args, float* delta, void* strea
   if (static_cast<int64_t>(a.B) * a.NH * a.T == 0) return;
   GTRON_CHECK(delta != nullptr, "flash_fa3: backward needs delta (B·NH·T floats)");
   GTRON_CHECK(flash_fa3_usable(a.HS), "flash_fa3: needs a compute-capability 9.0 GPU (sm_90a)");
-  flash_wgmma_backward_query(a, delta, stream);  // dQ, and Δ for the key kernel
+  flash_wgmma_backward_query(a, delta, stream);  // dQ, and Δ for the key kernel; honours a.seg
   const auto st = static_cast<cudaStream_t>(stream);
   const bool rope = a.rope_inv_freq != nullptr;
-  if (a.HS == 64) {
-    rope ? backward_keys<64, true>(a, delta, st) : backward_keys<64, false>(a, delta, st);
+  if (a.seg != nullptr) {
+    backward_rope<true>(a, delta, rope, st);
   } else {
-    rope ? backward_keys<128, true>(a, delta, st) : backward_keys<128, false>(a, delta, st);
+    backward_rope<false>(a, delta, rope, st);
   }
 }
 

@@ -51,6 +51,7 @@
 #include "model/cuda/tma_map.h"
 #include "model/cuda/wgmma.cuh"
 #include "model/cuda/wgmma_wide.cuh"
+#include "model/ops/flash_common.cuh"
 #include "model/ops/flash_fa3.h"
 #include "model/ops/flash_wgmma.h"
 
@@ -71,8 +72,6 @@ constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;
 constexpr int kBarFirst = 1;  // named barrier of consumer w: kBarFirst + w (0 is __syncthreads')
 constexpr int kPanel = 64;    // bf16 columns of a 128-byte swizzled panel
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // Where everything sits in the (1024-byte aligned) dynamic shared memory. A [rows, HS] tile is
 // HS/64 panels of [rows, 64], panel p at element p·rows·64: the layout TMA writes with the
@@ -102,13 +101,13 @@ struct Fa3Bars {
   }
 };
 
-// The producer thread: Q once, then K_i and V_i of tile order i (key tile n_tiles − 1 − i) into
-// slot i % kStages, K one tile ahead of V (Note [FlashAttention-3 forward]).
+// The producer thread: Q once, then K_i and V_i of tile order i < n_visit (key tile n_tiles −
+// 1 − i) into slot i % kStages, K one tile ahead of V (Note [FlashAttention-3 forward]).
 template <int HS>
 __device__ __forceinline__ void produce(const CUtensorMap* mq, const CUtensorMap* mk,
                                         const CUtensorMap* mv, bf16* sQ, bf16* sK, bf16* sV,
                                         const Fa3Bars& bars, int b, int h, int hk, int q0,
-                                        int n_tiles) {
+                                        int n_tiles, int n_visit) {
   using S = Fa3Smem<HS>;
   tma::prefetch_map(mq);
   tma::prefetch_map(mk);
@@ -130,11 +129,11 @@ __device__ __forceinline__ void produce(const CUtensorMap* mq, const CUtensorMap
     }
   };
   fill(mk, sK, bars.k_full, bars.k_empty, 0);
-  for (int i = 1; i < n_tiles; ++i) {
+  for (int i = 1; i < n_visit; ++i) {
     fill(mk, sK, bars.k_full, bars.k_empty, i);
     fill(mv, sV, bars.v_full, bars.v_empty, i - 1);
   }
-  fill(mv, sV, bars.v_full, bars.v_empty, n_tiles - 1);
+  fill(mv, sV, bars.v_full, bars.v_empty, n_visit - 1);
 }
 
 // s[64 × 128] = Q_w · K_tileᵀ over HS columns: m64n128k16 products, A this warpgroup's 64 rows of
@@ -168,10 +167,11 @@ __device__ __forceinline__ void pv(float (&o)[HS / 8][4], const uint32_t (&pa)[k
 // diagonal or past T when `masked`, turns s into P = 2^(s·sl2 − m) in place, updates the running
 // max m (log2 units, scale folded in) and the lane's partial row sums l, and leaves in corr the
 // factor by which O must be rescaled before P joins it (O is in flight meanwhile).
-template <int NT>
+// kSeg: `masked` also masks keys of another segment than the row's (sr.own).
+template <int NT, bool kSeg>
 __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&m)[2], float (&l)[2],
                                              float (&corr)[2], float sl2, bool masked, int key0,
-                                             int row0, int T, int lane) {
+                                             int row0, int T, int lane, const SegRows& sr) {
   if (masked) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -180,6 +180,9 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float (&m)[2], f
         const int key = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
         const int row = row0 + (e >> 1) * 8;
         if (key > row || key >= T) s[nt][e] = -INFINITY;
+        if constexpr (kSeg) {
+          if (key < T && sr.row[key] != sr.own[e >> 1]) s[nt][e] = -INFINITY;
+        }
       }
     }
   }
@@ -227,13 +230,13 @@ __device__ __forceinline__ void release(uint64_t* bar, int lane) {
 // w), both over the 256 consumer threads: a sync completes when the 128 threads of w have synced
 // and the 128 of the other consumer have arrived, so the two issue in turns, consumer 0 first
 // (consumer 1 arrives once on barrier kBarFirst before its first turn). Each consumer takes
-// n_tiles + 1 turns (S of the first tile; S and P·V of each further tile; the last P·V). Consumer
-// 1 then has arrived n_tiles + 2 times on consumer 0's barrier, so consumer 0 syncs once more at
+// n_visit + 1 turns (S of the first tile; S and P·V of each further tile; the last P·V). Consumer
+// 1 then has arrived n_visit + 2 times on consumer 0's barrier, so consumer 0 syncs once more at
 // the end and no barrier is left with arrivals in flight when the CTA exits.
-template <int HS>
+template <int HS, bool kSeg>
 __device__ __forceinline__ void consume(const FlashForwardArgs& a, const bf16* sQ, const bf16* sK,
                                         const bf16* sV, const Fa3Bars& bars, int w, int b, int h,
-                                        int q0, int n_tiles) {
+                                        int q0, int n_tiles, int n_visit) {
   using S = Fa3Smem<HS>;
   constexpr int NT = kKeys / 8;
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
@@ -248,8 +251,20 @@ __device__ __forceinline__ void consume(const FlashForwardArgs& a, const bf16* s
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2] = {1.0f, 1.0f};
   uint32_t pa[kKeys / 16][4];
   float s[NT][4];
+  SegRows sr;            // the rows' segments (Note [document masking in the FA3 forward])
+  int32_t last_seg = 0;  // of the warp's last row
+  if constexpr (kSeg) {
+    sr.row = a.seg + b * a.seg_batch;
+    sr.own[0] = sr.at(row0, T);
+    sr.own[1] = sr.at(row0 + 8, T);
+    last_seg = sr.at(warp_row + 15, T);
+  }
   auto tile_key0 = [&](int i) { return (n_tiles - 1 - i) * kKeys; };
-  auto is_masked = [&](int key0) { return key0 + kKeys - 1 > warp_row || key0 + kKeys > T; };
+  auto is_masked = [&](int key0) {
+    bool masked = key0 + kKeys - 1 > warp_row || key0 + kKeys > T;
+    if constexpr (kSeg) masked = masked || sr.row[key0] != last_seg;
+    return masked;
+  };
 
   if (w == 1) tma::bar_arrive<2 * 128>(kBarFirst);  // consumer 0 takes the first turn
   tma::mbar_wait(bars.q_full, 0);
@@ -264,10 +279,11 @@ __device__ __forceinline__ void consume(const FlashForwardArgs& a, const bf16* s
   wg::wait<0>();
   wg::hold(s);
   release(bars.k_empty, lane);
-  softmax_tile<NT>(s, m, l, corr, sl2, is_masked(tile_key0(0)), tile_key0(0), row0, T, lane);
+  softmax_tile<NT, kSeg>(s, m, l, corr, sl2, is_masked(tile_key0(0)), tile_key0(0), row0, T, lane,
+                         sr);
   wg::to_a(s, pa);
 
-  for (int i = 1; i < n_tiles; ++i) {
+  for (int i = 1; i < n_visit; ++i) {
     const int ks = i % S::kStages, vs = (i - 1) % S::kStages;
     tma::mbar_wait(bars.k_full + ks, (i / S::kStages) & 1);
     tma::bar_sync<2 * 128>(mine);
@@ -286,7 +302,7 @@ __device__ __forceinline__ void consume(const FlashForwardArgs& a, const bf16* s
     wg::hold(s);
     release(bars.k_empty + ks, lane);
     const int key0 = tile_key0(i);
-    softmax_tile<NT>(s, m, l, corr, sl2, is_masked(key0), key0, row0, T, lane);
+    softmax_tile<NT, kSeg>(s, m, l, corr, sl2, is_masked(key0), key0, row0, T, lane, sr);
     wg::wait<0>();
     wg::hold(o);
     wg::hold(pa);
@@ -295,9 +311,9 @@ __device__ __forceinline__ void consume(const FlashForwardArgs& a, const bf16* s
   }
 
   // The last tile's P·V.
-  const int vs = (n_tiles - 1) % S::kStages;
+  const int vs = (n_visit - 1) % S::kStages;
   rescale<HS>(o, corr);
-  tma::mbar_wait(bars.v_full + vs, ((n_tiles - 1) / S::kStages) & 1);
+  tma::mbar_wait(bars.v_full + vs, ((n_visit - 1) / S::kStages) & 1);
   tma::bar_sync<2 * 128>(mine);
   wg::hold(o);
   wg::hold(pa);
@@ -331,7 +347,7 @@ __device__ __forceinline__ void consume(const FlashForwardArgs& a, const bf16* s
   }
 }
 
-template <int HS>
+template <int HS, bool kSeg>
 __global__ void __launch_bounds__(kThreads, 1)
     fa3_forward_kernel(const __grid_constant__ CUtensorMap map_q,
                        const __grid_constant__ CUtensorMap map_k,
@@ -349,6 +365,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int hk = h / (a.NH / a.NKV);                       // Note [grouped-query flash attention]
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kRowsCta;  // the longest rows first
   const int n_tiles = (min(a.Tq, q0 + kRowsCta) + kKeys - 1) / kKeys;
+  int j0 = 0;  // the lowest key tile walked (Note [document masking in the FA3 forward])
+  if constexpr (kSeg) {
+    SegRows sr;
+    sr.row = a.seg + b * a.seg_batch;
+    j0 = first_key_tile<kKeys, kThreads>(sr, q0, n_tiles, a.Tq);
+  }
+  const int n_visit = n_tiles - j0;  // >= 1: tile n_tiles − 1 holds query q0's own key
 
   if (threadIdx.x == 0) {
     tma::mbar_init(bars.q_full, 1);
@@ -366,18 +389,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     tma::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0)
-      produce<HS>(&map_q, &map_k, &map_v, sQ, sK, sV, bars, b, h, hk, q0, n_tiles);
+      produce<HS>(&map_q, &map_k, &map_v, sQ, sK, sV, bars, b, h, hk, q0, n_tiles, n_visit);
     return;
   }
   tma::setmaxnreg_inc<kConsumerRegs>();
-  consume<HS>(a, sQ, sK, sV, bars, wg - 1, b, h, q0, n_tiles);
+  consume<HS, kSeg>(a, sQ, sK, sV, bars, wg - 1, b, h, q0, n_tiles, n_visit);
 }
 
-template <int HS>
+template <int HS, bool kSeg>
 void forward_hs(const FlashForwardArgs& a, cudaStream_t st) {
   using S = Fa3Smem<HS>;
   static const bool once = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(fa3_forward_kernel<HS>,
+    CUDA_CHECK(cudaFuncSetAttribute(fa3_forward_kernel<HS, kSeg>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
     return true;
   }();
@@ -387,7 +410,7 @@ void forward_hs(const FlashForwardArgs& a, cudaStream_t st) {
   const CUtensorMap mv = tma::head_map(a.v, HS, a.NKV, a.Tk, a.B, a.kv_ld, a.kv_batch, kKeys);
   const dim3 grid(static_cast<unsigned>(a.B * a.NH),
                   static_cast<unsigned>(ceil_div<int64_t>(a.Tq, kRowsCta)));
-  fa3_forward_kernel<HS><<<grid, kThreads, S::kBytes, st>>>(mq, mk, mv, a);
+  fa3_forward_kernel<HS, kSeg><<<grid, kThreads, S::kBytes, st>>>(mq, mk, mv, a);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -403,7 +426,8 @@ void flash_fa3_forward(const FlashForwardArgs& args, void* stream) {
               a.NH, " query heads");
   GTRON_CHECK(a.Tq == a.Tk && a.Tq >= 0, "flash_fa3: query length ", a.Tq, " and key length ", a.Tk,
               ", expected equal (self-attention)");
-  GTRON_CHECK(a.seg == nullptr, "flash_fa3: document masking (seg) is not supported");
+  GTRON_CHECK(a.seg == nullptr || a.seg_batch >= a.Tq, "flash_fa3: segment batch stride ",
+              a.seg_batch, " below T = ", a.Tq);
   GTRON_CHECK(a.q_ld % 8 == 0 && a.kv_ld % 8 == 0 && a.o_ld % 8 == 0 && a.q_batch % 8 == 0 &&
                   a.kv_batch % 8 == 0 && a.o_batch % 8 == 0,
               "flash_fa3: row and batch strides must be multiples of 8 elements");
@@ -413,10 +437,11 @@ void flash_fa3_forward(const FlashForwardArgs& args, void* stream) {
   if (static_cast<int64_t>(a.B) * a.NH * a.Tq == 0) return;
   GTRON_CHECK(flash_fa3_usable(a.HS), "flash_fa3: needs a compute-capability 9.0 GPU (sm_90a)");
   const auto st = static_cast<cudaStream_t>(stream);
+  const bool seg = a.seg != nullptr;
   if (a.HS == 64) {
-    forward_hs<64>(a, st);
+    seg ? forward_hs<64, true>(a, st) : forward_hs<64, false>(a, st);
   } else {
-    forward_hs<128>(a, st);
+    seg ? forward_hs<128, true>(a, st) : forward_hs<128, false>(a, st);
   }
 }
 
