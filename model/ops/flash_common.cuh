@@ -109,11 +109,14 @@ __device__ __forceinline__ void store_rows(const float (&acc)[HS / 8][4], bf16* 
 // order is fixed: a lane's two rows, a butterfly over the 8 lanes that share a column pair, then
 // the 4 warps in order. flash_column_chunks(B, T) chunks of 3C floats.
 //
-// part[c] = the CTA's sum of column c (c < HS), from every lane's cs (store_rows<HS, true>);
-// red: 4·HS floats of shared memory. Every thread of the CTA calls it.
-template <int HS>
+// part[c] = the sum of column c (c < HS) over 4 warps' rows, from every lane's cs
+// (store_rows<HS, true>); red: 4·HS floats of shared memory. Every thread of the 4 warps calls it,
+// `tid` its index among their 128 threads; sync() is a barrier over them (__syncthreads in the
+// 128-thread kernels, a named barrier for a warpgroup of a larger CTA).
+template <int HS, typename Sync>
 __device__ __forceinline__ void write_column_partials(const float (&cs)[HS / 8][2], int lane,
-                                                      int warp, float* red, float* part) {
+                                                      int warp, float* red, float* part, int tid,
+                                                      Sync sync) {
 #pragma unroll
   for (int dt = 0; dt < HS / 8; ++dt) {
 #pragma unroll
@@ -125,10 +128,10 @@ __device__ __forceinline__ void write_column_partials(const float (&cs)[HS / 8][
       if (lane < 4) red[warp * HS + dt * 8 + lane * 2 + j] = v;
     }
   }
-  __syncthreads();
-  for (int c = threadIdx.x; c < HS; c += kThreadsFa)
+  sync();
+  for (int c = tid; c < HS; c += kThreadsFa)
     part[c] = ((red[c] + red[HS + c]) + red[2 * HS + c]) + red[3 * HS + c];
-  __syncthreads();  // red is reused by the next call
+  sync();  // red is reused by the next call
 }
 
 // Note [RoPE in the flash backward]
@@ -162,15 +165,17 @@ __device__ __forceinline__ void unrotate_rows(float (&acc)[HS / 8][4], const flo
   }
 }
 
-// Stores acc like store_rows and, when a.col_partial is set, writes the CTA's column partials of
-// the stored rows at qkv column `col0` (Note [qkv bias partials]); `tile`: the CTA's 64-row tile.
-// `rotated`: acc is dQ or dK, rotated back first in kernels built with kRope (those launched when
-// a.rope_inv_freq is set; the others carry no rotation code and its registers).
-template <int HS, bool kRope>
+// Stores acc like store_rows and, when a.col_partial is set, writes the column partials of the
+// stored rows at qkv column `col0` (Note [qkv bias partials]); `tile`: the 64-row tile that the 4
+// calling warps store. `rotated`: acc is dQ or dK, rotated back first in kernels built with kRope
+// (those launched when a.rope_inv_freq is set; the others carry no rotation code and its
+// registers). `tid` and `sync` as write_column_partials takes them.
+template <int HS, bool kRope, typename Sync>
 __device__ __forceinline__ void store_grad_rows(const float (&acc_in)[HS / 8][4], bf16* dst,
                                                 const FlashBackwardArgs& a, int b, int tile,
                                                 int64_t col0, int r0, int lane, int warp,
-                                                const float (&mul)[2], float* red, bool rotated) {
+                                                const float (&mul)[2], float* red, bool rotated,
+                                                int tid, Sync sync) {
   float acc[HS / 8][4];
 #pragma unroll
   for (int dt = 0; dt < HS / 8; ++dt)
@@ -187,7 +192,17 @@ __device__ __forceinline__ void store_grad_rows(const float (&acc_in)[HS / 8][4]
   store_rows<HS, true>(acc, dst, a.qkv_ld, r0, a.T, lane, mul, a.accumulate, cs);
   const int64_t chunk = static_cast<int64_t>(b) * ((a.T + kRows - 1) / kRows) + tile;
   const int64_t width = static_cast<int64_t>(a.NH + 2 * a.NKV) * HS;
-  write_column_partials<HS>(cs, lane, warp, red, a.col_partial + chunk * width + col0);
+  write_column_partials<HS>(cs, lane, warp, red, a.col_partial + chunk * width + col0, tid, sync);
+}
+
+// store_grad_rows for a CTA of 4 warps (every thread calls it).
+template <int HS, bool kRope>
+__device__ __forceinline__ void store_grad_rows(const float (&acc_in)[HS / 8][4], bf16* dst,
+                                                const FlashBackwardArgs& a, int b, int tile,
+                                                int64_t col0, int r0, int lane, int warp,
+                                                const float (&mul)[2], float* red, bool rotated) {
+  store_grad_rows<HS, kRope>(acc_in, dst, a, b, tile, col0, r0, lane, warp, mul, red, rotated,
+                             static_cast<int>(threadIdx.x), [] { __syncthreads(); });
 }
 
 // Note [document masking in the flash kernels]

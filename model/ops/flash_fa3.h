@@ -33,9 +33,10 @@ void flash_fa3_forward(const FlashForwardArgs& a, void* stream);
 // (B·NH·T floats, flash_attention_backward_scratch_floats) receives Δ = rowsum(dO ⊙ O) on the way.
 // a.rope_inv_freq is honoured. Deterministic (no atomics; a shared k/v head's gradient is summed
 // over its query heads in head order), no O(T²) memory.
-// a.seg (document masking, Note [document masking in the FA3 backward]) is honoured.
-// REQUIRES: flash_fa3_usable(a.HS); a.seg null or a.seg_batch >= a.T; a.col_partial null;
-// strides multiples of 8 elements; qkv, dqkv, o and dout 16-byte aligned.
+// a.seg (document masking, Note [document masking in the FA3 backward]) and a.col_partial
+// (Note [qkv bias partials]) are honoured.
+// REQUIRES: flash_fa3_usable(a.HS); a.seg null or a.seg_batch >= a.T; strides multiples of 8
+// elements; qkv, dqkv, o and dout 16-byte aligned.
 void flash_fa3_backward(const FlashBackwardArgs& a, float* delta, void* stream);
 
 }  // namespace gtron::cuda

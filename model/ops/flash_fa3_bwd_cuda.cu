@@ -24,7 +24,10 @@
 //   forms Pᵀ and dSᵀ = Pᵀ ⊙ (dPᵀ − Δ) in registers (with the causal mask only on the tiles that
 //   cross the diagonal or T), converts them to A operands, issues dV += Pᵀ·dO and dK += dSᵀ·Q
 //   (dO and Q MN-major, one m64n64 product per 64-column panel), waits, and releases the slot
-//   (one arrival per consumer warp). dK and dV stay in registers until the walk ends.
+//   (one arrival per consumer warp). dK and dV stay in registers until the walk ends. With
+//   a.col_partial (GPT-2's qkv bias, Note [qkv bias partials]) each consumer's 64 keys are one
+//   64-row chunk of partials, written as the wgmma key kernel writes them (store_grad_rows, the
+//   warpgroup's named barrier in place of __syncthreads).
 // - Skips: a tile whose every query precedes every key of a consumer (consumer 1's first tile of
 //   each head at HS 128, where kQ = 64) and every tile of a consumer whose keys all lie past T
 //   are not computed; the consumer still waits for the slot and releases it, since the empty
@@ -54,13 +57,14 @@
 // 65536). Overlapping the next step's scores with this step's dK/dV products (the forward's
 // intra-warpgroup overlap) would keep Pᵀ and dSᵀ live as well: 192 + 64 = 256 values at HS 64,
 // 192 + 32 = 224 at HS 128 before any address, past the budget.
-// ptxas (CUDA 13.0, 2026-12) fits every instantiation at 240 and at 224 with no spill, spills 380
-// to 640 bytes at 216 and then serializes the wgmmas: the consumers need between 217 and 224
-// registers, so 240 leaves a margin of about two accumulator rows, not of a further tile. The
-// producer fits its 24 (no spill reported).
+// ptxas (CUDA 13.0, 2026-12) fits every unmasked instantiation at 240 and at 224 with no spill,
+// spills 380 to 640 bytes at 216 and then serializes the wgmmas: the consumers need between 217
+// and 224 registers, so 240 leaves a margin of about two accumulator rows, not of a further
+// tile (the kSeg ones need up to 240: Note [document masking in the FA3 backward]). The producer
+// fits its 24 (no spill reported).
 // Shared memory (kStages = 3 slots of Q 16 KB + dO 16 KB + lse and Δ, 2·kQ·4 bytes):
-//   HS 64:  K 16 KB + V 16 KB + 3 × 33 KB          = 131 KB (+ barriers, 1 KB alignment)
-//   HS 128: K 32 KB + V 32 KB + 3 × 32.5 KB         = 161.5 KB
+//   HS 64:  K 16 KB + V 16 KB + 3 × 33 KB          = 131 KB (+ barriers, column partials'
+//   HS 128: K 32 KB + V 32 KB + 3 × 32.5 KB         = 161.5 KB  2 × 4·HS floats, 1 KB alignment)
 // so one CTA an SM, which the 384 threads at 168 registers demand anyway.
 //
 // Note [dQ in the FlashAttention-3 backward]
@@ -102,8 +106,8 @@
 //   barrier's result that would take a register for the whole walk and spill. So thread 0 stores
 //   per in shared memory (BwdSmem::kPer) before the CTA-wide barrier, and the kSeg producer reads
 //   it at each use (producer_walk). ptxas (CUDA 13.0, sm_90a): no spill for any instantiation at
-//   kConsumerRegs = 240; the kSeg consumers need more than the unmasked ones (HS 64: fits at 232,
-//   spills 4 bytes at 224; HS 128: spills 4 bytes at 232), where the unmasked ones fit at 224.
+//   kConsumerRegs = 240; the kSeg consumers need more than the unmasked ones, which fit at 224:
+//   both head sizes spill 4 bytes at 232 (HS 64 fits at 232 without the column partials' code).
 #include <cuda.h>
 #include <cuda_bf16.h>
 
@@ -155,7 +159,8 @@ struct BwdSmem {
   static constexpr int kBars = kD + kStages * kRowBytes;
   static constexpr int kNumBars = 1 + 2 * kStages;   // K/V full; full and empty per slot
   static constexpr int kPer = kBars + kNumBars * 8;  // the walk's tiles a head (kSeg)
-  static constexpr int kBytes = kPer + 16 + 1024;    // + the alignment pad
+  static constexpr int kRed = kPer + 16;             // 4·HS floats a consumer (col_partial)
+  static constexpr int kBytes = kRed + kConsumers * 4 * HS * 4 + 1024;  // + the alignment pad
 };
 
 // The CTA's tiles and barriers, from the aligned base.
@@ -167,6 +172,7 @@ struct BwdTiles {
   uint64_t* kv_full;
   uint64_t *full, *empty;  // [kStages] each
   int* per;                // KeyWalk::per under document masking
+  float* red;              // consumer w's at w·4·HS (Note [qkv bias partials])
   __device__ __forceinline__ explicit BwdTiles(unsigned char* base)
       : k(reinterpret_cast<bf16*>(base + S::kK)),
         v(reinterpret_cast<bf16*>(base + S::kV)),
@@ -177,7 +183,8 @@ struct BwdTiles {
         kv_full(reinterpret_cast<uint64_t*>(base + S::kBars)),
         full(kv_full + 1),
         empty(kv_full + 1 + S::kStages),
-        per(reinterpret_cast<int*>(base + S::kPer)) {}
+        per(reinterpret_cast<int*>(base + S::kPer)),
+        red(reinterpret_cast<float*>(base + S::kRed)) {}
 };
 
 // The kernel's tensor maps (__grid_constant__ parameters, so their addresses are the maps').
@@ -275,20 +282,6 @@ __device__ __forceinline__ void grad_products(float (&d)[HS / 8][4],
   }
 }
 
-// dK (scaled) or dV rows of this warp into dst (a k or v column of the packed gradient rows),
-// rows below T, stored or added as a.accumulate says; kRope: dK rotated back first (Note [RoPE in
-// the flash backward]).
-template <int HS, bool kRope>
-__device__ __forceinline__ void store_keys(float (&acc)[HS / 8][4], bf16* dst,
-                                           const FlashBackwardArgs& a, int r0, int lane, float mul,
-                                           bool rotated) {
-  if constexpr (kRope) {
-    if (rotated) unrotate_rows<HS>(acc, a.rope_inv_freq, a.rope_pos0, r0, lane);
-  }
-  const float muls[2] = {mul, mul};
-  store_rows<HS>(acc, dst, a.qkv_ld, r0, a.T, lane, muls, a.accumulate);
-}
-
 // One arrival per warp on an empty barrier, after the warp's products on the slot retired.
 __device__ __forceinline__ void release(uint64_t* bar, int lane) {
   if (lane == 0) tma::mbar_arrive(bar);
@@ -355,10 +348,21 @@ __device__ __forceinline__ void consume(const FlashBackwardArgs& a, const BwdTil
     release(t.empty + slot, lane);
   }
 
+  // dK (scaled) and dV of rows below T, stored or added as a.accumulate says, dK rotated back
+  // under kRope (Note [RoPE in the flash backward]); with a.col_partial, each consumer writes the
+  // column partials of its 64 rows, tile kw0 / 64, as a wgmma key CTA of those keys would (Note
+  // [qkv bias partials]), synchronizing its warpgroup on named barrier 1 + w.
+  if (!live) return;  // no rows, and no chunk of partials (tile kw0 / 64 is past T's)
   bf16* dbase = static_cast<bf16*>(a.dqkv) + walk.b * a.qkv_batch;
-  const int r0 = kw0 + warp * 16;
-  store_keys<HS, kRope>(dk, dbase + k_column(a, walk.hk), a, r0, lane, a.scale, true);
-  store_keys<HS, kRope>(dv, dbase + v_column(a, walk.hk), a, r0, lane, 1.0f, false);
+  const int64_t kc = k_column(a, walk.hk), vc = v_column(a, walk.hk);
+  const int r0 = kw0 + warp * 16, tile = kw0 / kRows, tid = threadIdx.x % 128;
+  const float sc[2] = {a.scale, a.scale}, one[2] = {1.0f, 1.0f};
+  float* red = t.red + w * 4 * HS;
+  const auto sync = [w] { tma::bar_sync<128>(1 + w); };
+  store_grad_rows<HS, kRope>(dk, dbase + kc, a, walk.b, tile, kc, r0, lane, warp, sc, red, true,
+                             tid, sync);
+  store_grad_rows<HS, kRope>(dv, dbase + vc, a, walk.b, tile, vc, r0, lane, warp, one, red, false,
+                             tid, sync);
 }
 
 template <int HS, bool kRope, bool kSeg>
@@ -443,8 +447,6 @@ void flash_fa3_backward(const FlashBackwardArgs& args, float* delta, void* strea
   GTRON_CHECK(a.T >= 0, "flash_fa3: length ", a.T);
   GTRON_CHECK(a.seg == nullptr || a.seg_batch >= a.T, "flash_fa3: segment batch stride ",
               a.seg_batch, " below T = ", a.T);
-  GTRON_CHECK(a.col_partial == nullptr,
-              "flash_fa3: column partials (col_partial) are not supported");
   GTRON_CHECK(a.qkv_ld % 8 == 0 && a.o_ld % 8 == 0 && a.qkv_batch % 8 == 0 && a.o_batch % 8 == 0,
               "flash_fa3: row and batch strides must be multiples of 8 elements");
   GTRON_CHECK(is_aligned(a.qkv, 16) && is_aligned(a.dqkv, 16) && is_aligned(a.o, 16) &&
