@@ -109,12 +109,12 @@ void attention_gqa_backward(const void* qkv, const float* lse, const void* dout,
 bool flash_attention_supported(int64_t HS, DType act);
 
 // Which sm_90a kernels flash_attention_forward/backward run on a compute-capability 9.0 GPU where
-// both kinds apply (HS 64 or 128, no document masking, self-attention with Tq = Tk, no column
-// partials): kWgmma (model/ops/flash_wgmma.h, one warpgroup a CTA; the default) or kFa3
-// (model/ops/flash_fa3.h, FlashAttention-3's producer/consumer structure). Everything else keeps
-// its kernels. Process-wide, read at each launch (so a graph captures the choice in force at
-// capture); bench_gpu --attention and the attention sweep set it until measurements pick one
-// (Note [Hopper attention choice] in flash_attention_cuda.cu).
+// both kinds apply (HS 64 or 128; for the forward, self-attention with Tq = Tk): kWgmma
+// (model/ops/flash_wgmma.h, one warpgroup a CTA; the default) or kFa3 (model/ops/flash_fa3.h,
+// FlashAttention-3's producer/consumer structure). Everything else keeps its kernels. Process-wide,
+// read at each launch (so a graph captures the choice in force at capture); bench_gpu --attention
+// and the attention sweep set it until measurements pick one (Note [Hopper attention choice] in
+// flash_attention_cuda.cu).
 enum class HopperFlash { kWgmma, kFa3 };
 void set_hopper_flash(HopperFlash kind);
 HopperFlash hopper_flash();

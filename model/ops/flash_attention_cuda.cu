@@ -423,18 +423,18 @@ void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
 // (flash_wgmma_cuda.cu) and the FlashAttention-3-structured ones (flash_fa3*_cuda.cu). Until the
 // sweep (tests/model/bench_attention.cc) and the end-to-end step have measured both on a GPU, the
 // wgmma kernels stay the default and kFa3 is opt-in; the choice lives here and nowhere else. The
-// fa3 kernels take neither document masking nor generation's Tk > Tq, nor the backward's column
-// partials: those calls keep the wgmma (or mma.sync) kernels whatever the setting.
+// fa3 kernels take document masking (seg) and the backward's column partials, but not
+// generation's Tk > Tq: those forwards keep the wgmma (or mma.sync) kernels whatever the setting.
 std::atomic<HopperFlash> g_hopper_flash{HopperFlash::kWgmma};
 
 bool fa3_forward_applies(const FlashForwardArgs& a) {
-  return g_hopper_flash.load(std::memory_order_relaxed) == HopperFlash::kFa3 && a.seg == nullptr &&
-         a.Tq == a.Tk && flash_fa3_usable(a.HS);
+  return g_hopper_flash.load(std::memory_order_relaxed) == HopperFlash::kFa3 && a.Tq == a.Tk &&
+         flash_fa3_usable(a.HS);
 }
 
 bool fa3_backward_applies(const FlashBackwardArgs& a) {
-  return g_hopper_flash.load(std::memory_order_relaxed) == HopperFlash::kFa3 && a.seg == nullptr &&
-         a.col_partial == nullptr && flash_fa3_usable(a.HS);
+  return g_hopper_flash.load(std::memory_order_relaxed) == HopperFlash::kFa3 &&
+         flash_fa3_usable(a.HS);
 }
 
 }  // namespace
