@@ -258,27 +258,7 @@ TEST(FlashAttentionCuda, BackwardLeavesColumnPartialsOfDqkv) {
   }
 }
 
-// Note [document masking in the flash kernels]: segment ids from document lengths that cycle
-// through `lengths` (the last one cut at T), the same for every sequence but shifted by `shift`
-// positions per sequence, so the boundaries fall at different places within the tiles.
-std::vector<int32_t> cycled_segments(int64_t B, int64_t T, const std::vector<int>& lengths,
-                                     int shift) {
-  std::vector<int32_t> seg;
-  for (int64_t b = 0; b < B; ++b) {
-    int32_t id = 0;
-    int64_t left = lengths[0] - (b * shift) % lengths[0];
-    size_t next = 1;
-    for (int64_t t = 0; t < T; ++t) {
-      if (left == 0) {
-        ++id;
-        left = lengths[next++ % lengths.size()];
-      }
-      seg.push_back(id);
-      --left;
-    }
-  }
-  return seg;
-}
+using testing::cycled_segments;  // Note [document masking in the flash kernels]
 
 // Document lengths that put boundaries inside tiles, on them (64, 128) and one position apart
 // (documents of 1 token), and a long document over many tiles.

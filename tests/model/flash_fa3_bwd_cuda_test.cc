@@ -4,8 +4,11 @@
 // at odd lengths, head sizes 64 and 128, with as many k/v heads as query heads and with fewer
 // (GQA 4:1, MQA); the gradient poisoned with NaN first, so an element left unwritten fails;
 // accumulation into an existing gradient; RoPE; strides (padded rows whose extra columns stay
-// untouched); bit-identical reruns; the fa3 forward and backward together. GPU test: skipped
-// without a GPU or where the kernels cannot run (compute capability 9.0 only).
+// untouched); bit-identical reruns; the fa3 forward and backward together; document masking
+// (Note [document masking in the FA3 backward]) up to T = 8192; the qkv-bias column partials
+// (Note [qkv bias partials]); flash_attention_backward routes masked calls with partials here
+// under cuda::set_hopper_flash(kFa3). GPU test: skipped without a GPU or where the kernels cannot
+// run (compute capability 9.0 only).
 //
 // Key length above query length is not part of the backward's contract (FlashBackwardArgs has
 // one T: self-attention), so it is not tested here.
@@ -73,6 +76,9 @@ struct Config {
   std::vector<double> init;     // dqkv's values before ([B, T, W]; accumulate); empty: NaN, written
   const float* rope = nullptr;  // rope_inv_freq
   int64_t qkv_pad = 0, o_pad = 0;
+  // When set: col_partial requested (poisoned with NaN first), its chunks
+  // [flash_column_chunks(B, T), W] returned here.
+  std::vector<double>* partials = nullptr;
 };
 
 // Rows [B, T, w] widened to [B, T, ld] with `fill` in the new columns.
@@ -83,7 +89,8 @@ std::vector<double> pad_rows(const std::vector<double>& v, int64_t w, int64_t ld
   return out;
 }
 
-// The flash forward, then the chosen backward; returns dqkv rows [B, T, W + qkv_pad].
+// The flash forward, then the chosen backward, with p's segments (if any); returns dqkv rows
+// [B, T, W + qkv_pad].
 std::vector<double> run_flash(const Problem& p, const Inputs& in, const Config& run) {
   const int64_t C = p.C(), W = p.W(), ld = W + run.qkv_pad, o_ld = C + run.o_pad;
   Stream& s = current_stream(Device::cuda(0));
@@ -94,8 +101,13 @@ std::vector<double> run_flash(const Problem& p, const Inputs& in, const Config& 
   Tensor dqkv = to_gpu(pad_rows(init, W, ld, kNaN), {p.B, p.T, ld});
   Tensor out = to_gpu(std::vector<double>(p.B * p.T * o_ld, kNaN), {p.B, p.T, o_ld});
   Tensor lse = Tensor::empty({p.B, p.NH, p.T}, DType::kF32, Device::cuda(0), &s);
+  const Tensor seg = testing::segment_ids(p);
   cuda::FlashForwardArgs f =
       testing::flash_forward_args(p, qkv.raw(), out.raw(), lse.data<float>(), ld, o_ld);
+  if (seg.defined()) {
+    f.seg = seg.data<int32_t>();
+    f.seg_batch = p.T;
+  }
   if (run.fa3_forward) {
     cuda::flash_fa3_forward(f, s.native());
   } else {
@@ -106,12 +118,21 @@ std::vector<double> run_flash(const Problem& p, const Inputs& in, const Config& 
                                                            lse.data<float>(), dqkv.raw(), ld, o_ld);
   b.accumulate = !run.init.empty();
   b.rope_inv_freq = run.rope;
+  b.seg = f.seg;
+  b.seg_batch = f.seg_batch;
+  const int64_t chunks = cuda::flash_column_chunks(p.B, p.T);
+  Tensor parts;
+  if (run.partials != nullptr) {
+    parts = to_gpu(std::vector<double>(chunks * W, kNaN), {chunks, W}, DType::kF32);
+    b.col_partial = parts.data<float>();
+  }
   Tensor scratch = scratch_floats(cuda::flash_attention_backward_scratch_floats(p.B, p.T, p.NH), s);
   if (run.fa3) {
     cuda::flash_fa3_backward(b, scratch.data<float>(), s.native());
   } else {
     cuda::flash_attention_backward(b, scratch.data<float>(), s.native());
   }
+  if (run.partials != nullptr) *run.partials = to_host(parts);
   return to_host(dqkv);
 }
 
@@ -301,6 +322,117 @@ TEST(FlashFa3BackwardCuda, WithTheFa3ForwardMatchesReference) {
         }
       }
     }
+  }
+}
+
+// The masked backward against the fp32 reference with the same segments and the wgmma backward
+// (dQ, from the same query kernel, bit for bit). That the segments matter is checked too: the
+// unmasked reference gradient is off by order one.
+void expect_masked_matches_reference(Problem p, const std::vector<int>& lengths, int shift) {
+  const Inputs in = make_inputs(p, 3 + p.T + p.HS + p.NH);
+  const std::vector<double> open = run_reference(p, in);
+  p.seg = testing::cycled_segments(p.B, p.T, lengths, shift);
+  const std::vector<double> got = run_flash(p, in, Config{});
+  const std::vector<double> ref = run_reference(p, in);
+  for (const QkvPart& part : qkv_parts(p)) {
+    EXPECT_LT(rel_err(got, p.W(), ref, p.W(), part.c0, part.c1), testing::kBF16Tol)
+        << part.name << " vs fp32, " << describe(p);
+  }
+  Config wgmma;
+  wgmma.fa3 = false;
+  expect_matches_wgmma(p, got, run_flash(p, in, wgmma), describe(p));
+  if (p.T >= 128) {
+    EXPECT_GT(rel_err(got, open), 0.1)
+        << "the segments change nothing: the test cannot see the mask, " << describe(p);
+  }
+}
+
+TEST(FlashFa3BackwardCuda, DocumentMaskMatchesReference) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    for (int64_t T : {63, 1000, 2048}) {
+      for (const std::vector<int>& lengths : testing::fa3_document_lengths()) {
+        expect_masked_matches_reference(Problem{2, T, 2, HS, 2}, lengths, 37);
+        expect_masked_matches_reference(Problem{2, T, 8, HS, 2}, lengths, 37);  // GQA 4:1
+        expect_masked_matches_reference(Problem{1, T, 4, HS, 1}, lengths, 0);   // MQA
+      }
+    }
+  }
+}
+
+// A long row: boundaries at 2048 (a tile edge), 2049 (a one-token document), 3072 and 6144 (tile
+// edges), so most key CTAs walk a few query tiles of a long sequence.
+TEST(FlashFa3BackwardCuda, DocumentMaskAtT8192MatchesReference) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    expect_masked_matches_reference(Problem{1, 8192, 2, HS, 1}, {2048, 1, 1023, 3072, 2048}, 0);
+  }
+}
+
+// Note [qkv bias partials]: each chunk of 64 rows of each sequence gets the column sums of the
+// stored gradient rows, every column (dQ from the query kernel, dK and dV from the key kernel's
+// two consumers; T = 129 leaves the second consumer of the last key CTA without rows). The fp32
+// sum of 64 stored bf16 values is within 64·2^-24 of Σ|x| of the exact one; a chunk missed, put
+// in the wrong place or summed over the wrong rows is off by far more (or NaN: the partials are
+// poisoned first).
+TEST(FlashFa3BackwardCuda, LeavesColumnPartialsOfTheGradient) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    for (int64_t T : {63, 129, 1000}) {
+      for (int64_t NKV : {4, 1}) {
+        for (bool masked : {false, true}) {
+          Problem p{2, T, 4, HS, NKV};
+          if (masked) p.seg = testing::cycled_segments(p.B, T, {128, 1, 127, 256, 3}, 37);
+          std::vector<double> parts;
+          Config run;
+          run.partials = &parts;
+          const std::vector<double> got = run_flash(p, make_inputs(p, 70 + T + NKV), run);
+          const int64_t W = p.W(), per = (T + 63) / 64;
+          int64_t bad = 0;
+          for (int64_t b = 0; b < p.B; ++b) {
+            for (int64_t k = 0; k < per; ++k) {
+              for (int64_t c = 0; c < W; ++c) {
+                double sum = 0, mag = 0;
+                for (int64_t t = k * 64; t < std::min(T, k * 64 + 64); ++t) {
+                  sum += got[(b * T + t) * W + c];
+                  mag += std::abs(got[(b * T + t) * W + c]);
+                }
+                const double part = parts[(b * per + k) * W + c];
+                bad += std::abs(part - sum) <= 1e-5 * mag + 1e-30 ? 0 : 1;  // NaN counts
+              }
+            }
+          }
+          EXPECT_EQ(bad, 0) << "column partials off, " << describe(p);
+        }
+      }
+    }
+  }
+}
+
+// Note [Hopper attention choice]: under set_hopper_flash(kFa3), flash_attention_backward runs the
+// fa3 backward for a call with segments and column partials (bit for bit the direct call's
+// gradient and partials, which differ from the wgmma backward's in summation order).
+TEST(FlashFa3BackwardCuda, RoutedWithSegmentsAndPartialsWhenChosen) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    Problem p{2, 777, 8, HS, 2};
+    p.seg = testing::cycled_segments(p.B, p.T, {300, 1, 128, 200}, 37);
+    const Inputs in = make_inputs(p, 80 + HS);
+    std::vector<double> direct_parts, routed_parts, wgmma_parts;
+    Config direct, flash;
+    direct.partials = &direct_parts;
+    const std::vector<double> want = run_flash(p, in, direct);
+    flash.fa3 = false;
+    flash.partials = &wgmma_parts;
+    const std::vector<double> wgmma = run_flash(p, in, flash);
+    flash.partials = &routed_parts;
+    cuda::set_hopper_flash(cuda::HopperFlash::kFa3);
+    const std::vector<double> routed = run_flash(p, in, flash);
+    cuda::set_hopper_flash(cuda::HopperFlash::kWgmma);
+    EXPECT_EQ(differences(routed, p.W(), want, p.W(), 0, p.W()), 0) << describe(p);
+    EXPECT_EQ(routed_parts, direct_parts) << describe(p);
+    EXPECT_NE(differences(wgmma, p.W(), want, p.W(), 0, p.W()), 0)
+        << "the routing test cannot tell the kernels apart, " << describe(p);
   }
 }
 

@@ -3,9 +3,11 @@
 // sweep checks) and against the wgmma flash forward, at odd lengths, head sizes 64 and 128, with
 // as many k/v heads as query heads and with fewer (GQA, MQA); outputs poisoned with NaN first, so
 // an element left unwritten fails; strides honoured (q apart from k/v, a wider output row whose
-// extra columns stay untouched); bit-identical reruns (GPU test; skipped without a GPU or where
-// the kernel cannot run: it needs compute capability 9.0); flash_attention_forward routes to it
-// under cuda::set_hopper_flash(kFa3).
+// extra columns stay untouched); bit-identical reruns; document masking (segment ids, Note
+// [document masking in the FA3 forward]) against the reference with the same segments, up to
+// T = 8192 (GPU test; skipped without a GPU or where the kernel cannot run: it needs compute
+// capability 9.0); flash_attention_forward routes to it under cuda::set_hopper_flash(kFa3), with
+// and without segments.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,9 +37,9 @@ using testing::to_host;
 // this card).
 enum class Kernel { kFa3, kFlash };
 
-// One forward on the packed bf16 rows qkv [B, T, W]; the output rows are o_ld wide (>= C),
-// poisoned with NaN first. With `separate_q`, q is copied into its own [B, T, C] tensor and read
-// from there (q_ld = C) while k and v stay in the packed rows.
+// One forward on the packed bf16 rows qkv [B, T, W] with p's segments (if any); the output rows
+// are o_ld wide (>= C), poisoned with NaN first. With `separate_q`, q is copied into its own
+// [B, T, C] tensor and read from there (q_ld = C) while k and v stay in the packed rows.
 Output run_forward(const Problem& p, const std::vector<double>& qkv, Kernel kernel,
                    int64_t o_ld = 0, bool separate_q = false) {
   const int64_t C = p.C(), W = p.W();
@@ -53,8 +55,13 @@ Output run_forward(const Problem& p, const std::vector<double>& qkv, Kernel kern
   }
   Tensor out = to_gpu(std::vector<double>(p.B * p.T * o_ld, kNaN), {p.B, p.T, o_ld});
   Tensor lse = to_gpu(std::vector<double>(p.B * p.NH * p.T, kNaN), {p.B, p.NH, p.T}, DType::kF32);
+  const Tensor seg = testing::segment_ids(p);
   cuda::FlashForwardArgs a =
       testing::flash_forward_args(p, tqkv.raw(), out.raw(), lse.data<float>(), W, o_ld);
+  if (seg.defined()) {
+    a.seg = seg.data<int32_t>();
+    a.seg_batch = p.T;
+  }
   if (separate_q) {
     a.q = tq.raw();
     a.q_ld = C;
@@ -79,9 +86,8 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
 }
 
 // FA3 against the fp32 reference (out within the bf16 tolerance, lse within 1e-3) and against the
-// wgmma flash forward (the same bf16 roundings of P: closer still).
-void expect_matches_reference(const Problem& p) {
-  const auto qkv = bf16_values(p.B * p.T * p.W(), 1 + p.T + 3 * p.HS + 7 * p.NKV);
+// wgmma flash forward (the same bf16 roundings of P: closer still), on the inputs qkv.
+void expect_matches_reference(const Problem& p, const std::vector<double>& qkv) {
   const Output got = run_forward(p, qkv, Kernel::kFa3);
   const Output ref = testing::run_reference(p, DType::kF32, qkv);  // the fp32 reference
   const Output flash = run_forward(p, qkv, Kernel::kFlash);
@@ -90,6 +96,10 @@ void expect_matches_reference(const Problem& p) {
   EXPECT_LT(max_abs_diff(got.lse, ref.lse), 1e-3) << "lse vs fp32, " << describe(p);
   EXPECT_LT(rel_err(got.out, flash.out), testing::kBF16Tol) << "out vs flash, " << describe(p);
   EXPECT_LT(max_abs_diff(got.lse, flash.lse), 1e-3) << "lse vs flash, " << describe(p);
+}
+
+void expect_matches_reference(const Problem& p) {
+  expect_matches_reference(p, bf16_values(p.B * p.T * p.W(), 1 + p.T + 3 * p.HS + 7 * p.NKV));
 }
 
 TEST(FlashFa3Cuda, MatchesFp32ReferenceAtOddLengths) {
@@ -147,6 +157,42 @@ TEST(FlashFa3Cuda, RerunsAreBitIdentical) {
   }
 }
 
+// The masked forward (Note [document masking in the FA3 forward]) against the fp32 reference with
+// the same segments (and the wgmma forward): every row attends within its document only. That the
+// segments matter is checked too: the unmasked output is off by order one.
+void expect_masked_matches_reference(Problem p, const std::vector<int>& lengths, int shift) {
+  const auto qkv = bf16_values(p.B * p.T * p.W(), 11 + p.T + p.HS + p.NH);
+  const Output open = testing::run_reference(p, DType::kF32, qkv);
+  p.seg = testing::cycled_segments(p.B, p.T, lengths, shift);
+  expect_matches_reference(p, qkv);
+  if (p.T >= 128) {
+    EXPECT_GT(rel_err(run_forward(p, qkv, Kernel::kFa3).out, open.out), 0.1)
+        << "the segments change nothing: the test cannot see the mask, " << describe(p);
+  }
+}
+
+TEST(FlashFa3Cuda, DocumentMaskMatchesFp32Reference) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    for (int64_t T : {63, 1000, 2048}) {
+      for (const std::vector<int>& lengths : testing::fa3_document_lengths()) {
+        expect_masked_matches_reference(Problem{2, T, 2, HS, 2}, lengths, 37);
+        expect_masked_matches_reference(Problem{2, T, 8, HS, 2}, lengths, 37);  // GQA 4:1
+        expect_masked_matches_reference(Problem{1, T, 4, HS, 1}, lengths, 0);   // MQA
+      }
+    }
+  }
+}
+
+// A long row: boundaries at 2048 (a tile edge), 2049 (a one-token document), 3072 and 6144 (tile
+// edges), so most CTAs skip most key tiles.
+TEST(FlashFa3Cuda, DocumentMaskAtT8192MatchesFp32Reference) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    expect_masked_matches_reference(Problem{1, 8192, 2, HS, 1}, {2048, 1, 1023, 3072, 2048}, 0);
+  }
+}
+
 // Note [Hopper attention choice]: with set_hopper_flash(kFa3), flash_attention_forward runs the
 // FA3 kernel (bit for bit its direct call's output, which differs from the wgmma kernel's in
 // summation order), and with kWgmma it is the wgmma kernel again; the setting is restored.
@@ -166,6 +212,25 @@ TEST(FlashFa3Cuda, RoutedFromFlashAttentionForwardWhenChosen) {
     EXPECT_EQ(back.out, wgmma.out) << describe(p);
     EXPECT_NE(direct.out, wgmma.out) << "the two kernels agree bit for bit: the routing test "
                                      << "cannot tell them apart, " << describe(p);
+  }
+}
+
+// The same with document masking, which the FA3 forward now takes: routed to it under kFa3.
+TEST(FlashFa3Cuda, RoutedWithDocumentMaskingWhenChosen) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    Problem p{2, 777, 8, HS, 2};
+    p.seg = testing::cycled_segments(p.B, p.T, {300, 1, 128, 200}, 37);
+    const auto qkv = bf16_values(p.B * p.T * p.W(), 91 + HS);
+    const Output wgmma = run_forward(p, qkv, Kernel::kFlash);
+    const Output direct = run_forward(p, qkv, Kernel::kFa3);
+    cuda::set_hopper_flash(cuda::HopperFlash::kFa3);
+    const Output routed = run_forward(p, qkv, Kernel::kFlash);
+    cuda::set_hopper_flash(cuda::HopperFlash::kWgmma);
+    EXPECT_EQ(routed.out, direct.out) << describe(p);
+    EXPECT_EQ(routed.lse, direct.lse) << describe(p);
+    EXPECT_NE(direct.out, wgmma.out)
+        << "the routing test cannot tell the kernels apart, " << describe(p);
   }
 }
 

@@ -26,13 +26,43 @@ Tensor to_gpu(const std::vector<double>& v, const Shape& shape, DType dtype) {
 }
 
 std::string describe(const FlashProblem& p) {
-  return "B " + std::to_string(p.B) + " T " + std::to_string(p.T) + " NH " + std::to_string(p.NH) +
-         " NKV " + std::to_string(p.kv()) + " HS " + std::to_string(p.HS);
+  std::string s = "B " + std::to_string(p.B) + " T " + std::to_string(p.T) + " NH " +
+                  std::to_string(p.NH) + " NKV " + std::to_string(p.kv()) + " HS " +
+                  std::to_string(p.HS);
+  if (p.seg.empty()) return s;
+  int64_t docs = 0;
+  for (size_t i = 0; i < p.seg.size(); ++i) {
+    docs += i % p.T == 0 || p.seg[i] != p.seg[i - 1] ? 1 : 0;
+  }
+  return s + ", " + std::to_string(docs) + " documents";
 }
 
 Tensor segment_ids(const FlashProblem& p) {
   if (p.seg.empty()) return Tensor();
   return Tensor::from_ints(p.seg, {p.B, p.T}).to(Device::cuda(0));
+}
+
+std::vector<int32_t> cycled_segments(int64_t B, int64_t T, const std::vector<int>& lengths,
+                                     int shift) {
+  std::vector<int32_t> seg;
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t id = 0;
+    int64_t left = lengths[0] - (b * shift) % lengths[0];
+    size_t next = 1;
+    for (int64_t t = 0; t < T; ++t) {
+      if (left == 0) {
+        ++id;
+        left = lengths[next++ % lengths.size()];
+      }
+      seg.push_back(id);
+      --left;
+    }
+  }
+  return seg;
+}
+
+std::vector<std::vector<int>> fa3_document_lengths() {
+  return {{128, 1, 127, 256, 3, 1, 1, 507}, {5, 1, 64, 17, 300, 1, 1, 90}, {1, 700}};
 }
 
 namespace {

@@ -52,11 +52,24 @@ struct FlashProblem {
   int64_t W() const { return (NH + 2 * kv()) * HS; }  // packed qkv width
 };
 
-// "B 2 T 7 NH 2 NKV 2 HS 64": the problem, for failure messages.
+// "B 2 T 7 NH 2 NKV 2 HS 64" (and ", 5 documents" with segments): the problem, for failure
+// messages.
 std::string describe(const FlashProblem& p);
 
 // p's segment ids on cuda:0 (int32 [B, T]); an undefined tensor without.
 Tensor segment_ids(const FlashProblem& p);
+
+// Segment ids [B, T] of documents whose lengths cycle through `lengths` (the last one cut at T),
+// the same for every sequence but started `shift` positions further into the first document per
+// sequence, so the boundaries fall at different places within the tiles (Note [document masking
+// in the flash kernels]). Sequence 0 starts a document at 0 (shift 0 for it).
+std::vector<int32_t> cycled_segments(int64_t B, int64_t T, const std::vector<int>& lengths,
+                                     int shift);
+
+// Document lengths for cycled_segments in the FlashAttention-3 kernels' tests: a boundary exactly
+// on a 128-key tile edge (128, 256 and, cycled, multiples of 128), one-token documents (also two
+// in a row), boundaries inside tiles, and documents longer than a tile.
+std::vector<std::vector<int>> fa3_document_lengths();
 
 // The flash forward's arguments for p: q, k and v from the packed rows at `qkv` (qkv_ld wide; 0:
 // W), the output rows at `out` (o_ld wide; 0: C), lse [B, NH, T]; Tq = Tk = T, scale 1/√HS. No
