@@ -26,4 +26,9 @@ struct Device {
 // Number of usable CUDA devices; 0 when there is no driver or no GPU. Thread-safe; probes once.
 int cuda_device_count();
 
+// Compute capability of CUDA device `index` as 10·major + minor (90 for an H100/H200), and its
+// name; 0 and "" when the device does not exist (no driver, or index >= cuda_device_count()).
+int cuda_compute_capability(int index);
+std::string cuda_device_name(int index);
+
 }  // namespace gtron

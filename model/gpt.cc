@@ -436,7 +436,8 @@ void GPT::moe_update_bias() {
 std::vector<int64_t> GPT::moe_load() const {
   std::vector<int64_t> out;
   for (const auto& [l, moe] : moe_layers()) {
-    out.insert(out.end(), moe->load().begin(), moe->load().end());
+    const std::vector<int64_t>& counts = moe->load();  // one pull (and wait) a layer
+    out.insert(out.end(), counts.begin(), counts.end());
   }
   return out;
 }

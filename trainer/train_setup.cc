@@ -167,6 +167,16 @@ DevicePlan pick_device(const Config& cfg, const parallel::DistEnv& env) {
   const PrecisionChoice p = resolve_precision(cfg.train, d);
   if (d == DeviceChoice::kCuda) {
     const int index = env.world_size > 1 ? env.local_rank % gpus : 0;
+    // FP8 linears use cuBLASLt's block-scaled e4m3 products (1x128 tiles, 128x128 blocks), which
+    // it offers on Hopper; say so before the first product fails deep in a step.
+    if (p == PrecisionChoice::kFp8 && cuda_compute_capability(index) != 90) {
+      const int cc = cuda_compute_capability(index);
+      throw UserError(
+          str_cat("train.precision = \"fp8\": needs a compute-capability 9.0 GPU "
+                  "(H100, H200: cuBLASLt's block-scaled FP8 products), but cuda:",
+                  index, " is ", cuda_device_name(index), " (", cc / 10, ".", cc % 10,
+                  "). Hint: train.precision = \"bf16\""));
+    }
     return {Device::cuda(index), p == PrecisionChoice::kBf16 || p == PrecisionChoice::kFp8};
   }
   if (backend == CommBackend::kNccl && env.world_size > 1) {

@@ -18,4 +18,27 @@ int cuda_device_count() {
   return count;
 }
 
+namespace {
+
+bool device_properties(int index, cudaDeviceProp* prop) {
+  if (index < 0 || index >= cuda_device_count()) return false;
+  if (cudaGetDeviceProperties(prop, index) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int cuda_compute_capability(int index) {
+  cudaDeviceProp prop;
+  return device_properties(index, &prop) ? 10 * prop.major + prop.minor : 0;
+}
+
+std::string cuda_device_name(int index) {
+  cudaDeviceProp prop;
+  return device_properties(index, &prop) ? std::string(prop.name) : std::string();
+}
+
 }  // namespace gtron
