@@ -216,12 +216,13 @@ void GPT::mark_documents(int depth, const Tensor& tokens) {
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
   DocumentRows& rows = document_buffers_[{depth, B, T}];
   if (!rows.seg.defined()) {
-    Stream& s = current_stream(tokens.device());
-    rows.seg = Tensor::empty({B, T}, DType::kI32, tokens.device(), &s);
+    // On the model's device, where attention reads them, whichever device the tokens come from
+    // (the training step's are on it; evaluation and sampling may hand a CUDA model host tokens).
+    const Device dev = params_.device();
+    Stream& s = current_stream(dev);
+    rows.seg = Tensor::empty({B, T}, DType::kI32, dev, &s);
     // GPT-2's trunk restarts its learned positions at each document.
-    if (depth == 0 && !cfg_.llama()) {
-      rows.pos = Tensor::empty({B, T}, DType::kI32, tokens.device(), &s);
-    }
+    if (depth == 0 && !cfg_.llama()) rows.pos = Tensor::empty({B, T}, DType::kI32, dev, &s);
   }
   document_segments(tokens, cfg_.document_start, rows.seg,
                     rows.pos.defined() ? &rows.pos : nullptr);

@@ -94,6 +94,7 @@ class ParamRegistry {
   const std::vector<Parameter*>& all() const { return order_; }
   Parameter* find(const std::string& name) const;
   DType dtype() const { return dtype_; }
+  Device device() const { return device_; }  // where the parameters live
   // Whether the LinearLayers made from now on run their products in FP8 (GPTConfig::fp8).
   void set_fp8_linears(bool on) { fp8_linears_ = on; }
   bool fp8_linears() const { return fp8_linears_; }

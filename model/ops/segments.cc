@@ -1,5 +1,6 @@
 #include "model/ops/segments.h"
 
+#include "model/ops/device_util.h"
 #include "model/ops/shape_check.h"
 #include "model/stream.h"
 
@@ -30,21 +31,27 @@ void document_segments(const Tensor& tokens, int32_t start_id, Tensor& seg, Tens
               "document_segments: tokens must be i32 [B, T]; got ", tokens.shape().str(), " ",
               dtype_name(tokens.dtype()));
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
-  const Device dev = tokens.device();
+  const Device dev = seg.device();  // the model's: where attention reads the segments
+  GTRON_CHECK(tokens.device().is_cpu() || tokens.device() == dev,
+              "document_segments: tokens must be on the CPU or the outputs' device ", dev.str(),
+              "; got ", tokens.device().str());
   for (const Tensor* out : {static_cast<const Tensor*>(&seg), static_cast<const Tensor*>(pos)}) {
     if (out == nullptr) continue;
     GTRON_CHECK(out->dtype() == DType::kI32 && out->device() == dev,
-                "document_segments: outputs must be i32 on ", dev.str());
+                "document_segments: outputs must be i32 on one device, ", dev.str());
     check_shape("document_segments: output", out->shape(), Shape{B, T});
   }
-  const int32_t* tp = tokens.data<int32_t>();
   int32_t* sp = seg.data<int32_t>();
   int32_t* pp = pos != nullptr ? pos->data<int32_t>() : nullptr;
   Stream& s = current_stream(dev);
   if (dev.is_cuda()) {
-    cuda::document_segments(tp, start_id, sp, pp, B, T, s.native());
+    // The training step's tokens are already on the device (no copy); host tokens (evaluation,
+    // sampling) are staged onto it first, as embedding() does with them.
+    const Tensor ids = ids_on_device(tokens, s);
+    cuda::document_segments(ids.data<int32_t>(), start_id, sp, pp, B, T, s.native());
     return;
   }
+  const int32_t* tp = tokens.data<int32_t>();
   // On the CPU stream, so that a captured graph recomputes them at every replay.
   s.run([=] { cpu::document_segments(tp, start_id, sp, pp, B, T); });
 }

@@ -27,9 +27,10 @@ namespace gtron {
 
 // Writes seg (and, when `pos` is not null, pos) [B, T] i32 of tokens i32 [B, T] (Note [document
 // masking]): a position t >= 1 whose token equals `start_id` opens a new segment. The outputs are
-// caller-owned buffers on the tokens' device (fixed addresses for captured graphs); the work runs
-// on that device's current stream (recorded into a CPU capture like every CPU kernel), with no
-// host sync.
+// caller-owned buffers on the model's device (fixed addresses for captured graphs); the tokens are
+// on that device or the CPU (a CUDA model's evaluation and sampling windows: copied to the device
+// first, as embedding() does). The work runs on the outputs' device's current stream (recorded
+// into a CPU capture like every CPU kernel), with no host sync for device tokens.
 void document_segments(const Tensor& tokens, int32_t start_id, Tensor& seg, Tensor* pos);
 
 namespace cpu {

@@ -353,7 +353,8 @@ TEST(GptCuda, DeferredColumnFinishesKeepGradientsBitForBit) {
 // Document masking (GPTConfig::document_start, Note [document masking] in model/ops/segments.h):
 // the segment ids and GPT-2's restarted positions made on the device, the masked reference
 // kernels (fp32; GPT-2's head size 20 in bf16 too) and flash kernels (llama HS 64 in bf16), MTP
-// D = 2, against the CPU; reruns repeat bit for bit; the mask changes the loss.
+// D = 2, against the CPU; reruns repeat bit for bit, from a device or a host window; the mask
+// changes the loss.
 TEST(GptCuda, DocumentMaskingMatchesCpu) {
   GTRON_REQUIRE_GPU();
   GPTConfig llama = tiny_config();
@@ -389,6 +390,11 @@ TEST(GptCuda, DocumentMaskingMatchesCpu) {
       const Result again = run(tiny.model, window.to(Device::cuda(0)));
       EXPECT_EQ(again.losses, got.losses);
       for (size_t i = 0; i < got.grads.size(); ++i) EXPECT_EQ(again.grads[i], got.grads[i]);
+      // A host window (evaluation's, after the training steps filled this shape's segment
+      // buffers on the device): the segments are still made on the device, the same bits.
+      const Result host = run(tiny.model, window);
+      EXPECT_EQ(host.losses, got.losses);
+      for (size_t i = 0; i < got.grads.size(); ++i) EXPECT_EQ(host.grads[i], got.grads[i]);
     }
   }
 }
