@@ -16,7 +16,8 @@ std::string fresh_dir(const std::string& name);
 
 // The tiny config (V = 16, L = 2, C = 64, NH = 4, MTP D = 1, T = 32, 16 sequences a step in two
 // micro-batches of 8) for `steps` steps on `device` ("cpu" | "cuda") at `precision`, logging every
-// `log_every` steps, writing under `out_dir`; a checkpoint at the end only.
+// `log_every` steps, writing under `out_dir`; a checkpoint at the end only; a cosine schedule
+// warming up over min(10, steps) steps. `extra_sets` (key=value) come last and override.
 Config tiny_train_config(const std::string& out_dir, const std::string& device,
                          const std::string& precision, int64_t steps, int64_t log_every,
                          const std::vector<std::string>& extra_sets = {});

@@ -153,7 +153,9 @@ TEST(TrainMoeCuda, TheBiasMovesAndTheLoadIsLoggedEveryStep) {
   }
   for (int64_t s = 1; s <= 3; ++s) {
     // A step's norm is the bias the step routed with: 0 at step 1, moved by every step after.
-    if (s > 1) EXPECT_GT(got[1]["moe1_bias_norm"][s], 0) << "step " << s << ": no bias update";
+    if (s > 1) {
+      EXPECT_GT(got[1]["moe1_bias_norm"][s], 0) << "step " << s << ": no bias update";
+    }
     // A step's load only: 16 sequences of 32 tokens, 2 slots each, over 4 experts.
     EXPECT_LE(got[1]["moe1_load_max"][s], 16 * 32 * 2) << "step " << s;
   }
