@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# One device command that checks the GPU work no GPU has run yet (FP8, the FlashAttention-3-
-# structured kernels, MoE on CUDA, the IPC all_to_all and EP), as much of it as BUDGET seconds
-# (default 560) allow:
+# One device command that checks the GPU work no GPU has run yet (FP8 and gtron's FP8 GEMM, the
+# FlashAttention-3-structured kernels, MoE on CUDA, the IPC all_to_all and EP), as much of it as
+# BUDGET seconds (default 560) allow:
 #   1. the GPU tests, three lanes at once (correctness only: no timings while they share the
 #      card), then the IPC tests alone; per test one "== NAME rc=.. Ns" line with gtest's
 #      PASSED/FAILED counts and the first failure lines;
 #   2. gtron bf16, fp8 and bf16 with --attention fa3 at the Llama-3.2-1B shape (bench_gpu);
 #   3. bench_attention --variants plain,fa3 at HS 128/64, T 2048/8192.
-# Here: GTRON_GPU_PACK=1 bash scripts/gpu_tests.sh fp8_cuda fp8_fused flash_fa3 flash_attention
-#   attention_gqa moe_cuda moe_layer train_moe gpt_cuda train_documents ipc_communicator ipc_ep
-#   norm_cuda swiglu_cuda gelu_cuda concat_cuda fused_mlp norm_linear linear_cuda train_graphs
+# Here: GTRON_GPU_PACK=1 bash scripts/gpu_tests.sh fp8_cuda fp8_fused fp8_gemm flash_fa3
+#   flash_attention attention_gqa moe_cuda moe_layer train_moe gpt_cuda train_documents
+#   ipc_communicator ipc_ep norm_cuda swiglu_cuda gelu_cuda concat_cuda fused_mlp norm_linear
+#   linear_cuda train_graphs
 # There (the device tool, carrying .gpupack/gpubin.tar.xz and this script), from the repository
 # root: BUDGET=540 bash scripts/gpu_round.sh. Every log goes to $OUT/logs.tgz ($OUT: the device
 # tool's output folder; a new temporary folder elsewhere).
@@ -31,11 +32,11 @@ run_test() {
   { echo "== $t rc=$rc $(( $(date +%s) - s ))s $(grep -E '^\[  PASSED|^\[  SKIPPED \] [0-9]+|^\[  FAILED  \] [0-9]+ test' $OUT/$t.log | tr '\n' ' ')"
     grep -E "^\[  FAILED  \] [A-Z]|Failure|Expected|Which is|actual|rror" $OUT/$t.log | head -20; } > $OUT/$t.sum
 }
-lane1() { run_test fp8_cuda_test 120; run_test fp8_fused_cuda_test 90; run_test flash_fa3_cuda_test 45; run_test flash_fa3_bwd_cuda_test 60; run_test linear_cuda_test 60; run_test norm_linear_cuda_test 60; }
+lane1() { run_test fp8_cuda_test 120; run_test fp8_fused_cuda_test 90; run_test fp8_gemm_cuda_test 90; run_test flash_fa3_cuda_test 45; run_test flash_fa3_bwd_cuda_test 60; run_test linear_cuda_test 60; run_test norm_linear_cuda_test 60; }
 lane2() { run_test flash_attention_cuda_test 150; run_test attention_gqa_cuda_test 90; run_test train_documents_cuda_test 90; run_test norm_cuda_test 60; run_test swiglu_cuda_test 60; run_test gelu_cuda_test 60; }
 lane3() { run_test moe_cuda_test 90; run_test moe_layer_cuda_test 90; run_test train_moe_cuda_test 120; run_test gpt_cuda_test 150; run_test concat_cuda_test 60; run_test fused_mlp_cuda_test 60; run_test train_graphs_cuda_test 120; }
 lane1 & lane2 & lane3 & wait
-for f in fp8_cuda_test fp8_fused_cuda_test flash_fa3_cuda_test flash_fa3_bwd_cuda_test linear_cuda_test norm_linear_cuda_test flash_attention_cuda_test attention_gqa_cuda_test train_documents_cuda_test norm_cuda_test swiglu_cuda_test gelu_cuda_test moe_cuda_test moe_layer_cuda_test train_moe_cuda_test gpt_cuda_test concat_cuda_test fused_mlp_cuda_test train_graphs_cuda_test; do
+for f in fp8_cuda_test fp8_fused_cuda_test fp8_gemm_cuda_test flash_fa3_cuda_test flash_fa3_bwd_cuda_test linear_cuda_test norm_linear_cuda_test flash_attention_cuda_test attention_gqa_cuda_test train_documents_cuda_test norm_cuda_test swiglu_cuda_test gelu_cuda_test moe_cuda_test moe_layer_cuda_test train_moe_cuda_test gpt_cuda_test concat_cuda_test fused_mlp_cuda_test train_graphs_cuda_test; do
   cat $OUT/$f.sum 2>/dev/null || echo "== $f no summary"
 done
 grep '^{' $OUT/fp8_cuda_test.log | head -5

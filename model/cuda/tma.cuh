@@ -1,8 +1,9 @@
 // Hopper's tensor-memory-accelerator loads and the synchronization of warp-specialized kernels
-// (sm_90a only): TMA tile loads (cp.async.bulk.tensor) that complete on a shared-memory mbarrier,
-// the mbarrier operations of a producer/consumer ring, named barriers among some of a CTA's warps,
-// and setmaxnreg. Include only from a file compiled for sm_90a; the tensor maps are made on the
-// host (cuTensorMapEncodeTiled) and passed as __grid_constant__ kernel parameters.
+// (sm_90a only): TMA tile loads (cp.async.bulk.tensor) and plain bulk copies (cp.async.bulk) that
+// complete on a shared-memory mbarrier, the mbarrier operations of a producer/consumer ring, named
+// barriers among some of a CTA's warps, and setmaxnreg. Include only from a file compiled for
+// sm_90a; the tensor maps are made on the host (cuTensorMapEncodeTiled) and passed as
+// __grid_constant__ kernel parameters.
 //
 // Note [mbarrier phases]
 // An mbarrier counts the arrivals of its current phase and, after an expect_tx, the bytes still
@@ -85,6 +86,30 @@ __device__ __forceinline__ void load_4d(void* dst, const CUtensorMap* map, uint6
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
       "[%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// The box of a 2-d tensor map at coordinates (c0 innermost, c1) into shared memory at dst
+// (1024-byte aligned for the 128-byte swizzle), completing on *bar: the FP8 code tiles of
+// tma::codes_map (model/cuda/tma_map.h).
+__device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
+                                        int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
+      "[%1, {%2, %3}], [%4];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// `bytes` contiguous bytes from global memory at src into shared memory at dst, completing on
+// *bar (a bulk copy without a tensor map: scale rows). REQUIRES: src and dst 16-byte aligned,
+// bytes a multiple of 16.
+__device__ __forceinline__ void load_bulk(void* dst, const void* src, uint32_t bytes,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_u32(bar))
       : "memory");
 }
 

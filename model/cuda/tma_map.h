@@ -17,4 +17,11 @@ namespace gtron::cuda::tma {
 CUtensorMap head_map(const void* base, int HS, int heads, int T, int B, int64_t ld, int64_t batch,
                      int rows);
 
+// The map of an FP8 operand's codes (one byte each), a row-major [rows, cols] matrix: the box is
+// 128 columns (one 128-byte swizzled row: a whole k-block of Note [fp8 recipe]) by `box_rows`
+// rows, the K-major operand layout of Note [wgmma operands] (model/cuda/wgmma.cuh) for e4m3
+// products (model/cuda/wgmma_wide.cuh). Coordinates are (column, row).
+// REQUIRES: base 16-byte aligned, cols a multiple of 16, 0 < box_rows <= 256.
+CUtensorMap codes_map(const void* base, int64_t rows, int64_t cols, int box_rows);
+
 }  // namespace gtron::cuda::tma

@@ -1,7 +1,8 @@
-// Warpgroup MMA with 128 output columns (m64n128k16, sm_90a only): the wider sibling of
-// wgmma.cuh's m64n64k16 products, for kernels whose B tiles have 128 rows (a key tile of 128 in
-// the FlashAttention-3-structured forward, model/ops/flash_fa3_cuda.cu). Include only from a
-// file compiled for sm_90a.
+// Warpgroup MMA with 128 output columns (sm_90a only): the wider sibling of wgmma.cuh's m64n64k16
+// products, for kernels whose B tiles have 128 rows: bf16 m64n128k16 (a key tile of 128 in the
+// FlashAttention-3-structured forward, model/ops/flash_fa3_cuda.cu) and e4m3 m64n128k32 (the
+// block-scaled FP8 GEMM, model/ops/fp8_gemm_cuda.cu). Include only from a file compiled for
+// sm_90a.
 //
 // The operands are those of Note [wgmma operands] in wgmma.cuh: a K-major B of 128 rows is the
 // same 128-byte swizzled layout with 16 groups of 8 rows (instead of 8), still 1024 bytes apart,
@@ -9,6 +10,17 @@
 // mma.sync m16n8 accumulators side by side (register 4j + e is element e of n-tile j, j < 16):
 // the first 8 n-tiles are what an m64n64 product into keys 0..63 would give, the last 8 keys
 // 64..127, so code written for [NT][4] accumulators (softmax, acc_to_a) takes it with NT = 16.
+//
+// Note [fp8 wgmma operands]
+// An e4m3 product reduces over k = 32 one-byte codes, 32 bytes of a K-major row: the same bytes
+// as a bf16 product's k = 16. A tile whose rows are 128 codes (one k-block of Note [fp8 recipe],
+// loaded by TMA with the 128-byte swizzle, tma::codes_map) is therefore byte for byte the layout
+// of a [rows, 64] bf16 tile: wg::desc describes it (8-row groups 1024 bytes apart), and the k-th
+// 32-wide slice starts 32·k bytes in (wg::advance), the swizzle applied by the hardware to the
+// address it forms. e4m3 operands must be K-major (PTX has no transposed e4m3 form), which both
+// operands of A·Bᵀ are. The accumulator is the bf16 products' (register 4j + e is element e of
+// the m16n8 accumulator of n-tile j): rows lane/4 (e = 0, 1) and lane/4 + 8 (e = 2, 3) of the
+// warp's 16, columns 8j + 2·(lane % 4) + (e & 1).
 #pragma once
 
 #include <cstdint>
@@ -50,7 +62,31 @@ __device__ __forceinline__ void mma_ss_n128(float (&d)[16][4], uint64_t da, uint
       : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TB));
 }
 
+// d[64×128] (+)= A[64×32] · B[32×128] in e4m3 codes with fp32 accumulation, A and B from shared
+// memory, both K-major (e4m3 products have no transposed form). `accumulate` false overwrites d.
+__device__ __forceinline__ void mma_e4m3_n128(float (&d)[16][4], uint64_t da, uint64_t db,
+                                              bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " GTRON_WG_REGS64
+      ", %64, %65, p, 1, 1;\n}\n"
+      : GTRON_WG_D64(d)
+      : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)));
+}
+
 #undef GTRON_WG_D64
 #undef GTRON_WG_REGS64
+
+// d[64×128] (+)= A · Bᵀ over one k-block of 128 e4m3 codes: A a [64, 128] tile and B a [128 (n),
+// 128 (k)] tile, both of 128-byte rows (Note [fp8 wgmma operands]). Issues the 4 products; with
+// `accumulate` false the first overwrites d. The caller fences, commits and waits.
+__device__ __forceinline__ void abt_e4m3_n128(float (&d)[16][4], const void* a, const void* b,
+                                              bool accumulate) {
+  const uint64_t da = desc(a), db = desc(b);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    mma_e4m3_n128(d, advance(da, 32 * k), advance(db, 32 * k), accumulate || k > 0);
+  }
+}
 
 }  // namespace gtron::cuda::wg

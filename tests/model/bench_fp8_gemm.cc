@@ -1,6 +1,7 @@
 // Not a test: what cuBLASLt's FP8 matrix products cost on this GPU, per scaling mode, at the linear
 // shapes of the models issue 48 measures (Llama-3.2-1B, Qwen3-0.6B, GPT-2 1.5B; 8192 tokens), for
-// the three products of a linear (forward, data gradient, weight gradient). One JSON line per
+// the three products of a linear (forward, data gradient, weight gradient), and what gtron's own
+// block-scaled kernel (model/ops/fp8_gemm.h) costs on the same products. One JSON line per
 // (model, linear, product, mode): the heuristic's first algorithm and the fastest of its first
 // --algos, in microseconds and TFLOP/s, beside bf16 at the same shape.
 //
@@ -8,8 +9,14 @@
 // row of each operand), "block" (the weight in 128x128 blocks, the activation in 1x128 tiles:
 // DeepSeek-V3's recipe, Note [fp8 recipe]) and "vec128" (1x128 tiles on both operands, the weight
 // gradient's case); "tensor" and "rowwise" also with CUBLASLT_MATMUL_DESC_FAST_ACCUM (no periodic
-// promotion of the tensor cores' partial sums). Operands are random codes and unit scales: the
-// products' values do not matter here, only their time (gtron's fp8 tests check values).
+// promotion of the tensor cores' partial sums). "gtron" is gtron's kernel (Note [fp8 block GEMM] in
+// model/ops/fp8_gemm_cuda.cu) on the "block" / "vec128" case of each product (the forward and
+// dgrad with the weight in blocks, the wgrad with both operands in tiles), with the tile width its
+// launcher picks; "gtron_n128" and "gtron_n256" force 128 or 256 output columns a tile (where N
+// allows). Its lines have one "algorithm" (algos 1, first = best) and appear on compute capability
+// 9.0 only, for the shapes it takes (every dimension a multiple of 128; algos 0 otherwise).
+// Operands are random codes and unit scales: the products' values do not matter here, only their
+// time (gtron's fp8 tests, fp8_gemm_cuda_test among them, check values).
 //
 // Usage: bench_fp8_gemm [--tokens N] [--algos K] [--reps R]
 #include <cublasLt.h>
@@ -23,6 +30,9 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "model/dtype.h"
+#include "model/ops/fp8_gemm.h"
 
 namespace {
 
@@ -159,6 +169,42 @@ Timing time_gemm(cublasLtHandle_t h, const Buffers& buf, Mode mode, bool fast, l
   return t;
 }
 
+// Times gtron's kernel on the product time_gemm times as (m, n, k): D [n, m] (row-major, bf16) =
+// A [n, k] (tiles along k) · B [m, k]ᵀ (blocks, or tiles along k with `blocks` false), the output
+// tiles block_n wide (0: the launcher's choice). count 0 where the kernel does not take the shape.
+Timing time_gtron(const Buffers& buf, bool blocks, long m, long n, long k, int block_n, int reps) {
+  Timing t;
+  if (!gtron::cuda::fp8_block_gemm_ok(n, m, k) || (block_n != 0 && m % block_n != 0)) return t;
+  gtron::cuda::Fp8GemmArgs g;
+  g.a = static_cast<const uint8_t*>(buf.a);
+  g.scale_a = buf.scales_a;
+  g.b = static_cast<const uint8_t*>(buf.b);
+  g.scale_b = buf.scales_b;
+  g.b_blocks = blocks;
+  g.d = buf.d;
+  g.d_type = gtron::DType::kBF16;
+  g.m = n;
+  g.n = m;
+  g.k = k;
+  g.block_n = block_n;
+  for (int w = 0; w < 3; ++w) gtron::cuda::fp8_block_gemm(g, nullptr);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaEventRecord(e0));
+  for (int r = 0; r < reps; ++r) gtron::cuda::fp8_block_gemm(g, nullptr);
+  CK(cudaEventRecord(e1));
+  CK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  CK(cudaGetLastError());
+  t.first_us = t.best_us = 1e3 * ms / reps;
+  t.count = 1;
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -222,6 +268,7 @@ int main(int argc, char** argv) {
   CK(cudaMemcpy(buf.scales_b, ones.data(), nscale * 4, cudaMemcpyHostToDevice));
   cublasLtHandle_t h;
   CK(cublasLtCreate(&h));
+  const bool gtron_kernel = gtron::cuda::fp8_block_gemm_usable();
   std::printf(
       "{\"bench\": \"bench_fp8_gemm\", \"card\": \"%s\", \"tokens\": %ld, \"algos\": %d, "
       "\"reps\": %d}\n",
@@ -247,19 +294,32 @@ int main(int argc, char** argv) {
       const Case cases[] = {{Mode::kBf16, false},   {Mode::kTensor, false},
                             {Mode::kTensor, true},  {Mode::kRowwise, false},
                             {Mode::kRowwise, true}, {wgrad ? Mode::kVec128 : Mode::kBlock, false}};
-      for (const Case& c : cases) {
-        const Timing t = time_gemm(h, buf, c.mode, c.fast, p.m, p.n, p.k, algos, reps);
-        if (c.mode == Mode::kBf16) bf16_best = t.best_us;
+      auto print = [&](const char* mode, bool fast, const Timing& t) {
         std::printf(
             "{\"model\": \"%s\", \"linear\": \"%s\", \"product\": \"%s\", \"m\": %ld, \"n\": %ld, "
             "\"k\": %ld, \"mode\": \"%s\", \"fast_accum\": %d, \"algos\": %d, \"first_us\": %.1f, "
             "\"best_us\": %.1f, \"tflops_first\": %.1f, \"tflops_best\": %.1f, "
             "\"speedup_vs_bf16\": %.3f}\n",
-            l.model, l.name, p.name, p.m, p.n, p.k, mode_name(c.mode), c.fast ? 1 : 0, t.count,
-            t.first_us, t.best_us, t.count ? flops / t.first_us * 1e-6 : 0.0,
+            l.model, l.name, p.name, p.m, p.n, p.k, mode, fast ? 1 : 0, t.count, t.first_us,
+            t.best_us, t.count ? flops / t.first_us * 1e-6 : 0.0,
             t.count ? flops / t.best_us * 1e-6 : 0.0,
             t.count && bf16_best > 0 ? bf16_best / t.best_us : 0.0);
         std::fflush(stdout);
+      };
+      for (const Case& c : cases) {
+        const Timing t = time_gemm(h, buf, c.mode, c.fast, p.m, p.n, p.k, algos, reps);
+        if (c.mode == Mode::kBf16) bf16_best = t.best_us;
+        print(mode_name(c.mode), c.fast, t);
+      }
+      if (gtron_kernel) {
+        const struct {
+          const char* mode;
+          int block_n;
+        } widths[] = {{"gtron", 0}, {"gtron_n128", 128}, {"gtron_n256", 256}};
+        for (const auto& w : widths) {
+          if (w.block_n != 0 && p.m % w.block_n != 0) continue;
+          print(w.mode, false, time_gtron(buf, !wgrad, p.m, p.n, p.k, w.block_n, reps));
+        }
       }
     }
   }
