@@ -5,8 +5,9 @@
 // backward]): the wgmma query kernel for dQ and Δ, then a key kernel of the same structure, 128
 // keys a CTA with K and V resident and Q, dO, lse and Δ streamed by TMA.
 // flash_attention_forward/backward route here under cuda::set_hopper_flash(HopperFlash::kFa3)
-// (model/ops/attention.h); the attention sweep's "fa3" variant (tests/model/bench_attention.cc),
-// flash_fa3_cuda_test and flash_fa3_bwd_cuda_test call them directly.
+// (model/ops/attention.h; the forward with Fa3Schedule::kTiles); the attention sweep's "fa3",
+// "fa3p" and "fa3pairs" variants (tests/model/bench_attention.cc), flash_fa3_cuda_test and
+// flash_fa3_bwd_cuda_test call them directly.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,18 @@ namespace gtron::cuda {
 // True for HS = 64 or 128 on a compute-capability 9.0 device.
 bool flash_fa3_usable(int64_t HS);
 
+// How the forward's CTAs take their work tiles (128 query rows of one (b, h); Note [persistent FA3
+// forward] in model/ops/flash_fa3_cuda.cu). The result is the same, bit for bit, under each.
+enum class Fa3Schedule {
+  // One CTA a tile, the longest tiles of every head first (what flash_attention_forward runs).
+  kTiles,
+  // min(SMs, tiles) CTAs walking that order with a static stride.
+  kPersistent,
+  // min(SMs, pairs) CTAs walking pairs of query tiles (qb, last − qb) of one (b, h), heads in
+  // order: balanced, and a head's k and v stay in L2 while its query tiles read them.
+  kPersistentPairs,
+};
+
 // flash_attention_forward's contract (model/ops/attention.h) for bf16, causal, self-attention:
 // o rows [B, T] (NH heads) and lse [B, NH, T] (natural log) from q rows [B, T] (NH heads) and k, v
 // rows [B, T] (NKV heads; query head h reads k/v head h / (NH / NKV)); row and batch strides as
@@ -25,7 +38,11 @@ bool flash_fa3_usable(int64_t HS);
 // a.seg (document masking, Note [document masking in the FA3 forward]) is honoured.
 // REQUIRES: flash_fa3_usable(a.HS); a.Tq == a.Tk; a.seg null or a.seg_batch >= T; the alignment
 // flash_attention_forward asks (strides multiples of 8 elements, 16-byte pointers).
-void flash_fa3_forward(const FlashForwardArgs& a, void* stream);
+// `schedule` picks the grid; `max_ctas` (persistent schedules only; 0: the SM count) caps it, so
+// that tests make every CTA walk many tiles at small shapes.
+// REQUIRES: max_ctas >= 0, and 0 under kTiles.
+void flash_fa3_forward(const FlashForwardArgs& a, void* stream,
+                       Fa3Schedule schedule = Fa3Schedule::kTiles, int max_ctas = 0);
 
 // flash_attention_backward's contract (model/ops/attention.h) for bf16, causal self-attention, with
 // flash_wgmma_backward's arguments: dqkv (packed rows [B, T, (NH + 2·NKV)·HS]) gets dQ, dK and dV
