@@ -83,7 +83,9 @@ std::string set_flag(const std::string& name, const std::string& v, SweepFlags* 
   if (name == "hs") return int_list(name, v, &f->head_sizes);
   if (name == "T") return int_list(name, v, &f->lengths);
   if (name == "modes") return word_list(name, v, {"mha", "gqa"}, &f->modes);
-  if (name == "variants") return word_list(name, v, {"plain", "rope", "bias", "fa3"}, &f->variants);
+  if (name == "variants") {
+    return word_list(name, v, {"plain", "rope", "bias", "fa3", "fa3p", "fa3pairs"}, &f->variants);
+  }
   if (name == "tokens") return int_flag(name, v, 1, &f->tokens);
   if (name == "width") return int_flag(name, v, 1, &f->width);
   if (name == "group") return int_flag(name, v, 1, &f->group);
@@ -157,7 +159,8 @@ std::string sweep_usage() {
          "  --width 2048         NH*HS\n"
          "  --group 4            query heads per k/v head in gqa cells\n"
          "  --variants plain,rope,bias   launcher options swept (see bench_attention.cc);\n"
-         "                       also fa3: the FlashAttention-3-structured kernels (sm_90a)\n"
+         "                       also fa3: the FlashAttention-3-structured kernels (sm_90a),\n"
+         "                       fa3p, fa3pairs: fa3 with its persistent forward schedules\n"
          "  --warmup 10 --repeats 50     untimed and timed calls (the median is reported)\n"
          "  --rotate 3           input sets the calls rotate among\n"
          "  --tol 0.01           normwise relative error bound of the check\n"

@@ -49,6 +49,14 @@ TEST(AttentionSweep, FlagsMoveTheCells) {
   EXPECT_TRUE(f.list);
 }
 
+// The FA3 variants (the one-CTA-a-tile forward and its persistent schedules) are asked by name.
+TEST(AttentionSweep, Fa3VariantsParse) {
+  SweepFlags f;
+  ASSERT_EQ(parse({"--variants", "plain,fa3,fa3p,fa3pairs", "--list"}, &f), "");
+  EXPECT_EQ(f.variants, (std::vector<std::string>{"plain", "fa3", "fa3p", "fa3pairs"}));
+  EXPECT_NE(sweep_usage().find("fa3pairs"), std::string::npos);
+}
+
 TEST(AttentionSweep, FlopsAreFlashAttentionsCausalCount) {
   // HS 128, T 8192, B 2, NH 16: 4·2·16·8192²·128 / 2 = 2^2·2·2^4·2^26·2^7 / 2 = 2^39.
   const AttentionCell c{128, 8192, 2, 16, 4};

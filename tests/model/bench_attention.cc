@@ -24,6 +24,11 @@
 //   [FlashAttention-3 backward]), kernels the launchers do not take yet; the backward runs on the
 //   fa3 forward's out and lse (the query kernel for dQ and Δ, then the FA3-structured key kernel),
 //   so the check of dQ, dK and dV also checks the lse it left.
+// - fa3p, fa3pairs (not in the default list; compute capability 9.0 only): fa3 with the forward's
+//   persistent schedules (Fa3Schedule::kPersistent: #SMs CTAs walking the tiles longest first;
+//   kPersistentPairs: pairs of query tiles of one head, heads in order; Note [persistent FA3
+//   forward] in model/ops/flash_fa3_cuda.cu). Their results are fa3's bit for bit; the backward is
+//   fa3's, timed again (its spread is the noise).
 // The backward overwrites dqkv (accumulate = false), as the step's first writer of the slot does.
 //
 // Method, per cell and variant:
@@ -47,6 +52,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/cuda/check.h"
@@ -248,6 +254,21 @@ struct CellResult {
   }
 };
 
+// The forward schedule of an FA3 variant (fa3, fa3p, fa3pairs); false for the others.
+bool fa3_schedule(const std::string& variant, cuda::Fa3Schedule* schedule) {
+  const std::pair<const char*, cuda::Fa3Schedule> kinds[] = {
+      {"fa3", cuda::Fa3Schedule::kTiles},
+      {"fa3p", cuda::Fa3Schedule::kPersistent},
+      {"fa3pairs", cuda::Fa3Schedule::kPersistentPairs}};
+  for (const auto& [name, kind] : kinds) {
+    if (variant == name) {
+      *schedule = kind;
+      return true;
+    }
+  }
+  return false;
+}
+
 // Median milliseconds of call(set) after the warm-up, the sets rotating.
 double time_ms(const std::function<void(int64_t)>& call, const SweepFlags& f, cudaStream_t st) {
   for (int64_t i = 0; i < f.warmup; ++i) call(i % f.rotate);
@@ -275,9 +296,11 @@ CellResult run_cell(const AttentionCell& c, const std::string& variant, uint64_t
     bench::fill_normal_bf16(sets[i]->qkv.get(), N * W, seed + 2 * i, 1.0f, st);
     bench::fill_normal_bf16(sets[i]->dout.get(), N * C, seed + 2 * i + 1, 1.0f, st);
   }
+  cuda::Fa3Schedule schedule = cuda::Fa3Schedule::kTiles;
+  const bool fa3 = fa3_schedule(variant, &schedule);
   auto forward = [&](int64_t i) {
-    if (variant == "fa3") {
-      cuda::flash_fa3_forward(forward_args(c, *sets[i]), st);
+    if (fa3) {
+      cuda::flash_fa3_forward(forward_args(c, *sets[i]), st, schedule);
     } else {
       cuda::flash_attention_forward(forward_args(c, *sets[i]), st);
     }
@@ -285,14 +308,14 @@ CellResult run_cell(const AttentionCell& c, const std::string& variant, uint64_t
   auto backward = [&](int64_t i) {
     const InputSet& s = *sets[i];
     const cuda::FlashBackwardArgs a = backward_args(c, s, variant, inv_freq);
-    if (variant == "fa3") {
+    if (fa3) {
       cuda::flash_fa3_backward(a, static_cast<float*>(s.scratch.get()), st);  // scratch: Δ
     } else {
       cuda::flash_attention_backward(a, static_cast<float*>(s.scratch.get()), st);
     }
   };
   CellResult r;
-  r.path = variant == "fa3" ? "fa3" : cuda::flash_wgmma_usable(c.HS) ? "wgmma" : "mma_sync";
+  r.path = fa3 ? "fa3" : cuda::flash_wgmma_usable(c.HS) ? "wgmma" : "mma_sync";
   const InputSet& s0 = *sets[0];
   poison(s0.out, N * C * kBf16, st);
   poison(s0.lse, N * c.NH * kF32, st);
@@ -384,11 +407,13 @@ int main(int argc, char** argv) {
                  "(--list prints its cells without one)\n");
     return 2;
   }
-  const bool fa3 = std::find(f.variants.begin(), f.variants.end(), "fa3") != f.variants.end();
+  cuda::Fa3Schedule schedule;
+  const bool fa3 = std::any_of(f.variants.begin(), f.variants.end(),
+                               [&](const std::string& v) { return fa3_schedule(v, &schedule); });
   if (fa3 && !cuda::flash_fa3_usable(f.head_sizes.front())) {
     std::fprintf(stderr,
-                 "bench_attention: --variants fa3 needs a compute-capability 9.0 GPU (its kernel "
-                 "is built for sm_90a only)\n");
+                 "bench_attention: --variants fa3, fa3p and fa3pairs need a compute-capability 9.0 "
+                 "GPU (their kernels are built for sm_90a only)\n");
     return 2;
   }
   const std::string card = card_name();

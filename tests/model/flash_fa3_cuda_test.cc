@@ -7,12 +7,15 @@
 // [document masking in the FA3 forward]) against the reference with the same segments, up to
 // T = 8192 (GPU test; skipped without a GPU or where the kernel cannot run: it needs compute
 // capability 9.0); flash_attention_forward routes to it under cuda::set_hopper_flash(kFa3), with
-// and without segments.
+// and without segments. The persistent schedules (Note [persistent FA3 forward]) give the same
+// bits as one CTA a tile at every shape checked, on the SM-count grid and on grids of 1 and 5
+// CTAs (so that each CTA walks many tiles even at small shapes), and rerun bit-identically.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "model/ops/attention.h"
@@ -37,11 +40,35 @@ using testing::to_host;
 // this card).
 enum class Kernel { kFa3, kFlash };
 
+// How the FA3 forward is launched (Kernel::kFa3): its schedule and grid cap.
+struct Fa3Launch {
+  cuda::Fa3Schedule schedule = cuda::Fa3Schedule::kTiles;
+  int max_ctas = 0;  // 0: the SM count (persistent schedules)
+};
+
+// The persistent launches held to kTiles' bits: both persistent schedules on the SM-count grid
+// and on grids of 1 and 5 CTAs. With few CTAs every CTA walks many work tiles of different walk
+// lengths, so Q's buffer is refilled and the K/V rings' slots and phases carry across tiles
+// (Note [persistent FA3 forward]) even where the problem has fewer tiles than the GPU has SMs.
+std::vector<Fa3Launch> persistent_launches() {
+  std::vector<Fa3Launch> out;
+  for (cuda::Fa3Schedule s : {cuda::Fa3Schedule::kPersistent, cuda::Fa3Schedule::kPersistentPairs})
+    for (int ctas : {0, 1, 5}) out.push_back({s, ctas});
+  return out;
+}
+
+std::string describe(const Fa3Launch& l) {
+  const char* name = l.schedule == cuda::Fa3Schedule::kTiles        ? "tiles"
+                     : l.schedule == cuda::Fa3Schedule::kPersistent ? "persistent"
+                                                                    : "persistent pairs";
+  return std::string(name) + (l.max_ctas > 0 ? ", " + std::to_string(l.max_ctas) + " CTAs" : "");
+}
+
 // One forward on the packed bf16 rows qkv [B, T, W] with p's segments (if any); the output rows
 // are o_ld wide (>= C), poisoned with NaN first. With `separate_q`, q is copied into its own
 // [B, T, C] tensor and read from there (q_ld = C) while k and v stay in the packed rows.
 Output run_forward(const Problem& p, const std::vector<double>& qkv, Kernel kernel,
-                   int64_t o_ld = 0, bool separate_q = false) {
+                   int64_t o_ld = 0, bool separate_q = false, const Fa3Launch& launch = {}) {
   const int64_t C = p.C(), W = p.W();
   if (o_ld == 0) o_ld = C;
   Stream& s = current_stream(Device::cuda(0));
@@ -68,7 +95,7 @@ Output run_forward(const Problem& p, const std::vector<double>& qkv, Kernel kern
     a.q_batch = p.T * C;
   }
   if (kernel == Kernel::kFa3) {
-    cuda::flash_fa3_forward(a, s.native());
+    cuda::flash_fa3_forward(a, s.native(), launch.schedule, launch.max_ctas);
   } else {
     cuda::flash_attention_forward(a, s.native());
   }
@@ -85,8 +112,22 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
   return m;
 }
 
+// The elements where a and b differ, zeros by sign too (a NaN matches a NaN: the poison of the
+// columns a wide output leaves untouched).
+int64_t differences(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return static_cast<int64_t>(std::max(a.size(), b.size()));
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool same = (a[i] == b[i] && std::signbit(a[i]) == std::signbit(b[i])) ||
+                      (std::isnan(a[i]) && std::isnan(b[i]));
+    n += same ? 0 : 1;
+  }
+  return n;
+}
+
 // FA3 against the fp32 reference (out within the bf16 tolerance, lse within 1e-3) and against the
-// wgmma flash forward (the same bf16 roundings of P: closer still), on the inputs qkv.
+// wgmma flash forward (the same bf16 roundings of P: closer still), on the inputs qkv; then every
+// persistent launch against it, bit for bit (the same tiles' math in the same key-tile order).
 void expect_matches_reference(const Problem& p, const std::vector<double>& qkv) {
   const Output got = run_forward(p, qkv, Kernel::kFa3);
   const Output ref = testing::run_reference(p, DType::kF32, qkv);  // the fp32 reference
@@ -96,6 +137,13 @@ void expect_matches_reference(const Problem& p, const std::vector<double>& qkv) 
   EXPECT_LT(max_abs_diff(got.lse, ref.lse), 1e-3) << "lse vs fp32, " << describe(p);
   EXPECT_LT(rel_err(got.out, flash.out), testing::kBF16Tol) << "out vs flash, " << describe(p);
   EXPECT_LT(max_abs_diff(got.lse, flash.lse), 1e-3) << "lse vs flash, " << describe(p);
+  for (const Fa3Launch& l : persistent_launches()) {
+    const Output pers = run_forward(p, qkv, Kernel::kFa3, 0, false, l);
+    EXPECT_EQ(differences(pers.out, got.out), 0)
+        << "out vs one CTA a tile, " << describe(l) << ", " << describe(p);
+    EXPECT_EQ(differences(pers.lse, got.lse), 0)
+        << "lse vs one CTA a tile, " << describe(l) << ", " << describe(p);
+  }
 }
 
 void expect_matches_reference(const Problem& p) {
@@ -105,7 +153,9 @@ void expect_matches_reference(const Problem& p) {
 TEST(FlashFa3Cuda, MatchesFp32ReferenceAtOddLengths) {
   for (int64_t HS : {64, 128}) {
     GTRON_REQUIRE_FA3(HS);
-    for (int64_t T : {1, 7, 63, 129, 1000, 2048}) expect_matches_reference(Problem{2, T, 2, HS, 2});
+    for (int64_t T : {1, 7, 63, 129, 1000, 2048, 8192}) {
+      expect_matches_reference(Problem{2, T, 2, HS, 2});
+    }
   }
 }
 
@@ -113,7 +163,7 @@ TEST(FlashFa3Cuda, MatchesFp32ReferenceAtOddLengths) {
 TEST(FlashFa3Cuda, GroupedQueryMatchesFp32Reference) {
   for (int64_t HS : {64, 128}) {
     GTRON_REQUIRE_FA3(HS);
-    for (int64_t T : {1, 7, 63, 129, 1000, 2048}) {
+    for (int64_t T : {1, 7, 63, 129, 1000, 2048, 8192}) {
       expect_matches_reference(Problem{2, T, 8, HS, 2});
       expect_matches_reference(Problem{1, T, 4, HS, 1});
     }
@@ -137,6 +187,11 @@ TEST(FlashFa3Cuda, HonoursRowStrides) {
     for (int64_t r = 0; r < p.B * p.T; ++r)
       for (int64_t c = C; c < o_ld; ++c) touched += std::isnan(strided.out[r * o_ld + c]) ? 0 : 1;
     EXPECT_EQ(touched, 0) << "columns past C written, " << describe(p);
+    for (const Fa3Launch& l : persistent_launches()) {
+      const Output pers = run_forward(p, qkv, Kernel::kFa3, o_ld, /*separate_q=*/true, l);
+      EXPECT_EQ(differences(pers.out, strided.out), 0) << describe(l) << ", " << describe(p);
+      EXPECT_EQ(differences(pers.lse, strided.lse), 0) << describe(l) << ", " << describe(p);
+    }
   }
 }
 
@@ -153,6 +208,13 @@ TEST(FlashFa3Cuda, RerunsAreBitIdentical) {
       EXPECT_EQ(std::count_if(a.out.begin(), a.out.end(), [](double x) { return std::isnan(x); }),
                 0)
           << describe(p);
+      for (const Fa3Launch& l : persistent_launches()) {
+        const Output c = run_forward(p, qkv, Kernel::kFa3, 0, false, l);
+        const Output d = run_forward(p, qkv, Kernel::kFa3, 0, false, l);
+        EXPECT_EQ(differences(c.out, d.out), 0) << "rerun, " << describe(l) << ", " << describe(p);
+        EXPECT_EQ(differences(c.lse, d.lse), 0) << "rerun, " << describe(l) << ", " << describe(p);
+        EXPECT_EQ(differences(c.out, a.out), 0) << describe(l) << ", " << describe(p);
+      }
     }
   }
 }
