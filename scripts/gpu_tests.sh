@@ -11,8 +11,8 @@
 #
 # GTRON_GPU_PACK=1 also writes .gpupack/gpubin.tar.xz (see the end).
 # Arguments (optional): name filters — only the tests whose name contains one of them are copied
-# (bench_gpu, bench_add_norm, bench_norm, bench_attention and gtron always are). The whole set is
-# about 67 MB, above a 64 MiB carry limit: carry it in two batches, e.g.
+# (bench_gpu, bench_add_norm, bench_norm, bench_attention, bench_fp8_gemm and gtron always are).
+# The whole set is about 67 MB, above a 64 MiB carry limit: carry it in two batches, e.g.
 # `bash scripts/gpu_tests.sh _cuda_test` (the op and trainer tests) and then
 # `bash scripts/gpu_tests.sh nccl gtp`. The attention sweep alone:
 # `scripts/bench_attention.sh --pack`.
@@ -31,7 +31,8 @@ if [[ ${#tests[@]} -eq 0 ]]; then
   exit 1
 fi
 benches=(//tests/trainer:bench_gpu //tests/model:bench_add_norm //tests/model:bench_norm
-  //tests/model:bench_attention //trainer:gtron //tests/trainer:libkernel_trace.so)
+  //tests/model:bench_attention //tests/model:bench_fp8_gemm //trainer:gtron
+  //tests/trainer:libkernel_trace.so)
 bazel build "${tests[@]}" "${benches[@]}"
 rm -rf .gpubin
 mkdir -p .gpubin
@@ -45,7 +46,7 @@ done
 cp scripts/bench_gpu.sh scripts/bench_gpu_bin.sh scripts/bench_torch.py scripts/bench_torch_moe.py \
   scripts/profile_gpu.sh scripts/profile_table.py scripts/trace_gpu.sh scripts/trace_table.py \
   scripts/power_gpu.sh scripts/kernel_compare.py scripts/bench_attention.sh \
-  scripts/bench_attention.py .gpubin/
+  scripts/bench_attention.py scripts/bench_fp8_gemm.sh scripts/bench_fp8_gemm.py .gpubin/
 # Shared libraries of this image that a GPU machine may lack (Gloo and its dependencies, libgomp):
 # run there with LD_LIBRARY_PATH=.gpubin/lib. CUDA's own libraries and the C runtime stay out.
 bash scripts/gpu_libs.sh .gpubin/lib .gpubin/*_test .gpubin/bench_{gpu,add_norm,norm,attention} \

@@ -12,10 +12,12 @@
 #include "model/ops/fp8.h"
 
 #include <atomic>
+#include <string>
 
 #include "model/check.h"
 #include "model/cuda/gemm.h"
 #include "model/ops/device_util.h"
+#include "model/ops/fp8_gemm.h"
 
 namespace gtron {
 
@@ -53,11 +55,52 @@ Quantized quantize_weight(const Tensor& w, int64_t N, int64_t K, bool transposed
   return out;
 }
 
+// set_gemm_kernel. cuBLASLt until gtron's kernel has passed its tests on a GPU (Note [fp8 GEMM
+// choice]).
+std::atomic<GemmKernel> g_gemm_kernel{GemmKernel::kCublasLt};
+
+// Whether gtron's kernel runs this product (Note [fp8 GEMM choice]).
+bool use_gtron_gemm(DType c_type, int64_t M, int64_t N, int64_t K) {
+  const GemmKernel k = g_gemm_kernel.load(std::memory_order_relaxed);
+  if (k == GemmKernel::kCublasLt) return false;
+  const bool ok = (c_type == DType::kBF16 || c_type == DType::kF32) &&
+                  cuda::fp8_block_gemm_ok(M, N, K) && cuda::fp8_block_gemm_usable();
+  GTRON_CHECK(ok || k == GemmKernel::kAuto, "fp8 linear: gtron's FP8 GEMM was asked for, but it ",
+              "takes neither ", M, " x ", N, " x ", K, " (", dtype_name(c_type),
+              " out) nor this device (it needs compute capability 9.0)");
+  return ok;
+}
+
 // C[M, N] (+)= A[M, K]·B[N, K]ᵀ from codes and scales (A in tiles along K).
 void fp8_product(const Quantized& a, const Quantized& b, cuda::Fp8Scales b_scales, void* c,
                  DType c_type, float beta, int64_t M, int64_t N, int64_t K, Stream& s,
                  const void* bias = nullptr, DType bias_type = DType::kF32,
                  const void* residual = nullptr) {
+  if (use_gtron_gemm(c_type, M, N, K)) {
+    cuda::Fp8GemmArgs f;
+    f.a = a.q();
+    f.scale_a = a.sc();
+    f.b = b.q();
+    f.scale_b = b.sc();
+    f.b_blocks = b_scales == cuda::Fp8Scales::kBlocks;
+    f.d = c;
+    f.d_type = c_type;
+    f.beta = beta;
+    f.m = M;
+    f.n = N;
+    f.k = K;
+    if (residual != nullptr) {
+      f.c = residual;
+      f.beta = 1.0f;
+    }
+    cuda::fp8_block_gemm(f, s.native());
+    if (bias != nullptr) {
+      GTRON_CHECK(c_type == DType::kBF16, "fp8 linear: a bias on a ", dtype_name(c_type),
+                  " output");
+      cuda::fp8_add_bias(c, bias, bias_type, M, N, s.native());
+    }
+    return;
+  }
   cuda::GemmArgs g;
   g.fp8 = true;
   g.a = a.codes.raw();
@@ -96,6 +139,23 @@ std::atomic<bool> g_fused_producers{true};  // false: set_fused_producers_for_te
 std::atomic<int64_t> g_inputs_handed_in{0}, g_inputs_quantized{0};  // forward_input_counts()
 
 }  // namespace
+
+void set_gemm_kernel(GemmKernel k) { g_gemm_kernel.store(k, std::memory_order_relaxed); }
+
+GemmKernel gemm_kernel() { return g_gemm_kernel.load(std::memory_order_relaxed); }
+
+bool parse_gemm_kernel(const char* name, GemmKernel* out) {
+  const std::string n = name;
+  if (n == "auto")
+    *out = GemmKernel::kAuto;
+  else if (n == "gtron")
+    *out = GemmKernel::kGtron;
+  else if (n == "cublaslt")
+    *out = GemmKernel::kCublasLt;
+  else
+    return false;
+  return true;
+}
 
 void set_fused_producers_for_testing(bool on) {
   g_fused_producers.store(on, std::memory_order_relaxed);

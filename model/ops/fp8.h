@@ -137,6 +137,23 @@ struct ForwardInputCounts {
 };
 ForwardInputCounts forward_input_counts();
 
+// Note [fp8 GEMM choice]
+// Which kernel runs the FP8 linear's products on CUDA: gtron's own block-scaled GEMM
+// (model/ops/fp8_gemm.h, Note [fp8 block GEMM]) or cuBLASLt's VEC128 / BLK128x128 modes. Both read
+// the same codes and scales and sum each 128-long stretch's product into fp32 with its two scales,
+// so they agree within the accumulation bound of Note [fp8 accumulation on Hopper]
+// (tests/model/fp8_gemm_cuda_test.cc), not bit for bit. The default stays kCublasLt until gtron's
+// kernel has passed its GPU tests and been timed (bench_gpu --fp8-gemm picks). kAuto takes gtron's
+// kernel where the device runs it (compute capability 9.0) and the sizes are whole 128-tiles, else
+// cuBLASLt. The first H100 measurement of cuBLASLt's block-scaled products (500-820 TFLOP/s at the
+// Llama-3.2-1B shapes, no faster than bf16; docs/measurements.md) is why gtron has its own.
+enum class GemmKernel { kAuto, kGtron, kCublasLt };
+// Process-wide, read at each product (so a graph captures the kernel chosen when it is recorded).
+void set_gemm_kernel(GemmKernel k);
+GemmKernel gemm_kernel();
+// "auto", "gtron" or "cublaslt" (bench_gpu --fp8-gemm); false for anything else.
+bool parse_gemm_kernel(const char* name, GemmKernel* out);
+
 // The CUDA FP8 linear over bf16 activations, scratch from the caching allocator on `s`; the
 // contracts of cuda::linear_forward / cuda::linear_backward (model/ops/linear.h) with act = bf16
 // and no bias gradient (the caller sums dy's columns). REQUIRES: cuda::fp8_gemm_ok(N, Cin, Cout);

@@ -18,6 +18,7 @@
 #include "model/mixed_precision.h"
 #include "model/ops/device_util.h"
 #include "model/ops/fp8.h"
+#include "model/ops/fp8_gemm.h"
 #include "model/ops/linear.h"
 #include "model/stream.h"
 #include "tests/model/cuda_op_check.h"
@@ -304,6 +305,44 @@ TEST(Fp8Cuda, LinearWithBiasAndResidualMatchesTheCpuEmulation) {
   // Both (GPT-2's attention projection): the bias in the epilogue beside the residual, or after.
   testing::expect_cuda_matches_cpu(fp8_linear_case(256, 128, 256, true, true), DType::kBF16,
                                    testing::kBF16Tol);
+}
+
+// Note [fp8 GEMM choice]: the linear on gtron's block-scaled kernel agrees with the linear on
+// cuBLASLt's within the accumulation bound (both sum each 128-long stretch in the tensor cores and
+// promote it with its two scales, in different instruction orders), a bias included: forward,
+// data gradient (bf16, within its rounding) and weight gradient (fp32).
+TEST(Fp8Cuda, LinearOnGtronsKernelAgreesWithCublasLt) {
+  GTRON_REQUIRE_GPU();
+  if (!cuda::fp8_block_gemm_usable()) GTEST_SKIP() << "gtron's FP8 GEMM needs compute capability 9.0";
+  const Device dev = Device::cuda(0);
+  const int64_t N = 384, Cin = 512, Cout = 256;
+  const Tensor xh = testing::randn_tensor({N, Cin}, 5, 1.0, DType::kF32).to(DType::kBF16);
+  const Tensor dyh = testing::randn_tensor({N, Cout}, 6, 1.0, DType::kF32).to(DType::kBF16);
+  struct Out {
+    std::vector<double> y, dx, dw;
+  };
+  auto run = [&](fp8::GemmKernel k) {
+    fp8::set_gemm_kernel(k);
+    ParamRegistry reg(DType::kF32, dev, 13);
+    reg.set_fp8_linears(true);
+    LinearLayer lin(reg, "lin", Cin, Cout, /*bias=*/true, 0.05);
+    Bf16Weights access;
+    lin.weight->zero_grad();
+    Var x = Var::leaf(xh.to(dev));
+    Var y = lin.forward(x, access);
+    backward_with(y, dyh.to(dev));
+    Out o{y.value().to_vector(), x.grad().to_vector(), lin.weight->main_grad.to_vector()};
+    fp8::set_gemm_kernel(fp8::GemmKernel::kCublasLt);
+    return o;
+  };
+  const Out ref = run(fp8::GemmKernel::kCublasLt), got = run(fp8::GemmKernel::kGtron);
+  EXPECT_LT(rel_normwise(got.y, ref.y), 8e-3);  // bf16 outputs: an ulp here and there
+  EXPECT_LT(rel_normwise(got.dx, ref.dx), 8e-3);
+  EXPECT_LT(rel_normwise(got.dw, ref.dw), 2 * kFp8AccumulationTol);
+  EXPECT_GT(rel_normwise(got.dw, std::vector<double>(got.dw.size(), 0.0)), 0.5);  // not empty
+  const Out again = run(fp8::GemmKernel::kGtron);
+  EXPECT_EQ(again.y, got.y);  // deterministic
+  EXPECT_EQ(again.dw, got.dw);
 }
 
 // The FP8 and bf16 products of the Llama-3.2-1B linears (B·T = 8192 rows), timed with CUDA events

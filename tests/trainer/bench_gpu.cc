@@ -11,7 +11,8 @@
 // drive scripts/bench_torch.py's reference model. `--recompute none|selective|full` is
 // train.recompute (GPTConfig::recompute), printed as "recompute". `--attention wgmma|fa3` picks
 // the sm_90 flash kernels (cuda::set_hopper_flash; wgmma, the default, or the FlashAttention-3-
-// structured ones), printed as "attention".
+// structured ones), printed as "attention". `--fp8-gemm cublaslt|gtron|auto` picks the kernel of
+// the FP8 products (fp8::set_gemm_kernel, Note [fp8 GEMM choice]), printed as "fp8_gemm".
 // `--transient-grads 0|1|auto` is train.transient_grads (Note [transient gradients] in
 // parallel/ddp.h; 1 not with --graphs layers; auto, the default, = 1 unless --graphs layers),
 // printed as "transient_grads". "held_gib" says what
@@ -46,6 +47,7 @@
 #include "model/gpt.h"
 #include "model/mixed_precision.h"
 #include "model/ops/attention.h"
+#include "model/ops/fp8.h"
 #include "model/stream.h"
 #include "parallel/ddp.h"
 #include "parallel/self_communicator.h"
@@ -274,6 +276,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   cuda::set_hopper_flash(attention == "fa3" ? cuda::HopperFlash::kFa3 : cuda::HopperFlash::kWgmma);
+  const std::string fp8_gemm = flag(argc, argv, "fp8-gemm", "cublaslt");
+  fp8::GemmKernel fp8_kernel;
+  if (!fp8::parse_gemm_kernel(fp8_gemm.c_str(), &fp8_kernel)) {
+    std::fprintf(stderr, "bench_gpu: --fp8-gemm is cublaslt, gtron or auto, got '%s'\n",
+                 fp8_gemm.c_str());
+    return 2;
+  }
+  fp8::set_gemm_kernel(fp8_kernel);
   graphs::Scope scope = graphs::Scope::kNone;
   if (graphs_flag == "layers") {
     scope = graphs::Scope::kLayers;
@@ -399,7 +409,7 @@ int main(int argc, char** argv) {
       "\"V\": %ld, \"Vp\": %ld, \"D\": %d, \"steps\": %d, \"warmup\": %d, \"loss\": %.9g, "
       "\"params\": %ld, \"transient_grads\": %d, \"held_gib\": {\"master\": %.3f, "
       "\"grads\": %.3f, \"adam\": %.3f, \"bf16_shadows\": %.3f}, \"peak_gib_by_kind\": %s, "
-      "%s}\n",
+      "\"fp8_gemm\": \"%s\", %s}\n",
       tps, 1e3 * sec / steps, mfu, static_cast<double>(st.peak_allocated) / (1ull << 30),
       static_cast<unsigned long long>(st.misses - misses0),
       static_cast<long long>(st.reserved) - static_cast<long long>(reserved0), precision.c_str(),
@@ -408,6 +418,6 @@ int main(int argc, char** argv) {
       static_cast<long>(c.padded_vocab()), c.mtp_depth, steps, warmup, last_loss.item(),
       static_cast<long>(model.num_parameters()), transient ? 1 : 0, gib(4 * dp.flat_numel()),
       gib(dp.grad_bytes()), gib(8 * dp.owned_numel()), gib(shadows.shadow_bytes()), by_kind.c_str(),
-      family_fields(c).c_str());
+      fp8_gemm.c_str(), family_fields(c).c_str());
   return 0;
 }
