@@ -425,6 +425,11 @@ void backward_hs(const FlashBackwardArgs& a, float* delta, cudaStream_t st) {
 // wgmma kernels stay the default and kFa3 is opt-in; the choice lives here and nowhere else. The
 // fa3 kernels take document masking (seg) and the backward's column partials, but not
 // generation's Tk > Tq: those forwards keep the wgmma (or mma.sync) kernels whatever the setting.
+// kFa3's forward walks Fa3Schedule::kPersistentPairs: of the three schedules (the same bits) it
+// was the fastest in every cell of the first sweep on an H100 (causal, 16k tokens: HS 128 T 2048
+// 465 TFLOP/s against kTiles' 321 and the wgmma kernel's 423; T 8192 596 / 562 / 481; HS 64 T 2048
+// 344 / 287 / 348; T 8192 417 / 401 / 406; docs/measurements.md), and the fa3 backward beat the
+// wgmma one in all four (310 / 284, 334 / 304, 277 / 257, 310 / 279).
 std::atomic<HopperFlash> g_hopper_flash{HopperFlash::kWgmma};
 
 bool fa3_forward_applies(const FlashForwardArgs& a) {
@@ -468,7 +473,7 @@ void flash_attention_forward(const FlashForwardArgs& args, void* stream) {
   const auto st = static_cast<cudaStream_t>(stream);
   const bool seg = a.seg != nullptr;
   if (fa3_forward_applies(a)) {
-    flash_fa3_forward(a, st);
+    flash_fa3_forward(a, st, Fa3Schedule::kPersistentPairs);
   } else if (flash_wgmma_usable(a.HS)) {
     flash_wgmma_forward(a, st);
   } else if (a.HS == 64) {

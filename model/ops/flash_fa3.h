@@ -5,8 +5,8 @@
 // backward]): the wgmma query kernel for dQ and Δ, then a key kernel of the same structure, 128
 // keys a CTA with K and V resident and Q, dO, lse and Δ streamed by TMA.
 // flash_attention_forward/backward route here under cuda::set_hopper_flash(HopperFlash::kFa3)
-// (model/ops/attention.h; the forward with Fa3Schedule::kTiles); the attention sweep's "fa3",
-// "fa3p" and "fa3pairs" variants (tests/model/bench_attention.cc), flash_fa3_cuda_test and
+// (model/ops/attention.h; the forward with Fa3Schedule::kPersistentPairs); the attention sweep's
+// "fa3", "fa3p" and "fa3pairs" variants (tests/model/bench_attention.cc), flash_fa3_cuda_test and
 // flash_fa3_bwd_cuda_test call them directly.
 #pragma once
 
@@ -22,12 +22,13 @@ bool flash_fa3_usable(int64_t HS);
 // How the forward's CTAs take their work tiles (128 query rows of one (b, h); Note [persistent FA3
 // forward] in model/ops/flash_fa3_cuda.cu). The result is the same, bit for bit, under each.
 enum class Fa3Schedule {
-  // One CTA a tile, the longest tiles of every head first (what flash_attention_forward runs).
+  // One CTA a tile, the longest tiles of every head first.
   kTiles,
   // min(SMs, tiles) CTAs walking that order with a static stride.
   kPersistent,
   // min(SMs, pairs) CTAs walking pairs of query tiles (qb, last − qb) of one (b, h), heads in
-  // order: balanced, and a head's k and v stay in L2 while its query tiles read them.
+  // order: balanced, and a head's k and v stay in L2 while its query tiles read them (what
+  // flash_attention_forward runs under kFa3).
   kPersistentPairs,
 };
 
