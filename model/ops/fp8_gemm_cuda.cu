@@ -17,9 +17,10 @@
 //   products (Note [fp8 wgmma operands] in model/cuda/wgmma_wide.cuh) overwrite a 64-register
 //   partial, wait_group 0, and the partial joins the fp32 accumulator scaled by sa(row) · sb: one
 //   fused multiply-add per element (blocks: sb is one scalar per half; rows: a float2 of column
-//   scales per n-tile, read from the slot). The slot is released (__syncwarp, then lane 0's
-//   arrival) after the last half's promotion, its scales' last read. The two consumers are
-//   independent: while one promotes, the other's products hold the tensor cores.
+//   scales per n-tile), all read from the slot into registers. The slot is released (a proxy
+//   fence, __syncwarp, then lane 0's arrival) after the last half's promotion: Note [fp8 scale
+//   reads]. The two consumers are independent: while one promotes, the other's products hold
+//   the tensor cores.
 // - The epilogue writes D straight from the accumulator registers: per n-tile a pair of columns
 //   per row (bf16x2 or float2), beta·C (C may be D) read whole and folded in first. It touches
 //   no shared memory, so the producer is already filling the ring with the next tile's k-blocks.
@@ -38,8 +39,9 @@
 // accumulator, 64·BN / 128 = BN / 2 registers (64 or 128), the partial (64) and ~20 of addresses,
 // counters and scales. ptxas (CUDA 13.0; it allocates the code after each setmaxnreg within that
 // budget) reports 168 registers and no spills for all 8 instantiations; lowering kConsumerRegs
-// shows their need: BN = 128 fits at 144 (spills at 136), BN = 256 at 200 in the blocks layout
-// and 208 in the rows layout (8 bytes spilled at 200); the producer fits at 24. BN = 256 as one
+// shows their need: BN = 128 fits at 144 in the blocks layout (spills at 136) and 176 in the rows
+// layout (its column scales held across the products), BN = 256 at 200 in the blocks layout and
+// 208 in the rows layout (8 bytes spilled at 200); the producer fits at 24. BN = 256 as one
 // m64n256k32 partial would need 128 + 128 and not fit, so its halves take turns in one partial.
 // Shared memory (227 KB a CTA): a slot holds A 16 KB + B BN·128 bytes + 512 + 4·BN bytes of
 // scales: BN = 128: 6 slots × 33 KB = 198 KB; BN = 256: 4 slots × 49.5 KB = 198 KB; plus 96 or
@@ -58,6 +60,27 @@
 //   more).
 // DeepGEMM's kernel of this design (with multicast and a TMA-store epilogue) reaches 1300-1550
 // TFLOP/s on H800; ~1100-1400 is the expectation here, against cuBLASLt's 500-820 at these shapes.
+//
+// Note [fp8 scale reads]
+// The consumers read a slot's scales with ordinary loads (the generic proxy); the producer refills
+// the slot with bulk copies (the async proxy). The empty barrier's release and acquire order the
+// two sides within the generic proxy only: PTX asks for a proxy fence (fence.proxy.async) between
+// generic and async-proxy accesses of the same bytes, and a bulk copy's completion implies one in
+// the other direction alone (landed before read). The first GPU run fits a refill overtaking
+// such reads: the rows layout read its 16 float2 of column scales after the products, just before
+// the release, and wgrad products (and only they) came out nondeterministic, off cuBLASLt by 2e-3
+// .. 7e-3 normwise with the error in a few rows and columns (0.07 .. 0.4 there) — what a few
+// elements scaled by another k-block's (or tile's) column scales give, which differ by up to 2^12
+// in the tests; a warp's stale broadcast load spoils 2 columns of its 16 rows. Hence:
+// - each consumer thread fences (async_proxy_fence) after its promotions and before its warp's
+//   arrival, which orders its reads of the slot before the refill's writes;
+// - a half's scales are read into registers before its products (as DeepGEMM does), so the
+//   loads are long done when the slot is let go and their latency hides under the products —
+//   except BN = 256's column scales, read after the products' wait: held across them, their 32
+//   registers beside the accumulator's 128 and the partial's 64 spill (ptxas, CUDA 13.0: rows
+//   BN = 128 now fits at 176 registers, BN = 256 at 208 as before).
+// The wgmma operand reads need neither: they are the async proxy already, and the warp's
+// wait_group retires them before the arrival (Note [mbarrier phases] in model/cuda/tma.cuh).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -193,15 +216,39 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensor
   }
 }
 
-// acc[16h + j] += part[j] · sa(row) · sb(column) for the 128 columns of half h. Blocks: sb is
-// the half's scalar sbh. Rows: sb_row points at the slot's column scales, this lane's pairs at
-// 8j + col0 (col0 = 2·(lane % 4)).
+// The B scales of one half of a k-block as this lane applies them (Note [fp8 scale reads]):
+// blocks, the half's scalar; rows, its 16 pairs of column scales, n-tile j's columns 8j + col0
+// and 8j + col0 + 1 (col0 = 2·(lane % 4)).
+template <bool kBlocks>
+struct HalfScales {
+  float s;
+};
+template <>
+struct HalfScales<false> {
+  float2 s[kHalfN / 8];
+};
+
+// Reads half h's B scales of k-block kb from the slot's scales at sb into registers.
+template <bool kBlocks>
+__device__ __forceinline__ void load_half_scales(HalfScales<kBlocks>& out, const float* sb, int kb,
+                                                 int h, int col0) {
+  if constexpr (kBlocks) {
+    out.s = sb[4 * h + (kb & 3)];  // the 4 k-blocks' group holding kb (produce)
+  } else {
+#pragma unroll
+    for (int j = 0; j < kHalfN / 8; ++j) {
+      out.s[j] = *reinterpret_cast<const float2*>(sb + h * kHalfN + 8 * j + col0);
+    }
+  }
+}
+
+// acc[16h + j] += part[j] · sa(row) · sb(column) for the 128 columns of half h.
 template <bool kBlocks, int NT>
 __device__ __forceinline__ void promote(float (&acc)[NT][4], const float (&part)[kHalfN / 8][4],
-                                        int h, float sa0, float sa1, float sbh, const float* sb_row,
-                                        int col0) {
+                                        int h, float sa0, float sa1,
+                                        const HalfScales<kBlocks>& sb) {
   if constexpr (kBlocks) {
-    const float c0 = sa0 * sbh, c1 = sa1 * sbh;
+    const float c0 = sa0 * sb.s, c1 = sa1 * sb.s;
 #pragma unroll
     for (int j = 0; j < kHalfN / 8; ++j) {
       float(&o)[4] = acc[h * (kHalfN / 8) + j];
@@ -213,12 +260,12 @@ __device__ __forceinline__ void promote(float (&acc)[NT][4], const float (&part)
   } else {
 #pragma unroll
     for (int j = 0; j < kHalfN / 8; ++j) {
-      const float2 sb = *reinterpret_cast<const float2*>(sb_row + h * kHalfN + 8 * j + col0);
+      const float2 c = sb.s[j];
       float(&o)[4] = acc[h * (kHalfN / 8) + j];
-      o[0] = fmaf(part[j][0], sa0 * sb.x, o[0]);
-      o[1] = fmaf(part[j][1], sa0 * sb.y, o[1]);
-      o[2] = fmaf(part[j][2], sa1 * sb.x, o[2]);
-      o[3] = fmaf(part[j][3], sa1 * sb.y, o[3]);
+      o[0] = fmaf(part[j][0], sa0 * c.x, o[0]);
+      o[1] = fmaf(part[j][1], sa0 * c.y, o[1]);
+      o[2] = fmaf(part[j][2], sa1 * c.x, o[2]);
+      o[3] = fmaf(part[j][3], sa1 * c.y, o[3]);
     }
   }
 }
@@ -275,6 +322,9 @@ __device__ __forceinline__ void consume(const Fp8Params& p, const unsigned char*
                                         uint64_t* full, uint64_t* empty, int w) {
   using S = Fp8GemmSmem<BN>;
   constexpr int kHalves = BN / kHalfN;
+  // A half's scales held across its products (Note [fp8 scale reads]) but for BN = 256's
+  // column scales: 32 registers more beside its 128 + 64 spill at kConsumerRegs.
+  constexpr bool kScalesFirst = kBlocks || BN == kHalfN;
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   const int row0 = w * kRowsWg + warp * 16 + lane / 4;  // this lane's rows: row0, row0 + 8
   const int col0 = 2 * (lane % 4);                      // and columns 8j + col0, + 1
@@ -293,23 +343,27 @@ __device__ __forceinline__ void consume(const Fp8Params& p, const unsigned char*
       tma::mbar_wait(full + s, ring.parity);
       const float* sa = reinterpret_cast<const float*>(base + S::kSa + s * S::kSaBytes);
       const float* sb = reinterpret_cast<const float*>(base + S::kSb + s * S::kSbBytes);
-      // Scales read before the products, so their latency hides under them.
+      // sa (and each half's sb where kScalesFirst) read before the products, so their latency
+      // hides under them (Note [fp8 scale reads]).
       const float sa0 = sa[row0], sa1 = sa[row0 + 8];
-      float sbh[kHalves];
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h) sbh[h] = kBlocks ? sb[4 * h + (kb & 3)] : 0.0f;
       const unsigned char* a_tile = base + S::kA + s * S::kABytes + w * kRowsWg * kBK;
       const unsigned char* b_tile = base + S::kB + s * S::kBBytes;
 #pragma unroll
       for (int h = 0; h < kHalves; ++h) {
+        HalfScales<kBlocks> sbh;
+        if constexpr (kScalesFirst) load_half_scales<kBlocks>(sbh, sb, kb, h, col0);
         wg::fence();
         wg::abt_e4m3_n128(part, a_tile, b_tile + h * kHalfN * kBK, false);
         wg::commit();
         wg::wait<0>();
         wg::hold(part);
-        promote<kBlocks>(acc, part, h, sa0, sa1, sbh[h], sb, col0);
+        if constexpr (!kScalesFirst) load_half_scales<kBlocks>(sbh, sb, kb, h, col0);
+        promote<kBlocks>(acc, part, h, sa0, sa1, sbh);
       }
-      __syncwarp();  // every lane's reads of the slot's scales precede the release
+      // This thread's reads of the slot's scales (generic proxy) before the refill's bulk copies
+      // (async proxy), then every lane's before lane 0's arrival (Note [fp8 scale reads]).
+      async_proxy_fence();
+      __syncwarp();
       if (lane == 0) tma::mbar_arrive(empty + s);
     }
     store_tile<TD>(p, acc, mt * kBM + row0, nt * BN + col0);
