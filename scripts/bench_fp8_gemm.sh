@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# cuBLASLt's FP8 products per scaling mode (tests/model/bench_fp8_gemm.cc) and PyTorch's
-# torch._scaled_mm (scripts/bench_fp8_gemm.py) at the same shapes, in one command on the GPU
-# machine, then one table line per (model, linear, product): TFLOP/s of bf16 and of each FP8 mode,
-# gtron's cuBLASLt calls beside torch's. FLAGS (--tokens N, --reps R) go to both.
+# cuBLASLt's FP8 products per scaling mode (tests/model/bench_fp8_gemm.cc, which times gtron's FP8
+# quantizers first) and PyTorch's torch._scaled_mm (scripts/bench_fp8_gemm.py) at the same shapes,
+# in one command on the GPU machine, then a line per quantizer (us, GB/s) and one table line per
+# (model, linear, product): TFLOP/s of bf16 and of each FP8 mode, gtron's cuBLASLt calls beside
+# torch's. FLAGS (--tokens N, --reps R) go to both.
 #   bash scripts/bench_fp8_gemm.sh [FLAGS]     (binary: .gpubin/bench_fp8_gemm or Bazel's)
 # The JSON lines stay in $GTRON_BENCH_DIR (default: a new temporary folder).
 set -uo pipefail
@@ -20,6 +21,9 @@ rows = {}
 for src in ("cublaslt", "torch"):
     for line in open(f"{d}/{src}.jsonl"):
         r = json.loads(line)
+        if "quantizer" in r:
+            print(f'quantizer {r["quantizer"]} {r["shape"]}: {r["us"]} us, {r["gbps"]} GB/s')
+            continue
         if "mode" not in r or "error" in r:
             if "card" in r and src == "cublaslt": print("card:", r["card"])
             continue

@@ -18,7 +18,12 @@
 // Operands are random codes and unit scales: the products' values do not matter here, only their
 // time (gtron's fp8 tests, fp8_gemm_cuda_test among them, check values).
 //
-// Usage: bench_fp8_gemm [--tokens N] [--algos K] [--reps R]
+// First, the FP8 quantizers (model/ops/fp8.h's cuda::fp8_quantize_*) at the Llama-3.2-1B shapes:
+// one JSON line each, {"quantizer", "shape", "us", "gbps"}, gbps being the bytes the quantizer must
+// move (its input once, its codes and scales once: Note [fp8 quantizer bandwidth] in
+// model/ops/fp8_cuda.cu) over its time; an H100 streams ~3000 GB/s.
+//
+// Usage: bench_fp8_gemm [--tokens N] [--algos K] [--reps R] [--quantizers-only]
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -28,10 +33,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "model/dtype.h"
+#include "model/ops/fp8.h"
 #include "model/ops/fp8_gemm.h"
 
 namespace {
@@ -205,11 +212,80 @@ Timing time_gtron(const Buffers& buf, bool blocks, long m, long n, long k, int b
   return t;
 }
 
+// Times fn (one quantizer call on the default stream) over reps after a warm-up: microseconds.
+template <typename Fn>
+double time_us(Fn&& fn, int reps) {
+  for (int w = 0; w < 3; ++w) fn();
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaEventRecord(e0));
+  for (int r = 0; r < reps; ++r) fn();
+  CK(cudaEventRecord(e1));
+  CK(cudaEventSynchronize(e1));
+  CK(cudaGetLastError());
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 1e3 * ms / reps;
+}
+
+// The quantizers of the FP8 linears of Llama-3.2-1B: x (rows for the forward, cols for the
+// weight gradient), dy (rows and cols in one pass) and the fp32 masters (blocks, both
+// orientations). The input is buf.a's random bytes (finite as bf16 and as fp32), the codes go to
+// the two halves of buf.b, the scales to the scale buffers.
+void time_quantizers(const Buffers& buf, long tokens, long most, int reps) {
+  using namespace gtron;
+  struct Case {
+    const char* quantizer;
+    long rows, cols;
+  };
+  const Case cases[] = {{"rows", tokens, 2048},       {"rows", tokens, 8192},
+                        {"cols", tokens, 2048},       {"cols", tokens, 8192},
+                        {"rows_cols", tokens, 2048},  {"rows_cols", tokens, 3072},
+                        {"rows_cols", tokens, 16384}, {"blocks_f32", 3072, 2048},
+                        {"blocks_f32", 16384, 2048},  {"blocks_f32", 2048, 8192}};
+  uint8_t* q = static_cast<uint8_t*>(buf.b);
+  for (const Case& c : cases) {
+    const long R = c.rows, K = c.cols, n = R * K;
+    if (n > most) continue;  // the buffers hold `most` elements (2 bytes each) and codes twice
+    uint8_t* qt = q + most;
+    const std::string name = c.quantizer;
+    double bytes = 0;  // input once, each code once, each scale once
+    std::function<void()> call;
+    if (name == "rows") {
+      bytes = 3.0 * n + 4.0 * n / 128;
+      call = [&] { cuda::fp8_quantize_rows(buf.a, R, K, q, buf.scales_a, nullptr); };
+    } else if (name == "cols") {
+      bytes = 3.0 * n + 4.0 * n / 128;
+      call = [&] { cuda::fp8_quantize_cols(buf.a, R, K, qt, buf.scales_b, nullptr); };
+    } else if (name == "rows_cols") {
+      bytes = 4.0 * n + 8.0 * n / 128;
+      call = [&] {
+        cuda::fp8_quantize_rows_cols(buf.a, R, K, q, buf.scales_a, qt, buf.scales_b, nullptr);
+      };
+    } else {
+      if (4 * n > 2 * most) continue;
+      bytes = 6.0 * n + 8.0 * n / (128 * 128);
+      call = [&] {
+        cuda::fp8_quantize_blocks(buf.a, DType::kF32, R, K, q, buf.scales_a, qt, buf.scales_b,
+                                  nullptr);
+      };
+    }
+    const double us = time_us(call, reps);
+    std::printf("{\"quantizer\": \"%s\", \"shape\": [%ld, %ld], \"us\": %.1f, \"gbps\": %.0f}\n",
+                c.quantizer, R, K, us, bytes / us * 1e-3);
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   long tokens = 8192;
   int algos = 8, reps = 20;
+  bool quantizers_only = false;
   for (int i = 1; i < argc; ++i) {
     auto val = [&](const char* flag) {
       if (i + 1 >= argc) {
@@ -224,8 +300,12 @@ int main(int argc, char** argv) {
       algos = static_cast<int>(val("--algos"));
     } else if (!std::strcmp(argv[i], "--reps")) {
       reps = static_cast<int>(val("--reps"));
+    } else if (!std::strcmp(argv[i], "--quantizers-only")) {
+      quantizers_only = true;
     } else {
-      std::fprintf(stderr, "usage: bench_fp8_gemm [--tokens N] [--algos K] [--reps R]\n");
+      std::fprintf(stderr,
+                   "usage: bench_fp8_gemm [--tokens N] [--algos K] [--reps R] "
+                   "[--quantizers-only]\n");
       return 2;
     }
   }
@@ -273,6 +353,15 @@ int main(int argc, char** argv) {
       "{\"bench\": \"bench_fp8_gemm\", \"card\": \"%s\", \"tokens\": %ld, \"algos\": %d, "
       "\"reps\": %d}\n",
       prop.name, tokens, algos, reps);
+  time_quantizers(buf, tokens, most, reps);
+  if (quantizers_only) {
+    cublasLtDestroy(h);
+    return 0;
+  }
+  // The quantizers wrote over b and the scales: the products' operands again.
+  CK(cudaMemcpy(buf.b, buf.a, most * 2, cudaMemcpyDeviceToDevice));
+  CK(cudaMemcpy(buf.scales_a, ones.data(), nscale * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(buf.scales_b, ones.data(), nscale * 4, cudaMemcpyHostToDevice));
   struct Product {
     const char* name;
     long m, n, k;
