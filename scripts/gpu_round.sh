@@ -6,7 +6,7 @@
 #      card), then the IPC tests alone; per test one "== NAME rc=.. Ns" line with gtest's
 #      PASSED/FAILED counts and the first failure lines;
 #   2. gtron bf16, fp8 and bf16 with --attention fa3 at the Llama-3.2-1B shape (bench_gpu);
-#   3. bench_attention --variants plain,fa3 at HS 128/64, T 2048/8192.
+#   3. bench_attention --variants plain,fa3,fa3pairs at HS 128/64, T 2048/8192.
 # Here: GTRON_GPU_PACK=1 bash scripts/gpu_tests.sh fp8_cuda fp8_fused fp8_gemm flash_fa3
 #   flash_attention attention_gqa moe_cuda moe_layer train_moe gpt_cuda train_documents
 #   ipc_communicator ipc_ep norm_cuda swiglu_cuda gelu_cuda concat_cuda fused_mlp norm_linear
@@ -32,7 +32,7 @@ run_test() {
   { echo "== $t rc=$rc $(( $(date +%s) - s ))s $(grep -E '^\[  PASSED|^\[  SKIPPED \] [0-9]+|^\[  FAILED  \] [0-9]+ test' $OUT/$t.log | tr '\n' ' ')"
     grep -E "^\[  FAILED  \] [A-Z]|Failure|Expected|Which is|actual|rror" $OUT/$t.log | head -20; } > $OUT/$t.sum
 }
-lane1() { run_test fp8_cuda_test 120; run_test fp8_fused_cuda_test 90; run_test fp8_gemm_cuda_test 90; run_test flash_fa3_cuda_test 45; run_test flash_fa3_bwd_cuda_test 60; run_test linear_cuda_test 60; run_test norm_linear_cuda_test 60; }
+lane1() { run_test fp8_cuda_test 120; run_test fp8_fused_cuda_test 90; run_test fp8_gemm_cuda_test 90; run_test flash_fa3_cuda_test 150; run_test flash_fa3_bwd_cuda_test 60; run_test linear_cuda_test 60; run_test norm_linear_cuda_test 60; }
 lane2() { run_test flash_attention_cuda_test 150; run_test attention_gqa_cuda_test 90; run_test train_documents_cuda_test 90; run_test norm_cuda_test 60; run_test swiglu_cuda_test 60; run_test gelu_cuda_test 60; }
 lane3() { run_test moe_cuda_test 90; run_test moe_layer_cuda_test 90; run_test train_moe_cuda_test 120; run_test gpt_cuda_test 150; run_test concat_cuda_test 60; run_test fused_mlp_cuda_test 60; run_test train_graphs_cuda_test 120; }
 lane1 & lane2 & lane3 & wait
@@ -51,10 +51,10 @@ gt() {
   timeout 80 .gpubin/bench_gpu "${L1B[@]}" --graphs full --D 0 "$@" > $OUT/bench.log 2>&1
   echo "rc=$?"; tail -1 $OUT/bench.log; cat $OUT/bench.log >> $OUT/bench_all.log
 }
-gt --precision bf16; gt --precision fp8; gt --precision bf16 --attention fa3
+gt --precision bf16; gt --precision fp8; gt --precision bf16 --attention fa3; gt --precision fp8 --attention fa3
 if [[ $(left) -gt 60 ]]; then
   echo "== bench_attention plain,fa3 ($(left)s left)"
-  timeout $(( $(left) - 10 )) .gpubin/bench_attention --variants plain,fa3 --hs 128,64 --T 2048,8192 --modes mha --repeats 20 > $OUT/attn.jsonl 2>$OUT/attn.err
+  timeout $(( $(left) - 10 )) .gpubin/bench_attention --variants plain,fa3,fa3pairs --hs 128,64 --T 2048,8192 --modes mha --repeats 20 > $OUT/attn.jsonl 2>$OUT/attn.err
   echo "rc=$?"; tail -2 $OUT/attn.err
   python3 -c '
 import json,sys
