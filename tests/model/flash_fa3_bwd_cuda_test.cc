@@ -410,13 +410,7 @@ void expect_masked_matches_reference(Problem p, const std::vector<int>& lengths,
 TEST(FlashFa3BackwardCuda, DocumentMaskMatchesReference) {
   for (int64_t HS : {64, 128}) {
     GTRON_REQUIRE_FA3(HS);
-    for (int64_t T : {63, 1000, 2048}) {
-      for (const std::vector<int>& lengths : testing::fa3_document_lengths()) {
-        expect_masked_matches_reference(Problem{2, T, 2, HS, 2}, lengths, 37);
-        expect_masked_matches_reference(Problem{2, T, 8, HS, 2}, lengths, 37);  // GQA 4:1
-        expect_masked_matches_reference(Problem{1, T, 4, HS, 1}, lengths, 0);   // MQA
-      }
-    }
+    testing::for_each_fa3_masked_case(HS, expect_masked_matches_reference);
   }
 }
 

@@ -65,6 +65,17 @@ std::vector<std::vector<int>> fa3_document_lengths() {
   return {{128, 1, 127, 256, 3, 1, 1, 507}, {5, 1, 64, 17, 300, 1, 1, 90}, {1, 700}};
 }
 
+void for_each_fa3_masked_case(
+    int64_t HS, const std::function<void(const FlashProblem&, const std::vector<int>&, int)>& fn) {
+  for (int64_t T : {63, 1000, 2048}) {
+    for (const std::vector<int>& lengths : fa3_document_lengths()) {
+      fn(FlashProblem{2, T, 2, HS, 2}, lengths, 37);
+      fn(FlashProblem{2, T, 8, HS, 2}, lengths, 37);  // GQA 4:1
+      fn(FlashProblem{1, T, 4, HS, 1}, lengths, 0);   // MQA
+    }
+  }
+}
+
 namespace {
 float score_scale(int64_t HS) {
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(HS)));

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -70,6 +71,13 @@ std::vector<int32_t> cycled_segments(int64_t B, int64_t T, const std::vector<int
 // on a 128-key tile edge (128, 256 and, cycled, multiples of 128), one-token documents (also two
 // in a row), boundaries inside tiles, and documents longer than a tile.
 std::vector<std::vector<int>> fa3_document_lengths();
+
+// The document-masking cases the FlashAttention-3 forward and backward tests share, at head size
+// HS: T 63, 1000 and 2048, each of fa3_document_lengths(), as MHA (B 2, NH 2), GQA 4:1 (B 2,
+// NH 8, NKV 2) with the boundaries shifted by 37, and MQA (B 1, NH 4, NKV 1) unshifted:
+// fn(problem, lengths, shift) for each.
+void for_each_fa3_masked_case(
+    int64_t HS, const std::function<void(const FlashProblem&, const std::vector<int>&, int)>& fn);
 
 // The flash forward's arguments for p: q, k and v from the packed rows at `qkv` (qkv_ld wide; 0:
 // W), the output rows at `out` (o_ld wide; 0: C), lse [B, NH, T]; Tq = Tk = T, scale 1/√HS. No
