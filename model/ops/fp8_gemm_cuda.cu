@@ -97,6 +97,7 @@
 #include "model/cuda/tma_map.h"
 #include "model/cuda/wgmma.cuh"
 #include "model/cuda/wgmma_wide.cuh"
+#include "model/device.h"
 #include "model/ops/fp8_gemm.h"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -459,14 +460,20 @@ void launch_bn(const Fp8GemmArgs& g, int sms, cudaStream_t st) {
 }  // namespace
 
 bool fp8_block_gemm_usable() {
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();  // no device: clear the error this probe left
     return false;
   }
-  return major == 9 && minor == 0;
+  // The device probe of model/device.h, asked once per device: this runs before every product.
+  static std::array<std::atomic<int>, 64> verdict{};  // 0 unknown, 1 usable, 2 not
+  if (device < 0 || device >= static_cast<int>(verdict.size())) return false;
+  int v = verdict[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = cuda_compute_capability(device) == 90 ? 1 : 2;
+    verdict[device].store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
 }
 
 bool fp8_block_gemm_ok(int64_t M, int64_t N, int64_t K) {
