@@ -239,6 +239,7 @@ TEST(Fp8Cuda, WeightCodesMadeOnceAStepFromTheMaster) {
   }
   EXPECT_EQ(access.fp8_quantizations(), 2) << "a refresh must make the codes again";
   EXPECT_GE(access.fp8_bytes(), 2 * N * Cin);
+  EXPECT_EQ(access.shadow_bytes(), 0) << "an FP8 weight with codes needs no bf16 shadow";
 
   const std::vector<float> xf = to_floats(xh.to_vector()), dyf = to_floats(dyh.to_vector()),
                            wf = to_floats(wp.data.to_vector());
@@ -313,7 +314,8 @@ TEST(Fp8Cuda, LinearWithBiasAndResidualMatchesTheCpuEmulation) {
 // data gradient (bf16, within its rounding) and weight gradient (fp32).
 TEST(Fp8Cuda, LinearOnGtronsKernelAgreesWithCublasLt) {
   GTRON_REQUIRE_GPU();
-  if (!cuda::fp8_block_gemm_usable()) GTEST_SKIP() << "gtron's FP8 GEMM needs compute capability 9.0";
+  if (!cuda::fp8_block_gemm_usable())
+    GTEST_SKIP() << "gtron's FP8 GEMM needs compute capability 9.0";
   const Device dev = Device::cuda(0);
   const int64_t N = 384, Cin = 512, Cout = 256;
   const Tensor xh = testing::randn_tensor({N, Cin}, 5, 1.0, DType::kF32).to(DType::kBF16);
