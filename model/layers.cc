@@ -102,12 +102,15 @@ bool LinearLayer::wants_fp8_codes(const Var& x) const {
 Var LinearLayer::forward(const Var& x, WeightAccess& w, const Var& residual,
                          const fp8::QuantizedRows* xq) const {
   if (tp != nullptr) return residual.defined() ? add(residual, tp_forward(x, w)) : tp_forward(x, w);
-  Var wv = w.use(*weight);
-  // Note [fp8 weights once a step]: the access's codes of the weight, where the product runs FP8.
+  // Note [fp8 weights once a step]: the access's codes of the weight, where the product runs FP8;
+  // then the use needs no bf16 copy of it (Note [fp8 weights without shadows]).
   const fp8::QuantizedWeight* wq = nullptr;
-  if (fp8 && x.device().is_cuda() && x.dtype() == DType::kBF16) {
-    const int64_t in = wv.shape()[1], out = wv.shape()[0];
-    if (cuda::fp8_gemm_ok(x.value().numel() / in, in, out)) wq = w.fp8_weight(*weight);
+  Var wv;
+  if (fp8 && x.device().is_cuda() && x.dtype() == DType::kBF16 &&
+      cuda::fp8_gemm_ok(x.value().numel() / in_features, in_features, out_features)) {
+    wv = w.use_fp8(*weight, &wq);
+  } else {
+    wv = w.use(*weight);
   }
   Var y = linear(x, wv, bias ? w.use_bias(*bias) : Var(), residual, fp8, wq, xq);
   w.used(*weight, wv);

@@ -70,6 +70,16 @@ class WeightAccess {
     (void)p;
     return nullptr;
   }
+  // use(p) and fp8_weight(p) together, for a linear that runs its products in FP8 on CUDA; *codes
+  // gets fp8_weight's answer. Where the codes exist, the returned Var's value may be any tensor of
+  // p's shape on p's device (the linear reads only the codes, and its gradient goes to main_grad):
+  // Bf16Weights gives the fp32 master itself, so no bf16 shadow of an FP8 weight is ever made
+  // (Note [fp8 weights without shadows] in model/ops/fp8.h).
+  virtual Var use_fp8(Parameter& p, const fp8::QuantizedWeight** codes) {
+    Var v = use(p);
+    *codes = fp8_weight(p);
+    return v;
+  }
 };
 
 // The single-process access: the parameter itself.

@@ -63,6 +63,12 @@ int64_t Bf16Weights::fp8_bytes() const {
   return n;
 }
 
+Var Bf16Weights::use_fp8(Parameter& p, const fp8::QuantizedWeight** codes) {
+  p.make_ready();
+  *codes = fp8_weight(p);
+  return Var::param_as(p, p.data);
+}
+
 Var Bf16Weights::use(Parameter& p) {
   p.make_ready();
   return Var::param_as(p, current_shadow(p));

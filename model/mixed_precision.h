@@ -58,6 +58,8 @@ class Bf16Weights : public WeightAccess {
   // p's FP8 codes (both orientations), quantized from its fp32 master if stale, allocated at the
   // first call and kept. REQUIRES: use(p) came first (p is ready), p is [N, K].
   const fp8::QuantizedWeight* fp8_weight(Parameter& p) override;
+  // The fp32 master as the use's value beside its codes: no shadow (WeightAccess::use_fp8).
+  Var use_fp8(Parameter& p, const fp8::QuantizedWeight** codes) override;
   // Marks every shadow stale: call after loading weights, or after an optimizer step that does not
   // write shadows.
   void refresh();

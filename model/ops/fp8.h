@@ -93,6 +93,13 @@ void emulate_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db, 
 // the linear reads it. The codes then come from the fp32 master, as on the CPU (no bf16 rounding
 // first). A linear with no QuantizedWeight (GTP's gathered weights, tensor-parallel parts, tests)
 // quantizes w itself, from its bf16 value.
+// Note [fp8 weights without shadows]
+// Where a linear's products run in FP8 with its weight's codes, nothing reads a bf16 copy of the
+// weight: the forward and the data gradient read the codes, the weight gradient goes to the fp32
+// main_grad. So Bf16Weights::use_fp8 hands the linear the fp32 master as the use's value and makes
+// no shadow for it: 2 bytes a parameter less than the bf16 path's shadows, beside the codes' 2
+// (both orientations), and no cast kernel and no optimizer store of a shadow for these weights.
+// linear() accepts such a weight (any dtype) only together with its codes.
 struct QuantizedWeight {
   Tensor q, s;    // codes [N, K] (as the u8 bytes of a tensor), blocks-layout scales
   Tensor qt, st;  // the transposed codes [K, N], blocks-layout scales of the [K, N] matrix

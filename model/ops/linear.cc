@@ -19,7 +19,6 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual, bool f
   const int64_t Cout = w.shape()[0];
   check_shape("linear weight", w.shape(), Shape{Cout, Cin});
   if (b.defined()) check_shape("linear bias", b.shape(), Shape{Cout});
-  check_same_device_dtype("linear", x.value(), w.value());
   if (b.defined()) check_param_operand("linear bias", x.value(), b.value());
 
   std::vector<int64_t> ydims = x.shape().vec();
@@ -37,6 +36,14 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual, bool f
   fp8 = fp8 && (fp8_cuda || !dev.is_cuda());
   // The weight's codes, kept for the backward (their storage belongs to the access that made them).
   const bool have_wq = fp8_cuda && wq != nullptr;
+  // The weight's value is read only where no codes were handed in; with them it may be the fp32
+  // master (Note [fp8 weights without shadows] in fp8.h).
+  if (have_wq) {
+    GTRON_CHECK(w.device() == dev, "linear: the weight is on ", w.device().str(), ", x on ",
+                dev.str());
+  } else {
+    check_same_device_dtype("linear", x.value(), w.value());
+  }
   const fp8::QuantizedWeight wcodes = have_wq ? *wq : fp8::QuantizedWeight{};
   if (have_wq) {
     GTRON_CHECK(wcodes.q.nbytes() >= static_cast<size_t>(Cout * Cin) &&

@@ -239,6 +239,7 @@ TEST(Fp8Cuda, WeightCodesMadeOnceAStepFromTheMaster) {
   }
   EXPECT_EQ(access.fp8_quantizations(), 2) << "a refresh must make the codes again";
   EXPECT_GE(access.fp8_bytes(), 2 * N * Cin);
+  EXPECT_EQ(access.shadow_bytes(), 0) << "an FP8 weight with codes needs no bf16 shadow";
 
   const std::vector<float> xf = to_floats(xh.to_vector()), dyf = to_floats(dyh.to_vector()),
                            wf = to_floats(wp.data.to_vector());
