@@ -1,12 +1,44 @@
 // The CUDA FP8 quantizers (Note [fp8 recipe], [fp8 layouts] in fp8.h): the same codes and scales
-// as the CPU reference (fp8_cpu.cc) bit for bit: power-of-two scales make the scaling exact, and
-// cvt.rn.satfinite rounds like encode_e4m3 (the tile arithmetic: fp8_tile.cuh).
+// as the CPU reference (fp8_cpu.cc) bit for bit, through the tile arithmetic of fp8_tile.cuh (Note
+// [fp8 tile arithmetic]). A tile with a non-finite value gets a NaN scale and NaN codes (0x7f), as
+// on the CPU.
 //
-// Each is one pass over its input (bf16 activations and gradients; the weight in fp32 or bf16):
-// amax of the tile, its scale, then the codes. A tile with a non-finite value gets a NaN scale and
-// NaN codes (0x7f), as on the CPU.
+// Note [fp8 quantizer bandwidth]
+// Each quantizer reads its input once and writes each code once: a tile waits in registers or
+// shared memory while its amax is reduced, and is never read twice. Bytes an element (codes 1,
+// scales 4/128 a tiling) and the time at 3 TB/s (an H100 streams 3.0-3.3), Llama-3.2-1B shapes:
+//   rows       bf16 x: 2 read, 1 + 1/32 written.   [8192, 2048]: 51 MB, 17 us.
+//   cols       the same, the codes transposed.      [8192, 8192]: 203 MB, 68 us (was 252).
+//   rows_cols  2 read, 2 + 1/16 written.            [8192, 16384]: 545 MB, 182 us (was 322);
+//                                                   [8192, 3072]: 102 MB, 34 us.
+//   blocks     fp32 w: 4 read, 2 written (q, qt).   [2048, 3072]: 38 MB, 13 us (was 55);
+//                                                   [16384, 2048]: 201 MB, 67 us;
+//                                                   [2048, 8192]: 101 MB, 34 us.
+// A training step at 8192 tokens (16 layers; 64 calls of each of rows_cols, cols, blocks) then
+// moves 12.5 + 5.7 + 5.8 GB: about 4.2 + 1.9 + 2.0 ms, against 8.9 + 8.2 + 6.8 ms measured before.
+// Reaching that takes ~25 KB in flight an SM (3.3 TB/s times ~1 us of loaded latency, over 132
+// SMs), and few enough instructions: at 3 TB/s an SM (128 lanes a clock, 1.75 GHz) has ~39 issue
+// slots an element in rows_cols, 30 in rows and cols, 59 in blocks. The kernels:
+// - rows: a half-warp a 1x128 tile (a 16-byte load of 8 bf16 a lane: the producers' layout), two
+//   rows a half in flight before either is coded; rows on grid x and k-tiles on y (no division).
+// - cols and rows_cols: a 128x128 tile a CTA of 256, staged in shared memory by 8 16-byte loads a
+//   thread issued together; the chunks are swizzled so that the column reads (a bf16x2 word, one
+//   column pair, a thread and row) meet no bank conflict; 8 lanes a pair reduce its two amaxes as
+//   bf16x2 and store 16 codes of each column with one 16-byte store (8 lanes fill a 128-byte line
+//   of qt). rows_cols codes the row tiles from the registers it loaded.
+// - blocks: a 128x128 block a CTA of 512, 32 values a thread (8 16-byte loads in flight), so even
+//   the 384 blocks of [2048, 3072] keep 2 CTAs (128 KB in flight) on every SM most of the time; q
+//   is stored from registers (a warp a 128-byte row), qt through shared memory (swizzled words, two
+//   4x4 byte transposes a thread, 8-byte stores, 16 lanes a 128-byte line).
+// Instructions an element, from the PTX of the fast paths (register moves and the abs folded into
+// max not counted): rows ~10, cols ~7, rows_cols ~14, blocks ~14; the old kernels took 42, 26 and
+// 23 (an ldexpf an element among them), and blocks read its input twice. Shared memory: the column
+// pass reads 4 bytes a pair of elements.
+// ptxas (CUDA 13, sm_90), no spills: rows 32 registers (8 CTAs of 256 an SM), cols 40 (6 CTAs, 192
+// KB of shared memory), rows_cols 64 (4 CTAs), blocks 64 (2 CTAs of 512); the launch bounds say so.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "model/cuda/kernel_util.cuh"
 #include "model/ops/fp8.h"
@@ -18,191 +50,268 @@ namespace {
 
 constexpr int kTile = static_cast<int>(fp8::kTile);
 
-__device__ __forceinline__ float load(const bf16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ float load(const float* p) { return *p; }
+__device__ __forceinline__ uint32_t bits_of(bf16 v) { return __bfloat16_as_ushort(v); }
 
-// One warp a 1x128 tile along K: lane l holds elements [4l, 4l + 4) of it.
-__global__ void quantize_rows_kernel(const bf16* __restrict__ x, int64_t R, int64_t K,
-                                     uint8_t* __restrict__ q, float* __restrict__ s) {
-  const int lane = threadIdx.x & 31;
-  const int64_t tiles_k = (K + kTile - 1) / kTile;
-  const int64_t tile = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (tile >= R * tiles_k) return;
-  const int64_t r = tile / tiles_k, kb = tile % tiles_k;
-  const int64_t k0 = kb * kTile + 4 * lane;
-  float v[4];
-  float amax = 0.0f;
-  bool bad = false;
+// 8 bf16 of a row from column c as a bf16x2 uint4 (zeros past K). kVec: one 16-byte load
+// (REQUIRES: c % 8 == 0, K % 8 == 0, the row 16-byte aligned); else element by element.
+template <bool kVec>
+__device__ __forceinline__ uint4 load8(const bf16* __restrict__ row, int64_t c, int64_t K) {
+  if constexpr (kVec) {
+    return c < K ? *reinterpret_cast<const uint4*>(row + c) : make_uint4(0, 0, 0, 0);
+  } else {
+    uint32_t h[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) h[i] = c + i < K ? bits_of(row[c + i]) : 0u;
+    return make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+  }
+}
+
+__device__ __forceinline__ void unpack8(const uint4& w, float (&v)[8]) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    v[i] = k0 + i < K ? load(x + r * K + k0 + i) : 0.0f;
-    bad |= !isfinite(v[i]);
-    amax = fmaxf(amax, fabsf(v[i]));
+    v[2 * i] = bf16_lo(u[i]);
+    v[2 * i + 1] = bf16_hi(u[i]);
   }
-  bad = __any_sync(0xffffffffu, bad);
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const int e = bad ? 0 : e4m3_scale_exponent(amax);
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    if (k0 + i < K) q[r * K + k0 + i] = e4m3_encode(v[i], e, bad);
-  if (lane == 0) s[kb * R + r] = e4m3_scale(e, bad);
 }
 
-// A 128 (rows) x 64 (columns) tile of x[R, K] per block of 256 threads: each column's 128 values
-// are one tile of xᵀ; written transposed, qt[K, R], scales st[R / 128, K].
-constexpr int kColsPerBlock = 64;
+// quantize_rows: a half-warp a 1x128 tile along K, lane l holding its elements [8l, 8l + 8)
+// (half_tile_scale's layout). A CTA of kRowsThreads takes k-tile blockIdx.y of kRowsPerHalf · 16
+// rows; each half kRowsPerHalf rows 16 apart, all loaded before any is coded. kVec: K % 8 == 0,
+// x 16-byte and q 8-byte aligned; else element by element.
+constexpr int kRowsThreads = 256;
+constexpr int kRowsPerHalf = 2;
+constexpr int kRowsPerCta = kRowsPerHalf * kRowsThreads / 16;
 
-__global__ void quantize_cols_kernel(const bf16* __restrict__ x, int64_t R, int64_t K,
-                                     uint8_t* __restrict__ qt, float* __restrict__ st) {
-  __shared__ float tile[kTile][kColsPerBlock + 1];
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kColsPerBlock;
-  for (int i = threadIdx.x; i < kTile * kColsPerBlock; i += blockDim.x) {
-    const int r = i / kColsPerBlock, c = i % kColsPerBlock;
-    tile[r][c] = c0 + c < K ? load(x + (r0 + r) * K + c0 + c) : 0.0f;
-  }
-  __syncthreads();
-  // Four threads a column (adjacent lanes), 32 rows each.
-  const int c = threadIdx.x / 4, part = threadIdx.x % 4;
-  float amax = 0.0f;
-  bool bad = false;
-  for (int r = part * 32; r < part * 32 + 32; ++r) {
-    bad |= !isfinite(tile[r][c]);
-    amax = fmaxf(amax, fabsf(tile[r][c]));
-  }
-  for (int o = 1; o < 4; o <<= 1) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    bad |= __shfl_xor_sync(0xffffffffu, static_cast<int>(bad), o) != 0;
-  }
-  if (c0 + c >= K) return;
-  const int e = bad ? 0 : e4m3_scale_exponent(amax);
-  alignas(16) uint8_t codes[32];  // read back as uint4: 16-byte aligned even in local memory
+template <bool kVec>
+__global__ void __launch_bounds__(kRowsThreads)
+    quantize_rows_kernel(const bf16* __restrict__ x, int64_t R, int64_t K, uint8_t* __restrict__ q,
+                         float* __restrict__ s) {
+  const int l = threadIdx.x & 15;
+  const int64_t k = static_cast<int64_t>(blockIdx.y) * kTile + 8 * l;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + threadIdx.x / 16;
+  uint4 w[kRowsPerHalf];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) codes[i] = e4m3_encode(tile[part * 32 + i][c], e, bad);
-  uint4* dst = reinterpret_cast<uint4*>(qt + (c0 + c) * R + r0 + part * 32);
-  dst[0] = *reinterpret_cast<const uint4*>(codes);
-  dst[1] = *reinterpret_cast<const uint4*>(codes + 16);
-  if (part == 0) st[(r0 / kTile) * K + c0 + c] = e4m3_scale(e, bad);
+  for (int i = 0; i < kRowsPerHalf; ++i) {
+    const int64_t r = r0 + 16 * i;
+    w[i] = r < R ? load8<kVec>(x + r * K, k, K) : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int i = 0; i < kRowsPerHalf; ++i) {
+    const int64_t r = r0 + 16 * i;
+    if (r >= R) break;  // the whole half-warp leaves together
+    float v[8];
+    unpack8(w[i], v);
+    const E4M3Scale t = half_tile_scale(v);
+    const uint2 codes = t.encode8(v);
+    uint8_t* dst = q + r * K + k;
+    if constexpr (kVec) {
+      if (k < K) *reinterpret_cast<uint2*>(dst) = codes;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (k + j < K) dst[j] = static_cast<uint8_t>((j < 4 ? codes.x : codes.y) >> (8 * (j % 4)));
+    }
+    if (l == 0) s[blockIdx.y * R + r] = t.scale();
+  }
 }
 
-// One 128x128 tile of x[R, K] per block of 256 threads, read once: its 128 row tiles (1x128
-// along K) as quantize_rows_kernel codes them, and its 128 column tiles (128x1 along R) as
-// quantize_cols_kernel does, written transposed.
-__global__ void quantize_rows_cols_kernel(const bf16* __restrict__ x, int64_t R, int64_t K,
-                                          uint8_t* __restrict__ q, float* __restrict__ s,
-                                          uint8_t* __restrict__ qt, float* __restrict__ st) {
-  __shared__ bf16 tile[kTile][kTile + 8];  // +8: a row starts 16 bytes off the last one's bank
+// quantize_cols (kRows false) and quantize_rows_cols (true): a 128 (rows) x 128 (columns) tile of
+// x[R, K] a CTA of 256 threads. Each column's 128 values are one tile of xᵀ, written transposed:
+// qt[K, R], scales st[R / 128, K]; with kRows each row's 128 values are also one row tile: q[R, K],
+// scales s[K / 128, R].
+// - Load: thread t takes 16-byte chunk t % 16 of rows t / 16 + 16i (i < 8), all 8 loads in flight.
+//   Chunk c of row r sits at c ^ (r / 16 % 8) in shared memory (the swizzle); the 8 threads of a
+//   quarter-warp store one row's 8 chunks: no bank conflict.
+// - Row tiles (kRows): the 16 lanes of a half-warp hold one row, 8 values a lane: half_tile_scale's
+//   layout, from registers.
+// - Column tiles: a column pair (a bf16x2 word) and 16 rows a thread, two such units a thread; the
+//   8 lanes of a pair are adjacent, so a warp reads word w % 4 of chunk w / 4 of rows 16g + i for 4
+//   pairs and 8 groups g, which the swizzle spreads over the 32 banks. Each lane then holds 16
+//   codes of each of its two columns: one 16-byte store each, 8 lanes filling a 128-byte line.
+// kVec: K % 8 == 0 and x 16-byte aligned (always so with kRows); else element-wise loads (K % 4
+// == 0 keeps column pairs whole).
+constexpr int kColsThreads = 256;
+
+template <bool kRows, bool kVec>
+__global__ void __launch_bounds__(kColsThreads, kRows ? 4 : 6)
+    quantize_cols_kernel(const bf16* __restrict__ x, int64_t R, int64_t K, uint8_t* __restrict__ q,
+                         float* __restrict__ s, uint8_t* __restrict__ qt, float* __restrict__ st) {
+  __shared__ uint4 tile[kTile][kTile / 8];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  // 16-byte loads: a row of the tile is 16 chunks of 8 values.
-  for (int i = threadIdx.x; i < kTile * 16; i += blockDim.x) {
-    const int r = i / 16, c = (i % 16) * 8;
-    *reinterpret_cast<uint4*>(&tile[r][c]) =
-        *reinterpret_cast<const uint4*>(x + (r0 + r) * K + c0 + c);
+  const int t = threadIdx.x, chunk = t % 16, row0 = t / 16;
+  uint4 w[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w[i] = load8<kVec>(x + (r0 + row0 + 16 * i) * K, c0 + 8 * chunk, K);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) tile[row0 + 16 * i][chunk ^ i] = w[i];
+  if constexpr (kRows) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t r = r0 + row0 + 16 * i;
+      float v[8];
+      unpack8(w[i], v);
+      quantize_tile_part(v, q + r * K + c0 + 8 * chunk, s + blockIdx.x * R + r);
+    }
   }
   __syncthreads();
-  // Row tiles: warp w takes rows w, w + 8, ...; lane l holds elements [4l, 4l + 4).
-  for (int r = warp; r < kTile; r += 8) {
-    float v[4];
-    float amax = 0.0f;
-    bool bad = false;
+  const auto* words = reinterpret_cast<const uint32_t*>(tile);  // [128 rows][64 words]
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[i] = __bfloat162float(tile[r][4 * lane + i]);
-      bad |= !isfinite(v[i]);
-      amax = fmaxf(amax, fabsf(v[i]));
+  for (int unit = 0; unit < 2; ++unit) {
+    const int u = t + kColsThreads * unit;
+    const int pair = u / 8, g = u % 8;  // columns 2·pair, 2·pair + 1; rows [16g, 16g + 16)
+    const int word = ((pair / 4) ^ g) * 4 + pair % 4;
+    uint32_t a[16];
+    uint32_t amax = 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      a[i] = words[(16 * g + i) * (kTile / 2) + word];
+      amax = e4m3_absmax2(amax, a[i]);
     }
-    bad = __any_sync(0xffffffffu, bad);
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const int e = bad ? 0 : e4m3_scale_exponent(amax);
-    uint32_t packed = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      packed |= static_cast<uint32_t>(e4m3_encode(v[i], e, bad)) << (8 * i);
-    *reinterpret_cast<uint32_t*>(q + (r0 + r) * K + c0 + 4 * lane) = packed;
-    if (lane == 0) s[blockIdx.x * R + r0 + r] = e4m3_scale(e, bad);
-  }
-  // Column tiles: two adjacent threads a column, 64 rows each.
-  const int c = threadIdx.x / 2, part = threadIdx.x % 2;
-  float amax = 0.0f;
-  bool bad = false;
-  for (int r = part * 64; r < part * 64 + 64; ++r) {
-    const float v = __bfloat162float(tile[r][c]);
-    bad |= !isfinite(v);
-    amax = fmaxf(amax, fabsf(v));
-  }
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  bad |= __shfl_xor_sync(0xffffffffu, static_cast<int>(bad), 1) != 0;
-  const int e = bad ? 0 : e4m3_scale_exponent(amax);
-  uint8_t* dst = qt + (c0 + c) * R + r0 + part * 64;
+    for (int o = 1; o < 8; o <<= 1) amax = e4m3_absmax2(amax, __shfl_xor_sync(~0u, amax, o));
+    const int64_t c = c0 + 2 * pair;
+    if (c >= K) continue;  // K % 4 == 0: the pair is whole or gone
+    const E4M3Scale lo(bf16_lo(amax)), hi(bf16_hi(amax));
+    uint32_t even[4], odd[4];
 #pragma unroll
-  for (int chunk = 0; chunk < 4; ++chunk) {
-    alignas(16) uint8_t codes[16];  // read back as a uint4
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      codes[i] = e4m3_encode(__bfloat162float(tile[part * 64 + chunk * 16 + i][c]), e, bad);
-    reinterpret_cast<uint4*>(dst)[chunk] = *reinterpret_cast<const uint4*>(codes);
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t* b = a + 4 * j;
+      even[j] = lo.encode4(bf16_lo(b[0]), bf16_lo(b[1]), bf16_lo(b[2]), bf16_lo(b[3]));
+      odd[j] = hi.encode4(bf16_hi(b[0]), bf16_hi(b[1]), bf16_hi(b[2]), bf16_hi(b[3]));
+    }
+    uint8_t* dst = qt + c * R + r0 + 16 * g;
+    *reinterpret_cast<uint4*>(dst) = make_uint4(even[0], even[1], even[2], even[3]);
+    *reinterpret_cast<uint4*>(dst + R) = make_uint4(odd[0], odd[1], odd[2], odd[3]);
+    if (g == 0) {
+      st[(r0 / kTile) * K + c] = lo.scale();
+      st[(r0 / kTile) * K + c + 1] = hi.scale();
+    }
   }
-  if (part == 0) st[(r0 / kTile) * K + c0 + c] = e4m3_scale(e, bad);
 }
 
-// One 128x128 block of w[N, K] per block of 256 threads: codes as stored (q) and transposed (qt),
-// with the block's scale in both scale layouts; the padding of each scale row is zeroed.
-template <typename T>
-__global__ void quantize_blocks_kernel(const T* __restrict__ w, int64_t N, int64_t K,
-                                       uint8_t* __restrict__ q, float* __restrict__ s,
-                                       uint8_t* __restrict__ qt, float* __restrict__ st) {
-  __shared__ uint8_t codes[kTile][kTile + 4];
-  __shared__ float warp_max[8];
+// quantize_blocks: one 128x128 block of w[N, K] a CTA of 512 threads, held in registers: warp w
+// takes rows 8w .. 8w + 7, lane l columns 4l .. 4l + 3 of each (a warp reads a 512-byte fp32 row
+// at once; 8 loads a thread in flight). The block's amax goes through the warps' shuffles and 16
+// floats of shared memory; q is stored from registers (4 codes a lane, a warp a 128-byte row);
+// the codes also go to shared memory, word c of row r at c ^ 2·(r / 8 % 16), from which thread t
+// reads word t / 16 of rows 8·(t % 16) .. + 7 (conflict-free), transposes the 4x4 bytes twice and
+// stores 8 codes of each of its 4 qt rows (16 lanes fill a 128-byte line). kVec: K % 4 == 0, w
+// aligned to 4 values and q to 4 bytes; else element by element. qt_vec: N % 8 == 0, qt 8-byte
+// aligned; else byte stores.
+constexpr int kBlockThreads = 512;
+
+// The n (0-4) values at w[i, i + n) as floats, zeros after them (the pointer is formed only for
+// n > 0: a row past the matrix is never addressed).
+template <typename T, bool kVec>
+__device__ __forceinline__ void load4(const T* __restrict__ w, int64_t i, int n, float (&v)[4]) {
+  v[0] = v[1] = v[2] = v[3] = 0.0f;
+  if (n == 0) return;
+  if constexpr (kVec && std::is_same_v<T, float>) {
+    const float4 f = *reinterpret_cast<const float4*>(w + i);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else if constexpr (kVec) {
+    const uint2 h = *reinterpret_cast<const uint2*>(w + i);
+    v[0] = bf16_lo(h.x), v[1] = bf16_hi(h.x), v[2] = bf16_lo(h.y), v[3] = bf16_hi(h.y);
+  } else {
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+      if (m < n) v[m] = to_float(w[i + m]);
+  }
+}
+
+// out[m] = byte m of each of a[0..3] (a[i]'s in byte i): a 4x4 byte transpose.
+__device__ __forceinline__ void transpose4x4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t (&out)[4]) {
+  const uint32_t t0 = __byte_perm(a0, a1, 0x5140), t1 = __byte_perm(a2, a3, 0x5140);
+  const uint32_t t2 = __byte_perm(a0, a1, 0x7362), t3 = __byte_perm(a2, a3, 0x7362);
+  out[0] = __byte_perm(t0, t1, 0x5410);
+  out[1] = __byte_perm(t0, t1, 0x7632);
+  out[2] = __byte_perm(t2, t3, 0x5410);
+  out[3] = __byte_perm(t2, t3, 0x7632);
+}
+
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kBlockThreads, 2)
+    quantize_blocks_kernel(const T* __restrict__ w, int64_t N, int64_t K, uint8_t* __restrict__ q,
+                           float* __restrict__ s, uint8_t* __restrict__ qt, float* __restrict__ st,
+                           bool qt_vec) {
+  __shared__ uint32_t codes[kTile][kTile / 4];
+  __shared__ float warp_max[kBlockThreads / 32];
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int rows = static_cast<int>(min(static_cast<int64_t>(kTile), N - n0));
   const int cols = static_cast<int>(min(static_cast<int64_t>(kTile), K - k0));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int ncols = min(max(cols - 4 * lane, 0), 4);       // of this lane's 4 columns, in the block
+  const int64_t at = (n0 + 8 * warp) * K + k0 + 4 * lane;  // row 8·warp, this lane's columns
+  float v[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) load4<T, kVec>(w, at + j * K, 8 * warp + j < rows ? ncols : 0, v[j]);
   float amax = 0.0f;
-  bool bad = false;
-  for (int i = threadIdx.x; i < kTile * kTile; i += blockDim.x) {
-    const int r = i / kTile, c = i % kTile;
-    if (r < rows && c < cols) {
-      const float v = load(w + (n0 + r) * K + k0 + c);
-      bad |= !isfinite(v);
-      amax = fmaxf(amax, fabsf(v));
-    }
-  }
-  bad = __syncthreads_or(bad) != 0;
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = amax;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) amax = e4m3_absmax(amax, v[j][m]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = e4m3_absmax(amax, __shfl_xor_sync(~0u, amax, o));
+  if (lane == 0) warp_max[warp] = amax;
   __syncthreads();
-  amax = 0.0f;
-  for (int i = 0; i < static_cast<int>(blockDim.x / 32); ++i) amax = fmaxf(amax, warp_max[i]);
-  const int e = bad ? 0 : e4m3_scale_exponent(amax);
-  for (int i = threadIdx.x; i < kTile * kTile; i += blockDim.x) {
-    const int r = i / kTile, c = i % kTile;
-    if (r < rows && c < cols) {
-      const uint8_t code = e4m3_encode(load(w + (n0 + r) * K + k0 + c), e, bad);
-      if (q != nullptr) q[(n0 + r) * K + k0 + c] = code;
-      codes[r][c] = code;
+  amax = warp_max[lane % 16];
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) amax = e4m3_absmax(amax, __shfl_xor_sync(~0u, amax, o));
+  const E4M3Scale t(amax);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int r = 8 * warp + j;
+    const uint32_t c = t.encode4(v[j][0], v[j][1], v[j][2], v[j][3]);
+    codes[r][lane ^ (2 * warp)] = c;
+    if (q == nullptr || r >= rows) continue;
+    uint8_t* dst = q + at + j * K;
+    if (kVec && ncols == 4) {
+      *reinterpret_cast<uint32_t*>(dst) = c;
+    } else {
+      for (int m = 0; m < ncols; ++m) dst[m] = static_cast<uint8_t>(c >> (8 * m));
     }
   }
   const int64_t tiles_n = (N + kTile - 1) / kTile, tiles_k = (K + kTile - 1) / kTile;
   const int64_t ld = (tiles_k + 3) / 4 * 4, ld_t = (tiles_n + 3) / 4 * 4;
   if (threadIdx.x == 0) {
     if (s != nullptr) {
-      s[blockIdx.y * ld + blockIdx.x] = e4m3_scale(e, bad);
+      s[blockIdx.y * ld + blockIdx.x] = t.scale();
       if (blockIdx.x == tiles_k - 1)
         for (int64_t j = tiles_k; j < ld; ++j) s[blockIdx.y * ld + j] = 0.0f;
     }
     if (st != nullptr) {
-      st[blockIdx.x * ld_t + blockIdx.y] = e4m3_scale(e, bad);
+      st[blockIdx.x * ld_t + blockIdx.y] = t.scale();
       if (blockIdx.y == tiles_n - 1)
         for (int64_t j = tiles_n; j < ld_t; ++j) st[blockIdx.x * ld_t + j] = 0.0f;
     }
   }
   if (qt == nullptr) return;
   __syncthreads();
-  for (int i = threadIdx.x; i < kTile * kTile; i += blockDim.x) {
-    const int c = i / kTile, r = i % kTile;  // qt row c, its element r
-    if (r < rows && c < cols) qt[(k0 + c) * N + n0 + r] = codes[r][c];
+  // Thread t: qt rows (w's columns) 4·group + m, their elements (w's rows) 8·part + i.
+  const int group = threadIdx.x / 16, part = threadIdx.x % 16;
+  uint32_t a[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) a[i] = codes[8 * part + i][group ^ (2 * part)];
+  uint32_t lo[4], hi[4];
+  transpose4x4(a[0], a[1], a[2], a[3], lo);
+  transpose4x4(a[4], a[5], a[6], a[7], hi);
+  const int r = 8 * part;
+  if (r >= rows) return;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const int c = 4 * group + m;
+    if (c >= cols) break;
+    uint8_t* dst = qt + (k0 + c) * N + n0 + r;
+    if (qt_vec) {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(lo[m], hi[m]);
+    } else {
+      for (int i = 0; i < min(8, rows - r); ++i)
+        dst[i] = static_cast<uint8_t>((i < 4 ? lo[m] : hi[m]) >> (8 * (i % 4)));
+    }
   }
 }
 
@@ -224,8 +333,45 @@ __global__ void add_bias_kernel(bf16* __restrict__ y, const B* __restrict__ bias
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     bf16* row = y + n * C;
     for (int c = threadIdx.x; c < Ci; c += blockDim.x)
-      row[c] = __float2bfloat16_rn(__bfloat162float(row[c]) + load(bias + c));
+      row[c] = __float2bfloat16_rn(__bfloat162float(row[c]) + to_float(bias[c]));
   }
+}
+
+// quantize_cols_kernel<kRows> over x[R, K]. REQUIRES: R % 128 == 0, K % 4 == 0 (checked by the
+// callers); with kRows, K % 128 == 0 and x 16-byte aligned.
+template <bool kRows>
+void launch_cols(const void* x, int64_t R, int64_t K, uint8_t* q, float* s, uint8_t* qt, float* st,
+                 void* stream) {
+  GTRON_CHECK(R / fp8::kTile <= 65535, "fp8 column quantizer: R = ", R,
+              "; at most 65535 tiles of 128");
+  GTRON_CHECK(is_aligned(qt, 16) && (!kRows || is_aligned(q, 8)), "fp8 column quantizer: codes at ",
+              static_cast<const void*>(q), " / ", static_cast<const void*>(qt),
+              "; qt must be 16-byte and q 8-byte aligned");
+  const dim3 grid(static_cast<unsigned>(fp8::tiles(K)), static_cast<unsigned>(R / fp8::kTile));
+  cudaStream_t cs = static_cast<cudaStream_t>(stream);
+  const auto* xp = static_cast<const bf16*>(x);
+  if (kRows || (K % 8 == 0 && is_aligned(x, 16))) {
+    quantize_cols_kernel<kRows, true><<<grid, kColsThreads, 0, cs>>>(xp, R, K, q, s, qt, st);
+  } else {
+    quantize_cols_kernel<false, false><<<grid, kColsThreads, 0, cs>>>(xp, R, K, q, s, qt, st);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void launch_blocks(const T* w, int64_t N, int64_t K, uint8_t* q, float* s, uint8_t* qt, float* st,
+                   cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(fp8::tiles(K)), static_cast<unsigned>(fp8::tiles(N)));
+  const bool vec = K % 4 == 0 && is_aligned(w, 4 * sizeof(T)) && is_aligned(q, 4);
+  const bool qt_vec = N % 8 == 0 && is_aligned(qt, 8);
+  if (vec) {
+    quantize_blocks_kernel<T, true>
+        <<<grid, kBlockThreads, 0, stream>>>(w, N, K, q, s, qt, st, qt_vec);
+  } else {
+    quantize_blocks_kernel<T, false>
+        <<<grid, kBlockThreads, 0, stream>>>(w, N, K, q, s, qt, st, qt_vec);
+  }
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -264,12 +410,17 @@ void fp8_dequantize_blocks(const uint8_t* q, const float* s, int64_t N, int64_t 
 }
 
 void fp8_quantize_rows(const void* x, int64_t R, int64_t K, uint8_t* q, float* s, void* stream) {
-  const int64_t tiles = R * fp8::tiles(K);
-  if (tiles == 0) return;
-  constexpr int kThreads = 256;
-  quantize_rows_kernel<<<static_cast<unsigned>(ceil_div<int64_t>(tiles * 32, kThreads)), kThreads,
-                         0, static_cast<cudaStream_t>(stream)>>>(static_cast<const bf16*>(x), R, K,
-                                                                 q, s);
+  if (R == 0 || K == 0) return;
+  GTRON_CHECK(fp8::tiles(K) <= 65535, "fp8_quantize_rows: K = ", K, "; at most 65535 tiles of 128");
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(R, kRowsPerCta)),
+                  static_cast<unsigned>(fp8::tiles(K)));
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const auto* xp = static_cast<const bf16*>(x);
+  if (K % 8 == 0 && is_aligned(x, 16) && is_aligned(q, 8)) {
+    quantize_rows_kernel<true><<<grid, kRowsThreads, 0, st>>>(xp, R, K, q, s);
+  } else {
+    quantize_rows_kernel<false><<<grid, kRowsThreads, 0, st>>>(xp, R, K, q, s);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
@@ -277,11 +428,7 @@ void fp8_quantize_cols(const void* x, int64_t R, int64_t K, uint8_t* qt, float* 
   GTRON_CHECK(R % fp8::kTile == 0 && K % 4 == 0, "fp8_quantize_cols: R = ", R, ", K = ", K,
               "; R a multiple of 128 and K of 4");
   if (R == 0 || K == 0) return;
-  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(K, kColsPerBlock)),
-                  static_cast<unsigned>(R / fp8::kTile));
-  quantize_cols_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const bf16*>(x), R, K, qt, st);
-  CUDA_CHECK_LAUNCH();
+  launch_cols<false>(x, R, K, nullptr, nullptr, qt, st, stream);
 }
 
 void fp8_quantize_rows_cols(const void* x, int64_t R, int64_t K, uint8_t* q, float* s, uint8_t* qt,
@@ -289,10 +436,12 @@ void fp8_quantize_rows_cols(const void* x, int64_t R, int64_t K, uint8_t* q, flo
   GTRON_CHECK(R % fp8::kTile == 0 && K % fp8::kTile == 0, "fp8_quantize_rows_cols: R = ", R,
               ", K = ", K, "; both multiples of 128");
   if (R == 0 || K == 0) return;
-  const dim3 grid(static_cast<unsigned>(K / fp8::kTile), static_cast<unsigned>(R / fp8::kTile));
-  quantize_rows_cols_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const bf16*>(x), R, K, q, s, qt, st);
-  CUDA_CHECK_LAUNCH();
+  if (!is_aligned(x, 16)) {  // the two passes (the same codes) rather than a slow staging path
+    fp8_quantize_rows(x, R, K, q, s, stream);
+    fp8_quantize_cols(x, R, K, qt, st, stream);
+    return;
+  }
+  launch_cols<true>(x, R, K, q, s, qt, st, stream);
 }
 
 void fp8_quantize_blocks(const void* w, DType w_dtype, int64_t N, int64_t K, uint8_t* q, float* s,
@@ -300,16 +449,14 @@ void fp8_quantize_blocks(const void* w, DType w_dtype, int64_t N, int64_t K, uin
   GTRON_CHECK(w_dtype == DType::kF32 || w_dtype == DType::kBF16,
               "fp8_quantize_blocks: ", dtype_name(w_dtype), " weights; expected f32 or bf16");
   if (N == 0 || K == 0) return;
-  const dim3 grid(static_cast<unsigned>(fp8::tiles(K)), static_cast<unsigned>(fp8::tiles(N)));
-  cudaStream_t st_ = static_cast<cudaStream_t>(stream);
+  GTRON_CHECK(fp8::tiles(N) <= 65535, "fp8_quantize_blocks: N = ", N,
+              "; at most 65535 blocks of 128");
+  cudaStream_t cs = static_cast<cudaStream_t>(stream);
   if (w_dtype == DType::kF32) {
-    quantize_blocks_kernel<float>
-        <<<grid, 256, 0, st_>>>(static_cast<const float*>(w), N, K, q, s, qt, st);
+    launch_blocks(static_cast<const float*>(w), N, K, q, s, qt, st, cs);
   } else {
-    quantize_blocks_kernel<bf16>
-        <<<grid, 256, 0, st_>>>(static_cast<const bf16*>(w), N, K, q, s, qt, st);
+    launch_blocks(static_cast<const bf16*>(w), N, K, q, s, qt, st, cs);
   }
-  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace gtron::cuda

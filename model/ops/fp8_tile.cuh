@@ -1,6 +1,8 @@
 // The e4m3 tile arithmetic the CUDA quantizers share (Note [fp8 recipe] in model/ops/fp8.h): a
-// tile's scale exponent, a value's code, the scale itself; and the 1x128 row tile as a producing
-// kernel holds it, 8 values in each of 16 lanes (Note [fp8 fused producers] in fp8.h).
+// tile's amax, its scale exponent, the scale itself and its values' codes; and the 1x128 row tile
+// as a producing kernel holds it, 8 values in each of 16 lanes (Note [fp8 fused producers] in
+// fp8.h). Note [fp8 tile arithmetic] says why each step equals the CPU reference (fp8_cpu.cc) bit
+// for bit.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -11,53 +13,113 @@
 
 namespace gtron::cuda {
 
-// scale_exponent() of fp8_cpu.cc: the smallest e with amax / 2^e <= 448, clamped to [-126, 127].
+// Note [fp8 tile arithmetic]
+// The CPU reference takes a tile's amax (NaN if a value is not finite), e = scale_exponent(amax)
+// through frexp, and the codes encode_e4m3(ldexp(x, -e)). The CUDA quantizers run the same steps
+// in a few instructions an element, without a branch (the build has no -ftz or fast math: fp32
+// subnormals are kept, bazel/cuda.bzl):
+// - amax: max.NaN of |x| (e4m3_absmax): a NaN anywhere makes amax NaN, an infinity makes it
+//   infinite, so one compare of its bits (e4m3_bad) replaces a finiteness test per element; the
+//   max of finite values is the CPU's, in any order. bf16 pairs take max.NaN.bf16x2 (exact too).
+// - e from amax's bits: amax = 1.m · 2^(E-127) with frexp's f = 1.m / 2 and e2 = E - 126, so
+//   f > 0.875 is m > 0x600000 and e = E - 135 + (m > 0x600000) = ((bits + 0x1fffff) >> 23) - 135
+//   (the carry out of the mantissa is the +1). A subnormal amax (E = 0) gives at most -134, as
+//   frexp's e does: both clamp to -126. For finite amax, E <= 254, so e <= 120: the upper clamp
+//   (127) never binds, and 2^e and 2^-e (e in [-126, 120]) are normal floats made from bits.
+// - x · 2^-e instead of ldexpf(x, -e): multiplying by a power of two is exact whenever the product
+//   is representable, which holds down to 2^-149 (subnormals kept); a product below that rounds,
+//   as ldexp's does, and anything below 2^-126 codes to ±0 either way (e4m3's smallest step is
+//   2^-9, and half of it rounds to even zero), the sign kept by both.
+// - codes two at a time: cvt.rn.satfinite.e4m3x2.f32 is the instruction the one-value conversion
+//   (__nv_cvt_float_to_fp8) issues with a zero in the other half, so the rounding (to nearest
+//   even, saturating at ±448) is the same; the CPU's encode_e4m3 rounds that way.
+// - a tile with a non-finite value: every code 0x7f and the scale NaN, selected per 4 codes.
+
+// max(a, |x|), NaN if either is NaN (PTX max.NaN; fmaxf would drop the NaN).
+__device__ __forceinline__ float e4m3_absmax(float a, float x) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(fabsf(x)));
+  return r;
+}
+
+// The same on two bf16 halves at once (a bf16x2 word, as loaded): max(a, |w|) per half.
+__device__ __forceinline__ uint32_t e4m3_absmax2(uint32_t a, uint32_t w) {
+  uint32_t r;
+  asm("{.reg .b32 t;\n abs.bf16x2 t, %2;\n max.NaN.bf16x2 %0, %1, t;\n}"
+      : "=r"(r)
+      : "r"(a), "r"(w));
+  return r;
+}
+
+// The halves of a bf16x2 word as floats (bf16 is the top half of an fp32).
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Whether a tile of amax `amax` (e4m3_absmax over its values) holds a NaN or an infinity.
+__device__ __forceinline__ bool e4m3_bad(float amax) {
+  return __float_as_uint(amax) >= 0x7f800000u;
+}
+
+// scale_exponent() of fp8_cpu.cc: the smallest e with amax / 2^e <= 448, clamped to [-126, 127]
+// (at most 120 for a finite amax). REQUIRES: amax >= 0 and finite.
 __device__ __forceinline__ int e4m3_scale_exponent(float amax) {
-  if (amax == 0.0f) return 0;
-  int e2 = 0;
-  const float f = frexpf(amax, &e2);
-  const int e = e2 - 9 + (f > 0.875f ? 1 : 0);
-  return min(max(e, -126), 127);
+  const uint32_t bits = __float_as_uint(amax);
+  if (bits == 0) return 0;
+  return max(static_cast<int>((bits + 0x1fffffu) >> 23) - 135, -126);
 }
 
-// Code of x in a tile of scale exponent e (bad: the tile holds a non-finite value, every code
-// NaN). Dividing by 2^e is exact; cvt.rn.satfinite rounds like encode_e4m3.
-__device__ __forceinline__ uint8_t e4m3_encode(float x, int e, bool bad) {
-  if (bad) return 0x7f;
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(ldexpf(x, -e), __NV_SATFINITE, __NV_E4M3));
+// 2^e from its bits. REQUIRES: e in [-126, 127] (a normal float).
+__device__ __forceinline__ float e4m3_pow2(int e) {
+  return __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
 }
 
-__device__ __forceinline__ float e4m3_scale(int e, bool bad) { return bad ? NAN : ldexpf(1.0f, e); }
+// A tile's scale from its amax: 2^e to store, 2^-e to multiply its values by.
+struct E4M3Scale {
+  bool bad;   // a non-finite value: the scale is NaN, every code 0x7f
+  int e;      // 0 when bad
+  float inv;  // 2^-e
+  __device__ __forceinline__ explicit E4M3Scale(float amax)
+      : bad(e4m3_bad(amax)), e(bad ? 0 : e4m3_scale_exponent(amax)), inv(e4m3_pow2(-e)) {}
+  __device__ __forceinline__ float scale() const { return bad ? NAN : e4m3_pow2(e); }
+  // Codes of a, b, c, d in bytes 0-3.
+  __device__ __forceinline__ uint32_t encode4(float a, float b, float c, float d) const {
+    const uint32_t lo =
+        __nv_cvt_float2_to_fp8x2(make_float2(a * inv, b * inv), __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi =
+        __nv_cvt_float2_to_fp8x2(make_float2(c * inv, d * inv), __NV_SATFINITE, __NV_E4M3);
+    return bad ? 0x7f7f7f7fu : lo | hi << 16;
+  }
+  // Codes of the four bf16 values of two bf16x2 words (a's low half first).
+  __device__ __forceinline__ uint32_t encode4(uint32_t a, uint32_t b) const {
+    return encode4(bf16_lo(a), bf16_hi(a), bf16_lo(b), bf16_hi(b));
+  }
+  __device__ __forceinline__ uint2 encode8(const float (&v)[8]) const {
+    return make_uint2(encode4(v[0], v[1], v[2], v[3]), encode4(v[4], v[5], v[6], v[7]));
+  }
+};
 
-// The producers' tile: lane l of a half-warp (lanes 0-15 or 16-31) holds elements
-// [8·(l % 16), 8·(l % 16) + 8) of one 1x128 tile, `v` as stored (rounded to the output dtype,
-// which is what fp8_quantize_rows reads back). Writes this lane's 8 codes at q (8-byte aligned)
-// and, from the half's first lane, the tile's scale at *s: fp8_quantize_rows' codes and scale
-// bit for bit (amax and the non-finite test are order-free). All 16 lanes of the half call it
-// together; the other half may be elsewhere (the shuffles never leave the half).
+// The scale of the 1x128 tile whose 16 parts of 8 values the lanes of this half-warp (lanes
+// 0-15 or 16-31) hold, every lane of the half getting it. All 16 lanes call it together; the
+// other half may be elsewhere (the shuffles never leave the half). amax is order-free.
+__device__ __forceinline__ E4M3Scale half_tile_scale(const float (&v)[8]) {
+  const unsigned half = (threadIdx.x & 31) < 16 ? 0x0000ffffu : 0xffff0000u;
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = e4m3_absmax(amax, v[i]);
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) amax = e4m3_absmax(amax, __shfl_xor_sync(half, amax, o));
+  return E4M3Scale(amax);
+}
+
+// The producers' tile: lane l of a half-warp holds elements [8·(l % 16), 8·(l % 16) + 8) of one
+// 1x128 tile, `v` as stored (rounded to the output dtype, which is what fp8_quantize_rows reads
+// back). Writes this lane's 8 codes at q (8-byte aligned) and, from the half's first lane, the
+// tile's scale at *s: fp8_quantize_rows' codes and scale bit for bit. Called as half_tile_scale.
 __device__ __forceinline__ void quantize_tile_part(const float (&v)[8], uint8_t* __restrict__ q,
                                                    float* __restrict__ s) {
-  const int lane = threadIdx.x & 31;
-  const unsigned half = lane < 16 ? 0x0000ffffu : 0xffff0000u;
-  float amax = 0.0f;
-  bool bad = false;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    bad |= !isfinite(v[i]);
-    amax = fmaxf(amax, fabsf(v[i]));
-  }
-  bad = __any_sync(half, bad) != 0;
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(half, amax, o));
-  const int e = bad ? 0 : e4m3_scale_exponent(amax);
-  uint32_t lo = 0, hi = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    lo |= static_cast<uint32_t>(e4m3_encode(v[i], e, bad)) << (8 * i);
-    hi |= static_cast<uint32_t>(e4m3_encode(v[4 + i], e, bad)) << (8 * i);
-  }
-  *reinterpret_cast<uint2*>(q) = make_uint2(lo, hi);
-  if ((lane & 15) == 0) *s = e4m3_scale(e, bad);
+  const E4M3Scale t = half_tile_scale(v);
+  *reinterpret_cast<uint2*>(q) = t.encode8(v);
+  if ((threadIdx.x & 15) == 0) *s = t.scale();
 }
 
 // Where a producing kernel writes its output's codes: q[R, K] and the rows-layout scales s

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "model/dtype.h"
@@ -131,6 +132,25 @@ TEST(Fp8Cuda, ColumnTilesMatchTheCpuTransposedBitForBit) {
   cudaFree(dx);
 }
 
+// w [N, K] (the fp32 values wf, or their bf16 copy wb) through fp8_quantize_blocks, both
+// orientations, against the CPU's quantize_blocks of w and of wᵀ bit for bit.
+void expect_blocks_match(const std::vector<float>& wf, const std::vector<BF16>& wb, DType wt,
+                         int64_t N, int64_t K, const char* what) {
+  std::vector<float> w = wt == DType::kF32 ? wf : as_floats(wb), wtf(N * K);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) wtf[k * N + n] = w[n * K + k];
+  std::vector<uint8_t> ref_q(N * K), ref_qt(N * K);
+  std::vector<float> ref_s(fp8::block_scale_floats(N, K)), ref_st(fp8::block_scale_floats(K, N));
+  fp8::quantize_blocks(w.data(), N, K, ref_q.data(), ref_s.data());
+  fp8::quantize_blocks(wtf.data(), K, N, ref_qt.data(), ref_st.data());
+  void* dw = wt == DType::kF32 ? static_cast<void*>(to_device(wf)) : to_device(wb);
+  DeviceCodes d(N * K, ref_s.size()), dt(N * K, ref_st.size());
+  cuda::fp8_quantize_blocks(dw, wt, N, K, d.q, d.s, dt.q, dt.s, nullptr);
+  expect_same(d, ref_q, ref_s, what);
+  expect_same(dt, ref_qt, ref_st, what);
+  cudaFree(dw);
+}
+
 TEST(Fp8Cuda, BlocksMatchTheCpuBothWaysRound) {
   GTRON_REQUIRE_GPU();
   const int64_t N = 300, K = 520;
@@ -139,19 +159,102 @@ TEST(Fp8Cuda, BlocksMatchTheCpuBothWaysRound) {
     std::vector<float> wf = as_floats(wb);
     if (wt == DType::kF32)  // f32 masters: values bf16 cannot hold
       for (size_t i = 0; i < wf.size(); ++i) wf[i] *= 1.0f + 1e-3f * static_cast<float>(i % 7);
-    std::vector<float> wtf(N * K);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) wtf[k * N + n] = wf[n * K + k];
-    std::vector<uint8_t> ref_q(N * K), ref_qt(N * K);
-    std::vector<float> ref_s(fp8::block_scale_floats(N, K)), ref_st(fp8::block_scale_floats(K, N));
-    fp8::quantize_blocks(wf.data(), N, K, ref_q.data(), ref_s.data());
-    fp8::quantize_blocks(wtf.data(), K, N, ref_qt.data(), ref_st.data());
-    void* dw = wt == DType::kF32 ? static_cast<void*>(to_device(wf)) : to_device(wb);
-    DeviceCodes d(N * K, ref_s.size()), dt(N * K, ref_st.size());
-    cuda::fp8_quantize_blocks(dw, wt, N, K, d.q, d.s, dt.q, dt.s, nullptr);
-    expect_same(d, ref_q, ref_s, "blocks");
-    expect_same(dt, ref_qt, ref_st, "blocks^T");
-    cudaFree(dw);
+    expect_blocks_match(wf, wb, wt, N, K, "blocks");
+  }
+}
+
+// x[R, K] whose 128x128 blocks (so its row tiles, column tiles and weight blocks alike) each hold
+// one kind of value: ordinary; subnormal (amax below 2^-126: the exponent clamps to -126); tiny
+// with subnormals among normals; huge (near the largest bf16: the exponent reaches 120); zeros
+// and one smallest subnormal (of fp32 where `f32`, else of bf16); a tile with an infinity. As
+// floats, bf16-exact unless f32.
+std::vector<float> extreme_values(int64_t R, int64_t K, uint64_t seed, bool f32) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(R * K);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t k = 0; k < K; ++k) {
+      const float g = std::clamp(d(rng), -6.0f, 6.0f);
+      float x = g;
+      switch ((r / 128 + k / 128) % 6) {
+        case 1:
+          x = std::ldexp(g, -130);
+          break;
+        case 2:
+          x = std::ldexp(g, (r + k) % 2 ? -124 : -131);
+          break;
+        case 3:
+          x = std::ldexp(g, 125);
+          break;
+        case 4:
+          x = (r % 128 == 5 && k % 128 == 9) ? std::ldexp(1.0f, f32 ? -149 : -133) : 0.0f;
+          break;
+        case 5:
+          x = (r % 128 == 70 && k % 128 == 3) ? INFINITY : g;
+          break;
+        default:
+          break;
+      }
+      v[r * K + k] = f32 ? x * (1.0f + 1e-3f * static_cast<float>((r + k) % 7)) : x;
+    }
+  }
+  if (!f32)
+    for (float& x : v) x = bf16_to_float(float_to_bf16(x));
+  return v;
+}
+
+// fp8_quantize_rows, _cols and (K % 128 == 0) _rows_cols of x [R, K], read `offset` bf16 elements
+// past an aligned allocation, against the CPU bit for bit.
+void expect_tiles_match(const std::vector<float>& xf, int64_t R, int64_t K, int offset,
+                        const std::string& what) {
+  std::vector<BF16> x(offset + R * K);
+  for (int64_t i = 0; i < R * K; ++i) x[offset + i] = float_to_bf16(xf[i]);
+  std::vector<float> xt(R * K);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < K; ++k) xt[k * R + r] = xf[r * K + k];
+  std::vector<uint8_t> ref_q(R * K), ref_qt(R * K);
+  std::vector<float> ref_s(fp8::row_scale_floats(R, K)), ref_st(fp8::row_scale_floats(K, R));
+  fp8::quantize_rows(xf.data(), R, K, ref_q.data(), ref_s.data());
+  fp8::quantize_rows(xt.data(), K, R, ref_qt.data(), ref_st.data());
+  BF16* dx = to_device(x);
+  DeviceCodes rows(R * K, ref_s.size()), cols(R * K, ref_st.size());
+  cuda::fp8_quantize_rows(dx + offset, R, K, rows.q, rows.s, nullptr);
+  expect_same(rows, ref_q, ref_s, (what + " rows").c_str());
+  cuda::fp8_quantize_cols(dx + offset, R, K, cols.q, cols.s, nullptr);
+  expect_same(cols, ref_qt, ref_st, (what + " cols").c_str());
+  if (K % 128 == 0) {
+    DeviceCodes rows2(R * K, ref_s.size()), cols2(R * K, ref_st.size());
+    cuda::fp8_quantize_rows_cols(dx + offset, R, K, rows2.q, rows2.s, cols2.q, cols2.s, nullptr);
+    expect_same(rows2, ref_q, ref_s, (what + " rows of rows_cols").c_str());
+    expect_same(cols2, ref_qt, ref_st, (what + " cols of rows_cols").c_str());
+  }
+  cudaFree(dx);
+}
+
+// Note [fp8 tile arithmetic] in model/ops/fp8_tile.cuh at the ends of the exponent range, and the
+// quantizers' slower layouts (K % 8 == 4: element-wise loads; an input 2 bytes off 16-byte
+// alignment; blocks with K % 4 != 0, with N % 8 == 0 and tails): the CPU's codes bit for bit.
+TEST(Fp8Cuda, ExtremeMagnitudesAndOddLayoutsMatchTheCpu) {
+  GTRON_REQUIRE_GPU();
+  const std::vector<float> x = extreme_values(768, 768, 31, false);
+  expect_tiles_match(x, 768, 768, 0, "aligned");
+  expect_tiles_match(x, 768, 768, 1, "misaligned");
+  std::vector<float> narrow(256 * 260);  // K % 8 == 4, cut from the same values
+  for (int64_t r = 0; r < 256; ++r)
+    for (int64_t k = 0; k < 260; ++k) narrow[r * 260 + k] = x[r * 768 + k];
+  expect_tiles_match(narrow, 256, 260, 0, "K % 8 == 4");
+  for (DType wt : {DType::kF32, DType::kBF16}) {
+    const bool f32 = wt == DType::kF32;
+    const std::vector<float> wf = extreme_values(768, 768, 32, f32);
+    std::vector<BF16> wb(wf.size());
+    for (size_t i = 0; i < wf.size(); ++i) wb[i] = float_to_bf16(wf[i]);
+    expect_blocks_match(wf, wb, wt, 768, 768, "extreme blocks");
+    std::vector<float> odd(264 * 130);  // N % 8 == 0, K % 4 == 2: tails both ways
+    for (int64_t n = 0; n < 264; ++n)
+      for (int64_t k = 0; k < 130; ++k) odd[n * 130 + k] = wf[n * 768 + k];
+    std::vector<BF16> oddb(odd.size());
+    for (size_t i = 0; i < odd.size(); ++i) oddb[i] = float_to_bf16(odd[i]);
+    expect_blocks_match(odd, oddb, wt, 264, 130, "odd blocks");
   }
 }
 
