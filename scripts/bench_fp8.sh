@@ -47,6 +47,12 @@ layout gtp2 python3 scripts/gtronrun --nproc-per-node 2 "$bin/gtron" -- \
   --set parallel.backend=ipc --set parallel.gtp=2
 layout tp2gtp2 python3 scripts/gtronrun --nproc-per-node 4 "$bin/gtron" -- \
   --set parallel.backend=ipc --set parallel.gtp=2 --set parallel.tp=2
+# Gathered bytes a step (metrics gtp_gathered_bytes, counted as the host issues the gathers, so
+# graphs off): GTP=2 in fp8 against the same run in bf16.
+layout bytes_fp8 python3 scripts/gtronrun --nproc-per-node 2 "$bin/gtron" -- \
+  --set parallel.backend=ipc --set parallel.gtp=2 --set graphs.scope=none
+layout bytes_bf16 python3 scripts/gtronrun --nproc-per-node 2 "$bin/gtron" -- \
+  --set parallel.backend=ipc --set parallel.gtp=2 --set graphs.scope=none --set train.precision=bf16
 python3 - "$work" <<'PY'
 import json, sys
 def losses(d):
@@ -63,6 +69,20 @@ for name in ("gtp2", "tp2gtp2"):
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, base))
     print(json.dumps({"layout": name, "first": got[0], "one_process_first": base[0],
                       "max_rel_diff": worst, "steps": len(got)}))
+def per_step(d):  # gathered bytes between the last two logged steps (log.every = 1), fp8 gathers
+    try:
+        rows = [json.loads(l) for l in open(f"{d}/metrics.jsonl") if '"val"' not in l]
+        return (rows[-1]["gtp_gathered_bytes"] - rows[-2]["gtp_gathered_bytes"],
+                rows[-1]["gtp_fp8_gathers"] - rows[-2]["gtp_fp8_gathers"])
+    except (OSError, KeyError, IndexError):
+        return None
+f, b = per_step(f"{sys.argv[1]}/bytes_fp8"), per_step(f"{sys.argv[1]}/bytes_bf16")
+if f and b:
+    print(json.dumps({"metric": "gtp_gathered_bytes_per_step", "layout": "gtp2", "fp8": f[0],
+                      "bf16": b[0], "fp8_over_bf16": round(f[0] / b[0], 4),
+                      "fp8_gathers_per_step": f[1]}))
+else:
+    print(json.dumps({"metric": "gtp_gathered_bytes_per_step", "error": "no metrics"}))
 PY
 echo "== torch.compile bf16"
 timeout 200 python3 scripts/bench_torch.py --mode compile --D 0 "${L1B[@]}" 2>&1 | tail -1

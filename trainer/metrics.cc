@@ -87,7 +87,7 @@ std::string format_json(const StepMetrics& m) {
        ", \"tokens_per_s\": " + num(m.tokens_per_s) + ", \"mfu\": " + num(m.mfu) +
        ", \"peak_mem_gib\": " + num(m.peak_mem_gib) + ", \"elapsed_s\": " + num(m.elapsed_s) +
        ", \"eta_s\": " + num(m.eta_s);
-  for (const auto& [k, v] : m.extra) s += ", \"" + k + "\": " + num(v);
+  for (const auto& [k, v] : m.extra) s += ", \"" + k + "\": " + num(v, "%.15g");
   if (!m.peak_by_kind.empty()) {
     s += ", \"peak_gib_by_kind\": " + format_peak_by_kind_json(m.peak_by_kind);
   }

@@ -441,7 +441,9 @@ std::vector<std::pair<std::string, double>> ParallelState::metrics() const {
                          {"send_pool_head_buffers",
                           static_cast<double>(gtp_->pool_buffers_of(&model_.output_head()))},
                          {"gtp_gathers", static_cast<double>(s.gathers_issued)},
-                         {"gtp_prefetch_hits", static_cast<double>(s.prefetch_hits)}});
+                         {"gtp_prefetch_hits", static_cast<double>(s.prefetch_hits)},
+                         {"gtp_gathered_bytes", static_cast<double>(s.gathered_bytes)},
+                         {"gtp_fp8_gathers", static_cast<double>(s.fp8_gathers)}});
   return out;
 }
 
