@@ -5,7 +5,7 @@
 // Runs from Bazel's runfiles or, on a GPU machine without Bazel, from the repository root with the
 // binaries in .gpubin/ (scripts/gpu_tests.sh).
 //
-// Checked: EP = 2, EP = 2 × DP = 2 and EP = 2 × GTP = 2 reproduce one process's loss within 1e-6
+// Checked: EP = 2, EP = 2 × DP = 2, EP = 2 × GTP = 2 and TP = 2 × EP = 2 reproduce one process's loss within 1e-6
 // relative at every step (the CPU's ep_equivalence_test sees ~7e-8: the experts see the same rows
 // in the same order, Note [expert parallelism] in model/moe.h); graphs with EP > 1 on CUDA are a
 // config error before any work.
@@ -75,6 +75,7 @@ TEST(IpcExpertParallel, LayoutsMatchOneProcessInFp32) {
       {"ep2", 2, {"parallel.ep=2"}},
       {"ep2_dp2", 4, {"parallel.ep=2"}},
       {"ep2_gtp2", 2, {"parallel.ep=2", "parallel.gtp=2"}},
+      {"tp2_ep2", 4, {"parallel.tp=2", "parallel.ep=2"}},
   };
   for (const Layout& l : layouts) {
     const CmdResult r = train(dir, l.name, l.nproc, l.sets);
