@@ -5,10 +5,10 @@
 // Runs from Bazel's runfiles or, on a GPU machine without Bazel, from the repository root with the
 // binaries in .gpubin/ (scripts/gpu_tests.sh).
 //
-// Checked: EP = 2, EP = 2 × DP = 2, EP = 2 × GTP = 2 and TP = 2 × EP = 2 reproduce one process's loss within 1e-6
-// relative at every step (the CPU's ep_equivalence_test sees ~7e-8: the experts see the same rows
-// in the same order, Note [expert parallelism] in model/moe.h); graphs with EP > 1 on CUDA are a
-// config error before any work.
+// Checked: EP = 2, EP = 2 × DP = 2, EP = 2 × GTP = 2 and TP = 2 × EP = 2 reproduce one process's
+// loss within 1e-6 relative at every step (the CPU's ep_equivalence_test sees ~7e-8: the experts
+// see the same rows in the same order, Note [expert parallelism] in model/moe.h); graphs with EP >
+// 1 on CUDA are a config error before any work.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
