@@ -4,9 +4,10 @@
 # run, the fp8 mean against the bf16 mean, the per-step curves against the bf16 seeds' spread).
 #
 #   scripts/fp8_parity.sh --pack DIR
-#       here (any machine): DIR/corpus.jsonl.gz, the first 48 MB of scripts/text_corpus.sh
-#       --jsonl's documents, and DIR/tokenizer.json (byte-level BPE, vocabulary 8192, llama3
-#       split pattern) trained on them; about 14 MB to carry to a GPU machine.
+#       here (any machine): DIR/corpus.jsonl.gz, every document of scripts/text_corpus.sh
+#       --jsonl --unique (122 MB of text, no document twice: about 34M tokens, so a 2,000-step
+#       run of 16.4M tokens never sees a token twice), and DIR/tokenizer.json (byte-level BPE,
+#       vocabulary 8192, llama3 split pattern) trained on them; about 35 MB to carry.
 #   scripts/fp8_parity.sh DIR [--steps N] [--seeds "1 2 3"] [--out RUNS] [--warmup W] [--device cpu]
 #                         [--jobs J]
 #       on the GPU machine: prepares DIR's corpus into shards (once), then trains every
@@ -25,7 +26,7 @@ cd "$(dirname "$0")/.."
 if [[ "${1:-}" == "--pack" ]]; then
   out=${2:?usage: scripts/fp8_parity.sh --pack DIR}
   mkdir -p "$out"
-  bash scripts/text_corpus.sh --jsonl "$out/corpus.jsonl.gz" 48000000
+  bash scripts/text_corpus.sh --jsonl --unique "$out/corpus.jsonl.gz"
   scripts/gtron tokenizer train --text "$out/corpus.jsonl.gz" --pattern llama3 --vocab-size 8192 \
     --special '<|endoftext|>' --val-fraction 0.05 --out "$out/tokenizer.json"
   du -sh "$out"
