@@ -67,7 +67,7 @@ one_run() {  # PRECISION SEED
     --set model.intermediate_size=1536 --set mtp.depth=0 \
     --set "data.train=$dir/shards/train_*.bin" --set "data.val=$dir/shards/val_*.bin" \
     --set train.seq_len=512 --set train.global_batch=16 --set train.micro_batch=16 \
-    --set train.steps="$steps" --set train.eval_every=250 --set train.eval_batches=16 \
+    --set train.steps="$steps" --set train.eval_every=250 --set train.eval_batches=256 \
     --set train.seed="$seed" --set train.precision="$p" --set train.device="$device" \
     --set optimizer.lr=1e-3 --set optimizer.weight_decay=0.1 --set schedule.warmup_steps="$warmup" \
     --set graphs.scope=full --set checkpoint.every=0 --set log.every=10 \
