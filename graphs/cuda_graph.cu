@@ -5,10 +5,12 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "graphs/cuda_graph.h"
+#include "model/check.h"
 #include "model/cuda/check.h"
 #include "model/cuda/gemm.h"
 
@@ -241,6 +243,74 @@ void* add_hoisted_fills(cudaGraph_t graph, const std::vector<Fill>& fills, cudaS
   return table;
 }
 
+const char* node_type_name(cudaGraphNodeType t) {
+  switch (t) {
+    case cudaGraphNodeTypeKernel:
+      return "kernel";
+    case cudaGraphNodeTypeMemcpy:
+      return "memcpy";
+    case cudaGraphNodeTypeMemset:
+      return "memset";
+    case cudaGraphNodeTypeHost:
+      return "host";
+    case cudaGraphNodeTypeGraph:
+      return "child graph";
+    case cudaGraphNodeTypeEmpty:
+      return "empty";
+    case cudaGraphNodeTypeWaitEvent:
+      return "event wait";
+    case cudaGraphNodeTypeEventRecord:
+      return "event record";
+    case cudaGraphNodeTypeMemAlloc:
+      return "memory alloc";
+    case cudaGraphNodeTypeMemFree:
+      return "memory free";
+    default:
+      return "other";
+  }
+}
+
+// A node in words: its type, and for a kernel its name and launch shape.
+std::string describe_node(cudaGraphNode_t node) {
+  cudaGraphNodeType type;
+  if (cudaGraphNodeGetType(node, &type) != cudaSuccess) return "a node of unknown type";
+  std::string out = node_type_name(type);
+  cudaKernelNodeParams k = {};
+  if (type == cudaGraphNodeTypeKernel && cudaGraphKernelNodeGetParams(node, &k) == cudaSuccess) {
+    const char* name = nullptr;
+    if (cudaFuncGetName(&name, k.func) != cudaSuccess || name == nullptr) name = "?";
+    out += str_cat(" ", name, " grid (", k.gridDim.x, ", ", k.gridDim.y, ", ", k.gridDim.z,
+                   ") block (", k.blockDim.x, ", ", k.blockDim.y, ", ", k.blockDim.z, ") ",
+                   k.sharedMemBytes, " B of dynamic shared memory");
+  }
+  return out;
+}
+
+// What a failed instantiation had before it: the node counts by type, the memset passes, the node
+// CUDA blames (when it names one), and what to try.
+std::string describe_failed_instantiate(cudaGraph_t graph, const cudaGraphInstantiateParams& p,
+                                        size_t folded, size_t hoisted) {
+  std::map<std::string, size_t> types;
+  std::vector<cudaGraphNode_t> nodes;
+  try {
+    nodes = all_nodes(graph);
+  } catch (const std::exception&) {
+  }
+  for (cudaGraphNode_t n : nodes) {
+    cudaGraphNodeType t;
+    ++types[cudaGraphNodeGetType(n, &t) == cudaSuccess ? node_type_name(t) : "unknown"];
+  }
+  std::string out = str_cat(nodes.size(), " nodes:");
+  for (const auto& [name, count] : types) out += str_cat(" ", count, " ", name);
+  out += str_cat("; ", folded, " small memsets made kernels, ", hoisted,
+                 " hoisted; instantiate result ", static_cast<int>(p.result_out));
+  if (p.errNode_out != nullptr) out += "; failing node: " + describe_node(p.errNode_out);
+  out +=
+      "; to narrow it down rerun with GTRON_CAPTURE_MEMSETS=keep (no memset pass), or "
+      "graphs.scope = \"none\"";
+  return out;
+}
+
 // The instantiated graph and what it owns besides.
 struct Exec {
   cudaGraphExec_t exec = nullptr;
@@ -276,10 +346,17 @@ void* end_capture(void* stream, size_t* nodes, size_t* folded, size_t* hoisted) 
     cudaFree(exec->fills);
     throw;
   }
-  const cudaError_t err = cudaGraphInstantiate(&exec->exec, graph, 0);
+  cudaGraphInstantiateParams params = {};
+  const cudaError_t err = cudaGraphInstantiateWithParams(&exec->exec, graph, &params);
+  if (err != cudaSuccess) {
+    const std::string why = describe_failed_instantiate(graph, params, *folded, *hoisted);
+    cudaGraphDestroy(graph);
+    cudaFree(exec->fills);
+    cudaGetLastError();
+    throw std::runtime_error(
+        str_cat("CUDA graph instantiation failed: ", cudaGetErrorString(err), " (", why, ")"));
+  }
   cudaGraphDestroy(graph);  // the exec keeps what it needs
-  if (err != cudaSuccess) cudaFree(exec->fills);
-  CUDA_CHECK(err);
   return exec.release();
 }
 

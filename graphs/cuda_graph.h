@@ -35,6 +35,8 @@ void begin_capture(void* stream);
 // 38.33 / 38.45, kernels 38.06 / 38.24, hoist 38.26 / 38.30 at D=1. Under hoist the step's trace
 // shows 4 memsets left (of 113) and 0.04 ms idle (of 0.49): every small memset of the step hit
 // one word, the shared workspace's first.
+// GTRON_CAPTURE_MEMSETS=keep|kernels|hoist picks the mode for the process (a diagnostic: a failed
+// instantiation's error suggests keep, to tell a fault of these passes from one of the capture).
 // GTRON_GRAPH_MEMSET_REPORT=1 prints one `graph-memsets {...}` line to stderr per capture, before
 // the passes: the memset nodes, the sizes of the small ones and the addresses they write (one
 // address before every GEMM is a shared workspace word).

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "model/check.h"
 #include "model/cuda/cublas_check.h"
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/gemm.h"
@@ -417,13 +418,35 @@ bool try_gemm(const GemmArgs& g, void* stream) {
 }
 
 namespace {
-// kKeep and kKernels: set_capture_memsets_for_testing only.
+// kHoist unless GTRON_CAPTURE_MEMSETS names another mode (a diagnostic: Note [small memsets as
+// kernels]) or a test sets one.
+CaptureMemsets initial_capture_memsets() {
+  const char* e = std::getenv("GTRON_CAPTURE_MEMSETS");
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "hoist") == 0) return CaptureMemsets::kHoist;
+  if (std::strcmp(e, "keep") == 0) return CaptureMemsets::kKeep;
+  if (std::strcmp(e, "kernels") == 0) return CaptureMemsets::kKernels;
+  throw UserError(str_cat("GTRON_CAPTURE_MEMSETS = \"", e,
+                          "\" is not a mode; expected keep, kernels or hoist (the default)"));
+}
 std::atomic<CaptureMemsets> g_capture_memsets{CaptureMemsets::kHoist};
+// Reads the variable once, at the first use (a bad value throws there, as a user error, and again
+// at the next use).
+void init_capture_memsets() {
+  static const bool done = [] {
+    g_capture_memsets.store(initial_capture_memsets(), std::memory_order_relaxed);
+    return true;
+  }();
+  (void)done;
+}
 }  // namespace
 
-CaptureMemsets capture_memsets_mode() { return g_capture_memsets.load(std::memory_order_relaxed); }
+CaptureMemsets capture_memsets_mode() {
+  init_capture_memsets();
+  return g_capture_memsets.load(std::memory_order_relaxed);
+}
 
 void set_capture_memsets_for_testing(CaptureMemsets mode) {
+  init_capture_memsets();
   g_capture_memsets.store(mode, std::memory_order_relaxed);
 }
 

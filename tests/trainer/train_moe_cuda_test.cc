@@ -120,6 +120,23 @@ TEST(TrainMoeCuda, GraphsReplayTheEagerLosses) {
   }
 }
 
+// The router of the Qwen3-MoE benchmark shape (64 experts, top 8, softmax with the gates
+// renormalized), where bench_moe.sh's graphs full first failed to instantiate on an H100
+// (2026-12-07): the capture of many experts replays the eager losses too.
+TEST(TrainMoeCuda, GraphsWithSixtyFourExpertsReplayTheEagerLosses) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  auto run = [](const std::string& name, const std::string& scope) {
+    return testing::train_ok(testing::tiny_train_config(
+        testing::fresh_dir(name), "cuda", "bf16", 6, 1,
+        moe_sets(false, {"model.moe.num_experts=64", "model.moe.top_k=8",
+                         "model.moe.norm_topk_prob=true", "graphs.scope=" + scope})));
+  };
+  const TrainSummary eager = run("moe64_graphs_none", "none");
+  const TrainSummary full = run("moe64_graphs_full", "full");
+  EXPECT_EQ(full.losses, eager.losses);
+  EXPECT_EQ(full.val_loss, eager.val_loss);
+}
+
 // metrics.jsonl's `key` by train step (absent keys are not recorded).
 std::map<int64_t, double> metric_by_step(const Config& cfg, const std::string& key) {
   std::map<int64_t, double> out;
