@@ -95,8 +95,8 @@ int gemm_algo_index(const GemmArgs& g);
 // (Note [small memsets as kernels] in graphs/cuda_graph.h): kHoist, except where
 // GTRON_CAPTURE_MEMSETS names another (read at the first use; a bad value is a UserError there)
 // or a test calls set_capture_memsets_for_testing(kKeep or kKernels), the references the hoisting
-// is checked against, for the process. Thread-safe (an atomic); the GEMMs issued into a capture and the
-// capture's end both read it, so a test sets it outside captures.
+// is checked against, for the process. Thread-safe (an atomic); the GEMMs issued into a capture and
+// the capture's end both read it, so a test sets it outside captures.
 enum class CaptureMemsets { kKeep, kKernels, kHoist };
 CaptureMemsets capture_memsets_mode();
 void set_capture_memsets_for_testing(CaptureMemsets mode);
