@@ -291,11 +291,10 @@ std::string describe_node(cudaGraphNode_t node) {
 std::string describe_failed_instantiate(cudaGraph_t graph, const cudaGraphInstantiateParams& p,
                                         size_t folded, size_t hoisted) {
   std::map<std::string, size_t> types;
+  size_t n_nodes = 0;  // queried without CUDA_CHECK: this is already an error path
   std::vector<cudaGraphNode_t> nodes;
-  try {
-    nodes = all_nodes(graph);
-  } catch (const std::exception&) {
-  }
+  if (cudaGraphGetNodes(graph, nullptr, &n_nodes) == cudaSuccess) nodes.resize(n_nodes);
+  if (n_nodes > 0 && cudaGraphGetNodes(graph, nodes.data(), &n_nodes) != cudaSuccess) nodes.clear();
   for (cudaGraphNode_t n : nodes) {
     cudaGraphNodeType t;
     ++types[cudaGraphNodeGetType(n, &t) == cudaSuccess ? node_type_name(t) : "unknown"];
