@@ -116,7 +116,8 @@ Var Var::output(Tensor value, bool requires_grad) {
 
 Tensor& Var::grad_for_write(bool* overwrite) const {
   GTRON_CHECK(requires_grad(), "grad_for_write() of a Var that does not require grad");
-  impl_->col_partials = Tensor();  // Note [gradient column partials]: a new write
+  impl_->col_partials = Tensor();   // Note [gradient column partials]: a new write
+  impl_->grad_codes = GradCodes();  // Note [gradient fp8 codes]
   *overwrite = impl_->param == nullptr && !impl_->grad.defined();
   if (*overwrite) {
     impl_->grad = Tensor::empty(impl_->value.shape(), impl_->value.dtype(), impl_->value.device());
@@ -130,13 +131,15 @@ Tensor& Var::weight_grad(bool* overwrite) const {
     return grad();
   }
   GTRON_CHECK(requires_grad(), "weight_grad() of a Var that does not require grad");
-  impl_->col_partials = Tensor();  // Note [gradient column partials]: a new write
+  impl_->col_partials = Tensor();   // Note [gradient column partials]: a new write
+  impl_->grad_codes = GradCodes();  // Note [gradient fp8 codes]
   return impl_->param->grad_for_write(overwrite);
 }
 
 Tensor& Var::grad() const {
   GTRON_CHECK(requires_grad(), "grad() of a Var that does not require grad");
-  impl_->col_partials = Tensor();  // Note [gradient column partials]: maybe a new write
+  impl_->col_partials = Tensor();   // Note [gradient column partials]: maybe a new write
+  impl_->grad_codes = GradCodes();  // Note [gradient fp8 codes]
   if (impl_->param != nullptr) return impl_->param->grad();
   if (!impl_->grad.defined()) {
     impl_->grad = Tensor::zeros(impl_->value.shape(), impl_->value.dtype(), impl_->value.device());

@@ -72,6 +72,14 @@ struct Parameter {
   }
 };
 
+// FP8 codes of a gradient dy [R, C] (Note [gradient fp8 codes]): q [R, C] in 1x128 tiles along C
+// with rows-layout scales s, and qt [C, R], dy's transpose in 1x128 tiles along R, with its scales
+// st (model/ops/fp8.h, Note [fp8 layouts]). Undefined tensors: none.
+struct GradCodes {
+  Tensor q, s, qt, st;
+  bool defined() const { return q.defined(); }
+};
+
 struct VarImpl {
   Tensor value;
   Tensor grad;  // lazily zero-initialized; for parameters, main_grad
@@ -81,6 +89,9 @@ struct VarImpl {
   bool wants_col_partials = false;
   Tensor col_partials;  // chunks × C floats
   int64_t col_chunks = 0;
+  // Note [gradient fp8 codes]
+  bool wants_grad_codes = false;
+  GradCodes grad_codes;
 };
 
 // A value in the autograd graph: a tensor plus (maybe) a gradient slot. Cheap to copy.
@@ -108,6 +119,7 @@ class Var {
   void set_grad(Tensor grad) const {
     impl_->grad = std::move(grad);
     impl_->col_partials = Tensor();
+    impl_->grad_codes = GradCodes();
   }
 
   bool defined() const { return impl_ != nullptr; }
@@ -156,6 +168,24 @@ class Var {
     Tensor t = std::move(impl_->col_partials);
     impl_->col_partials = Tensor();
     return t;
+  }
+  // Note [gradient fp8 codes]
+  // An FP8 linear quantizes its output gradient dy twice over, in 1x128 tiles along its rows (the
+  // data gradient) and along its columns (the weight gradient): one more pass over dy. The op
+  // whose backward writes dy may write those codes in the same pass (SwiGLU's backward does, for
+  // llama's gate|up projection) and leave them here, exactly fp8_quantize_rows_cols of the dy it
+  // stored, for the linear to read instead. Like the column partials they stand only for the
+  // gradient as it was when they were set: any later grad(), grad_for_write() or set_grad() drops
+  // them. The linear asks in its forward (request_grad_codes) and takes them in its backward before
+  // it reads its grad.
+  void request_grad_codes() const { impl_->wants_grad_codes = true; }
+  bool grad_codes_requested() const { return impl_->wants_grad_codes; }
+  void set_grad_codes(GradCodes codes) const { impl_->grad_codes = std::move(codes); }
+  // The codes left by the last writer (undefined if none, or dropped).
+  GradCodes take_grad_codes() const {
+    GradCodes c = std::move(impl_->grad_codes);
+    impl_->grad_codes = GradCodes();
+    return c;
   }
   const Shape& shape() const { return impl_->value.shape(); }
   DType dtype() const { return impl_->value.dtype(); }

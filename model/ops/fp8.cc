@@ -14,6 +14,7 @@
 #include <atomic>
 #include <string>
 
+#include "model/autograd.h"
 #include "model/check.h"
 #include "model/cuda/gemm.h"
 #include "model/ops/device_util.h"
@@ -137,6 +138,7 @@ void fp8_product(const Quantized& a, const Quantized& b, cuda::Fp8Scales b_scale
 
 std::atomic<bool> g_fused_producers{true};  // false: set_fused_producers_for_testing
 std::atomic<int64_t> g_inputs_handed_in{0}, g_inputs_quantized{0};  // forward_input_counts()
+std::atomic<int64_t> g_grads_handed_in{0}, g_grads_quantized{0};    // backward_grad_counts()
 
 }  // namespace
 
@@ -168,6 +170,11 @@ ForwardInputCounts forward_input_counts() {
                             g_inputs_quantized.load(std::memory_order_relaxed)};
 }
 
+ForwardInputCounts backward_grad_counts() {
+  return ForwardInputCounts{g_grads_handed_in.load(std::memory_order_relaxed),
+                            g_grads_quantized.load(std::memory_order_relaxed)};
+}
+
 QuantizedWeight cuda_quantize_weight(const Tensor& w, Stream& s) {
   GTRON_CHECK(w.shape().rank() == 2, "fp8 weight: rank ", w.shape().rank(), "; expected [N, K]");
   const int64_t N = w.shape()[0], K = w.shape()[1];
@@ -185,6 +192,15 @@ void cuda_requantize_weight(const Tensor& w, QuantizedWeight& out, Stream& s) {
   cuda::fp8_quantize_blocks(w.raw(), w.dtype(), N, K, static_cast<uint8_t*>(out.q.raw()),
                             out.s.data<float>(), static_cast<uint8_t*>(out.qt.raw()),
                             out.st.data<float>(), s.native());
+}
+
+GradCodes scratch_grad_codes(int64_t R, int64_t C, Stream& s) {
+  GradCodes c;
+  c.q = scratch_bytes(R * C, s);
+  c.s = scratch_floats(row_scale_floats(R, C), s);
+  c.qt = scratch_bytes(R * C, s);
+  c.st = scratch_floats(row_scale_floats(C, R), s);
+  return c;
 }
 
 QuantizedRows scratch_rows(int64_t R, int64_t K, Stream& s) {
@@ -217,13 +233,21 @@ void cuda_forward(const Tensor& x, const Tensor& w, const void* bias, DType bias
 
 void cuda_backward(const Tensor& x, const Tensor& w, const Tensor& dy, void* dx, bool dx_overwrite,
                    Tensor* dw, bool dw_overwrite, int64_t N, int64_t Cin, int64_t Cout, Stream& s,
-                   const QuantizedWeight* wq) {
+                   const QuantizedWeight* wq, const GradCodes* given) {
   // dy in tiles along its rows (dgrad) and along its columns, transposed (wgrad): one pass over dy
-  // when both are wanted.
+  // when both are wanted, none when dy's producer made them.
   Quantized dyq, dyt;
-  if (dx != nullptr) dyq = scratch(N * Cout, row_scale_floats(N, Cout), s);
-  if (dw != nullptr) dyt = scratch(N * Cout, row_scale_floats(Cout, N), s);
-  if (dx != nullptr && dw != nullptr) {
+  if (given != nullptr) {
+    dyq = Quantized{given->q, given->s};
+    dyt = Quantized{given->qt, given->st};
+  } else if (dx != nullptr) {
+    dyq = scratch(N * Cout, row_scale_floats(N, Cout), s);
+  }
+  if (given == nullptr && dw != nullptr) dyt = scratch(N * Cout, row_scale_floats(Cout, N), s);
+  (given != nullptr ? g_grads_handed_in : g_grads_quantized)
+      .fetch_add(1, std::memory_order_relaxed);
+  if (given != nullptr) {  // made by dy's producer: nothing to quantize
+  } else if (dx != nullptr && dw != nullptr) {
     cuda::fp8_quantize_rows_cols(dy.raw(), N, Cout, dyq.q(), dyq.sc(), dyt.q(), dyt.sc(),
                                  s.native());
   } else if (dx != nullptr) {

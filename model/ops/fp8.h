@@ -37,6 +37,8 @@
 
 namespace gtron {
 
+struct GradCodes;  // model/autograd.h
+
 namespace fp8 {
 
 constexpr int64_t kTile = 128;
@@ -143,6 +145,9 @@ struct ForwardInputCounts {
   int64_t quantized = 0;
 };
 ForwardInputCounts forward_input_counts();
+// The same for the backward's output gradients (cuda_backward): codes handed in by dy's producer
+// (Note [gradient fp8 codes] in model/autograd.h) and dy quantized by the linear.
+ForwardInputCounts backward_grad_counts();
 
 // Note [fp8 GEMM choice]
 // Which kernel runs the FP8 linear's products on CUDA: gtron's own block-scaled GEMM
@@ -170,9 +175,13 @@ bool parse_gemm_kernel(const char* name, GemmKernel* out);
 void cuda_forward(const Tensor& x, const Tensor& w, const void* bias, DType bias_dtype, Tensor& y,
                   const void* residual, int64_t N, int64_t Cin, int64_t Cout, Stream& s,
                   const QuantizedWeight* wq = nullptr, const QuantizedRows* xq = nullptr);
+// `dyq`: dy's codes made by its producer (Note [gradient fp8 codes] in model/autograd.h), or null
+// to quantize dy here.
 void cuda_backward(const Tensor& x, const Tensor& w, const Tensor& dy, void* dx, bool dx_overwrite,
                    Tensor* dw, bool dw_overwrite, int64_t N, int64_t Cin, int64_t Cout, Stream& s,
-                   const QuantizedWeight* wq = nullptr);
+                   const QuantizedWeight* wq = nullptr, const GradCodes* dyq = nullptr);
+// Scratch on `s` for the codes of a gradient dy [R, C] (both orientations; R, C multiples of 128).
+GradCodes scratch_grad_codes(int64_t R, int64_t C, Stream& s);
 // w[N, K] (fp32 or bf16) quantized into a QuantizedWeight allocated on `s` (both orientations).
 QuantizedWeight cuda_quantize_weight(const Tensor& w, Stream& s);
 // Re-quantizes w into the buffers of `out` (made by cuda_quantize_weight for w's shape).

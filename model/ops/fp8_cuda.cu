@@ -66,15 +66,6 @@ __device__ __forceinline__ uint4 load8(const bf16* __restrict__ row, int64_t c, 
   }
 }
 
-__device__ __forceinline__ void unpack8(const uint4& w, float (&v)[8]) {
-  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    v[2 * i] = bf16_lo(u[i]);
-    v[2 * i + 1] = bf16_hi(u[i]);
-  }
-}
-
 // quantize_rows: a half-warp a 1x128 tile along K, lane l holding its elements [8l, 8l + 8)
 // (half_tile_scale's layout). A CTA of kRowsThreads takes k-tile blockIdx.y of kRowsPerHalf · 16
 // rows; each half kRowsPerHalf rows 16 apart, all loaded before any is coded. kVec: K % 8 == 0,
@@ -117,20 +108,10 @@ __global__ void __launch_bounds__(kRowsThreads)
 }
 
 // quantize_cols (kRows false) and quantize_rows_cols (true): a 128 (rows) x 128 (columns) tile of
-// x[R, K] a CTA of 256 threads. Each column's 128 values are one tile of xᵀ, written transposed:
-// qt[K, R], scales st[R / 128, K]; with kRows each row's 128 values are also one row tile: q[R, K],
-// scales s[K / 128, R].
-// - Load: thread t takes 16-byte chunk t % 16 of rows t / 16 + 16i (i < 8), all 8 loads in flight.
-//   Chunk c of row r sits at c ^ (r / 16 % 8) in shared memory (the swizzle); the 8 threads of a
-//   quarter-warp store one row's 8 chunks: no bank conflict.
-// - Row tiles (kRows): the 16 lanes of a half-warp hold one row, 8 values a lane: half_tile_scale's
-//   layout, from registers.
-// - Column tiles: a column pair (a bf16x2 word) and 16 rows a thread, two such units a thread; the
-//   8 lanes of a pair are adjacent, so a warp reads word w % 4 of chunk w / 4 of rows 16g + i for 4
-//   pairs and 8 groups g, which the swizzle spreads over the 32 banks. Each lane then holds 16
-//   codes of each of its two columns: one 16-byte store each, 8 lanes filling a 128-byte line.
-// kVec: K % 8 == 0 and x 16-byte aligned (always so with kRows); else element-wise loads (K % 4
-// == 0 keeps column pairs whole).
+// x[R, K] a CTA of 256 threads: thread t loads 16-byte chunk t % 16 of rows t / 16 + 16i (i < 8),
+// all 8 loads in flight, and code_tile_rows_cols (fp8_tile.cuh) codes the tile's columns (and
+// rows) from those registers through shared memory. kVec: K % 8 == 0 and x 16-byte aligned
+// (always so with kRows); else element-wise loads (K % 4 == 0 keeps column pairs whole).
 constexpr int kColsThreads = 256;
 
 template <bool kRows, bool kVec>
@@ -144,51 +125,7 @@ __global__ void __launch_bounds__(kColsThreads, kRows ? 4 : 6)
   uint4 w[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) w[i] = load8<kVec>(x + (r0 + row0 + 16 * i) * K, c0 + 8 * chunk, K);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) tile[row0 + 16 * i][chunk ^ i] = w[i];
-  if constexpr (kRows) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int64_t r = r0 + row0 + 16 * i;
-      float v[8];
-      unpack8(w[i], v);
-      quantize_tile_part(v, q + r * K + c0 + 8 * chunk, s + blockIdx.x * R + r);
-    }
-  }
-  __syncthreads();
-  const auto* words = reinterpret_cast<const uint32_t*>(tile);  // [128 rows][64 words]
-#pragma unroll
-  for (int unit = 0; unit < 2; ++unit) {
-    const int u = t + kColsThreads * unit;
-    const int pair = u / 8, g = u % 8;  // columns 2·pair, 2·pair + 1; rows [16g, 16g + 16)
-    const int word = ((pair / 4) ^ g) * 4 + pair % 4;
-    uint32_t a[16];
-    uint32_t amax = 0;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      a[i] = words[(16 * g + i) * (kTile / 2) + word];
-      amax = e4m3_absmax2(amax, a[i]);
-    }
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) amax = e4m3_absmax2(amax, __shfl_xor_sync(~0u, amax, o));
-    const int64_t c = c0 + 2 * pair;
-    if (c >= K) continue;  // K % 4 == 0: the pair is whole or gone
-    const E4M3Scale lo(bf16_lo(amax)), hi(bf16_hi(amax));
-    uint32_t even[4], odd[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t* b = a + 4 * j;
-      even[j] = lo.encode4(bf16_lo(b[0]), bf16_lo(b[1]), bf16_lo(b[2]), bf16_lo(b[3]));
-      odd[j] = hi.encode4(bf16_hi(b[0]), bf16_hi(b[1]), bf16_hi(b[2]), bf16_hi(b[3]));
-    }
-    uint8_t* dst = qt + c * R + r0 + 16 * g;
-    *reinterpret_cast<uint4*>(dst) = make_uint4(even[0], even[1], even[2], even[3]);
-    *reinterpret_cast<uint4*>(dst + R) = make_uint4(odd[0], odd[1], odd[2], odd[3]);
-    if (g == 0) {
-      st[(r0 / kTile) * K + c] = lo.scale();
-      st[(r0 / kTile) * K + c + 1] = hi.scale();
-    }
-  }
+  code_tile_rows_cols<kRows>(tile, w, r0, c0, R, K, q, s, qt, st);
 }
 
 // quantize_blocks: one 128x128 block of w[N, K] a CTA of 512 threads, held in registers: warp w

@@ -134,4 +134,86 @@ struct RowCodes {
   }
 };
 
+// The 8 bf16 of a bf16x2 uint4 (x's low half first) as floats.
+__device__ __forceinline__ void unpack8(const uint4& w, float (&v)[8]) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = bf16_lo(u[i]);
+    v[2 * i + 1] = bf16_hi(u[i]);
+  }
+}
+
+// The column (and row) tiles of a 128 (rows) x 128 (columns) tile of a bf16 matrix x[R, K] whose
+// values a CTA of 256 threads holds in registers: thread t holds in w[i] the 16-byte chunk t % 16
+// (columns c0 + 8·(t % 16) .. + 8) of row r0 + t / 16 + 16i (i < 8), as bf16x2 words. Each
+// column's 128 values are one tile of xᵀ, written transposed: qt[K, R], scales st[R / 128, K];
+// with kRows each row's 128 values are also one row tile: q[R, K], scales s[K / 128, R] (Note [fp8
+// layouts] in fp8.h). fp8_quantize_cols / fp8_quantize_rows_cols' tile (fp8_cuda.cu), and any
+// producer that holds its output that way. `tile`: the CTA's shared memory; every thread calls
+// this, which synchronizes the CTA once (a second call on the same `tile` needs a __syncthreads
+// between). REQUIRES: r0 % 128 == 0, R % 128 == 0, K % 4 == 0 (a column pair is whole or gone);
+// with kRows also c0 + 128 <= K.
+// - Staging: chunk c of row r sits at c ^ (r / 16 % 8) in shared memory (the swizzle); the 8
+//   threads of a quarter-warp store one row's 8 chunks: no bank conflict.
+// - Row tiles (kRows): the 16 lanes of a half-warp hold one row, 8 values a lane: half_tile_scale's
+//   layout, from registers.
+// - Column tiles: a column pair (a bf16x2 word) and 16 rows a thread, two such units a thread; the
+//   8 lanes of a pair are adjacent, so a warp reads word w % 4 of chunk w / 4 of rows 16g + i for 4
+//   pairs and 8 groups g, which the swizzle spreads over the 32 banks. Each lane then holds 16
+//   codes of each of its two columns: one 16-byte store each, 8 lanes filling a 128-byte line.
+template <bool kRows>
+__device__ __forceinline__ void code_tile_rows_cols(uint4 (&tile)[128][16], const uint4 (&w)[8],
+                                                    int64_t r0, int64_t c0, int64_t R, int64_t K,
+                                                    uint8_t* __restrict__ q, float* __restrict__ s,
+                                                    uint8_t* __restrict__ qt,
+                                                    float* __restrict__ st) {
+  const int t = threadIdx.x, chunk = t % 16, row0 = t / 16;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) tile[row0 + 16 * i][chunk ^ i] = w[i];
+  if constexpr (kRows) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t r = r0 + row0 + 16 * i;
+      float v[8];
+      unpack8(w[i], v);
+      quantize_tile_part(v, q + r * K + c0 + 8 * chunk, s + (c0 / 128) * R + r);
+    }
+  }
+  __syncthreads();
+  const auto* words = reinterpret_cast<const uint32_t*>(tile);  // [128 rows][64 words]
+#pragma unroll
+  for (int unit = 0; unit < 2; ++unit) {
+    const int u = t + 256 * unit;
+    const int pair = u / 8, g = u % 8;  // columns 2·pair, 2·pair + 1; rows [16g, 16g + 16)
+    const int word = ((pair / 4) ^ g) * 4 + pair % 4;
+    uint32_t a[16];
+    uint32_t amax = 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      a[i] = words[(16 * g + i) * 64 + word];
+      amax = e4m3_absmax2(amax, a[i]);
+    }
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) amax = e4m3_absmax2(amax, __shfl_xor_sync(~0u, amax, o));
+    const int64_t c = c0 + 2 * pair;
+    if (c >= K) continue;  // K % 4 == 0: the pair is whole or gone
+    const E4M3Scale lo(bf16_lo(amax)), hi(bf16_hi(amax));
+    uint32_t even[4], odd[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t* b = a + 4 * j;
+      even[j] = lo.encode4(bf16_lo(b[0]), bf16_lo(b[1]), bf16_lo(b[2]), bf16_lo(b[3]));
+      odd[j] = hi.encode4(bf16_hi(b[0]), bf16_hi(b[1]), bf16_hi(b[2]), bf16_hi(b[3]));
+    }
+    uint8_t* dst = qt + c * R + r0 + 16 * g;
+    *reinterpret_cast<uint4*>(dst) = make_uint4(even[0], even[1], even[2], even[3]);
+    *reinterpret_cast<uint4*>(dst + R) = make_uint4(odd[0], odd[1], odd[2], odd[3]);
+    if (g == 0) {
+      st[(r0 / 128) * K + c] = lo.scale();
+      st[(r0 / 128) * K + c + 1] = hi.scale();
+    }
+  }
+}
+
 }  // namespace gtron::cuda

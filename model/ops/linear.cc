@@ -81,10 +81,14 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual, bool f
   // Note [gradient column partials]: dy's last writer may sum its columns for the bias gradient.
   if (out.requires_grad() && x.device().is_cuda() && b.defined() && b.requires_grad())
     out.request_col_partials();
+  // Note [gradient fp8 codes]: dy's last writer may make its FP8 codes on the way.
+  if (out.requires_grad() && fp8_cuda && fp8::fused_producers()) out.request_grad_codes();
   if (out.requires_grad()) {
     record_backward([x, w, b, residual, out, N, Cin, Cout, fp8, have_wq, wcodes] {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
+      // Note [gradient fp8 codes]: taken before anything reads dy (which would drop them).
+      const GradCodes dy_codes = out.take_grad_codes();
       // Note [gradient column partials]: taken before anything reads dy.
       const bool db_done = out.device().is_cuda() && bias_grad_from_partials(out, b, s);
       // The residual's share is dy itself (bound or queued before the GEMMs read dy).
@@ -99,7 +103,8 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual, bool f
         void* dx = x.requires_grad() ? x.grad_for_write(&dx_overwrite).raw() : nullptr;
         if (fp8) {  // the products in FP8; the bias gradient below from dy unquantized
           fp8::cuda_backward(x.value(), w.value(), out.grad(), dx, dx_overwrite, dw, dw_overwrite,
-                             N, Cin, Cout, s, have_wq ? &wcodes : nullptr);
+                             N, Cin, Cout, s, have_wq ? &wcodes : nullptr,
+                             dy_codes.defined() ? &dy_codes : nullptr);
           dx = nullptr;
           dw = nullptr;
         }

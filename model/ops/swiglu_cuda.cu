@@ -66,6 +66,62 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ x, const T* __restr
   }
 }
 
+// Note [SwiGLU backward with FP8 codes]
+// The backward of SwiGLU writes d[gate | up] = dx [N, 2F], which is the output gradient of the
+// FP8 gate|up projection: its data gradient reads dx in 1x128 tiles along the rows, its weight
+// gradient in 1x128 tiles along the columns (transposed), i.e. fp8_quantize_rows_cols of dx, one
+// more read of 2·N·2F bytes. Asked for (Note [gradient fp8 codes] in model/autograd.h), this
+// kernel writes those codes from the values it stores: a CTA of 256 takes rows [r0, r0 + 128) and
+// columns [j0, j0 + 128) of F, computes d gate and d up there (thread t: chunk t % 16 of rows
+// t / 16 + 16i, the layout code_tile_rows_cols takes), stores them as bf16 and codes the two
+// 128x128 tiles they form (columns j0 and F + j0 of dx): d gate from its registers, d up read
+// back from the stores just made (L2, not DRAM: both tiles in registers spilled). Same math and
+// rounding as swiglu_backward_kernel's, so dx is bit-identical to it and the codes to
+// fp8_quantize_rows_cols of it. Written, not accumulated (the first writer of dx only).
+constexpr int kCodesThreads = 256;
+
+__global__ void __launch_bounds__(kCodesThreads, 2)
+    swiglu_backward_codes_kernel(const bf16* __restrict__ x, const bf16* __restrict__ dy,
+                                 bf16* __restrict__ dx, int64_t N, int64_t F,
+                                 uint8_t* __restrict__ q, float* __restrict__ s,
+                                 uint8_t* __restrict__ qt, float* __restrict__ st) {
+  __shared__ uint4 tile[128][16];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * 128;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 128 + 8 * (threadIdx.x % 16);
+  uint4 w[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t r = r0 + threadIdx.x / 16 + 16 * i;
+    float g[8], u[8], d[8];
+    load_floats<8>(x + r * 2 * F + j, g);
+    load_floats<8>(x + r * 2 * F + F + j, u);
+    load_floats<8>(dy + r * F + j, d);
+    uint32_t hg[8], hu[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float sg = sigmoid(g[k]);
+      const float dsilu = sg * (1.0f + g[k] * (1.0f - sg));
+      hu[k] = __bfloat16_as_ushort(from_float<bf16>(d[k] * g[k] * sg));
+      hg[k] = __bfloat16_as_ushort(from_float<bf16>(d[k] * u[k] * dsilu));
+    }
+    w[i] = make_uint4(hg[0] | hg[1] << 16, hg[2] | hg[3] << 16, hg[4] | hg[5] << 16,
+                      hg[6] | hg[7] << 16);
+    *reinterpret_cast<uint4*>(dx + r * 2 * F + j) = w[i];
+    *reinterpret_cast<uint4*>(dx + r * 2 * F + F + j) = make_uint4(
+        hu[0] | hu[1] << 16, hu[2] | hu[3] << 16, hu[4] | hu[5] << 16, hu[6] | hu[7] << 16);
+  }
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * 128;
+  code_tile_rows_cols<true>(tile, w, r0, j0, N, 2 * F, q, s, qt, st);
+  // The d up tile: read back what this thread stored (from L2; holding both tiles in registers
+  // spilled), after every thread's column pass has read the shared tile.
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    w[i] = *reinterpret_cast<const uint4*>(dx + (r0 + threadIdx.x / 16 + 16 * i) * 2 * F + F + j);
+  }
+  __syncthreads();
+  code_tile_rows_cols<true>(tile, w, r0, F + j0, N, 2 * F, q, s, qt, st);
+}
+
 // Whether kV-element packs fit every operand (F a multiple of kV, pointers 16-byte aligned).
 bool packed(int64_t F, int kV, const void* a, const void* b, const void* c = nullptr) {
   return F % kV == 0 && is_aligned(a, 16) && is_aligned(b, 16) && is_aligned(c, 16);
@@ -130,6 +186,23 @@ void swiglu_backward(const void* x, const void* dy, void* dx, int64_t N, int64_t
     }
     CUDA_CHECK_LAUNCH();
   });
+}
+
+bool swiglu_backward_codes_ok(int64_t N, int64_t F, const void* x, const void* dy, const void* dx) {
+  return N > 0 && N % 128 == 0 && F % 128 == 0 && N / 128 <= 65535 && is_aligned(x, 16) &&
+         is_aligned(dy, 16) && is_aligned(dx, 16);
+}
+
+void swiglu_backward_fp8(const void* x, const void* dy, void* dx, int64_t N, int64_t F, uint8_t* q,
+                         float* qs, uint8_t* qt, float* qts, void* stream) {
+  GTRON_CHECK(swiglu_backward_codes_ok(N, F, x, dy, dx) && is_aligned(q, 16) && is_aligned(qt, 16),
+              "swiglu_backward_fp8: N = ", N, ", F = ", F,
+              " (both multiples of 128, 16-byte aligned operands required)");
+  const dim3 grid(static_cast<unsigned>(F / 128), static_cast<unsigned>(N / 128));
+  swiglu_backward_codes_kernel<<<grid, kCodesThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const bf16*>(x), static_cast<const bf16*>(dy), static_cast<bf16*>(dx), N, F, q,
+      qs, qt, qts);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace gtron::cuda

@@ -205,6 +205,58 @@ TEST(Fp8Fused, SwigluCodesEqualQuantizedOutput) {
   }
 }
 
+// SwiGLU's backward with its gradient's FP8 codes (Note [SwiGLU backward with FP8 codes]): dx
+// byte for byte the plain backward's (written, not accumulated), and codes and scales of both
+// orientations equal to fp8_quantize_rows_cols of it, at F = 128 and 384 and N = 128 and 384, with
+// a NaN gradient (its row tile and column tile NaN) and a zero tile; swiglu_backward_codes_ok
+// refuses sizes that are not whole tiles.
+TEST(Fp8Fused, SwigluBackwardCodesEqualQuantizedGradient) {
+  GTRON_REQUIRE_GPU();
+  for (int64_t N : {128, 384}) {
+    for (int64_t F : {128, 384}) {
+      SCOPED_TRACE("N " + std::to_string(N) + ", F " + std::to_string(F));
+      std::vector<float> x = normal_values(N * 2 * F, 6, 2.0), dy = normal_values(N * F, 7);
+      dy[5 * F + 3] = NAN;
+      for (int64_t j = 0; j < 128; ++j) dy[9 * F + j] = 0.0f;  // d up zero over a tile of row 9
+      const DeviceValues xd = device_bf16(x, 0), dyd = device_bf16(dy, 0);
+      const int64_t K = 2 * F, ns = fp8::row_scale_floats(N, K), nst = fp8::row_scale_floats(K, N);
+      Tensor plain = device_bytes(2 * N * K), dx = device_bytes(2 * N * K);
+      Tensor q = device_bytes(N * K), s = device_bytes(4 * ns), qt = device_bytes(N * K),
+             st = device_bytes(4 * nst);
+      Tensor q_ref = device_bytes(N * K), s_ref = device_bytes(4 * ns),
+             qt_ref = device_bytes(N * K), st_ref = device_bytes(4 * nst);
+      for (const Tensor* t : {&q, &s, &qt, &st}) cudaMemset(t->raw(), 0xa5, t->nbytes());
+      ASSERT_TRUE(cuda::swiglu_backward_codes_ok(N, F, xd.ptr(), dyd.ptr(), dx.raw()));
+      cuda::swiglu_backward(xd.ptr(), dyd.ptr(), plain.raw(), N, F, DType::kBF16, stream(), true);
+      cuda::swiglu_backward_fp8(xd.ptr(), dyd.ptr(), dx.raw(), N, F, static_cast<uint8_t*>(q.raw()),
+                                s.data<float>(), static_cast<uint8_t*>(qt.raw()), st.data<float>(),
+                                stream());
+      cuda::fp8_quantize_rows_cols(plain.raw(), N, K, static_cast<uint8_t*>(q_ref.raw()),
+                                   s_ref.data<float>(), static_cast<uint8_t*>(qt_ref.raw()),
+                                   st_ref.data<float>(), stream());
+      EXPECT_EQ(differing(host_bytes(dx.raw(), 2 * N * K), host_bytes(plain.raw(), 2 * N * K)), 0)
+          << "dx bytes";
+      const std::vector<uint8_t> qr = host_bytes(q_ref.raw(), N * K);
+      EXPECT_EQ(differing(host_bytes(q.raw(), N * K), qr), 0) << "row codes";
+      EXPECT_EQ(differing(host_bytes(s.raw(), 4 * ns), host_bytes(s_ref.raw(), 4 * ns)), 0)
+          << "row scales";
+      EXPECT_EQ(differing(host_bytes(qt.raw(), N * K), host_bytes(qt_ref.raw(), N * K)), 0)
+          << "column codes";
+      const std::vector<uint8_t> stb = host_bytes(st_ref.raw(), 4 * nst);
+      EXPECT_EQ(differing(host_bytes(st.raw(), 4 * nst), stb), 0) << "column scales";
+      int64_t nonzero = 0, nan = 0;
+      for (uint8_t c : qr) nonzero += (c & 0x7f) != 0;
+      std::vector<float> sf(nst);
+      std::memcpy(sf.data(), stb.data(), stb.size());
+      for (float v : sf) nan += std::isnan(v);
+      EXPECT_GT(nonzero, N * K / 4) << "the codes are mostly zero: the comparison would be empty";
+      EXPECT_EQ(nan, 2) << "row 5's NaN: its d gate and d up columns";
+    }
+  }
+  EXPECT_FALSE(cuda::swiglu_backward_codes_ok(100, 128, nullptr, nullptr, nullptr));
+  EXPECT_FALSE(cuda::swiglu_backward_codes_ok(128, 192, nullptr, nullptr, nullptr));
+}
+
 // GELU over rows of K = 128, 640 (a warp's two halves in different rows) and 3072 (GPT-2's 4C at
 // C = 768), odd row
 // counts, aligned and misaligned: +inf (its tile inf), -inf (gelu gives NaN) and a zero tile.
@@ -310,6 +362,7 @@ struct Step {
   std::vector<double> losses;              // total, main, MTP
   std::vector<std::vector<double>> grads;  // per parameter
   fp8::ForwardInputCounts counts;          // of this forward + backward
+  fp8::ForwardInputCounts grad_counts;     // the backward's output gradients
 };
 
 // One forward + backward of a fresh model (bf16 mixed precision) with the fusion on or off.
@@ -320,6 +373,7 @@ Step train_step(const GPTConfig& c, bool fused) {
   model.set_weight_access(&access);
   const Tensor window = token_window(2, 64, c.vocab_size, 3).to(kGpu);  // 128 rows
   const fp8::ForwardInputCounts before = fp8::forward_input_counts();
+  const fp8::ForwardInputCounts grads_before = fp8::backward_grad_counts();
   GPTOutput out = model.forward(window);
   backward(out.loss);
   Step r;
@@ -328,6 +382,9 @@ Step train_step(const GPTConfig& c, bool fused) {
   for (Parameter* p : model.parameters()) r.grads.push_back(p->main_grad.to_vector());
   const fp8::ForwardInputCounts after = fp8::forward_input_counts();
   r.counts = {after.handed_in - before.handed_in, after.quantized - before.quantized};
+  const fp8::ForwardInputCounts grads_after = fp8::backward_grad_counts();
+  r.grad_counts = {grads_after.handed_in - grads_before.handed_in,
+                   grads_after.quantized - grads_before.quantized};
   fp8::set_fused_producers_for_testing(true);
   return r;
 }
@@ -346,6 +403,15 @@ void expect_fusion_bit_identical(Arch arch, Recompute recompute) {
   EXPECT_EQ(fused.counts.quantized, blocks);
   EXPECT_EQ(plain.counts.handed_in, 0);
   EXPECT_EQ(plain.counts.quantized, 4 * blocks + D);
+  // The backward runs each block once (a full recompute re-forms only the forward): llama's
+  // gate|up output gradients come with SwiGLU's codes (Note [gradient fp8 codes]); GPT-2's GELU
+  // sits in no such path, so every one of its output gradients is quantized by its linear.
+  const int64_t backward_linears = 4 * (L + D) + D;
+  const int64_t from_swiglu = arch == Arch::kLlama ? L + D : 0;
+  EXPECT_EQ(fused.grad_counts.handed_in, from_swiglu);
+  EXPECT_EQ(fused.grad_counts.quantized, backward_linears - from_swiglu);
+  EXPECT_EQ(plain.grad_counts.handed_in, 0);
+  EXPECT_EQ(plain.grad_counts.quantized, backward_linears);
   ASSERT_EQ(fused.losses.size(), plain.losses.size());
   for (size_t k = 0; k < fused.losses.size(); ++k) {
     EXPECT_TRUE(std::isfinite(fused.losses[k])) << "loss " << k;
