@@ -137,6 +137,18 @@ QuantizedRows scratch_rows(int64_t R, int64_t K, Stream& s);
 // Process-wide, read when a block's forward is recorded; true unless a test says otherwise.
 void set_fused_producers_for_testing(bool on);
 bool fused_producers();
+
+// Note [fp8 untiled sizes]
+// The recipe is defined for any size: a tail tile (or block) shorter than 128 takes the scale of
+// its own elements, and the quantizers and the CPU emulation implement that (Note [fp8 layouts]).
+// Whether cuBLASLt's block-scaled products take a reduction or feature size that is not a whole
+// number of 128-tiles (GPT-2 1.5B: C = 1600, 3C = 4800) is what GTRON_FP8_UNTILED=1 lets us
+// measure: with it, cuda::fp8_gemm_ok also holds for rows a multiple of 128 and Cin, Cout
+// multiples of 16 (the codes' 16-byte rows); without it (the default until a GPU has passed
+// fp8_cuda_test's untiled case) such linears run the bf16 products. Read once, at the first
+// question; set_untiled_sizes_for_testing overrides it.
+void set_untiled_sizes_for_testing(bool on);
+bool untiled_sizes();
 // The forward products cuda_forward has queued since the process started (a graph's products
 // count once, at capture): those that read codes handed in by x's producer, and those that
 // quantized x themselves. Process-wide, for tests.
@@ -192,7 +204,8 @@ void cuda_requantize_weight(const Tensor& w, QuantizedWeight& out, Stream& s);
 namespace cuda {
 // Whether a linear with these sizes runs its three GEMMs in FP8 on CUDA: every one of rows, Cin,
 // Cout a multiple of 128 (the reduction of each GEMM is a whole number of tiles, and every scale
-// row is 16-byte aligned).
+// row is 16-byte aligned), or, under fp8::untiled_sizes() (Note [fp8 untiled sizes]), rows a
+// multiple of 128 and Cin, Cout multiples of 16.
 bool fp8_gemm_ok(int64_t rows, int64_t Cin, int64_t Cout);
 
 // The CUDA quantizers, from bf16 (the same codes and scales as the CPU reference given the bf16

@@ -378,6 +378,24 @@ TEST(Fp8Cuda, LinearMatchesTheCpuEmulation) {
                                    testing::kBF16Tol);
 }
 
+// Note [fp8 untiled sizes]: feature sizes with tail tiles (a multiple of 16, not of 128) through
+// cuBLASLt's block-scaled products, against the CPU emulation of the same recipe; GPT-2 1.5B's
+// attention projection (C = 1600 into 3C = 4800) among them. The counts show the FP8 products ran
+// (not the bf16 fallback).
+TEST(Fp8Cuda, LinearAtUntiledSizesMatchesTheCpuEmulation) {
+  GTRON_REQUIRE_GPU();
+  fp8::set_untiled_sizes_for_testing(true);
+  const fp8::ForwardInputCounts before = fp8::forward_input_counts();
+  testing::expect_cuda_matches_cpu(fp8_linear_case(256, 272, 400, true, true), DType::kBF16,
+                                   testing::kBF16Tol);
+  testing::expect_cuda_matches_cpu(fp8_linear_case(128, 1600, 4800, false, false), DType::kBF16,
+                                   testing::kBF16Tol);
+  const fp8::ForwardInputCounts after = fp8::forward_input_counts();
+  fp8::set_untiled_sizes_for_testing(false);
+  EXPECT_GE(after.quantized + after.handed_in, before.quantized + before.handed_in + 2)
+      << "the untiled linears ran the bf16 products";
+}
+
 // t [R, K] with each tile of `tile_rows` rows by 128 columns scaled by its own power of two in
 // [2^-6, 2^6]: a scale read from the wrong place (a transposed or mis-strided scale layout) then
 // misplaces factors up to 2^12, where operands of one magnitude share nearly every scale and hide
