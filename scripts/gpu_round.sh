@@ -8,7 +8,8 @@
 #   2. gtron fp8 against torch.compile bf16 at the Llama-3.2-1B shape, alternating, D=0 then D=1;
 #   3. the FP8 GEMM tune (scripts/tune_gemm.sh --only-llama --precision fp8 --sustain 50), then
 #      gtron fp8 with the tuned table (GTRON_GEMM_TABLE_FILE) against without, at the same shape;
-#   4. Qwen3-0.6B and GPT-2 1.5B shapes: gtron fp8 against torch.compile bf16;
+#   4. Qwen3-0.6B and GPT-2 1.5B shapes: gtron fp8 against torch.compile bf16 (GPT-2 1.5B with
+#      GTRON_FP8_UNTILED=1: its C = 1600 has tail tiles, Note [fp8 untiled sizes]);
 #   5. bench_gpu at the Qwen3-MoE shape with graphs full (the instantiation error, if it fails,
 #      says what the graph held), and with GTRON_CAPTURE_MEMSETS=keep;
 #   6. scripts/bench_fp8.sh's IPC layouts (fp8 GTP=2, TP=2 x GTP=2 against one process, with the
@@ -75,7 +76,7 @@ if [[ $(left) -gt 200 ]]; then
 fi
 gt "qwen fp8" -- "${QWEN[@]}" --precision fp8 --D 0
 tc "qwen bf16" "${QWEN[@]}" --D 0
-gt "gpt2-1.5b fp8" -- "${GPT15[@]}" --precision fp8 --D 0
+gt "gpt2-1.5b fp8 (untiled sizes)" GTRON_FP8_UNTILED=1 -- "${GPT15[@]}" --precision fp8 --D 0
 tc "gpt2-1.5b bf16" "${GPT15[@]}" --D 0
 MOE=(--arch llama --L 12 --C 2048 --NH 16 --NKV 4 --HS 128 --F 6144 --qk-norm 1 --rope-theta 1000000
   --tied 1 --V 50304 --T 1024 --B 4 --moe-experts 64 --moe-top-k 8 --moe-width 768
