@@ -9,14 +9,16 @@
 #       run of 16.4M tokens never sees a token twice), and DIR/tokenizer.json (byte-level BPE,
 #       vocabulary 8192, llama3 split pattern) trained on them; about 35 MB to carry.
 #   scripts/fp8_parity.sh DIR [--steps N] [--seeds "1 2 3"] [--out RUNS] [--warmup W] [--device cpu]
-#                         [--jobs J] [--batch B]
+#                         [--jobs J] [--batch B] [--data-seed S]
 #       on the GPU machine: prepares DIR's corpus into shards (once), then trains every
 #       (precision, seed) run for N steps (default 2000) into RUNS (default runs/fp8_parity),
 #       J runs at a time (default 1; the model is small enough that several share one GPU, and
 #       each run's result does not depend on what runs beside it), then prints the table as JSON
 #       lines. GTRON=path/to/gtron (default .gpubin/gtron). --batch: sequences of 512 a step
 #       (default 16, 8,192 tokens; 32 halves the gradient noise and still reads the unique corpus
-#       about once in 2,000 steps).
+#       about once in 2,000 steps). --data-seed: every run draws the same training windows
+#       (data.seed = S), so the seeds differ only in their initialization and bf16 and fp8 of one
+#       seed form a pair (default: each run's windows follow its seed).
 #
 # The model: llama, L=8, C=512, 8 query and 4 key/value heads of 64, SwiGLU width 1536, vocab
 # 8192, T=512, 16 sequences a step (8,192 tokens), AdamW 1e-3 cosine with 100 warmup steps,
@@ -44,6 +46,7 @@ device=cuda
 warmup=100
 jobs=1
 batch=16
+data_seed=-1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --steps) steps=$2; shift 2 ;;
@@ -53,6 +56,7 @@ while [[ $# -gt 0 ]]; do
     --warmup) warmup=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
+    --data-seed) data_seed=$2; shift 2 ;;
     *) echo "fp8_parity.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -72,7 +76,7 @@ one_run() {  # PRECISION SEED
     --set "data.train=$dir/shards/train_*.bin" --set "data.val=$dir/shards/val_*.bin" \
     --set train.seq_len=512 --set train.global_batch="$batch" --set train.micro_batch="$batch" \
     --set train.steps="$steps" --set train.eval_every=250 --set train.eval_batches=256 \
-    --set train.seed="$seed" --set train.precision="$p" --set train.device="$device" \
+    --set train.seed="$seed" --set data.seed="$data_seed" --set train.precision="$p" --set train.device="$device" \
     --set optimizer.lr=1e-3 --set optimizer.weight_decay=0.1 --set schedule.warmup_steps="$warmup" \
     --set graphs.scope=full --set checkpoint.every=0 --set log.every=10 \
     >"$runs/${p}_s$seed.log" 2>&1 || { echo "run ${p}_s$seed failed:"; tail -5 "$runs/${p}_s$seed.log"; }

@@ -121,6 +121,9 @@ struct DataConfig {
   // Attention within each document of a packed row (Note [document masking] in
   // model/ops/segments.h); needs the doc_start_ids of prepared text (resolve_data).
   bool document_masking = false;
+  // Seed of the training windows' sampling; -1 = train.seed. Fixing it while train.seed varies
+  // gives runs that differ only in their initialization (paired comparisons).
+  int64_t seed = -1;
 };
 
 struct OptimizerConfig {                // AdamW
@@ -201,6 +204,9 @@ struct Config {
   CheckpointConfig checkpoint;
   LogConfig log;
 };
+
+// The seed the training sampler draws windows with: data.seed, or train.seed when it is -1.
+inline int64_t data_seed(const Config& c) { return c.data.seed >= 0 ? c.data.seed : c.train.seed; }
 
 // Every key at its schema default.
 Config default_config();

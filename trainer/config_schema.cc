@@ -265,6 +265,9 @@ std::vector<KeySpec> build_schema() {
           "document in the packed training row, and GPT-2's positions restart at each document. "
           "Needs text prepared with a BPE tokenizer (meta.json's doc_start_ids: a token equal to "
           "the first opens a document). Training and evaluation only; sampling is unaffected."),
+      key(GTRON_FIELD(data.seed), -1, at_least(-1),
+          "Seed of the training windows' sampling; -1 = train.seed. Fix it while train.seed "
+          "varies for runs that differ only in their initialization."),
       key(GTRON_FIELD(data.synthetic.order), 2, closed(1, 8), "Markov order of the source."),
       key(GTRON_FIELD(data.synthetic.vocab), 64, at_least(2),
           "Tokens the source emits; <= model.vocab_size when data.train is \"\"."),

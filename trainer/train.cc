@@ -492,7 +492,7 @@ int Run::train() {
     for (int64_t m = 0; m < accum_; ++m) {
       par_->set_last_microbatch(m == accum_ - 1);
       const int64_t first_seq = (data_rank() * accum_ + m) * mb;
-      sampler_->sample(cfg_.train.seed, step, first_seq, mb, window.data<int32_t>());
+      sampler_->sample(data_seed(cfg_), step, first_seq, mb, window.data<int32_t>());
       GPTOutput out = graphs_->forward(window);
       backward(out.loss, seed);
       par_->finish_backward();

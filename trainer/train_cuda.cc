@@ -68,7 +68,7 @@ int Run::train_cuda() {
       auto* host = reinterpret_cast<int32_t*>(static_cast<char*>(pinned.data()) +
                                               static_cast<size_t>(slot) * window_bytes);
       const int64_t first_seq = (data_rank() * accum_ + m) * mb;
-      sampler_->sample(cfg_.train.seed, step, first_seq, mb, host);
+      sampler_->sample(data_seed(cfg_), step, first_seq, mb, host);
       cuda::memcpy_async(window.raw(), host, window_bytes, stream.native());
       fences[slot]->record(stream);
       fenced[slot] = true;

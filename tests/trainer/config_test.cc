@@ -45,6 +45,7 @@ TEST(ConfigDefaults, MatchTheSchema) {
   EXPECT_EQ(c.data.synthetic.tokens, 2000000);
   EXPECT_EQ(c.data.synthetic.val_tokens, 100000);
   EXPECT_EQ(c.data.synthetic.seed, 1234u);
+  EXPECT_EQ(c.data.seed, -1);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 6e-4);
   EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
   EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-8);
@@ -420,6 +421,17 @@ TEST(ConfigRuntime, DeviceAndPrecisionResolution) {
   EXPECT_STREQ(to_string(ScheduleKind::kWsd), "wsd");
   EXPECT_STREQ(to_string(GraphScope::kFull), "full");
   EXPECT_STREQ(to_string(PrecisionChoice::kFp32), "fp32");
+}
+
+TEST(ConfigRuntime, DataSeedFollowsTrainSeedUnlessSet) {
+  Config c = default_config();
+  c.train.seed = 5;
+  EXPECT_EQ(data_seed(c), 5);
+  c.data.seed = 0;
+  EXPECT_EQ(data_seed(c), 0);
+  c.data.seed = 9;
+  EXPECT_EQ(data_seed(c), 9);
+  expect_text_error(R"({"data": {"seed": -2}})", {"data.seed", "-2"});
 }
 
 TEST(ConfigRuntime, TransientGradsAutoTrueFalse) {

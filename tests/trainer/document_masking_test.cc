@@ -96,6 +96,15 @@ class DocumentMasking : public ::testing::Test {
 
 std::string* DocumentMasking::dir_ = nullptr;
 
+// data.seed draws the training windows apart from the initialization (train.seed): unset it is
+// train.seed, and a different one changes what the model reads.
+TEST_F(DocumentMasking, DataSeedDrawsTheWindows) {
+  const std::vector<std::string> base = losses("llama", "seed_default", {"train.seed=5"});
+  ASSERT_FALSE(base.empty());
+  EXPECT_EQ(base, losses("llama", "seed_same", {"train.seed=5", "data.seed=5"}));
+  EXPECT_NE(base, losses("llama", "seed_other", {"train.seed=5", "data.seed=6"}));
+}
+
 TEST_F(DocumentMasking, MasksDeterministicallyInEveryGraphScope) {
   for (const std::string arch : {"gpt2", "llama"}) {
     SCOPED_TRACE(arch);
