@@ -86,17 +86,18 @@ __device__ __forceinline__ void hold(uint32_t (&a)[KT][4]) {
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 
-// d[64×64] (+)= A[64×16] · B[16×64], A and B from shared memory; TB = 1 for an MN-major B.
-// `accumulate` false overwrites d.
-template <int TB>
+// d[64×64] (+)= A[64×16] · B[16×64], A and B from shared memory; TB = 1 for an MN-major B,
+// TA = 1 for an MN-major A (a [16 (k), 64 (m)] slice of a [k, 64] tile, as B's). `accumulate`
+// false overwrites d.
+template <int TB, int TA = 0>
 __device__ __forceinline__ void mma_ss(float (&d)[8][4], uint64_t da, uint64_t db,
                                        bool accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " GTRON_WG_REGS32
-      ", %32, %33, p, 1, 1, 0, %35;\n}\n"
+      ", %32, %33, p, 1, 1, %36, %35;\n}\n"
       : GTRON_WG_D32(d)
-      : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TB));
+      : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TB), "n"(TA));
 }
 
 // d[64×64] (+)= A[64×16] · B[16×64], A from registers (this warp's m16n8k16 A fragment of its

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/autograd.h"
+#include "model/ops/grouped_limits.h"
 
 namespace gtron {
 
@@ -25,9 +26,7 @@ Var grouped_linear(const Var& x, const std::vector<Var>& weights, const Tensor& 
                    bool fp8 = false);
 
 namespace cuda {
-// The most groups one grouped GEMM takes: their pointers travel by value in the kernel's
-// arguments (8 bytes each; CUDA 12.1+ allows 32 KiB of arguments).
-constexpr int kMaxGroups = 512;
+// kMaxGroups (grouped_limits.h): the most groups one grouped GEMM takes.
 // The three products over G row groups of an [M, ·] buffer, group g's rows
 // [offsets[g], offsets[g + 1]) (offsets: i32 [G + 1] on the device), on `stream` (a
 // cudaStream_t). x, dy, y, dx and the weights in `act` (f32 or bf16); w[g] (host array of G
@@ -44,6 +43,16 @@ void grouped_linear_backward_data(const void* dy, const void* const* w, void* dx
 void grouped_linear_backward_weight(const void* x, const void* dy, float* const* dw,
                                     const bool* overwrite, const int32_t* offsets, int64_t M,
                                     int64_t Cin, int64_t Cout, int G, DType act, void* stream);
+
+// Which kernel runs the bf16 products (Note [grouped GEMM on wgmma] in grouped_wgmma_cuda.cu):
+// mma.sync (any sm_80+ GPU), or wgmma with 3 or 4 shared-memory stages (compute capability 9.0;
+// elsewhere the mma.sync kernel runs). Process-wide, read at each launch (a graph keeps the
+// kernel it captured). The default comes from GTRON_GROUPED_KERNEL = mma | wgmma3 | wgmma4 (read
+// at the first launch; another value is a UserError there), mma when unset, until the wgmma
+// kernels have passed moe_cuda_test on a GPU.
+enum class GroupedKernel { kMma, kWgmma3, kWgmma4 };
+void set_grouped_kernel(GroupedKernel k);
+GroupedKernel grouped_kernel();
 }  // namespace cuda
 
 }  // namespace gtron

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/ops/grouped_linear.h"
+#include "model/ops/grouped_wgmma.h"
 #include "model/ops/moe_dispatch.h"
 #include "model/ops/moe_router.h"
 #include "tests/model/cuda_op_check.h"
@@ -250,11 +251,13 @@ std::vector<GroupedCase> grouped_cases() {
       {16, 16, many, "tensor cores, 300 groups"},
       // Rows of 13 and 7: the fp32 tiled kernel in bf16 too.
       {13, 7, {5, 0, 40, 1}, "odd sizes"},
+      // Several 64-deep k steps (more than the wgmma kernels' stages) in every product, and
+      // groups spanning several row tiles.
+      {320, 264, {0, 1, 257, 130, 515}, "several k steps"},
   };
 }
 
-TEST(GroupedLinearCuda, MatchesCpu) {
-  GTRON_REQUIRE_GPU();
+void expect_grouped_cases_match_cpu() {
   for (const GroupedCase& gc : grouped_cases()) {
     SCOPED_TRACE(gc.what);
     const Tensor offsets = offsets_of(gc.rows);
@@ -271,11 +274,16 @@ TEST(GroupedLinearCuda, MatchesCpu) {
   }
 }
 
+TEST(GroupedLinearCuda, MatchesCpu) {
+  GTRON_REQUIRE_GPU();
+  cuda::set_grouped_kernel(cuda::GroupedKernel::kMma);
+  expect_grouped_cases_match_cpu();
+}
+
 // Note [first gradient write]: with every weight gradient unwritten (garbage in main_grad) and no
 // gradient yet on x, the kernels write instead of adding: the results equal the CPU's from zero,
 // and an empty group's gradient is exactly zero.
-TEST(GroupedLinearCuda, FirstWritesOverwrite) {
-  GTRON_REQUIRE_GPU();
+void expect_first_writes_overwrite() {
   const std::vector<int32_t> rows = {33, 0, 140, 2};
   const int64_t Cin = 24, Cout = 48, M = total(rows);
   const Tensor offsets = offsets_of(rows);
@@ -319,6 +327,61 @@ TEST(GroupedLinearCuda, FirstWritesOverwrite) {
       }
     }
   }
+}
+
+TEST(GroupedLinearCuda, FirstWritesOverwrite) {
+  GTRON_REQUIRE_GPU();
+  cuda::set_grouped_kernel(cuda::GroupedKernel::kMma);
+  expect_first_writes_overwrite();
+}
+
+// Note [grouped GEMM on wgmma]: the sm_90a kernels (3 and 4 stages) take the same cases, and
+// rerun bit-identically (no atomics, one summation order).
+TEST(GroupedLinearCuda, WgmmaKernelsMatchCpu) {
+  GTRON_REQUIRE_GPU();
+  if (!cuda::grouped_wgmma_usable()) GTEST_SKIP() << "needs a compute-capability 9.0 GPU";
+  for (cuda::GroupedKernel k : {cuda::GroupedKernel::kWgmma3, cuda::GroupedKernel::kWgmma4}) {
+    SCOPED_TRACE(k == cuda::GroupedKernel::kWgmma3 ? "wgmma3" : "wgmma4");
+    cuda::set_grouped_kernel(k);
+    expect_grouped_cases_match_cpu();
+    expect_first_writes_overwrite();
+  }
+  cuda::set_grouped_kernel(cuda::GroupedKernel::kMma);
+}
+
+TEST(GroupedLinearCuda, WgmmaKernelRerunsBitIdentically) {
+  GTRON_REQUIRE_GPU();
+  if (!cuda::grouped_wgmma_usable()) GTEST_SKIP() << "needs a compute-capability 9.0 GPU";
+  cuda::set_grouped_kernel(cuda::GroupedKernel::kWgmma4);
+  const std::vector<int32_t> rows = {3, 0, 300, 129, 64};
+  const int64_t Cin = 192, Cout = 136, M = total(rows);
+  const Device d = Device::cuda(0);
+  const Tensor offsets = offsets_of(rows);
+  const Tensor x = testing::randn_tensor({M, Cin}, 51, 1.0, DType::kF32).to(DType::kBF16).to(d);
+  const Tensor dy = testing::randn_tensor({M, Cout}, 52, 1.0, DType::kF32).to(DType::kBF16).to(d);
+  std::vector<std::unique_ptr<Parameter>> ps;
+  std::vector<Var> ws;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    const Tensor w = testing::randn_tensor({Cout, Cin}, 60 + g, 0.2, DType::kF32);
+    ps.push_back(std::make_unique<Parameter>("w" + std::to_string(g), w.to(DType::kBF16).to(d)));
+    ps.back()->main_grad = Tensor::zeros({Cout, Cin}, DType::kF32, d);
+    ws.push_back(Var::param(*ps.back()));
+  }
+  std::vector<std::vector<double>> first;
+  for (int run = 0; run < 2; ++run) {
+    for (auto& p : ps) p->main_grad.zero_();
+    const Var xv = Var::leaf(x);
+    const Var y = grouped_linear(xv, ws, offsets);
+    backward_with(y, dy);
+    std::vector<std::vector<double>> got = {host(y.value()), host(xv.grad())};
+    for (auto& p : ps) got.push_back(host(p->main_grad));
+    if (run == 0) {
+      first = got;
+    } else {
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], first[i]) << "output " << i;
+    }
+  }
+  cuda::set_grouped_kernel(cuda::GroupedKernel::kMma);
 }
 
 }  // namespace

@@ -1,0 +1,234 @@
+// The grouped GEMMs of the MoE experts on Hopper's warpgroup MMA (sm_90a; Note [grouped GEMM on
+// wgmma]). The contract is grouped_linear.h's; grouped_linear_cuda.cu picks this kernel or the
+// mma.sync one (grouped_wgmma.h).
+//
+// Note [grouped GEMM on wgmma]
+// The same launch as the mma.sync kernel (Note [grouped GEMM on CUDA]): the same grid of 128x128
+// output tiles over the groups, resolved by the same find_row_tile / resolve, so a graph captures
+// it the same way and the group sizes stay on the device. What changes is the product:
+// - 256 threads, two warpgroups; warpgroup w owns rows 64w .. 64w + 63 of the tile and both of
+//   its 64-column halves (two 64x64 fp32 accumulators, 64 registers).
+// - K in steps of 64 through a ring of kStages shared-memory slots filled by cp.async from every
+//   thread (each operand's rows of one group are plain strided rows, so there is no tensor map
+//   to make per group; rows past the group's end and columns past K read zeros). A slot holds A
+//   and B as [64, 64] bf16 tiles in the 128-byte swizzle wgmma reads (mma_tile.cuh's swz<64> on a
+//   1024-byte boundary): a K-major [128, 64] operand is two of them stacked, an MN-major one
+//   ([64 (k), 128]) two side by side, so tile h (rows or columns 64h ..) sits at the same offset
+//   in both layouts and only the step between 16-deep slices differs (32 bytes K-major, 2048
+//   MN-major; Note [wgmma operands]).
+// - Per step each warpgroup issues 4 x 2 m64n64k16 products from shared memory (A transposed by
+//   the instruction where it is MN-major: the weight gradient's dyᵀ), commits, and waits for them
+//   before the next step's barrier, so a slot is refilled only after both warpgroups have read
+//   it; the refill of the slot read one step earlier is issued right after that barrier and runs
+//   under the products.
+// - The epilogue stores from the accumulators as the mma.sync kernel does (a warp's registers
+//   are laid out like its m16n8 accumulators): bf16 rows, or fp32 weight gradients written or
+//   added per the overwrite mask.
+// Sums: each output element adds its k-steps in order with the tensor cores' fp32 accumulation;
+// no atomics, no split-K: reruns are bit-identical (the order differs from the mma.sync kernel's,
+// so the two agree within fp32 rounding of the sum, not bit for bit).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <atomic>
+#include <type_traits>
+
+#include "model/check.h"
+#include "model/cuda/check.h"
+#include "model/cuda/kernel_util.cuh"
+#include "model/cuda/mma_tile.cuh"
+#include "model/cuda/wgmma.cuh"
+#include "model/device.h"
+#include "model/ops/grouped_args.cuh"
+#include "model/ops/grouped_wgmma.h"
+
+namespace gtron::cuda {
+
+namespace {
+
+using grouped::GroupedArgs;
+using grouped::kAKMajor;
+using grouped::kBKMajor;
+using grouped::Product;
+using grouped::resolve;
+using grouped::View;
+
+constexpr int kBM = 128, kBN = 128, kBK = 64, kThreads = 256;
+constexpr int kTileElems = 64 * 64;            // one [64, 64] swizzled tile
+constexpr int kOperandElems = 2 * kTileElems;  // an operand's 128 x 64 (either layout)
+static_assert(kBM == kBN && kBM == 2 * 64, "two [64, 64] tiles an operand");
+
+template <int kStages>
+constexpr int smem_bytes() {
+  return kStages * 2 * kOperandElems * 2;
+}
+
+// One operand's [128, 64] (K-major: 128 rows of m or n, 64 of k) or [64, 128] (MN-major: 64 rows
+// of k) into two swizzled [64, 64] tiles at t; chunks outside [MN) x [K) become zeros.
+template <bool kKMajor>
+__device__ __forceinline__ void load_operand(bf16* t, const bf16* g, int64_t ld, int mn0, int MN,
+                                             int k0, int K) {
+  if constexpr (kKMajor) {
+    for (int i = threadIdx.x; i < kBM * (kBK / 8); i += kThreads) {
+      const int r = i / (kBK / 8), c = i % (kBK / 8);
+      const bool valid = mn0 + r < MN && k0 + c * 8 < K;
+      const bf16* src = valid ? g + static_cast<int64_t>(mn0 + r) * ld + k0 + c * 8 : g;
+      cp_async16(t + swz<64>(r, c), src, valid);  // rows 64.. land in the second tile
+    }
+  } else {
+    for (int i = threadIdx.x; i < kBK * (kBM / 8); i += kThreads) {
+      const int r = i / (kBM / 8), c = i % (kBM / 8);
+      const bool valid = k0 + r < K && mn0 + c * 8 < MN;
+      const bf16* src = valid ? g + static_cast<int64_t>(k0 + r) * ld + mn0 + c * 8 : g;
+      cp_async16(t + (c / 8) * kTileElems + swz<64>(r, c % 8), src, valid);
+    }
+  }
+}
+
+// Descriptor of the 16-deep slice kk of tile h of an operand at t.
+template <bool kKMajor>
+__device__ __forceinline__ uint64_t slice(const bf16* t, int h, int kk) {
+  return wg::advance(wg::desc(t + h * kTileElems), kKMajor ? 32 * kk : 2048 * kk);
+}
+
+template <typename Out>
+__device__ __forceinline__ void store_acc(const float (&acc)[2][8][4], Out* c, int64_t ldc, int M,
+                                          int N, int m0, int n0, bool overwrite) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;  // warp 4w + i: rows 64w + 16i ..
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int m = m0 + warp * 16 + lane / 4 + r * 8;
+        const int n = n0 + h * 64 + j * 8 + 2 * (lane % 4);
+        if (m >= M || n >= N) continue;  // N is a multiple of 8: n + 1 < N too
+        float v[2] = {acc[h][j][2 * r], acc[h][j][2 * r + 1]};
+        Out* p = c + static_cast<int64_t>(m) * ldc + n;
+        if (!overwrite) {
+          float cur[2];
+          load_floats<2>(p, cur);
+          v[0] += cur[0];
+          v[1] += cur[1];
+        }
+        store_floats<2>(p, v);
+      }
+    }
+  }
+}
+
+template <Product P, int kStages>
+__global__ void __launch_bounds__(kThreads)
+    grouped_wgmma_kernel(const __grid_constant__ GroupedArgs args) {
+  View<bf16> v;
+  int m0 = 0, n0 = 0;
+  bool overwrite = false;
+  if (!resolve<P, bf16, kBM, kBN>(args, v, m0, n0, overwrite)) return;
+  constexpr bool kAK = kAKMajor<P>, kBK_ = kBKMajor<P>;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  bf16* tiles = reinterpret_cast<bf16*>(smem);
+  auto a_slot = [&](int s) { return tiles + (2 * s) * kOperandElems; };
+  auto b_slot = [&](int s) { return tiles + (2 * s + 1) * kOperandElems; };
+  const int nk = (v.K + kBK - 1) / kBK;
+  auto load_step = [&](int kt) {  // always one commit group, empty past the end
+    if (kt < nk) {
+      const int s = kt % kStages;
+      load_operand<kAK>(a_slot(s), v.a, v.lda, m0, v.M, kt * kBK, v.K);
+      load_operand<kBK_>(b_slot(s), v.b, v.ldb, n0, v.N, kt * kBK, v.K);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) load_step(s);
+  const int w = threadIdx.x / 128;
+  float acc[2][8][4] = {};
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<kStages - 2>();  // this thread's part of step kt has landed
+    async_proxy_fence();
+    __syncthreads();  // everyone's part, and both warpgroups are done with step kt - 1's slot
+    load_step(kt + kStages - 1);
+    const bf16* As = a_slot(kt % kStages);
+    const bf16* Bs = b_slot(kt % kStages);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      const uint64_t da = slice<kAK>(As, w, kk);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        wg::mma_ss<kBK_ ? 0 : 1, kAK ? 0 : 1>(acc[h], da, slice<kBK_>(Bs, h, kk), true);
+      }
+    }
+    wg::commit();
+    wg::wait<0>();
+    wg::hold(acc[0]);
+    wg::hold(acc[1]);
+  }
+  cp_async_wait<0>();  // no copy outlives the CTA
+  if constexpr (P == Product::kWeight) {
+    store_acc(acc, static_cast<float*>(v.c), v.ldc, v.M, v.N, m0, n0, overwrite);
+  } else {
+    store_acc(acc, static_cast<bf16*>(v.c), v.ldc, v.M, v.N, m0, n0, overwrite);
+  }
+}
+
+template <Product P, int kStages>
+void launch_stages(const GroupedArgs& a, dim3 grid, cudaStream_t st) {
+  static const bool smem_allowed = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(grouped_wgmma_kernel<P, kStages>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    smem_bytes<kStages>()));
+    return true;
+  }();
+  (void)smem_allowed;
+  grouped_wgmma_kernel<P, kStages><<<grid, kThreads, smem_bytes<kStages>(), st>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <Product P>
+void launch_product(const GroupedArgs& a, dim3 grid, int stages, cudaStream_t st) {
+  if (stages == 3) {
+    launch_stages<P, 3>(a, grid, st);
+  } else {
+    launch_stages<P, 4>(a, grid, st);
+  }
+}
+
+}  // namespace
+
+bool grouped_wgmma_usable() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  static std::array<std::atomic<int>, 64> verdict{};  // 0 unknown, 1 usable, 2 not
+  if (device < 0 || device >= static_cast<int>(verdict.size())) return false;
+  int v = verdict[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = cuda_compute_capability(device) == 90 ? 1 : 2;
+    verdict[device].store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void grouped_wgmma_launch(const GroupedArgs& a, int product, unsigned grid_x, unsigned grid_y,
+                          int stages, void* stream) {
+  const dim3 grid(grid_x, grid_y);
+  GTRON_CHECK(stages == 3 || stages == 4, "grouped wgmma: ", stages, " stages; 3 or 4");
+  auto st = static_cast<cudaStream_t>(stream);
+  switch (static_cast<Product>(product)) {
+    case Product::kForward:
+      launch_product<Product::kForward>(a, grid, stages, st);
+      break;
+    case Product::kData:
+      launch_product<Product::kData>(a, grid, stages, st);
+      break;
+    case Product::kWeight:
+      launch_product<Product::kWeight>(a, grid, stages, st);
+      break;
+  }
+}
+
+}  // namespace gtron::cuda
