@@ -75,6 +75,10 @@ class WeightAccess {
   // p's shape on p's device (the linear reads only the codes, and its gradient goes to main_grad):
   // Bf16Weights gives the fp32 master itself, so no bf16 shadow of an FP8 weight is ever made
   // (Note [fp8 weights without shadows] in model/ops/fp8.h).
+  // A weight read by a kernel that rounds it to the activation dtype itself as it loads it (the
+  // MoE experts' grouped GEMM: Note [grouped GEMM on fp32 masters] in model/ops/grouped_linear.h):
+  // Bf16Weights gives the fp32 master as the value (no shadow), main_grad as the grad slot.
+  virtual Var use_master(Parameter& p) { return use(p); }
   virtual Var use_fp8(Parameter& p, const fp8::QuantizedWeight** codes) {
     Var v = use(p);
     *codes = fp8_weight(p);

@@ -69,6 +69,11 @@ Var Bf16Weights::use_fp8(Parameter& p, const fp8::QuantizedWeight** codes) {
   return Var::param_as(p, p.data);
 }
 
+Var Bf16Weights::use_master(Parameter& p) {
+  p.make_ready();
+  return Var::param_as(p, p.data);
+}
+
 Var Bf16Weights::use(Parameter& p) {
   p.make_ready();
   return Var::param_as(p, current_shadow(p));

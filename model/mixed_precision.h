@@ -60,6 +60,8 @@ class Bf16Weights : public WeightAccess {
   const fp8::QuantizedWeight* fp8_weight(Parameter& p) override;
   // The fp32 master as the use's value beside its codes: no shadow (WeightAccess::use_fp8).
   Var use_fp8(Parameter& p, const fp8::QuantizedWeight** codes) override;
+  // The fp32 master as the use's value: no shadow (WeightAccess::use_master).
+  Var use_master(Parameter& p) override;
   // Marks every shadow stale: call after loading weights, or after an optimizer step that does not
   // write shadows.
   void refresh();

@@ -83,8 +83,12 @@ bool MoeLayer::holds_elsewhere(const std::string& name) const {
 
 Var MoeLayer::experts(const Var& rows, const Tensor& offsets, WeightAccess& w) {
   auto grouped = [&](const std::vector<LinearLayer>& layers, const Var& in) {
+    // Note [grouped GEMM on fp32 masters]: bf16 rows on CUDA may read the fp32 masters.
+    const bool masters = in.device().is_cuda() && in.dtype() == DType::kBF16 && !layers[0].fp8 &&
+                         cuda::grouped_master_weights();
     std::vector<Var> ws;
-    for (const LinearLayer& l : layers) ws.push_back(w.use(*l.weight));
+    for (const LinearLayer& l : layers)
+      ws.push_back(masters ? w.use_master(*l.weight) : w.use(*l.weight));
     Var out = grouped_linear(in, ws, offsets, layers[0].fp8);
     for (size_t e = 0; e < layers.size(); ++e) w.used(*layers[e].weight, ws[e]);
     return out;

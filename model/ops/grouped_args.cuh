@@ -21,7 +21,8 @@ struct GroupedArgs {
   const int32_t* offsets = nullptr;  // [G + 1]
   int64_t Cin = 0, Cout = 0;
   int G = 0;
-  bool overwrite = false;                         // data: dx written, not accumulated
+  bool overwrite = false;  // data: dx written, not accumulated
+  bool w_f32 = false;      // forward, data: fp32 weights, rounded to bf16 as loaded (wgmma only)
   const void* group[kMaxGroups] = {};             // weights (forward, data) or f32 dW (weight)
   uint32_t overwrite_mask[kMaxGroups / 32] = {};  // weight: dW_g written
 };

@@ -24,8 +24,10 @@ Var grouped_linear_cuda(const Var& x, const std::vector<Var>& weights, const Ten
   std::vector<const void*> wp;
   for (const Var& w : weights) wp.push_back(w.value().raw());
   Tensor y = Tensor::empty({M, Cout}, x.dtype(), x.device(), &s);
+  // Note [grouped GEMM on fp32 masters]: fp32 weights beside bf16 rows.
+  const bool w_f32 = weights[0].dtype() == DType::kF32 && x.dtype() == DType::kBF16;
   cuda::grouped_linear_forward(x.value().raw(), wp.data(), y.raw(), offsets.data<int32_t>(), M, Cin,
-                               Cout, G, x.dtype(), s.native());
+                               Cout, G, x.dtype(), s.native(), w_f32);
   bool need = x.requires_grad();
   for (const Var& w : weights) need = need || w.requires_grad();
   Var out = Var::output(y, need);
@@ -50,8 +52,9 @@ Var grouped_linear_cuda(const Var& x, const std::vector<Var>& weights, const Ten
     if (x.requires_grad()) {
       bool overwrite = false;
       Tensor& dx = x.grad_for_write(&overwrite);
+      const bool w_f32 = weights[0].dtype() == DType::kF32 && out.dtype() == DType::kBF16;
       cuda::grouped_linear_backward_data(out.grad().raw(), wp.data(), dx.raw(), off, M, Cin, Cout,
-                                         G, out.dtype(), s.native(), overwrite);
+                                         G, out.dtype(), s.native(), overwrite, w_f32);
     }
     cuda::grouped_linear_backward_weight(x.value().raw(), out.grad().raw(), dw.data(),
                                          dw_overwrite.get(), off, M, Cin, Cout, G, out.dtype(),
@@ -68,9 +71,18 @@ Var grouped_linear(const Var& x, const std::vector<Var>& weights, const Tensor& 
   const int64_t M = x.shape()[0], Cin = x.shape()[1];
   const int64_t Cout = weights[0].shape()[0];
   const int64_t G = static_cast<int64_t>(weights.size());
+  // Note [grouped GEMM on fp32 masters]: on CUDA, bf16 rows may take fp32 weights (all of them).
+  const bool masters = x.device().is_cuda() && x.dtype() == DType::kBF16 &&
+                       weights[0].dtype() == DType::kF32 && cuda::grouped_master_weights();
   for (const Var& w : weights) {
     check_shape("grouped_linear weight", w.shape(), Shape{Cout, Cin});
-    check_same_device_dtype("grouped_linear", x.value(), w.value());
+    if (masters) {
+      GTRON_CHECK(w.dtype() == DType::kF32 && w.device() == x.device(),
+                  "grouped_linear: fp32 weights beside bf16 rows must all be fp32 on ",
+                  x.device().str());
+    } else {
+      check_same_device_dtype("grouped_linear", x.value(), w.value());
+    }
   }
   GTRON_CHECK(offsets.dtype() == DType::kI32 && offsets.numel() == G + 1,
               "grouped_linear: offsets ", offsets.shape().str(), ", expected i32 [", G + 1, "]");

@@ -35,11 +35,15 @@ namespace cuda {
 //   data:     dx[rows of g] (+)= dy[rows of g] · w[g]                  (written with overwrite)
 //   weight:   dw[g] (f32 [Cout, Cin]) (+)= dy[rows of g]ᵀ · x[rows of g]; dw[g] null: skipped;
 //             overwrite[g]: written (zeros for an empty group) instead of accumulated.
+// w_f32 (forward, data; act = bf16): the weights are fp32, rounded to bf16 as the kernel loads
+// them (Note [grouped GEMM on fp32 masters]). REQUIRES then: grouped_master_weights().
 void grouped_linear_forward(const void* x, const void* const* w, void* y, const int32_t* offsets,
-                            int64_t M, int64_t Cin, int64_t Cout, int G, DType act, void* stream);
+                            int64_t M, int64_t Cin, int64_t Cout, int G, DType act, void* stream,
+                            bool w_f32 = false);
 void grouped_linear_backward_data(const void* dy, const void* const* w, void* dx,
                                   const int32_t* offsets, int64_t M, int64_t Cin, int64_t Cout,
-                                  int G, DType act, void* stream, bool overwrite);
+                                  int G, DType act, void* stream, bool overwrite,
+                                  bool w_f32 = false);
 void grouped_linear_backward_weight(const void* x, const void* dy, float* const* dw,
                                     const bool* overwrite, const int32_t* offsets, int64_t M,
                                     int64_t Cin, int64_t Cout, int G, DType act, void* stream);
@@ -53,6 +57,21 @@ void grouped_linear_backward_weight(const void* x, const void* dy, float* const*
 enum class GroupedKernel { kMma, kWgmma3, kWgmma4 };
 void set_grouped_kernel(GroupedKernel k);
 GroupedKernel grouped_kernel();
+
+// Note [grouped GEMM on fp32 masters]
+// Under bf16 mixed precision every weight a GEMM reads has a bf16 shadow (Note [bf16 shadows] in
+// model/mixed_precision.h): for a Qwen3-MoE-shaped model, whose routed experts hold ~93% of the
+// parameters, that is ~2 bytes a parameter of memory (7.3 GiB at 3.9B parameters) and a shadow
+// store in every optimizer step. The wgmma kernels can read the experts' fp32 masters instead and
+// round them to bf16 as they load them (the shadow's rounding, so the products are bit-identical
+// to the shadow path's): MoeLayer then takes its expert weights through WeightAccess::use_master
+// and no expert gets a shadow. The price is twice the weight bytes read by the forward and data
+// gradient products. grouped_master_weights() says whether the experts do this: when
+// GTRON_MOE_MASTER_WEIGHTS=1 (read at the first question; set_grouped_master_weights overrides
+// it; off by default until a GPU has measured it), grouped_kernel() is a wgmma one and the device
+// runs it.
+void set_grouped_master_weights(bool on);
+bool grouped_master_weights();
 }  // namespace cuda
 
 }  // namespace gtron

@@ -293,7 +293,10 @@ void launch(const GroupedArgs& a, int64_t M, DType act, void* stream) {
                 static_cast<unsigned>(ceil_div<int64_t>(N, bn)));
   }
   const GroupedKernel kernel = grouped_kernel();
-  if (mma && kernel != GroupedKernel::kMma && grouped_wgmma_usable()) {
+  const bool wgmma = mma && kernel != GroupedKernel::kMma && grouped_wgmma_usable();
+  GTRON_CHECK(!a.w_f32 || wgmma, "grouped_linear: fp32 weights beside bf16 rows need the wgmma ",
+              "kernel (grouped_master_weights(); Note [grouped GEMM on fp32 masters])");
+  if (wgmma) {
     grouped_wgmma_launch(a, static_cast<int>(P), grid.x, grid.y,
                          kernel == GroupedKernel::kWgmma3 ? 3 : 4, stream);
     return;
@@ -317,6 +320,8 @@ void launch(const GroupedArgs& a, int64_t M, DType act, void* stream) {
 
 // set_grouped_kernel; -1 until GTRON_GROUPED_KERNEL has been read.
 std::atomic<int> g_grouped_kernel{-1};
+// set_grouped_master_weights; -1 until GTRON_MOE_MASTER_WEIGHTS has been read.
+std::atomic<int> g_master_weights{-1};
 
 }  // namespace
 
@@ -342,18 +347,33 @@ GroupedKernel grouped_kernel() {
   return static_cast<GroupedKernel>(k);
 }
 
+void set_grouped_master_weights(bool on) { g_master_weights.store(on ? 1 : 0); }
+
+bool grouped_master_weights() {
+  int on = g_master_weights.load();
+  if (on < 0) {
+    const char* e = std::getenv("GTRON_MOE_MASTER_WEIGHTS");
+    on = e != nullptr && std::string(e) == "1" ? 1 : 0;
+    g_master_weights.store(on);
+  }
+  return on == 1 && grouped_kernel() != GroupedKernel::kMma && grouped_wgmma_usable();
+}
+
 void grouped_linear_forward(const void* x, const void* const* w, void* y, const int32_t* offsets,
-                            int64_t M, int64_t Cin, int64_t Cout, int G, DType act, void* stream) {
+                            int64_t M, int64_t Cin, int64_t Cout, int G, DType act, void* stream,
+                            bool w_f32) {
   GroupedArgs a = make_args(x, nullptr, y, offsets, Cin, Cout, G, w);
+  a.w_f32 = w_f32;
   if (M == 0) return;
   launch<Product::kForward>(a, M, act, stream);
 }
 
 void grouped_linear_backward_data(const void* dy, const void* const* w, void* dx,
                                   const int32_t* offsets, int64_t M, int64_t Cin, int64_t Cout,
-                                  int G, DType act, void* stream, bool overwrite) {
+                                  int G, DType act, void* stream, bool overwrite, bool w_f32) {
   GroupedArgs a = make_args(nullptr, dy, dx, offsets, Cin, Cout, G, w);
   a.overwrite = overwrite;
+  a.w_f32 = w_f32;
   if (M == 0) return;
   launch<Product::kData>(a, M, act, stream);
 }

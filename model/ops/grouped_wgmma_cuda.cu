@@ -24,6 +24,12 @@
 // - The epilogue stores from the accumulators as the mma.sync kernel does (a warp's registers
 //   are laid out like its m16n8 accumulators): bf16 rows, or fp32 weight gradients written or
 //   added per the overwrite mask.
+// - With fp32 weights (Note [grouped GEMM on fp32 masters] in grouped_linear.h) the forward's
+//   and data gradient's B operand, the experts' weights, is read as fp32 and rounded to bf16 (to
+//   nearest even, the rounding of the bf16 shadow's cast) on its way into shared memory: each
+//   thread loads its 4 chunks of 8 weights for step kt + kStages - 1 into registers before it
+//   issues step kt's products, and converts and stores them while those run. The products read
+//   the same bf16 values a shadow would hold, so the results equal the shadow path's bit for bit.
 // Sums: each output element adds its k-steps in order with the tensor cores' fp32 accumulation;
 // no atomics, no split-K: reruns are bit-identical (the order differs from the mma.sync kernel's,
 // so the two agree within fp32 rounding of the sum, not bit for bit).
@@ -92,6 +98,55 @@ __device__ __forceinline__ uint64_t slice(const bf16* t, int h, int kk) {
   return wg::advance(wg::desc(t + h * kTileElems), kKMajor ? 32 * kk : 2048 * kk);
 }
 
+// A thread's 4 chunks of 8 fp32 weights of one step (Note [grouped GEMM on wgmma]).
+struct F32Chunks {
+  float4 v[4][2];
+};
+
+// Chunk j of this thread: its row and 8-wide column in the operand's [128, 64] (K-major) or
+// [64, 128] (MN-major) step, and its offset in the slot's two swizzled tiles.
+template <bool kKMajor>
+__device__ __forceinline__ void chunk_of(int j, int& r, int& c, int& at) {
+  const int i = static_cast<int>(threadIdx.x) + j * kThreads;
+  if constexpr (kKMajor) {
+    r = i / (kBK / 8);
+    c = i % (kBK / 8);
+    at = swz<64>(r, c);
+  } else {
+    r = i / (kBM / 8);
+    c = i % (kBM / 8);
+    at = (c / 8) * kTileElems + swz<64>(r, c % 8);
+  }
+}
+
+template <bool kKMajor>
+__device__ __forceinline__ void fetch_f32(F32Chunks& f, const float* g, int64_t ld, int mn0, int MN,
+                                          int k0, int K) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    int r, c, at;
+    chunk_of<kKMajor>(j, r, c, at);
+    const bool valid = kKMajor ? mn0 + r < MN && k0 + c * 8 < K : k0 + r < K && mn0 + c * 8 < MN;
+    const float* src = kKMajor ? g + static_cast<int64_t>(mn0 + r) * ld + k0 + c * 8
+                               : g + static_cast<int64_t>(k0 + r) * ld + mn0 + c * 8;
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+    f.v[j][0] = valid ? __ldg(reinterpret_cast<const float4*>(src)) : zero;
+    f.v[j][1] = valid ? __ldg(reinterpret_cast<const float4*>(src) + 1) : zero;
+  }
+}
+
+template <bool kKMajor>
+__device__ __forceinline__ void store_f32(const F32Chunks& f, bf16* t) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    int r, c, at;
+    chunk_of<kKMajor>(j, r, c, at);
+    const float4 a = f.v[j][0], b = f.v[j][1];
+    *reinterpret_cast<uint4*>(t + at) = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w),
+                                                   pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+  }
+}
+
 template <typename Out>
 __device__ __forceinline__ void store_acc(const float (&acc)[2][8][4], Out* c, int64_t ldc, int M,
                                           int N, int m0, int n0, bool overwrite) {
@@ -119,9 +174,10 @@ __device__ __forceinline__ void store_acc(const float (&acc)[2][8][4], Out* c, i
   }
 }
 
-template <Product P, int kStages>
+template <Product P, int kStages, bool kWF32>
 __global__ void __launch_bounds__(kThreads)
     grouped_wgmma_kernel(const __grid_constant__ GroupedArgs args) {
+  static_assert(!kWF32 || P != Product::kWeight, "the weight gradient reads no weights");
   View<bf16> v;
   int m0 = 0, n0 = 0;
   bool overwrite = false;
@@ -132,16 +188,29 @@ __global__ void __launch_bounds__(kThreads)
   auto a_slot = [&](int s) { return tiles + (2 * s) * kOperandElems; };
   auto b_slot = [&](int s) { return tiles + (2 * s + 1) * kOperandElems; };
   const int nk = (v.K + kBK - 1) / kBK;
-  auto load_step = [&](int kt) {  // always one commit group, empty past the end
+  const float* wf = reinterpret_cast<const float*>(v.b);  // kWF32: the fp32 weights
+  F32Chunks staged;                                       // kWF32: step kt + kStages - 1's B
+  // Step kt's copies, always one commit group (empty past the end); B's fp32 weights only
+  // fetched into `staged` (stored after the products are issued).
+  auto load_step = [&](int kt) {
     if (kt < nk) {
       const int s = kt % kStages;
       load_operand<kAK>(a_slot(s), v.a, v.lda, m0, v.M, kt * kBK, v.K);
-      load_operand<kBK_>(b_slot(s), v.b, v.ldb, n0, v.N, kt * kBK, v.K);
+      if constexpr (kWF32) {
+        fetch_f32<kBK_>(staged, wf, v.ldb, n0, v.N, kt * kBK, v.K);
+      } else {
+        load_operand<kBK_>(b_slot(s), v.b, v.ldb, n0, v.N, kt * kBK, v.K);
+      }
     }
     cp_async_commit();
   };
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) load_step(s);
+  for (int s = 0; s < kStages - 1; ++s) {
+    load_step(s);
+    if constexpr (kWF32) {
+      if (s < nk) store_f32<kBK_>(staged, b_slot(s));
+    }
+  }
   const int w = threadIdx.x / 128;
   float acc[2][8][4] = {};
   for (int kt = 0; kt < nk; ++kt) {
@@ -161,6 +230,9 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     wg::commit();
+    if constexpr (kWF32) {  // the next fill of the slot step kt - 1 read, under the products
+      if (kt + kStages - 1 < nk) store_f32<kBK_>(staged, b_slot((kt + kStages - 1) % kStages));
+    }
     wg::wait<0>();
     wg::hold(acc[0]);
     wg::hold(acc[1]);
@@ -173,25 +245,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <Product P, int kStages>
+template <Product P, int kStages, bool kWF32>
 void launch_stages(const GroupedArgs& a, dim3 grid, cudaStream_t st) {
   static const bool smem_allowed = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(grouped_wgmma_kernel<P, kStages>,
+    CUDA_CHECK(cudaFuncSetAttribute(grouped_wgmma_kernel<P, kStages, kWF32>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     smem_bytes<kStages>()));
     return true;
   }();
   (void)smem_allowed;
-  grouped_wgmma_kernel<P, kStages><<<grid, kThreads, smem_bytes<kStages>(), st>>>(a);
+  grouped_wgmma_kernel<P, kStages, kWF32><<<grid, kThreads, smem_bytes<kStages>(), st>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
-template <Product P>
+template <Product P, bool kWF32>
 void launch_product(const GroupedArgs& a, dim3 grid, int stages, cudaStream_t st) {
   if (stages == 3) {
-    launch_stages<P, 3>(a, grid, st);
+    launch_stages<P, 3, kWF32>(a, grid, st);
   } else {
-    launch_stages<P, 4>(a, grid, st);
+    launch_stages<P, 4, kWF32>(a, grid, st);
   }
 }
 
@@ -220,13 +292,15 @@ void grouped_wgmma_launch(const GroupedArgs& a, int product, unsigned grid_x, un
   auto st = static_cast<cudaStream_t>(stream);
   switch (static_cast<Product>(product)) {
     case Product::kForward:
-      launch_product<Product::kForward>(a, grid, stages, st);
+      a.w_f32 ? launch_product<Product::kForward, true>(a, grid, stages, st)
+              : launch_product<Product::kForward, false>(a, grid, stages, st);
       break;
     case Product::kData:
-      launch_product<Product::kData>(a, grid, stages, st);
+      a.w_f32 ? launch_product<Product::kData, true>(a, grid, stages, st)
+              : launch_product<Product::kData, false>(a, grid, stages, st);
       break;
     case Product::kWeight:
-      launch_product<Product::kWeight>(a, grid, stages, st);
+      launch_product<Product::kWeight, false>(a, grid, stages, st);
       break;
   }
 }

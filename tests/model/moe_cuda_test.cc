@@ -384,5 +384,48 @@ TEST(GroupedLinearCuda, WgmmaKernelRerunsBitIdentically) {
   cuda::set_grouped_kernel(cuda::GroupedKernel::kMma);
 }
 
+// Note [grouped GEMM on fp32 masters]: fp32 weights beside bf16 rows give the products of their
+// bf16 roundings bit for bit (the kernel rounds as the shadow's cast does), forward and backward;
+// the weight gradient lands in the same fp32 main_grad.
+TEST(GroupedLinearCuda, Fp32MasterWeightsEqualTheShadowPath) {
+  GTRON_REQUIRE_GPU();
+  if (!cuda::grouped_wgmma_usable()) GTEST_SKIP() << "needs a compute-capability 9.0 GPU";
+  const std::vector<int32_t> rows = {3, 0, 300, 129, 64};
+  const int64_t Cin = 192, Cout = 136, M = total(rows);
+  const Device d = Device::cuda(0);
+  const Tensor offsets = offsets_of(rows);
+  const Tensor x = testing::randn_tensor({M, Cin}, 71, 1.0, DType::kF32).to(DType::kBF16).to(d);
+  const Tensor dy = testing::randn_tensor({M, Cout}, 72, 1.0, DType::kF32).to(DType::kBF16).to(d);
+  for (cuda::GroupedKernel k : {cuda::GroupedKernel::kWgmma3, cuda::GroupedKernel::kWgmma4}) {
+    SCOPED_TRACE(k == cuda::GroupedKernel::kWgmma3 ? "wgmma3" : "wgmma4");
+    cuda::set_grouped_kernel(k);
+    cuda::set_grouped_master_weights(true);
+    ASSERT_TRUE(cuda::grouped_master_weights());
+    std::vector<std::vector<double>> results[2];
+    for (int masters = 0; masters < 2; ++masters) {
+      std::vector<std::unique_ptr<Parameter>> ps;
+      std::vector<Var> ws;
+      for (size_t g = 0; g < rows.size(); ++g) {
+        const Tensor w = testing::randn_tensor({Cout, Cin}, 80 + g, 0.2, DType::kF32).to(d);
+        ps.push_back(std::make_unique<Parameter>("w" + std::to_string(g), w));
+        ps.back()->main_grad = Tensor::zeros({Cout, Cin}, DType::kF32, d);
+        ws.push_back(masters ? Var::param(*ps.back())
+                             : Var::param_as(*ps.back(), w.to(DType::kBF16)));
+      }
+      const Var xv = Var::leaf(x);
+      const Var y = grouped_linear(xv, ws, offsets);
+      backward_with(y, dy);
+      results[masters] = {host(y.value()), host(xv.grad())};
+      for (auto& p : ps) results[masters].push_back(host(p->main_grad));
+    }
+    ASSERT_EQ(results[0].size(), results[1].size());
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_EQ(results[1][i], results[0][i]) << "output " << i;
+    }
+  }
+  cuda::set_grouped_master_weights(false);
+  cuda::set_grouped_kernel(cuda::GroupedKernel::kMma);
+}
+
 }  // namespace
 }  // namespace gtron
