@@ -9,7 +9,8 @@
 #      with gtest's counts and the first failure lines;
 #   2. the Qwen3-MoE shape: graphs full (the instantiation error, if it fails, says what the graph
 #      held), with GTRON_CAPTURE_MEMSETS=keep, then graphs none with each grouped kernel
-#      (GTRON_GROUPED_KERNEL = mma, wgmma4, wgmma3), then its timeline (scripts/trace_gpu.sh);
+#      (GTRON_GROUPED_KERNEL = mma, wgmma4, wgmma3; then wgmma4 reading the experts' fp32 masters,
+#      GTRON_MOE_MASTER_WEIGHTS=1), then its timeline (scripts/trace_gpu.sh);
 #   3. gtron fp8 against torch.compile bf16 at the Llama-3.2-1B shape, D=1 then D=0.
 # PART=2
 #   4. Qwen3-0.6B and GPT-2 1.5B shapes: gtron fp8 against torch.compile bf16 (GPT-2 1.5B with
@@ -79,6 +80,8 @@ if [[ $PART == 1 ]]; then
   for k in mma wgmma4 wgmma3; do
     gt "moe graphs none, grouped kernel $k" GTRON_GROUPED_KERNEL=$k -- "${MOE[@]}" --graphs none
   done
+  gt "moe graphs none, wgmma4 on the fp32 masters" GTRON_GROUPED_KERNEL=wgmma4 \
+    GTRON_MOE_MASTER_WEIGHTS=1 -- "${MOE[@]}" --graphs none
   if [[ $(left) -gt 100 ]]; then
     echo "== moe timeline, graphs none ($(left)s left)"
     GTRON_TRACE_STEPS=3 GTRON_TRACE_OUT=$OUT/moe_trace.tsv timeout 90 bash scripts/trace_gpu.sh \
