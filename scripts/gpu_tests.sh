@@ -11,7 +11,8 @@
 #
 # GTRON_GPU_PACK=1 also writes .gpupack/gpubin.tar.xz (see the end).
 # Arguments (optional): name filters — only the tests whose name contains one of them are copied
-# (bench_gpu, bench_add_norm, bench_norm, bench_attention, bench_fp8_gemm and gtron always are).
+# (bench_gpu, bench_add_norm, bench_norm, bench_attention, bench_fp8_gemm, bench_grouped and gtron
+# always are).
 # The whole set is about 67 MB, above a 64 MiB carry limit: carry it in two batches, e.g.
 # `bash scripts/gpu_tests.sh _cuda_test` (the op and trainer tests) and then
 # `bash scripts/gpu_tests.sh nccl gtp`. The attention sweep alone:
@@ -31,7 +32,8 @@ if [[ ${#tests[@]} -eq 0 ]]; then
   exit 1
 fi
 benches=(//tests/trainer:bench_gpu //tests/model:bench_add_norm //tests/model:bench_norm
-  //tests/model:bench_attention //tests/model:bench_fp8_gemm //trainer:gtron
+  //tests/model:bench_attention //tests/model:bench_fp8_gemm //tests/model:bench_grouped
+  //trainer:gtron
   //tests/trainer:libkernel_trace.so)
 bazel build "${tests[@]}" "${benches[@]}"
 rm -rf .gpubin
