@@ -7,7 +7,7 @@
 #      untiled sizes), train_moe_cuda_test (a graph of 64 experts), moe_cuda_test (the wgmma
 #      grouped GEMM), gpt_cuda_test, train_graphs_cuda_test; per test one "== NAME rc=.. Ns" line
 #      with gtest's counts and the first failure lines;
-#   2. the Qwen3-MoE shape: graphs full (the instantiation error, if it fails, says what the graph
+#   2. bench_grouped (the grouped GEMM kernels alone), then the Qwen3-MoE shape: graphs full (the instantiation error, if it fails, says what the graph
 #      held), with GTRON_CAPTURE_MEMSETS=keep, then graphs none with each grouped kernel
 #      (GTRON_GROUPED_KERNEL = mma, wgmma4, wgmma3; then wgmma4 reading the experts' fp32 masters,
 #      GTRON_MOE_MASTER_WEIGHTS=1), then its timeline (scripts/trace_gpu.sh);
@@ -75,6 +75,10 @@ tc() {  # NAME FLAGS...: one torch.compile bf16 line
   timeout 200 python3 scripts/bench_torch.py --mode compile "$@" 2>&1 | tail -1 | cut -c1-260
 }
 if [[ $PART == 1 ]]; then
+  if [[ -x .gpubin/bench_grouped ]]; then
+    echo "== bench_grouped ($(left)s left)"
+    timeout 60 .gpubin/bench_grouped --reps 10 2>&1 | cut -c1-200
+  fi
   gt "moe graphs full" -- "${MOE[@]}"
   gt "moe graphs full, memsets kept" GTRON_CAPTURE_MEMSETS=keep -- "${MOE[@]}"
   for k in mma wgmma4 wgmma3; do
