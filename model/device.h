@@ -30,5 +30,9 @@ int cuda_device_count();
 // name; 0 and "" when the device does not exist (no driver, or index >= cuda_device_count()).
 int cuda_compute_capability(int index);
 std::string cuda_device_name(int index);
+// Whether the current CUDA device (cudaGetDevice) has compute capability 9.0, so sm_90a kernels
+// (wgmma, TMA) run there; false without a device. Asked once per device, then cached: cheap
+// enough to ask before every launch.
+bool current_cuda_device_is_sm90();
 
 }  // namespace gtron

@@ -2,6 +2,9 @@
 // driver; cudaGetDeviceCount then fails and we report zero devices.
 #include <cuda_runtime.h>
 
+#include <array>
+#include <atomic>
+
 #include "model/device.h"
 
 namespace gtron {
@@ -39,6 +42,22 @@ int cuda_compute_capability(int index) {
 std::string cuda_device_name(int index) {
   cudaDeviceProp prop;
   return device_properties(index, &prop) ? std::string(prop.name) : std::string();
+}
+
+bool current_cuda_device_is_sm90() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();  // no device: clear the error this probe left
+    return false;
+  }
+  static std::array<std::atomic<int>, 64> verdict{};  // 0 unknown, 1 yes, 2 no
+  if (device < 0 || device >= static_cast<int>(verdict.size())) return false;
+  int v = verdict[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = cuda_compute_capability(device) == 90 ? 1 : 2;
+    verdict[device].store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
 }
 
 }  // namespace gtron

@@ -459,22 +459,7 @@ void launch_bn(const Fp8GemmArgs& g, int sms, cudaStream_t st) {
 
 }  // namespace
 
-bool fp8_block_gemm_usable() {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();  // no device: clear the error this probe left
-    return false;
-  }
-  // The device probe of model/device.h, asked once per device: this runs before every product.
-  static std::array<std::atomic<int>, 64> verdict{};  // 0 unknown, 1 usable, 2 not
-  if (device < 0 || device >= static_cast<int>(verdict.size())) return false;
-  int v = verdict[device].load(std::memory_order_relaxed);
-  if (v == 0) {
-    v = cuda_compute_capability(device) == 90 ? 1 : 2;
-    verdict[device].store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
+bool fp8_block_gemm_usable() { return current_cuda_device_is_sm90(); }
 
 bool fp8_block_gemm_ok(int64_t M, int64_t N, int64_t K) {
   auto tiled = [](int64_t v) { return v > 0 && v % kBK == 0 && v < (int64_t{1} << 31); };

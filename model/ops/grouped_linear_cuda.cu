@@ -127,15 +127,9 @@ __device__ __forceinline__ void store_mma(const float (&acc)[4][4][4], Out* c, i
         const int m = m0 + wm * 64 + mt * 16 + lane / 4 + h * 8;
         const int n = n0 + wn * 32 + nt * 8 + 2 * (lane % 4);
         if (m >= M || n >= N) continue;  // N is a multiple of 8: n + 1 < N too
-        float v[2] = {acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]};
+        const float v[2] = {acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]};
         Out* p = c + static_cast<int64_t>(m) * ldc + n;
-        if (!overwrite) {
-          float cur[2];
-          load_floats<2>(p, cur);
-          v[0] += cur[0];
-          v[1] += cur[1];
-        }
-        store_floats<2>(p, v);
+        overwrite ? store_floats<2>(p, v) : add_floats<2>(p, v);
       }
     }
   }

@@ -36,8 +36,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <array>
-#include <atomic>
 #include <type_traits>
 
 #include "model/check.h"
@@ -160,15 +158,9 @@ __device__ __forceinline__ void store_acc(const float (&acc)[2][8][4], Out* c, i
         const int m = m0 + warp * 16 + lane / 4 + r * 8;
         const int n = n0 + h * 64 + j * 8 + 2 * (lane % 4);
         if (m >= M || n >= N) continue;  // N is a multiple of 8: n + 1 < N too
-        float v[2] = {acc[h][j][2 * r], acc[h][j][2 * r + 1]};
+        const float v[2] = {acc[h][j][2 * r], acc[h][j][2 * r + 1]};
         Out* p = c + static_cast<int64_t>(m) * ldc + n;
-        if (!overwrite) {
-          float cur[2];
-          load_floats<2>(p, cur);
-          v[0] += cur[0];
-          v[1] += cur[1];
-        }
-        store_floats<2>(p, v);
+        overwrite ? store_floats<2>(p, v) : add_floats<2>(p, v);
       }
     }
   }
@@ -269,21 +261,7 @@ void launch_product(const GroupedArgs& a, dim3 grid, int stages, cudaStream_t st
 
 }  // namespace
 
-bool grouped_wgmma_usable() {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  static std::array<std::atomic<int>, 64> verdict{};  // 0 unknown, 1 usable, 2 not
-  if (device < 0 || device >= static_cast<int>(verdict.size())) return false;
-  int v = verdict[device].load(std::memory_order_relaxed);
-  if (v == 0) {
-    v = cuda_compute_capability(device) == 90 ? 1 : 2;
-    verdict[device].store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
+bool grouped_wgmma_usable() { return current_cuda_device_is_sm90(); }
 
 void grouped_wgmma_launch(const GroupedArgs& a, int product, unsigned grid_x, unsigned grid_y,
                           int stages, void* stream) {
