@@ -28,8 +28,7 @@ namespace cuda {
 bool fp8_gemm_ok(int64_t rows, int64_t Cin, int64_t Cout) {
   auto tiled = [](int64_t n) { return n > 0 && n % fp8::kTile == 0; };
   if (tiled(rows) && tiled(Cin) && tiled(Cout)) return true;
-  // Note [fp8 untiled sizes]: feature sizes with tail tiles, while cuBLASLt's take on them is
-  // being measured.
+  // Note [fp8 untiled sizes]: feature sizes with tail tiles.
   auto packed = [](int64_t n) { return n > 0 && n % 16 == 0; };
   return fp8::untiled_sizes() && tiled(rows) && packed(Cin) && packed(Cout);
 }
@@ -177,7 +176,7 @@ bool untiled_sizes() {
   int v = g_untiled.load();
   if (v < 0) {
     const char* e = std::getenv("GTRON_FP8_UNTILED");
-    v = e != nullptr && std::string(e) == "1" ? 1 : 0;
+    v = e != nullptr && std::string(e) == "0" ? 0 : 1;
     g_untiled.store(v);
   }
   return v == 1;
