@@ -23,10 +23,10 @@ struct GroupedArgs {
   int G = 0;
   bool overwrite = false;  // data: dx written, not accumulated
   bool w_f32 = false;      // forward, data: fp32 weights, rounded to bf16 as loaded (wgmma only)
-  const void* group[kMaxGroups] = {};             // weights (forward, data) or f32 dW (weight)
-  uint32_t overwrite_mask[kMaxGroups / 32] = {};  // weight: dW_g written
+  const void* group[kGroupsPerLaunch] = {};  // weights (forward, data) or f32 dW (weight)
+  uint32_t overwrite_mask[kGroupsPerLaunch / 32] = {};  // weight: dW_g written
 };
-static_assert(sizeof(GroupedArgs) <= 32764, "CUDA's limit on kernel arguments (12.1+)");
+static_assert(sizeof(GroupedArgs) <= 4096, "within the classic 4 KiB of kernel arguments");
 
 // One group's product C[M, N] (+)= A[M, K]·B[K, N] in element strides: A(m, k) is a[m·lda + k]
 // when K-major, a[k·lda + m] when MN-major; B(k, n) is b[n·ldb + k] or b[k·ldb + n]; C(m, n) is

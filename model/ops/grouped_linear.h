@@ -52,8 +52,10 @@ void grouped_linear_backward_weight(const void* x, const void* dy, float* const*
 // mma.sync (any sm_80+ GPU), or wgmma with 3 or 4 shared-memory stages (compute capability 9.0;
 // elsewhere the mma.sync kernel runs). Process-wide, read at each launch (a graph keeps the
 // kernel it captured). The default comes from GTRON_GROUPED_KERNEL = mma | wgmma3 | wgmma4 (read
-// at the first launch; another value is a UserError there), mma when unset, until the wgmma
-// kernels have passed moe_cuda_test on a GPU.
+// at the first launch; another value is a UserError there), wgmma3 when unset: on an H100 at the
+// Qwen3-MoE expert shapes (bench_grouped) it ran 230-280 TFLOP/s against mma.sync's 170-230 and
+// wgmma4's 190-220 (two CTAs an SM fit its 96 KiB, one fits wgmma4's 128), and the Qwen3-MoE
+// step 9% faster (docs/measurements.md, tenth session).
 enum class GroupedKernel { kMma, kWgmma3, kWgmma4 };
 void set_grouped_kernel(GroupedKernel k);
 GroupedKernel grouped_kernel();

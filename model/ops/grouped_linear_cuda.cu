@@ -246,21 +246,28 @@ __global__ void __launch_bounds__(kSThreads)
 
 // ---- launchers ----
 
-GroupedArgs make_args(const void* x, const void* dy, void* out, const int32_t* offsets, int64_t Cin,
-                      int64_t Cout, int G, const void* const* group) {
+// Note [grouped launches of 128 groups]: the arguments of one launch name at most
+// kGroupsPerLaunch groups, so G groups take ceil(G / 128) launches, each over its own run of
+// groups (the offsets from its first group on: the rows stay absolute).
+void check_sizes(int G, int64_t Cin, int64_t Cout) {
   GTRON_CHECK(G >= 1 && G <= kMaxGroups, "grouped_linear: ", G, " groups; CUDA takes 1 to ",
               kMaxGroups);
   GTRON_CHECK(Cin > 0 && Cout > 0 && Cin < (int64_t{1} << 31) && Cout < (int64_t{1} << 31),
               "grouped_linear: Cin ", Cin, ", Cout ", Cout);
+}
+
+// The arguments of the launch over groups [g0, g0 + n).
+GroupedArgs make_args(const void* x, const void* dy, void* out, const int32_t* offsets, int64_t Cin,
+                      int64_t Cout, int g0, int n, const void* const* group) {
   GroupedArgs a;
   a.x = x;
   a.dy = dy;
   a.out = out;
-  a.offsets = offsets;
+  a.offsets = offsets + g0;
   a.Cin = Cin;
   a.Cout = Cout;
-  a.G = G;
-  for (int g = 0; g < G; ++g) a.group[g] = group[g];
+  a.G = n;
+  for (int g = 0; g < n; ++g) a.group[g] = group[g0 + g];
   return a;
 }
 
@@ -325,7 +332,7 @@ GroupedKernel grouped_kernel() {
   int k = g_grouped_kernel.load();
   if (k < 0) {
     const char* e = std::getenv("GTRON_GROUPED_KERNEL");
-    const std::string v = e != nullptr ? e : "mma";
+    const std::string v = e != nullptr ? e : "wgmma3";
     if (v == "mma") {
       k = static_cast<int>(GroupedKernel::kMma);
     } else if (v == "wgmma3") {
@@ -356,34 +363,45 @@ bool grouped_master_weights() {
 void grouped_linear_forward(const void* x, const void* const* w, void* y, const int32_t* offsets,
                             int64_t M, int64_t Cin, int64_t Cout, int G, DType act, void* stream,
                             bool w_f32) {
-  GroupedArgs a = make_args(x, nullptr, y, offsets, Cin, Cout, G, w);
-  a.w_f32 = w_f32;
+  check_sizes(G, Cin, Cout);
   if (M == 0) return;
-  launch<Product::kForward>(a, M, act, stream);
+  for (int g0 = 0; g0 < G; g0 += kGroupsPerLaunch) {
+    GroupedArgs a =
+        make_args(x, nullptr, y, offsets, Cin, Cout, g0, std::min(kGroupsPerLaunch, G - g0), w);
+    a.w_f32 = w_f32;
+    launch<Product::kForward>(a, M, act, stream);
+  }
 }
 
 void grouped_linear_backward_data(const void* dy, const void* const* w, void* dx,
                                   const int32_t* offsets, int64_t M, int64_t Cin, int64_t Cout,
                                   int G, DType act, void* stream, bool overwrite, bool w_f32) {
-  GroupedArgs a = make_args(nullptr, dy, dx, offsets, Cin, Cout, G, w);
-  a.overwrite = overwrite;
-  a.w_f32 = w_f32;
+  check_sizes(G, Cin, Cout);
   if (M == 0) return;
-  launch<Product::kData>(a, M, act, stream);
+  for (int g0 = 0; g0 < G; g0 += kGroupsPerLaunch) {
+    GroupedArgs a =
+        make_args(nullptr, dy, dx, offsets, Cin, Cout, g0, std::min(kGroupsPerLaunch, G - g0), w);
+    a.overwrite = overwrite;  // each launch writes the rows of its own groups
+    a.w_f32 = w_f32;
+    launch<Product::kData>(a, M, act, stream);
+  }
 }
 
 void grouped_linear_backward_weight(const void* x, const void* dy, float* const* dw,
                                     const bool* overwrite, const int32_t* offsets, int64_t M,
                                     int64_t Cin, int64_t Cout, int G, DType act, void* stream) {
-  std::vector<const void*> group(dw, dw + std::max(G, 0));
-  GroupedArgs a = make_args(x, dy, nullptr, offsets, Cin, Cout, G, group.data());
-  bool any = false;
-  for (int g = 0; g < G; ++g) {
-    if (overwrite[g]) a.overwrite_mask[g / 32] |= 1u << (g % 32);
-    any = any || dw[g] != nullptr;
+  check_sizes(G, Cin, Cout);
+  std::vector<const void*> group(dw, dw + G);
+  for (int g0 = 0; g0 < G; g0 += kGroupsPerLaunch) {
+    const int n = std::min(kGroupsPerLaunch, G - g0);
+    GroupedArgs a = make_args(x, dy, nullptr, offsets, Cin, Cout, g0, n, group.data());
+    bool any = false;
+    for (int g = 0; g < n; ++g) {
+      if (overwrite[g0 + g]) a.overwrite_mask[g / 32] |= 1u << (g % 32);
+      any = any || dw[g0 + g] != nullptr;
+    }
+    if (any) launch<Product::kWeight>(a, M, act, stream);
   }
-  if (!any) return;
-  launch<Product::kWeight>(a, M, act, stream);
 }
 
 }  // namespace gtron::cuda

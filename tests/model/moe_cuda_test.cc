@@ -406,11 +406,11 @@ TEST(GroupedLinearCuda, Fp32MasterWeightsEqualTheShadowPath) {
       std::vector<std::unique_ptr<Parameter>> ps;
       std::vector<Var> ws;
       for (size_t g = 0; g < rows.size(); ++g) {
-        const Tensor w = testing::randn_tensor({Cout, Cin}, 80 + g, 0.2, DType::kF32).to(d);
-        ps.push_back(std::make_unique<Parameter>("w" + std::to_string(g), w));
+        const Tensor w = testing::randn_tensor({Cout, Cin}, 80 + g, 0.2, DType::kF32);
+        ps.push_back(std::make_unique<Parameter>("w" + std::to_string(g), w.to(d)));
         ps.back()->main_grad = Tensor::zeros({Cout, Cin}, DType::kF32, d);
         ws.push_back(masters ? Var::param(*ps.back())
-                             : Var::param_as(*ps.back(), w.to(DType::kBF16)));
+                             : Var::param_as(*ps.back(), w.to(DType::kBF16).to(d)));
       }
       const Var xv = Var::leaf(x);
       const Var y = grouped_linear(xv, ws, offsets);
