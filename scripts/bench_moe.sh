@@ -10,7 +10,8 @@
 # In order: the card (nvidia-smi), bench_torch.py --check (the grouped_mm layer against a loop
 # over the experts, fp32 and bf16, compiled against eager; its "align_ok" and "compile_ok" pick
 # the PyTorch side's --moe-align and --moe-compile-experts), then GTRON_MOE_ROUNDS (2) rounds of,
-# for D in GTRON_MOE_D ("0 1"): gtron (bench_gpu, graphs full) and torch.compile, alternating,
+# for D in GTRON_MOE_D ("0 1"): gtron (bench_gpu, graphs GTRON_MOE_GRAPHS, default full; none
+# while the full graph of this shape does not instantiate) and torch.compile, alternating,
 # each JSON line printed, then {"ratio_vs_torch_compile", ...}; last, one summary line per D with
 # the acceptance: tokens/s ratio >= 1.30 in every round and gtron's peak <= PyTorch's.
 # 20 timed steps after 5 warm-up steps each (a first --steps N changes both). Extra flags pass to
@@ -139,9 +140,9 @@ fi
 lines=()
 for round in $(seq 1 "${GTRON_MOE_ROUNDS:-2}"); do
   for d in ${GTRON_MOE_D:-0 1}; do
-    echo "== round $round, D=$d: gtron (graphs full), then torch.compile"
+    echo "== round $round, D=$d: gtron (graphs ${GTRON_MOE_GRAPHS:-full}), then torch.compile"
     g_line=$(run gtron "$d" "$round" 300 env LD_LIBRARY_PATH="$bin_libs" "$bin" "${shape[@]}" \
-      --D "$d" --graphs full "$@") || failed=1
+      --D "$d" --graphs "${GTRON_MOE_GRAPHS:-full}" "$@") || failed=1
     echo "$g_line"
     t_line=$(run torch "$d" "$round" 420 "$py" "$torch_py" --mode compile --D "$d" \
       "${shape[@]}" "${torch_flags[@]}" "$@")
