@@ -286,6 +286,69 @@ std::string describe_node(cudaGraphNode_t node) {
   return out;
 }
 
+// Note [bisecting a failed instantiation]
+// CUDA may name no node when an instantiation fails (the Qwen3-MoE graph of 2026-12-07: "invalid
+// argument", no errNode). So the error path tries again on clones of the graph, each without one
+// class of nodes (their predecessors joined to their successors): all memcpy nodes, all memset
+// nodes, then the kernel nodes of each kernel function. The classes whose removal lets the clone
+// instantiate go into the error message; the clones run nothing. A diagnostic only: a CUDA error
+// on the way stops the bisection and says so.
+
+// Whether a clone of `graph` without the nodes `drop` (of `graph`) instantiates.
+bool instantiates_without(cudaGraph_t graph, const std::vector<cudaGraphNode_t>& drop) {
+  cudaGraph_t clone = nullptr;
+  CUDA_CHECK(cudaGraphClone(&clone, graph));
+  std::unique_ptr<CUgraph_st, cudaError_t (*)(cudaGraph_t)> owned(clone, cudaGraphDestroy);
+  for (cudaGraphNode_t original : drop) {
+    cudaGraphNode_t node = nullptr;
+    CUDA_CHECK(cudaGraphNodeFindInClone(&node, original, clone));
+    const Edges in = edges(node, cudaGraphNodeGetDependencies);
+    const Edges out = edges(node, cudaGraphNodeGetDependentNodes);
+    for (cudaGraphNode_t p : in.nodes) {
+      for (cudaGraphNode_t q : out.nodes) add_edge(clone, p, q);
+    }
+    CUDA_CHECK(cudaGraphDestroyNode(node));
+  }
+  cudaGraphExec_t exec = nullptr;
+  const bool ok = cudaGraphInstantiate(&exec, clone, 0) == cudaSuccess;
+  if (ok) {
+    cudaGraphExecDestroy(exec);
+  } else {
+    cudaGetLastError();
+  }
+  return ok;
+}
+
+// Note [bisecting a failed instantiation]: the classes of nodes without which `graph`
+// instantiates, as "; instantiates without ..." clauses.
+std::string bisect_failed_instantiate(cudaGraph_t graph) {
+  try {
+    std::map<std::string, std::vector<cudaGraphNode_t>> classes;
+    for (cudaGraphNode_t n : all_nodes(graph)) {
+      cudaGraphNodeType t;
+      CUDA_CHECK(cudaGraphNodeGetType(n, &t));
+      if (t == cudaGraphNodeTypeMemcpy || t == cudaGraphNodeTypeMemset) {
+        classes[str_cat("the ", node_type_name(t), " nodes")].push_back(n);
+      } else if (t == cudaGraphNodeTypeKernel) {
+        cudaKernelNodeParams k = {};
+        CUDA_CHECK(cudaGraphKernelNodeGetParams(n, &k));
+        const char* name = nullptr;
+        if (cudaFuncGetName(&name, k.func) != cudaSuccess || name == nullptr) name = "?";
+        classes[str_cat("the kernel nodes of ", name)].push_back(n);
+      }
+    }
+    std::string found;
+    for (const auto& [what, nodes] : classes) {
+      if (instantiates_without(graph, nodes)) {
+        found += str_cat("; instantiates without ", what, " (", nodes.size(), ")");
+      }
+    }
+    return found.empty() ? "; no one class of nodes left out lets it instantiate" : found;
+  } catch (const std::exception& e) {
+    return str_cat("; the bisection stopped: ", e.what());
+  }
+}
+
 // What a failed instantiation had before it: the node counts by type, the memset passes, the node
 // CUDA blames (when it names one), and what to try.
 std::string describe_failed_instantiate(cudaGraph_t graph, const cudaGraphInstantiateParams& p,
@@ -304,6 +367,7 @@ std::string describe_failed_instantiate(cudaGraph_t graph, const cudaGraphInstan
   out += str_cat("; ", folded, " small memsets made kernels, ", hoisted,
                  " hoisted; instantiate result ", static_cast<int>(p.result_out));
   if (p.errNode_out != nullptr) out += "; failing node: " + describe_node(p.errNode_out);
+  out += bisect_failed_instantiate(graph);
   out +=
       "; to narrow it down rerun with GTRON_CAPTURE_MEMSETS=keep (no memset pass), or "
       "graphs.scope = \"none\"";
