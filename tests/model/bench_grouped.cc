@@ -33,26 +33,13 @@ namespace {
     }                                                                                 \
   } while (0)
 
-uint16_t bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float bits_to_float(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 void* upload_bf16(size_t n, unsigned seed, float scale) {
   std::vector<uint16_t> h(n);
   unsigned s = seed;
   for (auto& v : h) {
     s = s * 1664525u + 1013904223u;
-    v = bf16_bits(scale * (static_cast<float>((s >> 8) & 0xffff) / 32768.0f - 1.0f));
+    v = gtron::float_to_bf16(scale * (static_cast<float>((s >> 8) & 0xffff) / 32768.0f - 1.0f))
+            .bits;
   }
   void* d = nullptr;
   CK(cudaMalloc(&d, n * 2));
@@ -65,7 +52,7 @@ float* widen(const void* bf16, size_t n) {
   std::vector<uint16_t> h(n);
   CK(cudaMemcpy(h.data(), bf16, n * 2, cudaMemcpyDeviceToHost));
   std::vector<float> f(n);
-  for (size_t i = 0; i < n; ++i) f[i] = bits_to_float(h[i]);
+  for (size_t i = 0; i < n; ++i) f[i] = gtron::bf16_to_float(gtron::BF16{h[i]});
   float* d = nullptr;
   CK(cudaMalloc(&d, n * 4));
   CK(cudaMemcpy(d, f.data(), n * 4, cudaMemcpyHostToDevice));
@@ -81,7 +68,7 @@ std::vector<double> to_host(const void* p, size_t n, bool f32) {
   } else {
     std::vector<uint16_t> h(n);
     CK(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n; ++i) out[i] = bits_to_float(h[i]);
+    for (size_t i = 0; i < n; ++i) out[i] = gtron::bf16_to_float(gtron::BF16{h[i]});
   }
   return out;
 }
