@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "graphs/cuda_graph.h"
+#include "graphs/graph_nodes.h"
 #include "model/check.h"
 #include "model/cuda/check.h"
 #include "model/cuda/gemm.h"
@@ -22,6 +23,12 @@ using ::gtron::cuda::take_capture_workspaces;
 using ::gtron::cuda::WorkspaceRange;
 
 namespace {
+
+using nodes::add_edge;
+using nodes::all_nodes;
+using nodes::default_edges;
+using nodes::Edges;
+using nodes::edges;
 
 // The bytes one memset node writes: `height` rows of `width` elements of `elem` bytes, `pitch`
 // bytes apart.
@@ -39,10 +46,11 @@ Fill fill_of(const cudaMemsetParams& m) {
   return Fill{static_cast<unsigned char*>(m.dst), pitch, m.value, m.elementSize, m.width, m.height};
 }
 
-// The block writes what `f`'s memset would have (Note [small memsets as kernels]).
-__device__ void fill_bytes(const Fill& f) {
+// Elements start, start + stride, ... of what `f`'s memset would have written (Note [small
+// memsets as kernels]).
+__device__ void fill_elements(const Fill& f, size_t start, size_t stride) {
   const size_t n = f.width * f.height;
-  for (size_t i = threadIdx.x; i < n; i += blockDim.x) {
+  for (size_t i = start; i < n; i += stride) {
     unsigned char* p = f.dst + (i / f.width) * f.pitch + (i % f.width) * f.elem;
     if (f.elem == 4) {
       *reinterpret_cast<uint32_t*>(p) = f.value;
@@ -54,20 +62,40 @@ __device__ void fill_bytes(const Fill& f) {
   }
 }
 
+// The block writes what `f`'s memset would have.
+__device__ void fill_bytes(const Fill& f) { fill_elements(f, threadIdx.x, blockDim.x); }
+
 __global__ void small_fill_kernel(Fill f) { fill_bytes(f); }
 
 // Block b writes fills[b]: the memsets hoisted to the start of the graph.
 __global__ void hoisted_fills_kernel(const Fill* fills) { fill_bytes(fills[blockIdx.x]); }
 
-constexpr size_t kFoldBytes = 4096;
-
-std::vector<cudaGraphNode_t> all_nodes(cudaGraph_t graph) {
-  size_t n = 0;
-  CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  if (n > 0) CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-  return nodes;
+// Whether `f` can be written in aligned 16-byte words of its repeated pattern.
+__host__ __device__ bool fill_by_words(const Fill& f) {
+  const size_t row = f.width * f.elem;
+  return reinterpret_cast<uintptr_t>(f.dst) % 16 == 0 && row % 16 == 0 &&
+         (f.height == 1 || f.pitch % 16 == 0);
 }
+
+// The whole grid writes `f` (GTRON_CAPTURE_MEMSETS = all: every memset node as a kernel).
+__global__ void large_fill_kernel(Fill f) {
+  const size_t start = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  if (!fill_by_words(f)) {
+    fill_elements(f, start, stride);
+    return;
+  }
+  const uint32_t v = f.elem == 4   ? f.value
+                     : f.elem == 2 ? (f.value & 0xffffu) * 0x00010001u
+                                   : (f.value & 0xffu) * 0x01010101u;
+  const uint4 word = make_uint4(v, v, v, v);
+  const size_t per_row = f.width * f.elem / 16, n = per_row * f.height;
+  for (size_t i = start; i < n; i += stride) {
+    *reinterpret_cast<uint4*>(f.dst + (i / per_row) * f.pitch + (i % per_row) * 16) = word;
+  }
+}
+
+constexpr size_t kFoldBytes = 4096;
 
 using MemsetNode = std::pair<cudaGraphNode_t, cudaMemsetParams>;
 
@@ -121,41 +149,6 @@ void report_memsets(cudaGraph_t graph) {
   std::fprintf(stderr, "%s]}\n", line.c_str());
 }
 
-// One node's edges (peers and their edge data), in or out.
-struct Edges {
-  std::vector<cudaGraphNode_t> nodes;
-  std::vector<cudaGraphEdgeData> data;
-};
-
-// A node's incoming (cudaGraphNodeGetDependencies) or outgoing (cudaGraphNodeGetDependentNodes)
-// edges: the two queries take the same arguments.
-using EdgeQuery = cudaError_t (*)(cudaGraphNode_t, cudaGraphNode_t*, cudaGraphEdgeData*, size_t*);
-
-Edges edges(cudaGraphNode_t node, EdgeQuery query) {
-  Edges e;
-  size_t n = 0;
-  CUDA_CHECK(query(node, nullptr, nullptr, &n));
-  e.nodes.resize(n);
-  e.data.resize(n);
-  if (n > 0) CUDA_CHECK(query(node, e.nodes.data(), e.data.data(), &n));
-  return e;
-}
-
-bool default_edges(const Edges& e) {
-  const cudaGraphEdgeData plain{};
-  for (const cudaGraphEdgeData& d : e.data) {
-    if (std::memcmp(&d, &plain, sizeof(plain)) != 0) return false;
-  }
-  return true;
-}
-
-void add_edge(cudaGraph_t graph, cudaGraphNode_t from, cudaGraphNode_t to,
-              const cudaGraphEdgeData* data = nullptr) {
-  const Edges in = edges(to, cudaGraphNodeGetDependencies);
-  if (std::find(in.nodes.begin(), in.nodes.end(), from) != in.nodes.end()) return;  // there
-  CUDA_CHECK(cudaGraphAddDependencies(graph, &from, &to, data, 1));
-}
-
 cudaGraphNode_t add_kernel(cudaGraph_t graph, void* func, dim3 grid, dim3 block, void** args) {
   cudaKernelNodeParams k{};
   k.func = func;
@@ -169,15 +162,21 @@ cudaGraphNode_t add_kernel(cudaGraph_t graph, void* func, dim3 grid, dim3 block,
 
 // Note [small memsets as kernels]: replaces each small memset node with a one-block kernel node
 // that writes the same bytes, with the same edges. Returns how many.
-size_t fold_small_memsets(cudaGraph_t graph) {
+size_t fold_memsets(cudaGraph_t graph, bool small_only) {
   size_t folded = 0;
-  for (auto& [node, m] : memset_nodes(graph, true)) {
+  for (auto& [node, m] : memset_nodes(graph, small_only)) {
     const Edges in = edges(node, cudaGraphNodeGetDependencies);
     const Edges out = edges(node, cudaGraphNodeGetDependentNodes);
     Fill f = fill_of(m);
     void* args[] = {&f};
+    const size_t bytes = f.width * f.height * f.elem;
     cudaGraphNode_t fill =
-        add_kernel(graph, reinterpret_cast<void*>(&small_fill_kernel), dim3(1), dim3(128), args);
+        bytes <= kFoldBytes
+            ? add_kernel(graph, reinterpret_cast<void*>(&small_fill_kernel), dim3(1), dim3(128),
+                         args)
+            : add_kernel(graph, reinterpret_cast<void*>(&large_fill_kernel),
+                         dim3(static_cast<unsigned>(std::min<size_t>(bytes / 4096 + 1, 1024))),
+                         dim3(256), args);
     for (size_t i = 0; i < in.nodes.size(); ++i) add_edge(graph, in.nodes[i], fill, &in.data[i]);
     for (size_t i = 0; i < out.nodes.size(); ++i) add_edge(graph, fill, out.nodes[i], &out.data[i]);
     CUDA_CHECK(cudaGraphDestroyNode(node));  // and its edges
@@ -213,11 +212,8 @@ size_t hoist_workspace_memsets(cudaGraph_t graph, const std::vector<WorkspaceRan
     const Edges in = edges(node, cudaGraphNodeGetDependencies);
     const Edges out = edges(node, cudaGraphNodeGetDependentNodes);
     if (!default_edges(in) || !default_edges(out)) continue;
-    for (cudaGraphNode_t p : in.nodes) {
-      for (cudaGraphNode_t q : out.nodes) add_edge(graph, p, q);
-    }
     fills->push_back(fill_of(list[0].second));
-    CUDA_CHECK(cudaGraphDestroyNode(node));
+    nodes::remove_joining(graph, node);
     ++hoisted;
   }
   return hoisted;
@@ -241,137 +237,6 @@ void* add_hoisted_fills(cudaGraph_t graph, const std::vector<Fill>& fills, cudaS
                  dim3(static_cast<unsigned>(fills.size())), dim3(32), args);
   for (cudaGraphNode_t r : roots) add_edge(graph, first, r);
   return table;
-}
-
-const char* node_type_name(cudaGraphNodeType t) {
-  switch (t) {
-    case cudaGraphNodeTypeKernel:
-      return "kernel";
-    case cudaGraphNodeTypeMemcpy:
-      return "memcpy";
-    case cudaGraphNodeTypeMemset:
-      return "memset";
-    case cudaGraphNodeTypeHost:
-      return "host";
-    case cudaGraphNodeTypeGraph:
-      return "child graph";
-    case cudaGraphNodeTypeEmpty:
-      return "empty";
-    case cudaGraphNodeTypeWaitEvent:
-      return "event wait";
-    case cudaGraphNodeTypeEventRecord:
-      return "event record";
-    case cudaGraphNodeTypeMemAlloc:
-      return "memory alloc";
-    case cudaGraphNodeTypeMemFree:
-      return "memory free";
-    default:
-      return "other";
-  }
-}
-
-// A node in words: its type, and for a kernel its name and launch shape.
-std::string describe_node(cudaGraphNode_t node) {
-  cudaGraphNodeType type;
-  if (cudaGraphNodeGetType(node, &type) != cudaSuccess) return "a node of unknown type";
-  std::string out = node_type_name(type);
-  cudaKernelNodeParams k = {};
-  if (type == cudaGraphNodeTypeKernel && cudaGraphKernelNodeGetParams(node, &k) == cudaSuccess) {
-    const char* name = nullptr;
-    if (cudaFuncGetName(&name, k.func) != cudaSuccess || name == nullptr) name = "?";
-    out += str_cat(" ", name, " grid (", k.gridDim.x, ", ", k.gridDim.y, ", ", k.gridDim.z,
-                   ") block (", k.blockDim.x, ", ", k.blockDim.y, ", ", k.blockDim.z, ") ",
-                   k.sharedMemBytes, " B of dynamic shared memory");
-  }
-  return out;
-}
-
-// Note [bisecting a failed instantiation]
-// CUDA may name no node when an instantiation fails (the Qwen3-MoE graph of 2026-12-07: "invalid
-// argument", no errNode). So the error path tries again on clones of the graph, each without one
-// class of nodes (their predecessors joined to their successors): all memcpy nodes, all memset
-// nodes, then the kernel nodes of each kernel function. The classes whose removal lets the clone
-// instantiate go into the error message; the clones run nothing. A diagnostic only: a CUDA error
-// on the way stops the bisection and says so.
-
-// Whether a clone of `graph` without the nodes `drop` (of `graph`) instantiates.
-bool instantiates_without(cudaGraph_t graph, const std::vector<cudaGraphNode_t>& drop) {
-  cudaGraph_t clone = nullptr;
-  CUDA_CHECK(cudaGraphClone(&clone, graph));
-  std::unique_ptr<CUgraph_st, cudaError_t (*)(cudaGraph_t)> owned(clone, cudaGraphDestroy);
-  for (cudaGraphNode_t original : drop) {
-    cudaGraphNode_t node = nullptr;
-    CUDA_CHECK(cudaGraphNodeFindInClone(&node, original, clone));
-    const Edges in = edges(node, cudaGraphNodeGetDependencies);
-    const Edges out = edges(node, cudaGraphNodeGetDependentNodes);
-    for (cudaGraphNode_t p : in.nodes) {
-      for (cudaGraphNode_t q : out.nodes) add_edge(clone, p, q);
-    }
-    CUDA_CHECK(cudaGraphDestroyNode(node));
-  }
-  cudaGraphExec_t exec = nullptr;
-  const bool ok = cudaGraphInstantiate(&exec, clone, 0) == cudaSuccess;
-  if (ok) {
-    cudaGraphExecDestroy(exec);
-  } else {
-    cudaGetLastError();
-  }
-  return ok;
-}
-
-// Note [bisecting a failed instantiation]: the classes of nodes without which `graph`
-// instantiates, as "; instantiates without ..." clauses.
-std::string bisect_failed_instantiate(cudaGraph_t graph) {
-  try {
-    std::map<std::string, std::vector<cudaGraphNode_t>> classes;
-    for (cudaGraphNode_t n : all_nodes(graph)) {
-      cudaGraphNodeType t;
-      CUDA_CHECK(cudaGraphNodeGetType(n, &t));
-      if (t == cudaGraphNodeTypeMemcpy || t == cudaGraphNodeTypeMemset) {
-        classes[str_cat("the ", node_type_name(t), " nodes")].push_back(n);
-      } else if (t == cudaGraphNodeTypeKernel) {
-        cudaKernelNodeParams k = {};
-        CUDA_CHECK(cudaGraphKernelNodeGetParams(n, &k));
-        const char* name = nullptr;
-        if (cudaFuncGetName(&name, k.func) != cudaSuccess || name == nullptr) name = "?";
-        classes[str_cat("the kernel nodes of ", name)].push_back(n);
-      }
-    }
-    std::string found;
-    for (const auto& [what, nodes] : classes) {
-      if (instantiates_without(graph, nodes)) {
-        found += str_cat("; instantiates without ", what, " (", nodes.size(), ")");
-      }
-    }
-    return found.empty() ? "; no one class of nodes left out lets it instantiate" : found;
-  } catch (const std::exception& e) {
-    return str_cat("; the bisection stopped: ", e.what());
-  }
-}
-
-// What a failed instantiation had before it: the node counts by type, the memset passes, the node
-// CUDA blames (when it names one), and what to try.
-std::string describe_failed_instantiate(cudaGraph_t graph, const cudaGraphInstantiateParams& p,
-                                        size_t folded, size_t hoisted) {
-  std::map<std::string, size_t> types;
-  size_t n_nodes = 0;  // queried without CUDA_CHECK: this is already an error path
-  std::vector<cudaGraphNode_t> nodes;
-  if (cudaGraphGetNodes(graph, nullptr, &n_nodes) == cudaSuccess) nodes.resize(n_nodes);
-  if (n_nodes > 0 && cudaGraphGetNodes(graph, nodes.data(), &n_nodes) != cudaSuccess) nodes.clear();
-  for (cudaGraphNode_t n : nodes) {
-    cudaGraphNodeType t;
-    ++types[cudaGraphNodeGetType(n, &t) == cudaSuccess ? node_type_name(t) : "unknown"];
-  }
-  std::string out = str_cat(nodes.size(), " nodes:");
-  for (const auto& [name, count] : types) out += str_cat(" ", count, " ", name);
-  out += str_cat("; ", folded, " small memsets made kernels, ", hoisted,
-                 " hoisted; instantiate result ", static_cast<int>(p.result_out));
-  if (p.errNode_out != nullptr) out += "; failing node: " + describe_node(p.errNode_out);
-  out += bisect_failed_instantiate(graph);
-  out +=
-      "; to narrow it down rerun with GTRON_CAPTURE_MEMSETS=keep (no memset pass), or "
-      "graphs.scope = \"none\"";
-  return out;
 }
 
 // The instantiated graph and what it owns besides.
@@ -402,7 +267,7 @@ void* end_capture(void* stream, size_t* nodes, size_t* folded, size_t* hoisted) 
     std::vector<Fill> fills;
     *hoisted = mode == CaptureMemsets::kHoist ? hoist_workspace_memsets(graph, ranges, &fills) : 0;
     if (!fills.empty()) exec->fills = add_hoisted_fills(graph, fills, st);
-    *folded = mode != CaptureMemsets::kKeep ? fold_small_memsets(graph) : 0;
+    *folded = mode != CaptureMemsets::kKeep ? fold_memsets(graph, mode != CaptureMemsets::kAll) : 0;
     CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, nodes));
   } catch (...) {
     cudaGraphDestroy(graph);

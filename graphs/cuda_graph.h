@@ -35,8 +35,10 @@ void begin_capture(void* stream);
 // 38.33 / 38.45, kernels 38.06 / 38.24, hoist 38.26 / 38.30 at D=1. Under hoist the step's trace
 // shows 4 memsets left (of 113) and 0.04 ms idle (of 0.49): every small memset of the step hit
 // one word, the shared workspace's first.
-// GTRON_CAPTURE_MEMSETS=keep|kernels|hoist picks the mode for the process (a diagnostic: a failed
-// instantiation's error suggests keep, to tell a fault of these passes from one of the capture).
+// GTRON_CAPTURE_MEMSETS=keep|kernels|all|hoist picks the mode for the process (a diagnostic: a
+// failed instantiation's error suggests keep, to tell a fault of these passes from one of the
+// capture); kAll makes every memset node a kernel, the large ones a grid-wide fill in 16-byte words
+// where the rows allow (a diagnostic too: it tells a memset node's fault from its memory's).
 // GTRON_GRAPH_MEMSET_REPORT=1 prints one `graph-memsets {...}` line to stderr per capture, before
 // the passes: the memset nodes, the sizes of the small ones and the addresses they write (one
 // address before every GEMM is a shared workspace word).

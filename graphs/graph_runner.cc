@@ -59,6 +59,8 @@ class DomainScope {
 
 }  // namespace
 
+GraphPool::GraphPool(Device device) : device_(device) { allocator_for(device_).keep_pool(id()); }
+
 GraphPool::~GraphPool() { allocator_for(device_).release_pool(id(), current_stream(device_).id()); }
 
 GraphRunner::GraphRunner(std::string name, Fn fn, Device device, WeightAccess* weights,

@@ -73,7 +73,9 @@ struct GraphOptions {
 // idle memory returned, the rest handed back to the device's current stream) on destruction.
 class GraphPool {
  public:
-  explicit GraphPool(Device device) : device_(device) {}
+  // Keeps the pool's segments from the allocator's cache releases while it lives (Note [private
+  // pools keep their segments] in memory/caching_allocator.cc).
+  explicit GraphPool(Device device);
   ~GraphPool();
   GraphPool(const GraphPool&) = delete;
   GraphPool& operator=(const GraphPool&) = delete;

@@ -189,10 +189,20 @@ void CachingAllocator::deallocate(void* ptr) {
   set.insert(b);
 }
 
+// Note [private pools keep their segments]
+// A graph captured into a private pool holds the addresses of every block it used, the ones freed
+// before the capture ended included: each replay writes them again. Returning such a segment to
+// the backend while the graph lives leaves the graph writing memory it no longer owns. On CUDA
+// that showed as a failed instantiation (the Qwen3-MoE step, 2026-12-07, an H100: the backend ran
+// out mid-capture, the retry freed idle segments of the capture's own pool, and the memset nodes
+// into them made cudaGraphInstantiate answer "invalid argument"; with the memsets as kernels the
+// replay read freed memory). So kept pools are skipped here; release_pool() ends them.
 void CachingAllocator::release_unused_segments() {
   std::vector<Block*> unused;
   for (Block* head : segments_) {
-    if (head->free && head->next == nullptr) unused.push_back(head);
+    if (head->free && head->next == nullptr && kept_pools_.count(head->stream) == 0) {
+      unused.push_back(head);
+    }
   }
   for (Block* head : unused) {
     free_set(head->stream, head->small).erase(head);
@@ -208,8 +218,14 @@ void CachingAllocator::empty_cache() {
   release_unused_segments();
 }
 
+void CachingAllocator::keep_pool(uintptr_t pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kept_pools_.insert(pool);
+}
+
 void CachingAllocator::release_pool(uintptr_t pool, uintptr_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  kept_pools_.erase(pool);
   std::vector<Block*> heads;
   for (Block* head : segments_) {
     if (head->stream == pool) heads.push_back(head);

@@ -13,8 +13,9 @@
 // - A block freed on stream S is reused only by requests on S: on CUDA, work queued on S that still
 //   reads it runs before any later work on S. Cross-stream use must be fenced by the caller.
 // - Only when no cached block fits does the allocator call the backend (a "miss"). If the backend
-//   fails, all unused cached segments are returned and the request is retried once; if it still
-//   fails, the error says how much is allocated, cached and asked for.
+//   fails, all unused cached segments are returned (except those of kept private pools: Note
+//   [private pools keep their segments]) and the request is retried once; if it still fails, the
+//   error says how much is allocated, cached and asked for.
 // - Stats: allocated (bytes in live blocks), reserved (bytes held from the backend), their peaks,
 //   and the number of requests and misses. A steady-state training step must make zero misses.
 //
@@ -106,9 +107,13 @@ class CachingAllocator {
   void deallocate(void* ptr);
   // Returns every segment with no live block to the backend.
   void empty_cache();
-  // Ends the private pool `pool` (a stream key that only a graph's captures allocate with; see
-  // PrivatePoolGuard in model/tensor.h): its segments with no live block go back to the backend,
-  // the blocks of the others join `stream`'s pool (live ones are freed there later).
+  // Starts the private pool `pool` (a stream key that only a graph's captures allocate with; see
+  // PrivatePoolGuard in model/tensor.h). Note [private pools keep their segments]: until
+  // release_pool(pool), neither empty_cache() nor the out-of-memory retry returns a segment of it
+  // to the backend, free or not: a captured graph replays into its free blocks.
+  void keep_pool(uintptr_t pool);
+  // Ends the private pool `pool`: its segments with no live block go back to the backend, the
+  // blocks of the others join `stream`'s pool (live ones are freed there later).
   void release_pool(uintptr_t pool, uintptr_t stream = 0);
 
   AllocatorStats stats() const;
@@ -134,6 +139,7 @@ class CachingAllocator {
   std::map<std::pair<uintptr_t, bool>, FreeSet> free_;  // (stream, small) -> free blocks
   std::unordered_map<void*, Block*> live_;              // ptr -> live block
   std::set<Block*> segments_;                           // first block of every segment
+  std::set<uintptr_t> kept_pools_;                      // keep_pool() without release_pool()
   AllocatorStats stats_;
 };
 

@@ -425,8 +425,9 @@ CaptureMemsets initial_capture_memsets() {
   if (e == nullptr || *e == '\0' || std::strcmp(e, "hoist") == 0) return CaptureMemsets::kHoist;
   if (std::strcmp(e, "keep") == 0) return CaptureMemsets::kKeep;
   if (std::strcmp(e, "kernels") == 0) return CaptureMemsets::kKernels;
+  if (std::strcmp(e, "all") == 0) return CaptureMemsets::kAll;
   throw UserError(str_cat("GTRON_CAPTURE_MEMSETS = \"", e,
-                          "\" is not a mode; expected keep, kernels or hoist (the default)"));
+                          "\" is not a mode; expected keep, kernels, all or hoist (the default)"));
 }
 std::atomic<CaptureMemsets> g_capture_memsets{CaptureMemsets::kHoist};
 // Reads the variable once, at the first use (a bad value throws there, as a user error, and again

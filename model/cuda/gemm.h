@@ -97,7 +97,7 @@ int gemm_algo_index(const GemmArgs& g);
 // or a test calls set_capture_memsets_for_testing(kKeep or kKernels), the references the hoisting
 // is checked against, for the process. Thread-safe (an atomic); the GEMMs issued into a capture and
 // the capture's end both read it, so a test sets it outside captures.
-enum class CaptureMemsets { kKeep, kKernels, kHoist };
+enum class CaptureMemsets { kKeep, kKernels, kHoist, kAll };
 CaptureMemsets capture_memsets_mode();
 void set_capture_memsets_for_testing(CaptureMemsets mode);
 

@@ -28,6 +28,8 @@ const char* name(CaptureMemsets mode) {
       return "kernels";
     case CaptureMemsets::kHoist:
       return "hoist";
+    case CaptureMemsets::kAll:
+      return "all";
   }
   return "?";
 }
@@ -63,7 +65,8 @@ void capture_memsets_and_check(CaptureMemsets mode) {
   set(8200, 0x44, 2);
   Graph g = Graph::end_capture(s);
   set_capture_memsets_for_testing(CaptureMemsets::kHoist);  // the default
-  EXPECT_EQ(g.memsets_folded(), fold ? 6u : 0u);
+  // kAll folds the 8 KiB memset too (the large fill kernel, in 16-byte words).
+  EXPECT_EQ(g.memsets_folded(), mode == CaptureMemsets::kAll ? 7u : fold ? 6u : 0u);
   EXPECT_EQ(g.memsets_hoisted(), 0u);
   EXPECT_EQ(g.nodes(), 7u);
 
@@ -83,6 +86,11 @@ TEST(CudaGraph, SmallMemsetsBecomeKernelsWithTheSameBytes) {
   GTRON_REQUIRE_GPU();
   capture_memsets_and_check(CaptureMemsets::kKernels);
   capture_memsets_and_check(CaptureMemsets::kHoist);
+}
+
+TEST(CudaGraph, UnderAllEveryMemsetBecomesAKernelWithTheSameBytes) {
+  GTRON_REQUIRE_GPU();
+  capture_memsets_and_check(CaptureMemsets::kAll);
 }
 
 TEST(CudaGraph, WithoutThePassEveryMemsetStays) {
@@ -151,8 +159,8 @@ TEST(CudaGraph, CapturedGemmsGiveTheEagerBitsUnderEveryMode) {
   run(want);
   std::vector<std::vector<double>> expect;
   for (const Tensor& t : want) expect.push_back(t.to(Device::cpu(), &s).to_vector());
-  for (CaptureMemsets mode :
-       {CaptureMemsets::kKeep, CaptureMemsets::kKernels, CaptureMemsets::kHoist}) {
+  for (CaptureMemsets mode : {CaptureMemsets::kKeep, CaptureMemsets::kKernels,
+                              CaptureMemsets::kHoist, CaptureMemsets::kAll}) {
     set_capture_memsets_for_testing(mode);
     std::vector<Tensor> outs;
     for (const Shape& sh : shapes)

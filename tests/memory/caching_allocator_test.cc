@@ -373,6 +373,35 @@ TEST(CachingAllocator, OutOfMemoryReleasesCachedSegmentsAndRetries) {
   f.alloc.deallocate(live);
 }
 
+TEST(CachingAllocator, OutOfMemoryRetryAndEmptyCacheSpareKeptPrivatePools) {
+  // Note [private pools keep their segments]: a captured graph replays into the free blocks of its
+  // pool, so neither the out-of-memory retry nor empty_cache returns them until release_pool.
+  Fixture f;
+  f.fake->limit = 10 * MiB;
+  const uintptr_t pool = 0xabc0;
+  f.alloc.keep_pool(pool);
+  void* graph_tmp = f.alloc.allocate(3 * MiB, pool);  // a 4 MiB segment of the pool, then freed
+  void* eager = f.alloc.allocate(3 * MiB, 1);         // a 4 MiB eager segment, then freed
+  f.alloc.deallocate(graph_tmp);
+  f.alloc.deallocate(eager);
+  // 5 MiB needs a 6 MiB segment: only the eager segment may go back; 6 of 10 MiB then fit.
+  void* x = f.alloc.allocate(5 * MiB, 1);
+  EXPECT_EQ(f.fake->failures, 1);
+  EXPECT_EQ(f.fake->frees, 1);
+  EXPECT_EQ(f.fake->live.count(addr(graph_tmp)), 1u);
+  EXPECT_EQ(f.fake->live.count(addr(eager)), 0u);
+  f.alloc.deallocate(x);
+  f.alloc.empty_cache();  // x's segment goes; the pool's stays
+  EXPECT_EQ(f.fake->frees, 2);
+  EXPECT_EQ(f.alloc.stats().reserved, 4 * MiB);
+  // Past the limit with only the kept segment cached: out of memory, the segment still held.
+  EXPECT_THROW(f.alloc.allocate(7 * MiB, 1), std::runtime_error);
+  EXPECT_EQ(f.fake->live.count(addr(graph_tmp)), 1u);
+  f.alloc.release_pool(pool, 1);  // the pool ends: its idle segment goes back
+  EXPECT_EQ(f.fake->frees, 3);
+  EXPECT_EQ(f.alloc.stats().reserved, 0u);
+}
+
 TEST(CachingAllocator, OutOfMemoryMessageSaysWhereTheMemoryIs) {
   Fixture f;
   f.fake->limit = 8 * MiB;
