@@ -37,9 +37,11 @@
 // producer warp with per-group tensor maps (or im2col-free 2-d maps over the weight stack), m64n128
 // products, and 3 stages for the fp32-weight variant.
 // Occupancy: 3 stages take 96 KiB of shared memory, so two CTAs fit an SM when a thread stays at
-// 128 registers; __launch_bounds__(256, 2) holds every variant there. Without it ptxas gave the
-// fp32-weight data gradient 164 (one CTA an SM: 0.59x of the bf16 kernel on the H100, 2026-12-07);
-// at 128 it spills 48 bytes.
+// 128 registers. The bf16 variants get there by themselves (122-128). The fp32-weight ones are
+// held there by a minimum of 2 blocks in __launch_bounds__: without it ptxas gave the data
+// gradient 164 (one CTA an SM); at 128 it spills 48 bytes, and the Qwen3-MoE step on the masters
+// ran 33,875 tokens/s instead of 32,991 (H100, 2026-12-07). Asking the bf16 variants for 2 blocks
+// too changed their code (126-128 registers) and cost them 2-5% in bench_grouped.
 // Sums: each output element adds its k-steps in order with the tensor cores' fp32 accumulation;
 // no atomics, no split-K: reruns are bit-identical. The mma.sync kernel adds the same 16-deep
 // steps in the same order, and on an H100 the two gave the same bits (bench_grouped).
@@ -177,7 +179,7 @@ __device__ __forceinline__ void store_acc(const float (&acc)[2][8][4], Out* c, i
 }
 
 template <Product P, int kStages, bool kWF32>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, kWF32 ? 2 : 0)
     grouped_wgmma_kernel(const __grid_constant__ GroupedArgs args) {
   static_assert(!kWF32 || P != Product::kWeight, "the weight gradient reads no weights");
   View<bf16> v;
