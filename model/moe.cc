@@ -81,20 +81,22 @@ bool MoeLayer::holds_elsewhere(const std::string& name) const {
   return false;
 }
 
-Var MoeLayer::experts(const Var& rows, const Tensor& offsets, WeightAccess& w) {
-  auto grouped = [&](const std::vector<LinearLayer>& layers, const Var& in) {
+Var MoeLayer::experts(const Var& rows, const Tensor& offsets, WeightAccess& w,
+                      const MoePlan* gather) {
+  auto grouped = [&](const std::vector<LinearLayer>& layers, const Var& in, const MoePlan* plan) {
     // Note [grouped GEMM on fp32 masters]: bf16 rows on CUDA may read the fp32 masters.
     const bool masters = in.device().is_cuda() && in.dtype() == DType::kBF16 && !layers[0].fp8 &&
                          cuda::grouped_master_weights();
     std::vector<Var> ws;
     for (const LinearLayer& l : layers)
       ws.push_back(masters ? w.use_master(*l.weight) : w.use(*l.weight));
-    Var out = grouped_linear(in, ws, offsets, layers[0].fp8);
+    Var out = plan != nullptr ? grouped_linear_gathered(in, *plan, ws, layers[0].fp8)
+                              : grouped_linear(in, ws, offsets, layers[0].fp8);
     for (size_t e = 0; e < layers.size(); ++e) w.used(*layers[e].weight, ws[e]);
     return out;
   };
   // [M, C] -> [M, 2F] -> [M, F] -> [M, C]
-  return grouped(down_, swiglu(grouped(gate_up_, rows)));
+  return grouped(down_, swiglu(grouped(gate_up_, rows, gather)), nullptr);
 }
 
 namespace {
@@ -194,9 +196,16 @@ Var MoeLayer::forward(const Var& g, WeightAccess& w) {
   const MoePlan plan = cuda ? moe_plan(top.ids, d_.E, nullptr, counting ? load_dev_ : Tensor())
                             : moe_plan(top.ids, d_.E, counting ? load_.data() : nullptr);
 
-  // The experts over the permuted rows, [N·k, C] in expert order, here or across the EP group.
-  const Var xp = moe_dispatch(g, plan);
-  const Var yp = d_.ep_size > 1 ? exchange_experts(xp, plan, w) : experts(xp, plan.offsets, w);
+  // The experts over the permuted rows, [N·k, C] in expert order, here or across the EP group
+  // (Note [regathered expert rows]: at EP = 1 the first product may gather them itself).
+  Var yp;
+  if (d_.ep_size > 1) {
+    yp = exchange_experts(moe_dispatch(g, plan), plan, w);
+  } else if (grouped_gather_rows()) {
+    yp = experts(g, plan.offsets, w, &plan);
+  } else {
+    yp = experts(moe_dispatch(g, plan), plan.offsets, w);
+  }
   const Var y = moe_combine(yp, top.gates, plan, g.shape());
   if (d_.num_shared == 0) return y;
   return add(y, shared_down_.forward(swiglu(shared_gate_up_.forward(g, w)), w));

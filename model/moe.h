@@ -170,7 +170,10 @@ class MoeLayer {
  private:
   // The grouped expert MLP over rows in expert order: expert first_expert_ + g's rows are
   // [offsets[g], offsets[g + 1]).
-  Var experts(const Var& rows, const Tensor& offsets, WeightAccess& w);
+  // With `gather`, `rows` are the layer's input in token order and the first product dispatches
+  // them itself (grouped_linear_gathered).
+  Var experts(const Var& rows, const Tensor& offsets, WeightAccess& w,
+              const MoePlan* gather = nullptr);
   // Steps 2 to 5 of Note [expert parallelism]: xp in expert order -> the experts' outputs, in
   // the same order.
   Var exchange_experts(const Var& xp, const MoePlan& plan, WeightAccess& w);

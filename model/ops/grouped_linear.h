@@ -25,6 +25,17 @@ namespace gtron {
 Var grouped_linear(const Var& x, const std::vector<Var>& weights, const Tensor& offsets,
                    bool fp8 = false);
 
+struct MoePlan;
+
+// grouped_linear(moe_dispatch(x, plan), weights, plan.offsets, fp8), the same values and
+// gradients bit for bit, without keeping the dispatched rows on CUDA when grouped_gather_rows()
+// (Note [regathered expert rows] in grouped_linear_gathered.cc). x: [..., C] of plan.N rows.
+Var grouped_linear_gathered(const Var& x, const MoePlan& plan, const std::vector<Var>& weights,
+                            bool fp8 = false);
+// Whether MoE layers use grouped_linear_gathered: GTRON_MOE_REGATHER=1 (read once; off by
+// default: one more dispatch a layer, ~1% of the Qwen3-MoE step, for 128 MiB a layer).
+bool grouped_gather_rows();
+
 namespace cuda {
 // kMaxGroups (grouped_limits.h): the most groups one grouped GEMM takes.
 // The three products over G row groups of an [M, ·] buffer, group g's rows

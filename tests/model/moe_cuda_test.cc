@@ -427,5 +427,50 @@ TEST(GroupedLinearCuda, Fp32MasterWeightsEqualTheShadowPath) {
   cuda::set_grouped_kernel(cuda::GroupedKernel::kMma);
 }
 
+// Note [regathered expert rows]: the gathered op gives grouped_linear(moe_dispatch(x)) bit for bit:
+// outputs, x's gradient (dispatch's backward from scratch rows) and every weight gradient, on the
+// bf16 shadows and on the fp32 masters.
+TEST(GroupedLinearCuda, GatheredRowsEqualDispatchThenGrouped) {
+  GTRON_REQUIRE_GPU();
+  if (!cuda::grouped_wgmma_usable()) GTEST_SKIP() << "needs a compute-capability 9.0 GPU";
+  const int64_t N = 150, E = 5, Cin = 192, Cout = 136;
+  const int k = 3;
+  const Device d = Device::cuda(0);
+  const MoePlan plan =
+      moe_plan(random_ids(N, k, E, 91, /*hot=*/1, /*span=*/4).to(d), E);  // expert 4: empty
+  const Tensor x = testing::randn_tensor({N, Cin}, 92, 1.0, DType::kF32).to(DType::kBF16).to(d);
+  const Tensor dy =
+      testing::randn_tensor({N * k, Cout}, 93, 1.0, DType::kF32).to(DType::kBF16).to(d);
+  cuda::set_grouped_kernel(cuda::GroupedKernel::kWgmma3);
+  for (bool masters : {false, true}) {
+    SCOPED_TRACE(masters ? "fp32 masters" : "bf16 weights");
+    cuda::set_grouped_master_weights(masters);
+    std::vector<std::vector<double>> results[2];
+    for (int gathered = 0; gathered < 2; ++gathered) {
+      std::vector<std::unique_ptr<Parameter>> ps;
+      std::vector<Var> ws;
+      for (int64_t g = 0; g < E; ++g) {
+        const Tensor w = testing::randn_tensor({Cout, Cin}, 95 + g, 0.2, DType::kF32);
+        ps.push_back(std::make_unique<Parameter>("w" + std::to_string(g), w.to(d)));
+        ps.back()->main_grad = Tensor::zeros({Cout, Cin}, DType::kF32, d);
+        ws.push_back(masters ? Var::param(*ps.back())
+                             : Var::param_as(*ps.back(), w.to(DType::kBF16).to(d)));
+      }
+      const Var xv = Var::leaf(x);
+      const Var y = gathered ? grouped_linear_gathered(xv, plan, ws)
+                             : grouped_linear(moe_dispatch(xv, plan), ws, plan.offsets);
+      backward_with(y, dy);
+      results[gathered] = {host(y.value()), host(xv.grad())};
+      for (auto& p : ps) results[gathered].push_back(host(p->main_grad));
+    }
+    ASSERT_EQ(results[0].size(), results[1].size());
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_EQ(results[1][i], results[0][i]) << "output " << i;
+    }
+  }
+  cuda::set_grouped_master_weights(false);
+  cuda::set_grouped_kernel(cuda::GroupedKernel::kMma);
+}
+
 }  // namespace
 }  // namespace gtron
