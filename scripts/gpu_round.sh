@@ -57,7 +57,7 @@ gt() {  # NAME ENV... -- FLAGS...: one bench_gpu line (graphs full unless FLAGS 
   shift
   [[ $(left) -lt 45 ]] && { echo "== $name skipped (time)"; return; }
   echo "== gtron $name ($(left)s left)"
-  env "${envs[@]}" timeout 90 .gpubin/bench_gpu --graphs full "$@" 2>&1 | tail -1 | cut -c1-300
+  env "${envs[@]}" timeout 90 .gpubin/bench_gpu --graphs full "$@" 2>&1 | tail -1 | cut -c1-520
 }
 tc() {  # NAME FLAGS...: one torch.compile bf16 line
   local name=$1; shift
