@@ -14,6 +14,7 @@
 #include "model/check.h"
 #include "model/cuda/check.h"
 #include "model/cuda/gemm.h"
+#include "model/env.h"
 
 namespace gtron::graphs::cuda {
 
@@ -117,8 +118,7 @@ std::vector<MemsetNode> memset_nodes(cudaGraph_t graph, bool small_only) {
 // pass: how many, the sizes of the small ones and how many distinct addresses they write (one
 // address written before every GEMM is a shared workspace word), the most written first.
 void report_memsets(cudaGraph_t graph) {
-  const char* e = std::getenv("GTRON_GRAPH_MEMSET_REPORT");
-  if (e == nullptr || std::strcmp(e, "1") != 0) return;
+  if (!env_flag("GTRON_GRAPH_MEMSET_REPORT", false)) return;
   const std::vector<MemsetNode> memsets = memset_nodes(graph, false);
   size_t small = 0;
   std::map<size_t, size_t> sizes;

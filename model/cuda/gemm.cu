@@ -35,6 +35,7 @@
 #include "model/cuda/gemm.h"
 #include "model/cuda/gemm_table.h"
 #include "model/cuda/gemm_tune.h"
+#include "model/env.h"
 
 namespace gtron::cuda {
 
@@ -297,10 +298,7 @@ bool choose_algo(Chosen* chosen, GemmContext& ctx, const GemmArgs& g, const Gemm
   if (known != 0) return known > 0;
   const bool tune = can_tune(s);
   // GTRON_GEMM_TABLE=0 ignores the committed table (an A/B switch for benchmarks).
-  static const bool use_table = [] {
-    const char* e = std::getenv("GTRON_GEMM_TABLE");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
+  static const bool use_table = env_flag("GTRON_GEMM_TABLE", true);
   const std::optional<PinnedChoice> pinned =
       tune || !use_table ? std::nullopt
                          : find_tuned_gemm(ctx.device_name(), cublasLtGetVersion(), key);
@@ -421,13 +419,9 @@ namespace {
 // kHoist unless GTRON_CAPTURE_MEMSETS names another mode (a diagnostic: Note [small memsets as
 // kernels]) or a test sets one.
 CaptureMemsets initial_capture_memsets() {
-  const char* e = std::getenv("GTRON_CAPTURE_MEMSETS");
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "hoist") == 0) return CaptureMemsets::kHoist;
-  if (std::strcmp(e, "keep") == 0) return CaptureMemsets::kKeep;
-  if (std::strcmp(e, "kernels") == 0) return CaptureMemsets::kKernels;
-  if (std::strcmp(e, "all") == 0) return CaptureMemsets::kAll;
-  throw UserError(str_cat("GTRON_CAPTURE_MEMSETS = \"", e,
-                          "\" is not a mode; expected keep, kernels, all or hoist (the default)"));
+  constexpr CaptureMemsets kModes[] = {CaptureMemsets::kHoist, CaptureMemsets::kKeep,
+                                       CaptureMemsets::kKernels, CaptureMemsets::kAll};
+  return kModes[env_choice("GTRON_CAPTURE_MEMSETS", {"hoist", "keep", "kernels", "all"}, 0)];
 }
 std::atomic<CaptureMemsets> g_capture_memsets{CaptureMemsets::kHoist};
 // Reads the variable once, at the first use (a bad value throws there, as a user error, and again

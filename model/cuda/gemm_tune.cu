@@ -15,6 +15,7 @@
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/gemm_tune.h"
 #include "model/dtype.h"
+#include "model/env.h"
 
 namespace gtron::cuda {
 
@@ -165,13 +166,7 @@ void print_call_counts() {
 bool gemm_tune_enabled() {
   int mode = g_tune_mode.load();
   if (mode >= 0) return mode == 1;
-  const char* env = std::getenv("GTRON_GEMM_TUNE");
-  const std::string v = env != nullptr ? env : "";
-  if (!v.empty() && v != "0" && v != "1") {
-    throw UserError(str_cat("GTRON_GEMM_TUNE is '", v,
-                            "'; expected 1 (time the GEMM candidates) or 0/unset (off)"));
-  }
-  mode = v == "1" ? 1 : 0;
+  mode = env_flag("GTRON_GEMM_TUNE", false) ? 1 : 0;
   g_tune_mode.store(mode);
   return mode == 1;
 }

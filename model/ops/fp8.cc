@@ -18,6 +18,7 @@
 #include "model/autograd.h"
 #include "model/check.h"
 #include "model/cuda/gemm.h"
+#include "model/env.h"
 #include "model/ops/device_util.h"
 #include "model/ops/fp8_gemm.h"
 
@@ -175,8 +176,7 @@ void set_untiled_sizes_for_testing(bool on) { g_untiled.store(on ? 1 : 0); }
 bool untiled_sizes() {
   int v = g_untiled.load();
   if (v < 0) {
-    const char* e = std::getenv("GTRON_FP8_UNTILED");
-    v = e != nullptr && std::string(e) == "0" ? 0 : 1;
+    v = env_flag("GTRON_FP8_UNTILED", true) ? 1 : 0;
     g_untiled.store(v);
   }
   return v == 1;

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "model/cuda/mma_tile.cuh"
+#include "model/env.h"
 #include "model/ops/grouped_args.cuh"
 #include "model/ops/grouped_linear.h"
 #include "model/ops/grouped_wgmma.h"
@@ -331,18 +332,9 @@ void set_grouped_kernel(GroupedKernel k) { g_grouped_kernel.store(static_cast<in
 GroupedKernel grouped_kernel() {
   int k = g_grouped_kernel.load();
   if (k < 0) {
-    const char* e = std::getenv("GTRON_GROUPED_KERNEL");
-    const std::string v = e != nullptr ? e : "wgmma3";
-    if (v == "mma") {
-      k = static_cast<int>(GroupedKernel::kMma);
-    } else if (v == "wgmma3") {
-      k = static_cast<int>(GroupedKernel::kWgmma3);
-    } else if (v == "wgmma4") {
-      k = static_cast<int>(GroupedKernel::kWgmma4);
-    } else {
-      throw UserError(
-          str_cat("GTRON_GROUPED_KERNEL = \"", v, "\"; expected mma, wgmma3 or wgmma4"));
-    }
+    // The choices in GroupedKernel's order.
+    k = env_choice("GTRON_GROUPED_KERNEL", {"mma", "wgmma3", "wgmma4"},
+                   static_cast<int>(GroupedKernel::kWgmma3));
     g_grouped_kernel.store(k);
   }
   return static_cast<GroupedKernel>(k);
@@ -353,8 +345,7 @@ void set_grouped_master_weights(bool on) { g_master_weights.store(on ? 1 : 0); }
 bool grouped_master_weights() {
   int on = g_master_weights.load();
   if (on < 0) {
-    const char* e = std::getenv("GTRON_MOE_MASTER_WEIGHTS");
-    on = e != nullptr && std::string(e) == "1" ? 1 : 0;
+    on = env_flag("GTRON_MOE_MASTER_WEIGHTS", false) ? 1 : 0;
     g_master_weights.store(on);
   }
   return on == 1 && grouped_kernel() != GroupedKernel::kMma && grouped_wgmma_usable();

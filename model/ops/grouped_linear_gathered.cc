@@ -16,10 +16,9 @@
 // value and gradient equals grouped_linear(moe_dispatch(g, plan), ...) bit for bit
 // (moe_cuda_test). The CPU (and the mma.sync and fp32 kernels' CUDA path too, for simplicity) takes
 // that composition itself.
-#include <cstdlib>
 #include <memory>
-#include <string>
 
+#include "model/env.h"
 #include "model/ops/device_util.h"
 #include "model/ops/grouped_linear.h"
 #include "model/ops/moe_dispatch.h"
@@ -40,8 +39,7 @@ Tensor dispatch_rows(const Tensor& x, const MoePlan& plan, int64_t C, Stream& s)
 }  // namespace
 
 bool grouped_gather_rows() {
-  const char* e = std::getenv("GTRON_MOE_REGATHER");
-  static const bool on = e != nullptr && std::string(e) == "1";
+  static const bool on = env_flag("GTRON_MOE_REGATHER", false);
   return on;
 }
 
