@@ -35,35 +35,38 @@ Var grouped_linear_cuda(const Var& x, const std::vector<Var>& weights, const Ten
   record_backward([x, weights, offsets, out, M, Cin, Cout, G] {
     if (!out.has_grad()) return;
     Stream& s = current_stream(out.device());
-    // Weight values and gradient slots as they are bound now (a weight access may rebind them
-    // for the backward).
-    std::vector<const void*> wp;
-    std::vector<float*> dw;
-    std::unique_ptr<bool[]> dw_overwrite(new bool[static_cast<size_t>(G)]());
-    for (int g = 0; g < G; ++g) {
-      const Var& w = weights[static_cast<size_t>(g)];
-      wp.push_back(w.value().raw());
-      // Note [first gradient write]: a weight's first gradient of the step is written.
-      dw.push_back(w.requires_grad()
-                       ? f32_grad("grouped_linear weight", w.weight_grad(&dw_overwrite[g]))
-                       : nullptr);
-    }
+    const cuda::GroupedWeightSlots slots = cuda::grouped_weight_slots(weights, "grouped_linear");
     const int32_t* off = offsets.data<int32_t>();
     if (x.requires_grad()) {
       bool overwrite = false;
       Tensor& dx = x.grad_for_write(&overwrite);
       const bool w_f32 = weights[0].dtype() == DType::kF32 && out.dtype() == DType::kBF16;
-      cuda::grouped_linear_backward_data(out.grad().raw(), wp.data(), dx.raw(), off, M, Cin, Cout,
-                                         G, out.dtype(), s.native(), overwrite, w_f32);
+      cuda::grouped_linear_backward_data(out.grad().raw(), slots.w.data(), dx.raw(), off, M, Cin,
+                                         Cout, G, out.dtype(), s.native(), overwrite, w_f32);
     }
-    cuda::grouped_linear_backward_weight(x.value().raw(), out.grad().raw(), dw.data(),
-                                         dw_overwrite.get(), off, M, Cin, Cout, G, out.dtype(),
+    cuda::grouped_linear_backward_weight(x.value().raw(), out.grad().raw(), slots.dw.data(),
+                                         slots.overwrite.get(), off, M, Cin, Cout, G, out.dtype(),
                                          s.native());
   });
   return out;
 }
 
 }  // namespace
+
+namespace cuda {
+
+GroupedWeightSlots grouped_weight_slots(const std::vector<Var>& weights, const char* op) {
+  GroupedWeightSlots s;
+  s.overwrite.reset(new bool[weights.size()]());
+  for (size_t g = 0; g < weights.size(); ++g) {
+    const Var& w = weights[g];
+    s.w.push_back(w.value().raw());
+    s.dw.push_back(w.requires_grad() ? f32_grad(op, w.weight_grad(&s.overwrite[g])) : nullptr);
+  }
+  return s;
+}
+
+}  // namespace cuda
 
 Var grouped_linear(const Var& x, const std::vector<Var>& weights, const Tensor& offsets, bool fp8) {
   GTRON_CHECK(x.shape().rank() == 2 && !weights.empty(), "grouped_linear: x ", x.shape().str(),

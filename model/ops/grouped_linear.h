@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/autograd.h"
@@ -37,6 +38,17 @@ Var grouped_linear_gathered(const Var& x, const MoePlan& plan, const std::vector
 bool grouped_gather_rows();
 
 namespace cuda {
+// The weights' values and fp32 gradient slots for a grouped op's CUDA backward, as bound when it
+// runs (a weight access may rebind them for the backward); overwrite[g]: dW_g is written, not
+// accumulated (its first gradient of the step: Note [first gradient write]). `op` names the op in
+// a dtype error.
+struct GroupedWeightSlots {
+  std::vector<const void*> w;
+  std::vector<float*> dw;  // null where the weight takes no gradient
+  std::unique_ptr<bool[]> overwrite;
+};
+GroupedWeightSlots grouped_weight_slots(const std::vector<Var>& weights, const char* op);
+
 // kMaxGroups (grouped_limits.h): the most groups one grouped GEMM takes.
 // The three products over G row groups of an [M, ·] buffer, group g's rows
 // [offsets[g], offsets[g + 1]) (offsets: i32 [G + 1] on the device), on `stream` (a

@@ -71,29 +71,21 @@ Var grouped_linear_gathered(const Var& x, const MoePlan& plan, const std::vector
   record_backward([x, weights, plan, out, M, C, Cout, G] {
     if (!out.has_grad()) return;
     Stream& s = current_stream(out.device());
-    // As grouped_linear's backward: the weights and gradient slots as bound now.
-    std::vector<const void*> wp;
-    std::vector<float*> dw;
-    std::unique_ptr<bool[]> dw_overwrite(new bool[static_cast<size_t>(G)]());
-    for (int g = 0; g < G; ++g) {
-      const Var& w = weights[static_cast<size_t>(g)];
-      wp.push_back(w.value().raw());
-      dw.push_back(w.requires_grad()
-                       ? f32_grad("grouped_linear_gathered weight", w.weight_grad(&dw_overwrite[g]))
-                       : nullptr);
-    }
+    const cuda::GroupedWeightSlots slots =
+        cuda::grouped_weight_slots(weights, "grouped_linear_gathered");
     const int32_t* off = plan.offsets.data<int32_t>();
     const DType act = out.dtype();
     {
       const Tensor xp = dispatch_rows(x.value(), plan, C, s);
-      cuda::grouped_linear_backward_weight(xp.raw(), out.grad().raw(), dw.data(),
-                                           dw_overwrite.get(), off, M, C, Cout, G, act, s.native());
+      cuda::grouped_linear_backward_weight(xp.raw(), out.grad().raw(), slots.dw.data(),
+                                           slots.overwrite.get(), off, M, C, Cout, G, act,
+                                           s.native());
     }
     if (!x.requires_grad()) return;
     const bool w_f32 = weights[0].dtype() == DType::kF32;
     Tensor dxp = Tensor::empty({M, C}, act, out.device(), &s);
-    cuda::grouped_linear_backward_data(out.grad().raw(), wp.data(), dxp.raw(), off, M, C, Cout, G,
-                                       act, s.native(), /*overwrite=*/true, w_f32);
+    cuda::grouped_linear_backward_data(out.grad().raw(), slots.w.data(), dxp.raw(), off, M, C, Cout,
+                                       G, act, s.native(), /*overwrite=*/true, w_f32);
     bool overwrite = false;
     Tensor& dx = x.grad_for_write(&overwrite);
     cuda::moe_dispatch_backward(dxp.raw(), plan.pos.data<int32_t>(), dx.raw(), plan.N, plan.k, C,
