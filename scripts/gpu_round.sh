@@ -8,7 +8,9 @@
 #      "== NAME rc=.. Ns" line with gtest's counts and the first failure lines;
 #   2. the Qwen3-MoE step (graphs full, D=1) on the bf16 shadows and on the fp32 masters, each
 #      with and without GTRON_MOE_REGATHER (the same loss; the peaks), then scripts/bench_moe.sh
-#      at D=1 on the masters with the rows regathered (issue 50's memory half), one round.
+#      at D=1 on the masters with the rows regathered (issue 50's memory half), one round; before
+#      it, ncu of the grouped wgmma kernels (bench_grouped's first launches: bf16 and fp32-weight
+#      variants), for what bounds them at a third of the tensor cores' peak.
 # PART=2
 #   3. issue 48's second comparison, not rerun since the ninth session: gtron fp8 against
 #      torch.compile bf16 and PyTorch FP8 rowwise at the Llama-3.2-1B shape, D=0 and D=1;
@@ -72,6 +74,15 @@ if [[ $PART == 1 ]]; then
         GTRON_MOE_MASTER_WEIGHTS=$masters GTRON_MOE_REGATHER=$regather -- "${MOE[@]}"
     done
   done
+  if [[ -x .gpubin/bench_grouped && $(left) -gt 120 ]]; then  # what bounds the grouped kernels
+    echo "== ncu of the grouped wgmma kernels ($(left)s left)"
+    timeout 100 ncu --clock-control none --kernel-name regex:grouped_wgmma --launch-skip 0 \
+      --launch-count 6 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section Occupancy --section WarpStateStats --section LaunchStats \
+      .gpubin/bench_grouped --reps 1 > $OUT/ncu_grouped.txt 2>&1
+    grep -E "grouped_wgmma_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" \
+      $OUT/ncu_grouped.txt | cut -c1-150 | head -80
+  fi
   if [[ $(left) -gt 300 ]]; then  # issue 50's line on the masters, alternating with torch.compile
     echo "== bench_moe.sh, D=1, one round, masters and regather ($(left)s left)"
     GTRON_MOE_MASTER_WEIGHTS=1 GTRON_MOE_REGATHER=1 GTRON_MOE_ROUNDS=1 GTRON_MOE_D=1 \
