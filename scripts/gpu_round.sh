@@ -77,11 +77,11 @@ if [[ $PART == 1 ]]; then
   if [[ -x .gpubin/bench_grouped && $(left) -gt 120 ]]; then  # what bounds the grouped kernels
     echo "== ncu of the grouped wgmma kernels ($(left)s left)"
     timeout 100 ncu --clock-control none --kernel-name regex:grouped_wgmma --launch-skip 0 \
-      --launch-count 6 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --launch-count 20 --section SpeedOfLight --section MemoryWorkloadAnalysis \
       --section Occupancy --section WarpStateStats --section LaunchStats \
       .gpubin/bench_grouped --reps 1 > $OUT/ncu_grouped.txt 2>&1
     grep -E "grouped_wgmma_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" \
-      $OUT/ncu_grouped.txt | cut -c1-150 | head -80
+      $OUT/ncu_grouped.txt | cut -c1-150 | head -160
   fi
   if [[ $(left) -gt 300 ]]; then  # issue 50's line on the masters, alternating with torch.compile
     echo "== bench_moe.sh, D=1, one round, masters and regather ($(left)s left)"
