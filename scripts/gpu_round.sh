@@ -14,7 +14,8 @@
 # PART=2
 #   3. issue 48's second comparison, not rerun since the ninth session: gtron fp8 against
 #      torch.compile bf16 and PyTorch FP8 rowwise at the Llama-3.2-1B shape, D=0 and D=1;
-#   4. FP8 parity at batch 32, the windows fixed (data.seed 7), seeds 7-9 (carry .gpupack/parity2).
+#   4. issue 49: ncu of the FA3 forward, key and query kernels at T=8192, head sizes 128 and 64;
+#   5. FP8 parity at batch 32, the windows fixed (data.seed 7), seeds 7-9 (carry .gpupack/parity2).
 # Here: GTRON_GPU_PACK=1 bash scripts/gpu_tests.sh moe_cuda train_moe cuda_graph train_graphs gpt_cuda
 # There (the device tool, carrying .gpupack/gpubin.tar.xz), from the repository root:
 #   PART=1 BUDGET=560 bash scripts/gpu_round.sh
@@ -95,6 +96,15 @@ else
     tc "l1b bf16 D=$D" "${L1B[@]}" --D $D
     tc "l1b fp8 rowwise D=$D" "${L1B[@]}" --D $D --fp8 rowwise
   done
+  if [[ -x .gpubin/bench_attention && $(left) -gt 250 ]]; then  # issue 49: what bounds the backward
+    echo "== ncu of the FA3 attention kernels, T=8192 ($(left)s left)"
+    timeout 120 ncu --clock-control none --kernel-name regex:"fa3_backward_kv|wg_backward_q|fa3_forward" \
+      --launch-count 6 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      --section ComputeWorkloadAnalysis .gpubin/bench_attention --variants fa3pairs --hs 128,64 \
+      --T 8192 --modes mha --repeats 1 --warmup 1 > $OUT/ncu_attention.txt 2>&1
+    grep -E "fa3_|wg_backward|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Executed Ipc|Stall|Warp Cycles Per Issued" \
+      $OUT/ncu_attention.txt | cut -c1-150 | head -90
+  fi
   if [[ -d .gpupack/parity2 && $(left) -gt 150 ]]; then
     echo "== fp8 parity, batch 32, data.seed 7, seeds 7-9 ($(left)s left)"
     timeout $(( $(left) - 10 )) env GTRON=.gpubin/gtron bash scripts/fp8_parity.sh .gpupack/parity2 \
