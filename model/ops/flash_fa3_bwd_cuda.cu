@@ -84,6 +84,19 @@
 //   which gtron's scratch contract does not provide) and its conversion pass.
 // A semaphore that orders the adds by key block (FlashAttention-3's deterministic mode) would
 // keep the 5 products, at the price of CTAs waiting on each other in the causal triangle.
+// How it can wait little (not built yet; the plan of 2026-12-07): key block j reaches query tile i
+// at step i − i0(j) of its walk, so with every CTA of a head started together tile i hears from
+// the highest key block first and from key block 0 last. Adding in that order (descending j)
+// asks CTA j to wait only for CTA j + 1, which is steps ahead of it on the same tile; launching
+// each head's key blocks highest first (blockIdx.x → nkb − 1 − x) makes that CTA an earlier one,
+// so a waiting CTA never waits for one not yet resident (no deadlock at any T), at the price of
+// the longest CTAs starting last (a tail of one key-block-0 walk per grid). Per step the two
+// consumers write their dSᵀ halves to a double-buffered bf16 tile (named barrier over the 256
+// consumer threads; a skipped consumer writes zeros), then consumer w takes its half of dQ =
+// dS·K (HS 128: columns 64w ..; HS 64: query rows 64w ..; m64n64 over the 128 keys, 32 fp32 a
+// thread, live after Sᵀ and dPᵀ are dead), waits on the semaphore of (b, h, tile, w), adds into
+// an fp32 [B, NH, T, HS] buffer (the first contributor stores), and releases. Δ then needs a
+// kernel of its own before, and dQ a conversion (scale, RoPE back, into dqkv) after.
 //
 // Note [document masking in the FA3 backward]
 // With a.seg set (Note [document masking in the flash kernels] in flash_common.cuh) the key
