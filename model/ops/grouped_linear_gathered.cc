@@ -14,8 +14,7 @@
 // and a write of xp, k·N·C elements each way). The products, their operands and their order are
 // grouped_linear's, and dispatch's backward sums each token's slots in the same order, so every
 // value and gradient equals grouped_linear(moe_dispatch(g, plan), ...) bit for bit
-// (moe_cuda_test). The CPU (and the mma.sync and fp32 kernels' CUDA path too, for simplicity) takes
-// that composition itself.
+// (moe_cuda_test). The CPU, fp32 rows and FP8 take that composition itself.
 #include <memory>
 
 #include "model/env.h"
@@ -48,8 +47,7 @@ Var grouped_linear_gathered(const Var& x, const MoePlan& plan, const std::vector
   const int64_t C = x.shape()[x.shape().rank() - 1];
   GTRON_CHECK(x.value().numel() == plan.N * C && !weights.empty(), "grouped_linear_gathered: x ",
               x.shape().str(), " for ", plan.N, " tokens; ", weights.size(), " groups");
-  const bool lean = x.device().is_cuda() && x.dtype() == DType::kBF16 && !fp8 &&
-                    cuda::grouped_kernel() != cuda::GroupedKernel::kMma;
+  const bool lean = x.device().is_cuda() && x.dtype() == DType::kBF16 && !fp8;
   if (!lean) return grouped_linear(moe_dispatch(x, plan), weights, plan.offsets, fp8);
   const int64_t M = plan.N * plan.k, Cout = weights[0].shape()[0];
   const int G = static_cast<int>(weights.size());
@@ -82,7 +80,7 @@ Var grouped_linear_gathered(const Var& x, const MoePlan& plan, const std::vector
                                            s.native());
     }
     if (!x.requires_grad()) return;
-    const bool w_f32 = weights[0].dtype() == DType::kF32;
+    const bool w_f32 = weights[0].dtype() == DType::kF32 && act == DType::kBF16;
     Tensor dxp = Tensor::empty({M, C}, act, out.device(), &s);
     cuda::grouped_linear_backward_data(out.grad().raw(), slots.w.data(), dxp.raw(), off, M, C, Cout,
                                        G, act, s.native(), /*overwrite=*/true, w_f32);
