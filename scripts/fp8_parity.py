@@ -118,7 +118,10 @@ def main():
         ax.set_ylabel(f"train main loss (mean of {a.smooth} logs)")
         ax.set_ylim(top=min(8.0, ax.get_ylim()[1]))
         ax.legend()
-        ax.set_title("FP8 against bf16, three seeds each")
+        counts = {p: len(runs[p]) for p in runs}
+        each = (f"{counts['bf16']} seeds each" if counts["bf16"] == counts["fp8"]
+                else f"{counts['bf16']} bf16 and {counts['fp8']} fp8 seeds")
+        ax.set_title(f"FP8 against bf16, {each}")
         fig.savefig(a.plot, dpi=110, bbox_inches="tight")
     return 0
 
