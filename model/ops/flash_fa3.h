@@ -57,4 +57,20 @@ void flash_fa3_forward(const FlashForwardArgs& a, void* stream,
 // elements; qkv, dqkv, o and dout 16-byte aligned.
 void flash_fa3_backward(const FlashBackwardArgs& a, float* delta, void* stream);
 
+// flash_fa3_backward's contract with dQ from the key kernel instead of the query kernel: 5
+// products a visible (query, key) pair instead of 7, dQ summed over key blocks in a fixed order
+// (deterministic; Note [ordered dQ in the FA3 backward] in model/ops/flash_fa3_dq_cuda.cu).
+// `scratch`: flash_fa3_backward_dq_scratch_bytes(a) bytes on the device, 16-byte aligned (the fp32
+// dQ sums and the turn counters). Not built yet for document masking or column partials.
+// REQUIRES: flash_fa3_backward's, and a.seg == nullptr, a.col_partial == nullptr.
+int64_t flash_fa3_backward_dq_scratch_bytes(const FlashBackwardArgs& a);
+void flash_fa3_backward_dq(const FlashBackwardArgs& a, float* delta, void* scratch, void* stream);
+
+// Building blocks of the two (flash_fa3_bwd_cuda.cu): the checked arguments (NKV filled in), and
+// the key kernel with dQ's ordered sums [B, NH, T, HS] (fp32), `turns` zeroed ints
+// [B, NH, ceil(T / (8192 / HS)), 2].
+FlashBackwardArgs fa3_backward_checked(const FlashBackwardArgs& a, const float* delta);
+void fa3_backward_keys_ordered_dq(const FlashBackwardArgs& a, const float* delta, float* dq_sums,
+                                  int* turns, void* stream);
+
 }  // namespace gtron::cuda

@@ -84,19 +84,7 @@
 //   which gtron's scratch contract does not provide) and its conversion pass.
 // A semaphore that orders the adds by key block (FlashAttention-3's deterministic mode) would
 // keep the 5 products, at the price of CTAs waiting on each other in the causal triangle.
-// How it can wait little (not built yet; the plan of 2026-12-07): key block j reaches query tile i
-// at step i − i0(j) of its walk, so with every CTA of a head started together tile i hears from
-// the highest key block first and from key block 0 last. Adding in that order (descending j)
-// asks CTA j to wait only for CTA j + 1, which is steps ahead of it on the same tile; launching
-// each head's key blocks highest first (blockIdx.x → nkb − 1 − x) makes that CTA an earlier one,
-// so a waiting CTA never waits for one not yet resident (no deadlock at any T), at the price of
-// the longest CTAs starting last (a tail of one key-block-0 walk per grid). Per step the two
-// consumers write their dSᵀ halves to a double-buffered bf16 tile (named barrier over the 256
-// consumer threads; a skipped consumer writes zeros), then consumer w takes its half of dQ =
-// dS·K (HS 128: columns 64w ..; HS 64: query rows 64w ..; m64n64 over the 128 keys, 32 fp32 a
-// thread, live after Sᵀ and dPᵀ are dead), waits on the semaphore of (b, h, tile, w), adds into
-// an fp32 [B, NH, T, HS] buffer (the first contributor stores), and releases. Δ then needs a
-// kernel of its own before, and dQ a conversion (scale, RoPE back, into dqkv) after.
+// flash_fa3_backward_dq does that (Note [ordered dQ in the FA3 backward] in flash_fa3_dq_cuda.cu).
 //
 // Note [document masking in the FA3 backward]
 // With a.seg set (Note [document masking in the flash kernels] in flash_common.cuh) the key
@@ -134,6 +122,7 @@
 #include "model/cuda/wgmma_wide.cuh"
 #include "model/ops/flash_common.cuh"
 #include "model/ops/flash_fa3.h"
+#include "model/ops/flash_fa3_dq.cuh"
 #include "model/ops/flash_wgmma.h"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -153,6 +142,12 @@ constexpr int kConsumerRegs = 240;
 constexpr int kPanel = 64;        // bf16 columns of a 128-byte swizzled panel
 constexpr int kTileElems = 8192;  // a Q or dO tile: kQ·HS elements, 16 KB
 constexpr int kStagesBwd = 3;
+static_assert(kKeysCta == fa3dq::kKeysCta && kKeysWg == fa3dq::kKeysWg && kPanel == fa3dq::kPanel,
+              "flash_fa3_dq.cuh's tile constants");
+using fa3dq::add_dq;
+using fa3dq::dq_products;
+using fa3dq::DqSums;
+using fa3dq::put_ds;
 
 // Where everything sits in the (1024-byte aligned) dynamic shared memory. A [rows, HS] tile is
 // HS/64 panels of [rows, 64], panel p at element p·rows·64 (Note [wgmma operands]).
@@ -174,6 +169,10 @@ struct BwdSmem {
   static constexpr int kPer = kBars + kNumBars * 8;  // the walk's tiles a head (kSeg)
   static constexpr int kRed = kPer + 16;             // 4·HS floats a consumer (col_partial)
   static constexpr int kBytes = kRed + kConsumers * 4 * HS * 4 + 1024;  // + the alignment pad
+  // kDq (Note [ordered dQ in the FA3 backward]): two dSᵀ tiles [kKeysCta, kQ] (panels of 64).
+  static constexpr int kDsBytes = kKeysCta * kQ * 2;
+  static constexpr int kDs = (kRed + kConsumers * 4 * HS * 4 + 1023) / 1024 * 1024;
+  static constexpr int kBytesDq = kDs + 2 * kDsBytes + 1024;
 };
 
 // The CTA's tiles and barriers, from the aligned base.
@@ -186,6 +185,7 @@ struct BwdTiles {
   uint64_t *full, *empty;  // [kStages] each
   int* per;                // KeyWalk::per under document masking
   float* red;              // consumer w's at w·4·HS (Note [qkv bias partials])
+  bf16* ds;                // kDq: dSᵀ tile b at b·kKeysCta·kQ (allocated only then)
   __device__ __forceinline__ explicit BwdTiles(unsigned char* base)
       : k(reinterpret_cast<bf16*>(base + S::kK)),
         v(reinterpret_cast<bf16*>(base + S::kV)),
@@ -197,7 +197,8 @@ struct BwdTiles {
         full(kv_full + 1),
         empty(kv_full + 1 + S::kStages),
         per(reinterpret_cast<int*>(base + S::kPer)),
-        red(reinterpret_cast<float*>(base + S::kRed)) {}
+        red(reinterpret_cast<float*>(base + S::kRed)),
+        ds(reinterpret_cast<bf16*>(base + S::kDs)) {}
 };
 
 // The kernel's tensor maps (__grid_constant__ parameters, so their addresses are the maps').
@@ -302,9 +303,9 @@ __device__ __forceinline__ void release(uint64_t* bar, int lane) {
 
 // Consumer w: dK and dV of keys kw0 .. kw0 + 63 over the walk, then the stores. kSeg: with the
 // document mask (Note [document masking in the FA3 backward]).
-template <int HS, bool kRope, bool kSeg>
+template <int HS, bool kRope, bool kSeg, bool kDq>
 __device__ __forceinline__ void consume(const FlashBackwardArgs& a, const BwdTiles<HS>& t,
-                                        const KeyWalk& walk, int w, int k0) {
+                                        const KeyWalk& walk, int w, int k0, const DqSums& dqs) {
   using S = BwdSmem<HS>;
   constexpr int kQ = S::kQ, NT = kQ / 8;
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
@@ -325,9 +326,11 @@ __device__ __forceinline__ void consume(const FlashBackwardArgs& a, const BwdTil
     const int qs0 = walk.tile(i) * kQ;
     bool run = live && qs0 + kQ > kw0;  // some query of the tile sees some key (causal skip)
     if constexpr (kSeg) run = run && sr.at(qs0, a.T) <= sr.at(kw0 + kKeysWg - 1, a.T);
+    const bf16* q = t.q + slot * kQ * HS;
+    const bf16* dout = t.dout + slot * kQ * HS;
+    uint32_t pa[NT / 2][4], dsa[NT / 2][4];          // Pᵀ and dSᵀ as A operands
+    bf16* ds_tile = t.ds + (i & 1) * kKeysCta * kQ;  // kDq: this step's dSᵀ tile
     if (run) {
-      const bf16* q = t.q + slot * kQ * HS;
-      const bf16* dout = t.dout + slot * kQ * HS;
       float p[NT][4];   // Sᵀ, then Pᵀ: [64 keys, kQ queries]
       float ds[NT][4];  // dPᵀ, then dSᵀ
       wg::fence();
@@ -345,20 +348,40 @@ __device__ __forceinline__ void consume(const FlashBackwardArgs& a, const BwdTil
       }
       key_tile_grads<NT, kSeg>(p, ds, t.lse + slot * kQ, t.delta + slot * kQ, sl2, qs0, key_base,
                                masked, a.T, lane, sr);
-      uint32_t pa[NT / 2][4], dsa[NT / 2][4];
       wg::to_a(p, pa);
       wg::to_a(ds, dsa);
+      if constexpr (kDq) put_ds<kQ, false>(ds_tile, ds, w, warp, lane);
+    } else if constexpr (kDq) {  // zero operands: the batch below stays the same for both
+      float none[NT][4];
+      put_ds<kQ, true>(ds_tile, none, w, warp, lane);
+#pragma unroll
+      for (int k = 0; k < NT / 2; ++k) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pa[k][e] = dsa[k][e] = 0u;
+      }
+    }
+    if constexpr (kDq) {
+      // Both consumers' halves of dSᵀ in place (named barrier 3: the 256 consumer threads); the
+      // other tile was last read at step i − 1, which both have retired by now.
+      async_proxy_fence();
+      tma::bar_sync<kConsumers * 128>(3);
+    }
+    float dq[8][4];    // kDq: this consumer's part of the step's dQ
+    if (run || kDq) {  // kDq: one batch whatever `run` says (a branch inside serializes it)
       wg::fence();
       grad_products<HS, kQ>(dv, pa, dout);
       grad_products<HS, kQ>(dk, dsa, q);
+      if constexpr (kDq) dq_products<HS, kQ>(dq, ds_tile, t.k, w);
       wg::commit();
       wg::wait<0>();
       wg::hold(dv);
       wg::hold(dk);
       wg::hold(pa);
       wg::hold(dsa);
+      if constexpr (kDq) wg::hold(dq);
     }
     release(t.empty + slot, lane);
+    if constexpr (kDq) add_dq<HS, kQ>(dq, dqs, a, walk, i, k0 / kKeysCta, w, warp, lane);
   }
 
   // dK (scaled) and dV of rows below T, stored or added as a.accumulate says, dK rotated back
@@ -378,15 +401,19 @@ __device__ __forceinline__ void consume(const FlashBackwardArgs& a, const BwdTil
                              tid, sync);
 }
 
-template <int HS, bool kRope, bool kSeg>
+template <int HS, bool kRope, bool kSeg, bool kDq>
 __global__ void __launch_bounds__(kThreads, 1)
     fa3_backward_kv_kernel(const __grid_constant__ BwdMaps maps, FlashBackwardArgs a,
-                           const float* __restrict__ delta) {
+                           const float* __restrict__ delta, DqSums dqs) {
+  static_assert(!(kSeg && kDq), "the ordered dQ needs every key block to visit its tiles");
   using S = BwdSmem<HS>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t pad = (1024 - (smem_u32(smem_raw) & 1023)) & 1023;
   const BwdTiles<HS> t(smem_raw + pad);
-  const int k0 = blockIdx.x * kKeysCta;  // key block 0 sees every query: the longest first
+  // Key block 0 sees every query: the longest first. Under kDq the highest first, so that a CTA
+  // waits only for earlier ones (Note [ordered dQ in the FA3 backward]).
+  const int kb = kDq ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+  const int k0 = kb * kKeysCta;
   KeyWalk walk(a, k0, S::kQ);
   if constexpr (kSeg) {  // every thread, before the roles split
     SegRows sr;
@@ -412,15 +439,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   tma::setmaxnreg_inc<kConsumerRegs>();
-  consume<HS, kRope, kSeg>(a, t, walk, wg - 1, k0);
+  consume<HS, kRope, kSeg, kDq>(a, t, walk, wg - 1, k0, dqs);
 }
 
-template <int HS, bool kRope, bool kSeg>
-void backward_keys(const FlashBackwardArgs& a, const float* delta, cudaStream_t st) {
+template <int HS, bool kRope, bool kSeg, bool kDq = false>
+void backward_keys(const FlashBackwardArgs& a, const float* delta, cudaStream_t st,
+                   const DqSums& dqs = DqSums()) {
   using S = BwdSmem<HS>;
+  constexpr int kSmem = kDq ? S::kBytesDq : S::kBytes;
   static const bool once = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(fa3_backward_kv_kernel<HS, kRope, kSeg>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(fa3_backward_kv_kernel<HS, kRope, kSeg, kDq>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     return true;
   }();
   (void)once;
@@ -434,7 +463,7 @@ void backward_keys(const FlashBackwardArgs& a, const float* delta, cudaStream_t 
   m.dout = tma::head_map(a.dout, HS, a.NH, a.T, a.B, a.o_ld, a.o_batch, S::kQ);
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(a.T, kKeysCta)),
                   static_cast<unsigned>(a.B * a.NKV));
-  fa3_backward_kv_kernel<HS, kRope, kSeg><<<grid, kThreads, S::kBytes, st>>>(m, a, delta);
+  fa3_backward_kv_kernel<HS, kRope, kSeg, kDq><<<grid, kThreads, kSmem, st>>>(m, a, delta, dqs);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -451,7 +480,23 @@ void backward_rope(const FlashBackwardArgs& a, const float* delta, bool rope, cu
 
 }  // namespace
 
-void flash_fa3_backward(const FlashBackwardArgs& args, float* delta, void* stream) {
+void fa3_backward_keys_ordered_dq(const FlashBackwardArgs& a, const float* delta, float* dq_sums,
+                                  int* turns, void* stream) {
+  const auto st = static_cast<cudaStream_t>(stream);
+  DqSums d;
+  d.acc = dq_sums;
+  d.turn = turns;
+  const bool rope = a.rope_inv_freq != nullptr;
+  if (a.HS == 64) {
+    rope ? backward_keys<64, true, false, true>(a, delta, st, d)
+         : backward_keys<64, false, false, true>(a, delta, st, d);
+  } else {
+    rope ? backward_keys<128, true, false, true>(a, delta, st, d)
+         : backward_keys<128, false, false, true>(a, delta, st, d);
+  }
+}
+
+FlashBackwardArgs fa3_backward_checked(const FlashBackwardArgs& args, const float* delta) {
   FlashBackwardArgs a = args;
   if (a.NKV == 0) a.NKV = a.NH;
   GTRON_CHECK(a.HS == 64 || a.HS == 128, "flash_fa3: head size ", a.HS, ", expected 64/128");
@@ -465,9 +510,15 @@ void flash_fa3_backward(const FlashBackwardArgs& args, float* delta, void* strea
   GTRON_CHECK(is_aligned(a.qkv, 16) && is_aligned(a.dqkv, 16) && is_aligned(a.o, 16) &&
                   is_aligned(a.dout, 16),
               "flash_fa3: operands must be 16-byte aligned");
-  if (static_cast<int64_t>(a.B) * a.NH * a.T == 0) return;
+  if (static_cast<int64_t>(a.B) * a.NH * a.T == 0) return a;
   GTRON_CHECK(delta != nullptr, "flash_fa3: backward needs delta (B·NH·T floats)");
   GTRON_CHECK(flash_fa3_usable(a.HS), "flash_fa3: needs a compute-capability 9.0 GPU (sm_90a)");
+  return a;
+}
+
+void flash_fa3_backward(const FlashBackwardArgs& args, float* delta, void* stream) {
+  const FlashBackwardArgs a = fa3_backward_checked(args, delta);
+  if (static_cast<int64_t>(a.B) * a.NH * a.T == 0) return;
   flash_wgmma_backward_query(a, delta, stream);  // dQ, and Δ for the key kernel; honours a.seg
   const auto st = static_cast<cudaStream_t>(stream);
   const bool rope = a.rope_inv_freq != nullptr;

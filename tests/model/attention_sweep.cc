@@ -84,7 +84,8 @@ std::string set_flag(const std::string& name, const std::string& v, SweepFlags* 
   if (name == "T") return int_list(name, v, &f->lengths);
   if (name == "modes") return word_list(name, v, {"mha", "gqa"}, &f->modes);
   if (name == "variants") {
-    return word_list(name, v, {"plain", "rope", "bias", "fa3", "fa3p", "fa3pairs"}, &f->variants);
+    return word_list(name, v, {"plain", "rope", "bias", "fa3", "fa3p", "fa3pairs", "fa3dq"},
+                     &f->variants);
   }
   if (name == "tokens") return int_flag(name, v, 1, &f->tokens);
   if (name == "width") return int_flag(name, v, 1, &f->width);
@@ -161,6 +162,7 @@ std::string sweep_usage() {
          "  --variants plain,rope,bias   launcher options swept (see bench_attention.cc);\n"
          "                       also fa3: the FlashAttention-3-structured kernels (sm_90a),\n"
          "                       fa3p, fa3pairs: fa3 with its persistent forward schedules\n"
+         "                       fa3dq: fa3pairs with dQ from the key kernel (ordered sums)\n"
          "  --warmup 10 --repeats 50     untimed and timed calls (the median is reported)\n"
          "  --rotate 3           input sets the calls rotate among\n"
          "  --tol 0.01           normwise relative error bound of the check\n"

@@ -44,7 +44,8 @@ struct SweepFlags {
   double tol = 1e-2;       // bound on the normwise relative error of the check
   int64_t seed = 1;        // of the random inputs
   // Launcher options swept as variants (Note [attention sweep variants] in bench_attention.cc):
-  // plain, rope, bias, and fa3, fa3p, fa3pairs (not by default: compute capability 9.0 only).
+  // plain, rope, bias, and fa3, fa3p, fa3pairs, fa3dq (not by default: compute capability 9.0
+  // only).
   std::vector<std::string> variants{"plain", "rope", "bias"};
   bool list = false;  // print the cells and exit (no GPU needed)
   bool help = false;

@@ -52,9 +52,10 @@ TEST(AttentionSweep, FlagsMoveTheCells) {
 // The FA3 variants (the one-CTA-a-tile forward and its persistent schedules) are asked by name.
 TEST(AttentionSweep, Fa3VariantsParse) {
   SweepFlags f;
-  ASSERT_EQ(parse({"--variants", "plain,fa3,fa3p,fa3pairs", "--list"}, &f), "");
-  EXPECT_EQ(f.variants, (std::vector<std::string>{"plain", "fa3", "fa3p", "fa3pairs"}));
+  ASSERT_EQ(parse({"--variants", "plain,fa3,fa3p,fa3pairs,fa3dq", "--list"}, &f), "");
+  EXPECT_EQ(f.variants, (std::vector<std::string>{"plain", "fa3", "fa3p", "fa3pairs", "fa3dq"}));
   EXPECT_NE(sweep_usage().find("fa3pairs"), std::string::npos);
+  EXPECT_NE(sweep_usage().find("fa3dq"), std::string::npos);
 }
 
 TEST(AttentionSweep, FlopsAreFlashAttentionsCausalCount) {

@@ -24,6 +24,9 @@
 //   [FlashAttention-3 backward]), kernels the launchers do not take yet; the backward runs on the
 //   fa3 forward's out and lse (the query kernel for dQ and Δ, then the FA3-structured key kernel),
 //   so the check of dQ, dK and dV also checks the lse it left.
+// - fa3dq (not in the default list; compute capability 9.0 only): fa3pairs's forward, then
+//   cuda::flash_fa3_backward_dq (dQ from the key kernel in a fixed order of key blocks; Note
+//   [ordered dQ in the FA3 backward] in model/ops/flash_fa3_dq_cuda.cu).
 // - fa3p, fa3pairs (not in the default list; compute capability 9.0 only): fa3 with the forward's
 //   persistent schedules (Fa3Schedule::kPersistent: #SMs CTAs walking the tiles longest first;
 //   kPersistentPairs: pairs of query tiles of one head, heads in order; Note [persistent FA3
@@ -259,7 +262,8 @@ bool fa3_schedule(const std::string& variant, cuda::Fa3Schedule* schedule) {
   const std::pair<const char*, cuda::Fa3Schedule> kinds[] = {
       {"fa3", cuda::Fa3Schedule::kTiles},
       {"fa3p", cuda::Fa3Schedule::kPersistent},
-      {"fa3pairs", cuda::Fa3Schedule::kPersistentPairs}};
+      {"fa3pairs", cuda::Fa3Schedule::kPersistentPairs},
+      {"fa3dq", cuda::Fa3Schedule::kPersistentPairs}};
   for (const auto& [name, kind] : kinds) {
     if (variant == name) {
       *schedule = kind;
@@ -305,17 +309,23 @@ CellResult run_cell(const AttentionCell& c, const std::string& variant, uint64_t
       cuda::flash_attention_forward(forward_args(c, *sets[i]), st);
     }
   };
+  const bool dq = variant == "fa3dq";  // Note [ordered dQ in the FA3 backward]
+  const DeviceBuffer dq_scratch(
+      dq ? cuda::flash_fa3_backward_dq_scratch_bytes(backward_args(c, *sets[0], variant, inv_freq))
+         : 0);
   auto backward = [&](int64_t i) {
     const InputSet& s = *sets[i];
     const cuda::FlashBackwardArgs a = backward_args(c, s, variant, inv_freq);
-    if (fa3) {
+    if (dq) {
+      cuda::flash_fa3_backward_dq(a, static_cast<float*>(s.scratch.get()), dq_scratch.get(), st);
+    } else if (fa3) {
       cuda::flash_fa3_backward(a, static_cast<float*>(s.scratch.get()), st);  // scratch: Δ
     } else {
       cuda::flash_attention_backward(a, static_cast<float*>(s.scratch.get()), st);
     }
   };
   CellResult r;
-  r.path = fa3 ? "fa3" : cuda::flash_wgmma_usable(c.HS) ? "wgmma" : "mma_sync";
+  r.path = dq ? "fa3dq" : fa3 ? "fa3" : cuda::flash_wgmma_usable(c.HS) ? "wgmma" : "mma_sync";
   const InputSet& s0 = *sets[0];
   poison(s0.out, N * C * kBf16, st);
   poison(s0.lse, N * c.NH * kF32, st);
@@ -411,9 +421,10 @@ int main(int argc, char** argv) {
   const bool fa3 = std::any_of(f.variants.begin(), f.variants.end(),
                                [&](const std::string& v) { return fa3_schedule(v, &schedule); });
   if (fa3 && !cuda::flash_fa3_usable(f.head_sizes.front())) {
-    std::fprintf(stderr,
-                 "bench_attention: --variants fa3, fa3p and fa3pairs need a compute-capability 9.0 "
-                 "GPU (their kernels are built for sm_90a only)\n");
+    std::fprintf(
+        stderr,
+        "bench_attention: --variants fa3, fa3p, fa3pairs and fa3dq need a compute-capability 9.0 "
+        "GPU (their kernels are built for sm_90a only)\n");
     return 2;
   }
   const std::string card = card_name();

@@ -73,6 +73,7 @@ Inputs make_inputs(const Problem& p, uint64_t seed) {
 // poisons its result), those of dqkv NaN too (they must stay so).
 struct Config {
   bool fa3 = true;              // flash_fa3_backward, or flash_attention_backward (wgmma)
+  bool ordered_dq = false;      // flash_fa3_backward_dq instead of flash_fa3_backward
   bool fa3_forward = false;     // out and lse from flash_fa3_forward, or flash_attention_forward
   std::vector<double> init;     // dqkv's values before ([B, T, W]; accumulate); empty: NaN, written
   const float* rope = nullptr;  // rope_inv_freq
@@ -128,7 +129,10 @@ std::vector<double> run_flash(const Problem& p, const Inputs& in, const Config& 
     b.col_partial = parts.data<float>();
   }
   Tensor scratch = scratch_floats(cuda::flash_attention_backward_scratch_floats(p.B, p.T, p.NH), s);
-  if (run.fa3) {
+  if (run.ordered_dq) {
+    Tensor dq_scratch = scratch_bytes(cuda::flash_fa3_backward_dq_scratch_bytes(b), s);
+    cuda::flash_fa3_backward_dq(b, scratch.data<float>(), dq_scratch.raw(), s.native());
+  } else if (run.fa3) {
     cuda::flash_fa3_backward(b, scratch.data<float>(), s.native());
   } else {
     cuda::flash_attention_backward(b, scratch.data<float>(), s.native());
@@ -361,6 +365,73 @@ TEST(FlashFa3BackwardCuda, RerunsAreBitIdentical) {
       EXPECT_EQ(std::count_if(a.begin(), a.end(), [](double x) { return std::isnan(x); }), 0)
           << describe(p);
     }
+  }
+}
+
+// Note [ordered dQ in the FA3 backward]: flash_fa3_backward_dq's dK and dV are flash_fa3_backward's
+// bit for bit (the same products, and Δ summed in the same order); its dQ, summed over key blocks
+// in their fixed order, is within kWgmmaTol of flash_fa3_backward's and within the bf16 bound of
+// the fp32 reference (T > 1: at T = 1 dQ is rounding noise around 0, Note [the gradient at T =
+// 1]); a rerun gives the same bits; no NaN anywhere.
+void expect_ordered_dq_matches(const Problem& p, const Config& base) {
+  const Inputs in = make_inputs(p, 11 + p.T + 5 * p.HS + 3 * p.NKV);
+  Config ordered = base;
+  ordered.ordered_dq = true;
+  const std::vector<double> got = run_flash(p, in, ordered);
+  const std::vector<double> fa3 = run_flash(p, in, base);
+  const int64_t W = p.W(), C = p.C(), ld = W + base.qkv_pad;
+  EXPECT_EQ(differences(got, ld, fa3, ld, C, W), 0) << "dk, dv vs fa3, " << describe(p);
+  EXPECT_EQ(std::count_if(got.begin(), got.end(),
+                          [ld, W, i = int64_t{0}](double x) mutable {
+                            return (i++ % ld) < W && std::isnan(x);
+                          }),
+            0)
+      << describe(p);
+  if (p.T > 1) {
+    EXPECT_LT(rel_err(got, ld, fa3, ld, 0, C), kWgmmaTol) << "dq vs fa3, " << describe(p);
+    if (base.init.empty() && base.rope == nullptr && base.qkv_pad == 0) {
+      EXPECT_LT(rel_err(got, W, run_reference(p, in), W, 0, C), testing::kBF16Tol)
+          << "dq vs fp32, " << describe(p);
+    }
+  }
+  EXPECT_EQ(differences(run_flash(p, in, ordered), ld, got, ld, 0, W), 0)
+      << "rerun, " << describe(p);
+}
+
+TEST(FlashFa3BackwardCuda, OrderedDqMatchesAtOddLengthsAndGroups) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    for (int64_t T : {1, 7, 63, 129, 1000, 2048}) {
+      expect_ordered_dq_matches(Problem{2, T, 2, HS, 2}, Config{});
+      expect_ordered_dq_matches(Problem{2, T, 8, HS, 2}, Config{});
+      expect_ordered_dq_matches(Problem{1, T, 4, HS, 1}, Config{});
+    }
+  }
+}
+
+// Long walks: 64 key blocks a head add into each query tile in turn.
+TEST(FlashFa3BackwardCuda, OrderedDqAtT8192) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    expect_ordered_dq_matches(Problem{1, 8192, 2, HS, 1}, Config{});
+  }
+}
+
+TEST(FlashFa3BackwardCuda, OrderedDqWithRopeAccumulationAndStrides) {
+  for (int64_t HS : {64, 128}) {
+    GTRON_REQUIRE_FA3(HS);
+    const Tensor inv_freq = rope_table(rope_inv_freq(HS, 10000.0), Device::cuda(0), DType::kBF16);
+    const Problem p{2, 700, 4, HS, 2};
+    Config rope;
+    rope.rope = inv_freq.data<float>();
+    expect_ordered_dq_matches(p, rope);
+    Config acc;
+    acc.init = bf16_values(p.B * p.T * p.W(), 77);
+    expect_ordered_dq_matches(p, acc);
+    Config strides;
+    strides.qkv_pad = 24;
+    strides.o_pad = 40;
+    expect_ordered_dq_matches(p, strides);
   }
 }
 
