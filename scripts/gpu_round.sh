@@ -12,11 +12,14 @@
 #      it, ncu of the grouped wgmma kernels (bench_grouped's first launches: bf16 and fp32-weight
 #      variants), for what bounds them at a third of the tensor cores' peak.
 # PART=2
-#   3. issue 48's second comparison, not rerun since the ninth session: gtron fp8 against
+#   3. issue 49: flash_fa3_bwd_cuda_test (the ordered-dQ backward, flash_fa3_backward_dq, against
+#      the fp32 reference and flash_fa3_backward) and bench_attention's fa3dq beside fa3pairs;
+#      issue 48's second comparison, not rerun since the ninth session: gtron fp8 against
 #      torch.compile bf16 and PyTorch FP8 rowwise at the Llama-3.2-1B shape, D=0 and D=1;
 #   4. issue 49: ncu of the FA3 forward, key and query kernels at T=8192, head sizes 128 and 64;
 #   5. FP8 parity at batch 32, the windows fixed (data.seed 7), seeds 7-9 (carry .gpupack/parity2).
-# Here: GTRON_GPU_PACK=1 bash scripts/gpu_tests.sh moe_cuda train_moe cuda_graph train_graphs gpt_cuda
+# Here: GTRON_GPU_PACK=1 bash scripts/gpu_tests.sh moe_cuda train_moe cuda_graph train_graphs gpt_cuda \
+#   flash_fa3_bwd
 # There (the device tool, carrying .gpupack/gpubin.tar.xz), from the repository root:
 #   PART=1 BUDGET=560 bash scripts/gpu_round.sh
 # Every log goes to $OUT/logs.tgz ($OUT: the device tool's output folder; a new temporary folder
@@ -91,6 +94,13 @@ if [[ $PART == 1 ]]; then
       cut -c1-300
   fi
 else
+  run_test flash_fa3_bwd_cuda_test 200
+  cat $OUT/flash_fa3_bwd_cuda_test.sum 2>/dev/null
+  if [[ -x .gpubin/bench_attention && $(left) -gt 300 ]]; then  # issue 49: fa3dq against fa3pairs
+    echo "== bench_attention fa3pairs, fa3dq ($(left)s left)"
+    timeout 150 .gpubin/bench_attention --variants fa3pairs,fa3dq --hs 128,64 --T 1024,2048,8192 \
+      --modes mha,gqa --repeats 10 --warmup 3 2>&1 | cut -c1-260
+  fi
   for D in 0 1; do
     gt "l1b fp8 D=$D" -- "${L1B[@]}" --precision fp8 --D $D
     tc "l1b bf16 D=$D" "${L1B[@]}" --D $D
