@@ -174,12 +174,7 @@ bool fused_producers() { return g_fused_producers.load(std::memory_order_relaxed
 void set_untiled_sizes_for_testing(bool on) { g_untiled.store(on ? 1 : 0); }
 
 bool untiled_sizes() {
-  int v = g_untiled.load();
-  if (v < 0) {
-    v = env_flag("GTRON_FP8_UNTILED", true) ? 1 : 0;
-    g_untiled.store(v);
-  }
-  return v == 1;
+  return env_once(g_untiled, [] { return env_flag("GTRON_FP8_UNTILED", true) ? 1 : 0; }) == 1;
 }
 
 ForwardInputCounts forward_input_counts() {

@@ -330,24 +330,18 @@ std::atomic<int> g_master_weights{-1};
 void set_grouped_kernel(GroupedKernel k) { g_grouped_kernel.store(static_cast<int>(k)); }
 
 GroupedKernel grouped_kernel() {
-  int k = g_grouped_kernel.load();
-  if (k < 0) {
-    // The choices in GroupedKernel's order.
-    k = env_choice("GTRON_GROUPED_KERNEL", {"mma", "wgmma3", "wgmma4"},
-                   static_cast<int>(GroupedKernel::kWgmma3));
-    g_grouped_kernel.store(k);
-  }
-  return static_cast<GroupedKernel>(k);
+  // The choices in GroupedKernel's order.
+  return static_cast<GroupedKernel>(env_once(g_grouped_kernel, [] {
+    return env_choice("GTRON_GROUPED_KERNEL", {"mma", "wgmma3", "wgmma4"},
+                      static_cast<int>(GroupedKernel::kWgmma3));
+  }));
 }
 
 void set_grouped_master_weights(bool on) { g_master_weights.store(on ? 1 : 0); }
 
 bool grouped_master_weights() {
-  int on = g_master_weights.load();
-  if (on < 0) {
-    on = env_flag("GTRON_MOE_MASTER_WEIGHTS", false) ? 1 : 0;
-    g_master_weights.store(on);
-  }
+  const int on = env_once(g_master_weights,
+                          [] { return env_flag("GTRON_MOE_MASTER_WEIGHTS", false) ? 1 : 0; });
   return on == 1 && grouped_kernel() != GroupedKernel::kMma && grouped_wgmma_usable();
 }
 

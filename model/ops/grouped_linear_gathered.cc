@@ -15,8 +15,6 @@
 // grouped_linear's, and dispatch's backward sums each token's slots in the same order, so every
 // value and gradient equals grouped_linear(moe_dispatch(g, plan), ...) bit for bit
 // (moe_cuda_test). The CPU, fp32 rows and FP8 take that composition itself.
-#include <memory>
-
 #include "model/env.h"
 #include "model/ops/device_util.h"
 #include "model/ops/grouped_linear.h"
