@@ -384,6 +384,40 @@ TEST(GroupedLinearCuda, WgmmaKernelRerunsBitIdentically) {
   cuda::set_grouped_kernel(cuda::GroupedKernel::kMma);
 }
 
+// G expert weights [Cout, Cin] (standard deviation 0.2, seeds seed0 + g) as parameters on `d` with
+// fp32 main_grad slots; their Vars read the fp32 masters, or bf16 copies (the shadow path).
+struct ExpertWeights {
+  std::vector<std::unique_ptr<Parameter>> ps;
+  std::vector<Var> ws;
+};
+ExpertWeights expert_weights(int64_t G, int64_t Cout, int64_t Cin, uint64_t seed0, bool masters,
+                             Device d) {
+  ExpertWeights e;
+  for (int64_t g = 0; g < G; ++g) {
+    const Tensor w = testing::randn_tensor({Cout, Cin}, seed0 + g, 0.2, DType::kF32);
+    e.ps.push_back(std::make_unique<Parameter>("w" + std::to_string(g), w.to(d)));
+    e.ps.back()->main_grad = Tensor::zeros({Cout, Cin}, DType::kF32, d);
+    e.ws.push_back(masters ? Var::param(*e.ps.back())
+                           : Var::param_as(*e.ps.back(), w.to(DType::kBF16).to(d)));
+  }
+  return e;
+}
+
+// y, x's gradient and every weight gradient, after backward_with(y, dy).
+std::vector<std::vector<double>> grouped_results(const Var& y, const Var& x,
+                                                 const ExpertWeights& e) {
+  std::vector<std::vector<double>> r = {host(y.value()), host(x.grad())};
+  for (const auto& p : e.ps) r.push_back(host(p->main_grad));
+  return r;
+}
+
+void expect_same_results(const std::vector<std::vector<double>> (&results)[2]) {
+  ASSERT_EQ(results[0].size(), results[1].size());
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    EXPECT_EQ(results[1][i], results[0][i]) << "output " << i;
+  }
+}
+
 // Note [grouped GEMM on fp32 masters]: fp32 weights beside bf16 rows give the products of their
 // bf16 roundings bit for bit (the kernel rounds as the shadow's cast does), forward and backward;
 // the weight gradient lands in the same fp32 main_grad.
@@ -403,25 +437,14 @@ TEST(GroupedLinearCuda, Fp32MasterWeightsEqualTheShadowPath) {
     ASSERT_TRUE(cuda::grouped_master_weights());
     std::vector<std::vector<double>> results[2];
     for (int masters = 0; masters < 2; ++masters) {
-      std::vector<std::unique_ptr<Parameter>> ps;
-      std::vector<Var> ws;
-      for (size_t g = 0; g < rows.size(); ++g) {
-        const Tensor w = testing::randn_tensor({Cout, Cin}, 80 + g, 0.2, DType::kF32);
-        ps.push_back(std::make_unique<Parameter>("w" + std::to_string(g), w.to(d)));
-        ps.back()->main_grad = Tensor::zeros({Cout, Cin}, DType::kF32, d);
-        ws.push_back(masters ? Var::param(*ps.back())
-                             : Var::param_as(*ps.back(), w.to(DType::kBF16).to(d)));
-      }
+      const ExpertWeights e =
+          expert_weights(static_cast<int64_t>(rows.size()), Cout, Cin, 80, masters == 1, d);
       const Var xv = Var::leaf(x);
-      const Var y = grouped_linear(xv, ws, offsets);
+      const Var y = grouped_linear(xv, e.ws, offsets);
       backward_with(y, dy);
-      results[masters] = {host(y.value()), host(xv.grad())};
-      for (auto& p : ps) results[masters].push_back(host(p->main_grad));
+      results[masters] = grouped_results(y, xv, e);
     }
-    ASSERT_EQ(results[0].size(), results[1].size());
-    for (size_t i = 0; i < results[0].size(); ++i) {
-      EXPECT_EQ(results[1][i], results[0][i]) << "output " << i;
-    }
+    expect_same_results(results);
   }
   cuda::set_grouped_master_weights(false);
   cuda::set_grouped_kernel(cuda::GroupedKernel::kMma);
@@ -449,26 +472,14 @@ TEST(GroupedLinearCuda, GatheredRowsEqualDispatchThenGrouped) {
     cuda::set_grouped_master_weights(masters);
     std::vector<std::vector<double>> results[2];
     for (int gathered = 0; gathered < 2; ++gathered) {
-      std::vector<std::unique_ptr<Parameter>> ps;
-      std::vector<Var> ws;
-      for (int64_t g = 0; g < E; ++g) {
-        const Tensor w = testing::randn_tensor({Cout, Cin}, 95 + g, 0.2, DType::kF32);
-        ps.push_back(std::make_unique<Parameter>("w" + std::to_string(g), w.to(d)));
-        ps.back()->main_grad = Tensor::zeros({Cout, Cin}, DType::kF32, d);
-        ws.push_back(masters ? Var::param(*ps.back())
-                             : Var::param_as(*ps.back(), w.to(DType::kBF16).to(d)));
-      }
+      const ExpertWeights e = expert_weights(E, Cout, Cin, 95, masters, d);
       const Var xv = Var::leaf(x);
-      const Var y = gathered ? grouped_linear_gathered(xv, plan, ws)
-                             : grouped_linear(moe_dispatch(xv, plan), ws, plan.offsets);
+      const Var y = gathered ? grouped_linear_gathered(xv, plan, e.ws)
+                             : grouped_linear(moe_dispatch(xv, plan), e.ws, plan.offsets);
       backward_with(y, dy);
-      results[gathered] = {host(y.value()), host(xv.grad())};
-      for (auto& p : ps) results[gathered].push_back(host(p->main_grad));
+      results[gathered] = grouped_results(y, xv, e);
     }
-    ASSERT_EQ(results[0].size(), results[1].size());
-    for (size_t i = 0; i < results[0].size(); ++i) {
-      EXPECT_EQ(results[1][i], results[0][i]) << "output " << i;
-    }
+    expect_same_results(results);
   }
   cuda::set_grouped_master_weights(false);
   cuda::set_grouped_kernel(cuda::GroupedKernel::kMma);
