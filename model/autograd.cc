@@ -86,6 +86,8 @@ Var Var::leaf(Tensor value) {
 }
 
 Var Var::param(Parameter& p) {
+  GTRON_CHECK(!p.packed_master, "Var::param: ", p.name,
+              " is packed (Note [packed masters]); its fp32 values are not in data");
   p.make_ready();
   Var v = constant(p.data);
   v.impl_->requires_grad = grad_enabled();

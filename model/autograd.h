@@ -27,6 +27,9 @@ struct Parameter {
   Tensor data;               // master weights, fp32 (f64 in gradient checks)
   Tensor main_grad;          // same shape and dtype as data; backward accumulates (+=) into it
   bool weight_decay = true;  // false for norms, biases and embeddings (AdamW excludes them)
+  // Note [packed masters] (model/mixed_precision.h): data's bytes hold the bf16 shadow and the
+  // low halves, not fp32 values; only Bf16Weights and the optimizer read it then.
+  bool packed_master = false;
   // DDP param-ready callback (idempotent). Anything that reads `data` ahead of its owner calls
   // make_ready() first. Null means always ready.
   std::function<void()> ready;

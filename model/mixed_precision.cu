@@ -6,6 +6,7 @@
 
 #include "model/cuda/check.h"
 #include "model/mixed_precision.h"
+#include "model/packed_master.h"
 
 namespace gtron::cuda {
 
@@ -26,6 +27,25 @@ __global__ void cast_scalar_kernel(const float* x, __nv_bfloat16* y, int64_t beg
   for (int64_t i = begin + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += stride) {
     y[i] = __float2bfloat16_rn(x[i]);
+  }
+}
+
+// Note [packed masters]: element i's shadow to hi[i], its low half to lo[i], and back.
+__global__ void pack_kernel(const uint32_t* x, uint16_t* hi, uint16_t* lo, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const uint32_t b = x[i];
+    hi[i] = packed::high_of(b);
+    lo[i] = packed::low_of(b);
+  }
+}
+
+__global__ void unpack_kernel(const uint16_t* hi, const uint16_t* lo, uint32_t* y, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    y[i] = packed::unpack(hi[i], lo[i]);
   }
 }
 
@@ -58,6 +78,24 @@ void cast_f32_to_bf16(const float* x, void* y, int64_t n, void* stream) {
     cast_scalar_kernel<<<blocks_for(n - done), kThreads, 0, s>>>(x, yb, done, n);
     CUDA_CHECK_LAUNCH();
   }
+}
+
+void pack_masters(const float* x, void* out, int64_t n, void* stream) {
+  GTRON_CHECK(n >= 0 && (n == 0 || (x != nullptr && out != nullptr)), "pack_masters: n ", n);
+  if (n == 0) return;
+  auto* hi = static_cast<uint16_t*>(out);
+  pack_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      reinterpret_cast<const uint32_t*>(x), hi, hi + n, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void unpack_masters(const void* packed, float* out, int64_t n, void* stream) {
+  GTRON_CHECK(n >= 0 && (n == 0 || (packed != nullptr && out != nullptr)), "unpack_masters: n ", n);
+  if (n == 0) return;
+  const auto* hi = static_cast<const uint16_t*>(packed);
+  unpack_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      hi, hi + n, reinterpret_cast<uint32_t*>(out), n);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace gtron::cuda

@@ -27,7 +27,9 @@
 # The binary: $GTRON_BIN/bench_gpu, else .gpubin/moe/, else .gpubin/, else Bazel's; its lib/
 # folder goes on the binary's LD_LIBRARY_PATH only (PyTorch keeps the machine's libraries).
 # GTRON_TORCH_PY and GTRON_PYTHON replace bench_torch.py and python3 (tests);
-# GTRON_MOE_CHECK=0 leaves out the check (a later command on a machine that passed it).
+# GTRON_MOE_CHECK=0 leaves out the check (a later command on a machine that passed it);
+# GTRON_MOE_PACKED (1) is gtron's --packed-masters (train.packed_masters: the bf16 weight copies
+# inside the fp32 masters' bytes, 16 bytes a parameter as PyTorch's AdamW holds).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
@@ -142,7 +144,8 @@ for round in $(seq 1 "${GTRON_MOE_ROUNDS:-2}"); do
   for d in ${GTRON_MOE_D:-0 1}; do
     echo "== round $round, D=$d: gtron (graphs ${GTRON_MOE_GRAPHS:-full}), then torch.compile"
     g_line=$(run gtron "$d" "$round" 300 env LD_LIBRARY_PATH="$bin_libs" "$bin" "${shape[@]}" \
-      --D "$d" --graphs "${GTRON_MOE_GRAPHS:-full}" "$@") || failed=1
+      --D "$d" --graphs "${GTRON_MOE_GRAPHS:-full}" --packed-masters "${GTRON_MOE_PACKED:-1}" \
+      "$@") || failed=1
     echo "$g_line"
     t_line=$(run torch "$d" "$round" 420 "$py" "$torch_py" --mode compile --D "$d" \
       "${shape[@]}" "${torch_flags[@]}" "$@")

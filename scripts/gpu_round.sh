@@ -3,14 +3,14 @@
 # seconds (default 560) allow, in this order:
 # PART=1
 #   1. the tests of the code no GPU has run yet, three lanes at once (correctness only):
-#      moe_cuda_test (GatheredRowsEqualDispatchThenGrouped: Note [regathered expert rows]),
+#      packed_masters_cuda_test and optim_cuda_test (Note [packed masters]), moe_cuda_test
+#      (GatheredRowsEqualDispatchThenGrouped: Note [regathered expert rows]),
 #      train_moe_cuda_test, cuda_graph_test, train_graphs_cuda_test, gpt_cuda_test; per test one
 #      "== NAME rc=.. Ns" line with gtest's counts and the first failure lines;
-#   2. the Qwen3-MoE step (graphs full, D=1) on the bf16 shadows and on the fp32 masters, each
-#      with and without GTRON_MOE_REGATHER (the same loss; the peaks), then scripts/bench_moe.sh
-#      at D=1 on the masters with the rows regathered (issue 50's memory half), one round; before
-#      it, ncu of the grouped wgmma kernels (bench_grouped's first launches: bf16 and fp32-weight
-#      variants), for what bounds them at a third of the tensor cores' peak.
+#   2. the Qwen3-MoE step (D=1) with packed masters: graphs full, graphs none (the same loss), and
+#      full with GTRON_MOE_REGATHER (the same loss, its peak); then scripts/bench_moe.sh at D=1,
+#      two rounds, packed (issue 50's acceptance 3: speed and peak against torch.compile); last,
+#      if time is left, ncu of the grouped wgmma kernels.
 # PART=2
 #   3. issue 49: flash_fa3_bwd_cuda_test (the ordered-dQ backward, flash_fa3_backward_dq, against
 #      the fp32 reference and flash_fa3_backward) and bench_attention's fa3dq beside fa3pairs;
@@ -19,7 +19,7 @@
 #   4. issue 49: ncu of the FA3 forward, key and query kernels at T=8192, head sizes 128 and 64;
 #   5. FP8 parity at batch 32, the windows fixed (data.seed 7), seeds 7-9 (carry .gpupack/parity2).
 # Here: GTRON_GPU_PACK=1 bash scripts/gpu_tests.sh moe_cuda train_moe cuda_graph train_graphs gpt_cuda \
-#   flash_fa3_bwd
+#   flash_fa3_bwd packed_masters optim_cuda
 # There (the device tool, carrying .gpupack/gpubin.tar.xz), from the repository root:
 #   PART=1 BUDGET=560 bash scripts/gpu_round.sh
 # Every log goes to $OUT/logs.tgz ($OUT: the device tool's output folder; a new temporary folder
@@ -44,11 +44,12 @@ run_test() {
 }
 PART=${PART:-1}
 if [[ $PART == 1 ]]; then
-  lane1() { run_test moe_cuda_test 90; run_test cuda_graph_test 60; }
-  lane2() { run_test train_moe_cuda_test 150; }
+  lane1() { run_test packed_masters_cuda_test 60; run_test moe_cuda_test 90; run_test cuda_graph_test 60; }
+  lane2() { run_test optim_cuda_test 60; run_test train_moe_cuda_test 150; }
   lane3() { run_test gpt_cuda_test 150; run_test train_graphs_cuda_test 80; }
   lane1 & lane2 & lane3 & wait
-  for f in moe_cuda_test cuda_graph_test train_moe_cuda_test gpt_cuda_test train_graphs_cuda_test; do
+  for f in packed_masters_cuda_test optim_cuda_test moe_cuda_test cuda_graph_test \
+    train_moe_cuda_test gpt_cuda_test train_graphs_cuda_test; do
     cat $OUT/$f.sum 2>/dev/null || echo "== $f no summary"
   done
 fi
@@ -72,13 +73,16 @@ tc() {  # NAME FLAGS...: one torch.compile bf16 line
   timeout 200 python3 scripts/bench_torch.py --mode compile "$@" 2>&1 | tail -1 | cut -c1-260
 }
 if [[ $PART == 1 ]]; then
-  for masters in 0 1; do
-    for regather in 0 1; do
-      gt "moe graphs full, masters $masters, regather $regather" \
-        GTRON_MOE_MASTER_WEIGHTS=$masters GTRON_MOE_REGATHER=$regather -- "${MOE[@]}"
-    done
-  done
-  if [[ -x .gpubin/bench_grouped && $(left) -gt 120 ]]; then  # what bounds the grouped kernels
+  gt "moe graphs full, packed" -- "${MOE[@]}" --packed-masters 1
+  gt "moe graphs none, packed" -- "${MOE[@]}" --packed-masters 1 --graphs none
+  gt "moe graphs full, packed, regather" GTRON_MOE_REGATHER=1 -- "${MOE[@]}" --packed-masters 1
+  if [[ $(left) -gt 240 ]]; then  # issue 50's acceptance 3, alternating with torch.compile
+    echo "== bench_moe.sh, D=1, two rounds, packed masters ($(left)s left)"
+    GTRON_MOE_PACKED=1 GTRON_MOE_ROUNDS=2 GTRON_MOE_D=1 GTRON_MOE_CHECK=${GTRON_MOE_CHECK:-1} \
+      timeout $(( $(left) - 15 )) bash scripts/bench_moe.sh 2>&1 | tee $OUT/bench_moe.log |
+      grep -v '^{"system"' | tail -12 | cut -c1-700
+  fi
+  if [[ -x .gpubin/bench_grouped && $(left) -gt 110 ]]; then  # what bounds the grouped kernels
     echo "== ncu of the grouped wgmma kernels ($(left)s left)"
     timeout 100 ncu --clock-control none --kernel-name regex:grouped_wgmma --launch-skip 0 \
       --launch-count 20 --section SpeedOfLight --section MemoryWorkloadAnalysis \
@@ -86,12 +90,6 @@ if [[ $PART == 1 ]]; then
       .gpubin/bench_grouped --reps 1 > $OUT/ncu_grouped.txt 2>&1
     grep -E "grouped_wgmma_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" \
       $OUT/ncu_grouped.txt | cut -c1-150 | head -160
-  fi
-  if [[ $(left) -gt 300 ]]; then  # issue 50's line on the masters, alternating with torch.compile
-    echo "== bench_moe.sh, D=1, one round, masters and regather ($(left)s left)"
-    GTRON_MOE_MASTER_WEIGHTS=1 GTRON_MOE_REGATHER=1 GTRON_MOE_ROUNDS=1 GTRON_MOE_D=1 \
-      GTRON_MOE_CHECK=0 timeout $(( $(left) - 20 )) bash scripts/bench_moe.sh 2>&1 | tail -6 |
-      cut -c1-300
   fi
 else
   run_test flash_fa3_bwd_cuda_test 200

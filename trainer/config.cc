@@ -423,6 +423,16 @@ void check_combinations(const Config& c, int world_size) {
         "\"full\"");
   }
 
+  if (c.train.packed_masters &&
+      (c.train.device == DeviceChoice::kCpu || c.train.precision == PrecisionChoice::kFp32 ||
+       c.train.precision == PrecisionChoice::kFp8)) {
+    fail(str_cat("train.packed_masters = true: packs the bf16 weight copies of CUDA bf16 "
+                 "training, but train.device = \"",
+                 to_string(c.train.device), "\" and train.precision = \"",
+                 to_string(c.train.precision), "\""),
+         "set train.packed_masters = false, or train.device and train.precision to \"cuda\" "
+         "(or \"auto\") and \"bf16\" (or \"auto\")");
+  }
   if (c.train.precision == PrecisionChoice::kBf16 && c.train.device == DeviceChoice::kCpu) {
     fail("train.precision = \"bf16\": needs a CUDA device, but train.device = \"cpu\"",
          "use train.precision = \"fp32\" or \"auto\" on CPU");

@@ -157,6 +157,9 @@ struct TrainConfig {
   RecomputeChoice recompute = RecomputeChoice::kNone;  // what the backward re-forms (GPTConfig)
   // Gradient buckets only from first write to the update; see resolve_transient_grads().
   TransientGradsChoice transient_grads = TransientGradsChoice::kAuto;
+  // bf16 shadows inside the fp32 masters' bytes (Note [packed masters] in
+  // model/mixed_precision.h): one process, CUDA bf16 only.
+  bool packed_masters = false;
   std::string out_dir;  // run directory (metrics, checkpoints, synthetic data)
 };
 

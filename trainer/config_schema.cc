@@ -334,6 +334,11 @@ std::vector<KeySpec> build_schema() {
           "activations at the end of the forward; the same bits, no measured time cost. true "
           "needs graphs.scope none or full (full: one micro-batch a step); auto = true where "
           "that holds, else false."),
+      key(GTRON_FIELD(train.packed_masters), false, any,
+          "Keep each bf16 weight copy inside its fp32 master's 4 bytes: the copy, then the 16 "
+          "low bits of the fp32 value, from which AdamW rebuilds it exactly; saves 2 bytes a "
+          "parameter (16 a parameter in all, as PyTorch's AdamW). The copies round ties away "
+          "from zero instead of to even (1 value in 65,536). One process, bf16 on CUDA only."),
       key(GTRON_FIELD(train.out_dir), "runs/default", any,
           "Run directory: metrics, checkpoints, synthetic data.", Empty::kForbidden),
       // parallel

@@ -82,10 +82,11 @@ void AdamW::set_norm_reduction(NormReduction r) {
   }
 }
 
-void AdamW::set_bf16_shadows(ShadowFor shadow_for) {
+void AdamW::set_bf16_shadows(ShadowFor shadow_for, ShadowFor low_for) {
   GTRON_CHECK(device_.is_cuda() && num_chunks_ < 0,
               "AdamW::set_bf16_shadows: a CUDA optimizer before its first step");
   shadow_for_ = std::move(shadow_for);
+  low_for_ = std::move(low_for);
 }
 
 void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
@@ -114,10 +115,13 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
     // Only a segment that is the whole tensor may refresh its shadow (Note [fused shadow refresh]).
     const bool whole = s.n == s.param->data.numel() && s.w == s.param->data.data<float>();
     auto* shadow = static_cast<uint16_t*>(whole && shadow_for_ ? shadow_for_(*s.param) : nullptr);
+    // Note [packed masters]: s.w's bytes hold the shadow (== `shadow`) and the low halves.
+    auto* low = static_cast<uint16_t*>(shadow && low_for_ ? low_for_(*s.param) : nullptr);
     for (int64_t b = 0; b < s.n; b += cuda::kOptimChunk) {
       cuda::OptimChunk c;
-      c.w = s.w + b;
+      c.w = low ? nullptr : s.w + b;
       c.w_bf16 = shadow ? shadow + b : nullptr;
+      c.w_lo = low ? low + b : nullptr;
       c.g = s.g + b;
       c.m = m + s.state_offset + b;
       c.v = v + s.state_offset + b;

@@ -88,9 +88,12 @@ class AdamW {
   // shadow: Bf16Weights::shadow_for_optimizer). Asked once per parameter whose owned segment is
   // the whole tensor, when the chunk table is built (at the first clip_on_device/step_on_device);
   // a segment covering part of a tensor (the distributed optimizer's slice) never fuses.
+  // `low_for` (may be null) gives, after shadow_for, the low halves of a packed master (Note
+  // [packed masters] in model/mixed_precision.h: Bf16Weights::packed_low) or null: the update
+  // then reads and writes the shadow and the low halves instead of fp32 values.
   // REQUIRES: a CUDA optimizer whose table is not built yet.
   using ShadowFor = std::function<void*(Parameter&)>;
-  void set_bf16_shadows(ShadowFor shadow_for);
+  void set_bf16_shadows(ShadowFor shadow_for, ShadowFor low_for = nullptr);
   // Queues one AdamW update of every segment with the clip factor of the last clip_on_device()
   // (1 if none ran yet).
   void step_on_device(const std::vector<parallel::OwnedSegment>& segments, double lr);
@@ -121,6 +124,7 @@ class AdamW {
   Tensor group_chunks_;   // i32 [groups + 1]: group j has chunks [group_chunks_[j], ...[j + 1])
   Tensor sums_;           // f64 [groups]: each group's Σ g², then its all-reduced sum
   ShadowFor shadow_for_;  // null: no fused shadows
+  ShadowFor low_for_;     // null: no packed masters
   Tensor scale_;          // f32 [1]: clip factor
   Tensor norm_;           // f32 [1]: last norm when the caller passes none
 };

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "model/cuda/check.h"
+#include "model/packed_master.h"
 #include "trainer/optimizer_cuda.h"
 
 namespace gtron::cuda {
@@ -85,10 +86,73 @@ __device__ __forceinline__ bool vector_chunk(const OptimChunk& c) {
   return bits % 16 == 0 && reinterpret_cast<uintptr_t>(c.w_bf16) % 8 == 0;
 }
 
+// Note [packed masters]: the fp32 value of element i of a packed chunk, and its store.
+__device__ __forceinline__ float packed_load(const uint16_t* hi, const uint16_t* lo, int i) {
+  return __uint_as_float(packed::unpack(hi[i], lo[i]));
+}
+__device__ __forceinline__ void packed_store(uint16_t* hi, uint16_t* lo, int i, float w) {
+  const uint32_t b = __float_as_uint(w);
+  hi[i] = packed::high_of(b);
+  lo[i] = packed::low_of(b);
+}
+
+__device__ __forceinline__ bool packed_vector_chunk(const OptimChunk& c) {
+  const auto bits = reinterpret_cast<uintptr_t>(c.g) | reinterpret_cast<uintptr_t>(c.m) |
+                    reinterpret_cast<uintptr_t>(c.v);
+  const auto bits8 = reinterpret_cast<uintptr_t>(c.w_bf16) | reinterpret_cast<uintptr_t>(c.w_lo);
+  return bits % 16 == 0 && bits8 % 8 == 0;
+}
+
+// The update of a packed chunk: the same per-element formula as adamw_kernel's.
+__device__ void adamw_packed(const OptimChunk& c, const AdamWConstants& k, float gs, float wd) {
+  int done = 0;
+  if (packed_vector_chunk(c)) {  // uniform over the block
+    const int n4 = c.n / 4;
+    const auto* g4 = reinterpret_cast<const float4*>(c.g);
+    auto* m4 = reinterpret_cast<float4*>(c.m);
+    auto* v4 = reinterpret_cast<float4*>(c.v);
+    auto* hi4 = reinterpret_cast<ushort4*>(c.w_bf16);
+    auto* lo4 = reinterpret_cast<ushort4*>(c.w_lo);
+    for (int i = threadIdx.x; i < n4; i += kThreads) {
+      float4 m = m4[i], v = v4[i];
+      const float4 g = g4[i];
+      ushort4 h = hi4[i], l = lo4[i];
+      const float wx =
+          adamw_element(__uint_as_float(packed::unpack(h.x, l.x)), g.x, m.x, v.x, k, gs, wd);
+      const float wy =
+          adamw_element(__uint_as_float(packed::unpack(h.y, l.y)), g.y, m.y, v.y, k, gs, wd);
+      const float wz =
+          adamw_element(__uint_as_float(packed::unpack(h.z, l.z)), g.z, m.z, v.z, k, gs, wd);
+      const float ww =
+          adamw_element(__uint_as_float(packed::unpack(h.w, l.w)), g.w, m.w, v.w, k, gs, wd);
+      m4[i] = m;
+      v4[i] = v;
+      h = make_ushort4(packed::high_of(__float_as_uint(wx)), packed::high_of(__float_as_uint(wy)),
+                       packed::high_of(__float_as_uint(wz)), packed::high_of(__float_as_uint(ww)));
+      l = make_ushort4(packed::low_of(__float_as_uint(wx)), packed::low_of(__float_as_uint(wy)),
+                       packed::low_of(__float_as_uint(wz)), packed::low_of(__float_as_uint(ww)));
+      hi4[i] = h;
+      lo4[i] = l;
+    }
+    done = n4 * 4;
+  }
+  for (int i = done + threadIdx.x; i < c.n; i += kThreads) {
+    float m = c.m[i], v = c.v[i];
+    const float w = adamw_element(packed_load(c.w_bf16, c.w_lo, i), c.g[i], m, v, k, gs, wd);
+    c.m[i] = m;
+    c.v[i] = v;
+    packed_store(c.w_bf16, c.w_lo, i, w);
+  }
+}
+
 __global__ void adamw_kernel(const OptimChunk* chunks, AdamWConstants k, const float* scale) {
   const OptimChunk c = chunks[blockIdx.x];
   const float gs = scale[0];
   const float wd = c.decay ? k.wd : 0.f;
+  if (c.w_lo != nullptr) {
+    adamw_packed(c, k, gs, wd);
+    return;
+  }
   auto* w16 = reinterpret_cast<__nv_bfloat16*>(c.w_bf16);
   int done = 0;
   if (vector_chunk(c)) {  // uniform over the block

@@ -17,7 +17,9 @@
 // that parameter at its next use. The host sets it only where the chunks of one parameter cover
 // the whole tensor its shadow mirrors (see AdamW::set_bf16_shadows). The update moves 16 bytes per
 // operand (float4 w, g, m, v; 8 bytes of shadow) when a chunk's pointers allow, else one element a
-// thread; both run the same per-element formula, so the bits do not depend on the path.
+// thread; both run the same per-element formula, so the bits do not depend on the path. A chunk
+// of a packed master (w_lo set) reads and writes 8 bytes of shadow and 8 of low halves instead of
+// the float4 w and the shadow, and its shadow rounds as model/packed_master.h says.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +35,11 @@ struct OptimChunk {
   float* m = nullptr;          // AdamW first moment
   float* v = nullptr;          // AdamW second moment
   uint16_t* w_bf16 = nullptr;  // bf16 shadow of w[0, n), or null (Note [fused shadow refresh])
-  int32_t n = 0;               // 1 <= n <= kOptimChunk
-  int32_t decay = 0;           // 1: weight decay applies to this segment
+  // Note [packed masters] (model/mixed_precision.h): the low halves of w[0, n), or null. When set,
+  // w is null and the fp32 values are (w_bf16, w_lo) (model/packed_master.h), both rewritten.
+  uint16_t* w_lo = nullptr;
+  int32_t n = 0;      // 1 <= n <= kOptimChunk
+  int32_t decay = 0;  // 1: weight decay applies to this segment
 };
 
 // partials[i] = Σ g² over chunk i (double). REQUIRES: `chunks` (device) holds num_chunks entries.

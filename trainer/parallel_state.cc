@@ -347,6 +347,8 @@ std::vector<NamedTensor> ParallelState::full_parameters() {
   ensure_all_ready();
   std::vector<NamedTensor> out, experts;  // experts: a run of this rank's, gathered at its end
   for (Parameter* p : model_.parameters()) {
+    GTRON_CHECK(!p->packed_master, "full_parameters: ", p->name,
+                " is packed (Note [packed masters] in model/mixed_precision.h): unpack first");
     if (ep_ && model_.routed_experts().count(p) > 0) {
       experts.push_back({p->name, host_full(p, p->data)});
       continue;
@@ -398,6 +400,8 @@ void ParallelState::load(const CheckpointTensors& c, const std::string& dir, Ten
     Tensor m_flat = Tensor::zeros({flat}, DType::kF32);
     Tensor v_flat = Tensor::zeros({flat}, DType::kF32);
     for (Parameter* p : part.params) {
+      GTRON_CHECK(!p->packed_master, "ParallelState::load: ", p->name,
+                  " is packed (Note [packed masters] in model/mixed_precision.h): unpack first");
       const bool sharded = gtp_ && gtp_->is_sharded(p);
       const Shape tp_part = sharded ? Shape{gtp_->full_rows(p), p->data.dim(1)} : p->data.shape();
       const TpSlice* slice = tp_ ? model_.tp_slice(p) : nullptr;

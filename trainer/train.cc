@@ -184,7 +184,16 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
     model_->set_weight_access(bf16_weights_.get());
     // AdamW refreshes the shadows of what it updates whole (Note [fused shadow refresh]).
     Bf16Weights* shadows = bf16_weights_.get();
-    opt_->set_bf16_shadows([shadows](Parameter& p) { return shadows->shadow_for_optimizer(p); });
+    if (cfg_.train.packed_masters) {  // Note [packed masters] in model/mixed_precision.h
+      if (env_.world_size != 1)
+        throw UserError(
+            str_cat("train.packed_masters = true: needs one process (each packed "
+                    "weight updated whole on its rank), but the world size is ",
+                    env_.world_size, "; hint: set train.packed_masters = false for this layout"));
+      shadows->set_packable([](const Parameter&) { return true; });
+    }
+    opt_->set_bf16_shadows([shadows](Parameter& p) { return shadows->shadow_for_optimizer(p); },
+                           [shadows](Parameter& p) { return shadows->packed_low(p); });
   }
   sched_ =
       Schedule{cfg_.schedule.kind, cfg_.optimizer.lr,          cfg_.schedule.warmup_steps,
@@ -280,9 +289,10 @@ void Run::print_header(const ResolvedData& data) const {
       describe_peak(device_, bf16_).c_str());
   // What rank 0 holds besides activations (Note [transient gradients] in parallel/ddp.h).
   const double gib = 1.0 / (1 << 30), weights = 4.0 * static_cast<double>(par_->local_numel());
-  char shadows[64] = "";
+  char shadows[96] = "";
   if (bf16_weights_) {
-    std::snprintf(shadows, sizeof shadows, " | bf16 weight copies %.3f GiB", weights / 2 * gib);
+    std::snprintf(shadows, sizeof shadows, " | bf16 weight copies %.3f GiB%s", weights / 2 * gib,
+                  c.train.packed_masters ? ", inside the packed fp32 weights" : "");
   }
   std::printf(
       "memory on rank 0: fp32 weights %.3f GiB | fp32 gradients %.3f GiB, %s | AdamW moments "
@@ -319,6 +329,7 @@ std::vector<double> Run::world_mean(const std::vector<double>& values) {
 }
 
 std::string Run::save_checkpoint() {
+  UnpackedMasters fp32(bf16_weights_.get());                    // Note [packed masters]
   memory::AllocKindScope kind(memory::AllocKind::kCheckpoint);  // Note [allocation kinds]
   // On the host, one tensor at a time (Note [checkpoints leave the device]).
   std::vector<NamedTensor> params = par_->full_parameters();

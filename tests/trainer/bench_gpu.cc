@@ -15,7 +15,10 @@
 // the FP8 products (fp8::set_gemm_kernel, Note [fp8 GEMM choice]), printed as "fp8_gemm".
 // `--transient-grads 0|1|auto` is train.transient_grads (Note [transient gradients] in
 // parallel/ddp.h; 1 not with --graphs layers; auto, the default, = 1 unless --graphs layers),
-// printed as "transient_grads". "held_gib" says what
+// printed as "transient_grads". `--packed-masters 0|1` (0 by default; bf16 only) is
+// train.packed_masters (Note [packed masters] in model/mixed_precision.h): "packed_masters" and
+// "packed_gib", the shadows that live inside the masters (not counted in "bf16_shadows").
+// "held_gib" says what
 // the run holds besides its activations when it ends: fp32 masters, gradient buckets, AdamW's
 // moments and the bf16 shadows.
 //
@@ -328,6 +331,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   c.fp8 = precision == "fp8";
+  // train.packed_masters (Note [packed masters] in model/mixed_precision.h): bf16 only.
+  const bool packed = switch_arg(argc, argv, "packed-masters", false);
+  if (packed && precision != "bf16") {
+    std::fprintf(stderr, "bench_gpu: --packed-masters 1 needs --precision bf16, got '%s'\n",
+                 precision.c_str());
+    return 2;
+  }
   apply_moe_flags(argc, argv, c, RunFlags{T, B, precision, scope, transient});
   // Every flag is checked before this, so a bad one exits 2 on a machine without a GPU too.
   if (cuda_device_count() == 0) {
@@ -350,7 +360,9 @@ int main(int argc, char** argv) {
   Bf16Weights shadows;
   if (bf16) {
     model.set_weight_access(&shadows);
-    opt.set_bf16_shadows([&shadows](Parameter& p) { return shadows.shadow_for_optimizer(p); });
+    if (packed) shadows.set_packable([](const Parameter&) { return true; });
+    opt.set_bf16_shadows([&shadows](Parameter& p) { return shadows.shadow_for_optimizer(p); },
+                         [&shadows](Parameter& p) { return shadows.packed_low(p); });
   }
   graphs::ModelGraphs graphed(model, scope, dev);  // 2 eager warmups, then capture and replay
 
@@ -409,7 +421,7 @@ int main(int argc, char** argv) {
       "\"V\": %ld, \"Vp\": %ld, \"D\": %d, \"steps\": %d, \"warmup\": %d, \"loss\": %.9g, "
       "\"params\": %ld, \"transient_grads\": %d, \"held_gib\": {\"master\": %.3f, "
       "\"grads\": %.3f, \"adam\": %.3f, \"bf16_shadows\": %.3f}, \"peak_gib_by_kind\": %s, "
-      "\"fp8_gemm\": \"%s\", %s}\n",
+      "\"fp8_gemm\": \"%s\", \"packed_masters\": %d, \"packed_gib\": %.3f, %s}\n",
       tps, 1e3 * sec / steps, mfu, static_cast<double>(st.peak_allocated) / (1ull << 30),
       static_cast<unsigned long long>(st.misses - misses0),
       static_cast<long long>(st.reserved) - static_cast<long long>(reserved0), precision.c_str(),
@@ -418,6 +430,6 @@ int main(int argc, char** argv) {
       static_cast<long>(c.padded_vocab()), c.mtp_depth, steps, warmup, last_loss.item(),
       static_cast<long>(model.num_parameters()), transient ? 1 : 0, gib(4 * dp.flat_numel()),
       gib(dp.grad_bytes()), gib(8 * dp.owned_numel()), gib(shadows.shadow_bytes()), by_kind.c_str(),
-      fp8_gemm.c_str(), family_fields(c).c_str());
+      fp8_gemm.c_str(), packed ? 1 : 0, gib(shadows.packed_bytes()), family_fields(c).c_str());
   return 0;
 }

@@ -272,6 +272,13 @@ TEST(ConfigErrors, InconsistentCombinations) {
                     {"schedule.warmup_steps = 2000", "train.steps (1000)"});
   expect_text_error(R"({"train": {"device": "cpu", "precision": "bf16"}})",
                     {"train.precision = \"bf16\"", "train.device = \"cpu\""});
+  // Note [packed masters]: bf16 on CUDA only.
+  expect_text_error(R"({"train": {"device": "cpu", "packed_masters": true}})",
+                    {"train.packed_masters = true", "train.device = \"cpu\""});
+  expect_text_error(R"({"train": {"precision": "fp8", "packed_masters": true}})",
+                    {"train.packed_masters = true", "train.precision = \"fp8\""});
+  EXPECT_TRUE(from_text(R"({"train": {"packed_masters": true}})").train.packed_masters);
+  EXPECT_FALSE(default_config().train.packed_masters);
   expect_text_error(R"({"model": {"vocab_size": 50}})",
                     {"data.synthetic.vocab = 64", "model.vocab_size (50)"});
   // Real token shards lift the limits on the synthetic source.
