@@ -1,10 +1,12 @@
 // AdamW on the device (trainer/optimizer_cuda.h) against the CPU formula, its float4 and scalar
 // paths against each other, and the bf16 shadows it writes (Note [fused shadow refresh]) against
-// the bits a cast of the updated masters gives; then the Bf16Weights side of the fusion; then the
+// the bits a cast of the updated masters gives; then the Bf16Weights side of the fusion (and of
+// packed masters, Note [packed masters] in model/mixed_precision.h); then the
 // gradient norm's per-group sums and their all-reduces across ranks (NormReduction). GPU test:
 // skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -184,9 +186,18 @@ struct Trained {
   std::vector<double> losses;
   std::vector<float> masters;
   int64_t casts = 0;
+  int64_t packed = 0;        // parameters packed at the end (Note [packed masters])
+  int64_t shadow_bytes = 0;  // bytes the shadows hold of their own
 };
 
-Trained train_tiny(bool fused) {
+// kRecast: every shadow re-cast each step; kFused: AdamW writes them; kPacked: packed masters
+// (Note [packed masters]); kPackedUnpacked: the same with an unpack and re-pack between steps 2
+// and 3, reading every fp32 master to the host (what a checkpoint does).
+enum class Shadows { kRecast, kFused, kPacked, kPackedUnpacked };
+
+Trained train_tiny(Shadows mode) {
+  const bool fused = mode != Shadows::kRecast;
+  const bool packed = mode == Shadows::kPacked || mode == Shadows::kPackedUnpacked;
   const Device dev = Device::cuda(0);
   Stream& stream = current_stream(dev);
   GPTConfig c;
@@ -204,8 +215,12 @@ Trained train_tiny(bool fused) {
     if (p->weight_decay) decayed.insert(p);
   AdamW opt(dp.owned_numel(), decayed, AdamWHyper{}, dev);
   Bf16Weights shadows;
+  if (packed) shadows.set_packable([](const Parameter&) { return true; });
   model.set_weight_access(&shadows);
-  if (fused) opt.set_bf16_shadows([&](Parameter& p) { return shadows.shadow_for_optimizer(p); });
+  if (fused) {
+    opt.set_bf16_shadows([&](Parameter& p) { return shadows.shadow_for_optimizer(p); },
+                         [&](Parameter& p) { return shadows.packed_low(p); });
+  }
   const int64_t B = 2, T = 16;
   Tensor seed = Tensor::from_vector({1.0}, Shape{}, DType::kF32).to(dev, &stream);
   Trained out;
@@ -226,7 +241,14 @@ Trained train_tiny(bool fused) {
       shadows.refresh();
     }
     out.losses.push_back(o.loss.value().item());
+    if (mode == Shadows::kPackedUnpacked && step == 1) {
+      UnpackedMasters fp32(&shadows);
+      for (Parameter* p : model.parameters()) host_floats(p->data);
+    }
   }
+  out.packed = shadows.packed_parameters();
+  out.shadow_bytes = shadows.shadow_bytes();
+  shadows.unpack_masters();
   for (Parameter* p : model.parameters()) {
     const std::vector<float> w = host_floats(p->data);
     out.masters.insert(out.masters.end(), w.begin(), w.end());
@@ -238,8 +260,8 @@ Trained train_tiny(bool fused) {
 
 TEST(AdamWCuda, FusedShadowsTrainBitForBitLikeRecasts) {
   REQUIRE_GPU();
-  const Trained recast = train_tiny(false);
-  const Trained fused = train_tiny(true);
+  const Trained recast = train_tiny(Shadows::kRecast);
+  const Trained fused = train_tiny(Shadows::kFused);
   EXPECT_EQ(fused.losses, recast.losses);
   ASSERT_EQ(fused.masters.size(), recast.masters.size());
   EXPECT_EQ(std::memcmp(fused.masters.data(), recast.masters.data(),
@@ -249,6 +271,33 @@ TEST(AdamWCuda, FusedShadowsTrainBitForBitLikeRecasts) {
   // Re-casting casts every shadow once per step; fused, only at the first use.
   EXPECT_GT(recast.casts, fused.casts);
   EXPECT_EQ(recast.casts, 4 * fused.casts);
+}
+
+// Note [packed masters]: the shadows round ties away from zero, so the run follows the fused one
+// closely (not bit for bit); unpacking between steps changes no bit.
+TEST(AdamWCuda, PackedMastersFollowTheFusedRunAndUnpackingChangesNoBit) {
+  REQUIRE_GPU();
+  const Trained fused = train_tiny(Shadows::kFused);
+  const Trained packed = train_tiny(Shadows::kPacked);
+  const Trained unpacked = train_tiny(Shadows::kPackedUnpacked);
+  EXPECT_EQ(fused.packed, 0);
+  EXPECT_GT(packed.packed, 8) << "the linears, their biases and the embedding";
+  EXPECT_LT(packed.shadow_bytes, fused.shadow_bytes / 4) << "packed shadows hold no bytes";
+  ASSERT_EQ(packed.losses.size(), fused.losses.size());
+  for (size_t i = 0; i < fused.losses.size(); ++i) {
+    EXPECT_NEAR(packed.losses[i], fused.losses[i], 1e-3 * std::fabs(fused.losses[i])) << i;
+  }
+  ASSERT_EQ(packed.masters.size(), fused.masters.size());
+  double worst = 0;
+  for (size_t i = 0; i < fused.masters.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(packed.masters[i]) - fused.masters[i]));
+  }
+  EXPECT_LT(worst, 1e-3) << "masters after four steps";
+  EXPECT_EQ(unpacked.losses, packed.losses);
+  EXPECT_EQ(std::memcmp(unpacked.masters.data(), packed.masters.data(),
+                        packed.masters.size() * sizeof(float)),
+            0)
+      << "an unpack and re-pack between steps changed the masters";
 }
 
 // The group sums of the device norm: each group's chunk partials summed in index order, so the

@@ -1,25 +1,20 @@
 // Packed masters (Note [packed masters] in model/mixed_precision.h) on the device: Bf16Weights
 // packs a parameter in place at its first use and unpacks it to the same fp32 bits; AdamW's
 // packed update (vector and scalar paths) leaves the same master bits as the fp32 update, with
-// the shadow model/packed_master.h defines; training with packed masters follows the fp32-master
-// run, and unpacking between steps (what a checkpoint does) changes no bit. GPU test: skipped
-// without a GPU.
+// the shadow model/packed_master.h defines. Training with packed masters: optim_cuda_test. GPU
+// test: skipped without a GPU.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "model/device.h"
-#include "model/gpt.h"
 #include "model/mixed_precision.h"
 #include "model/packed_master.h"
 #include "model/stream.h"
 #include "parallel/ddp.h"
-#include "parallel/self_communicator.h"
 #include "trainer/optimizer.h"
 #include "trainer/optimizer_cuda.h"
 
@@ -208,92 +203,6 @@ TEST(PackedMastersCuda, AdamWLeavesTheMasterBitsOfTheFp32Update) {
   shadows.unpack_masters();
   expect_words(host<uint32_t>(b.data.raw(), n, dev), wa, "b (vector path) against a");
   expect_words(host<uint32_t>(c.data.raw(), n, dev), wa, "c (scalar path) against a");
-}
-
-// Four bf16 steps of a tiny MTP GPT-2 (biases, a tied embedding) as bench_gpu runs them.
-struct Trained {
-  std::vector<double> losses;
-  std::vector<uint32_t> masters;
-  int64_t packed = 0;
-  int64_t shadow_bytes = 0;
-};
-
-Trained train_tiny(bool packed, bool unpack_midway) {
-  const Device dev = Device::cuda(0);
-  Stream& stream = current_stream(dev);
-  GPTConfig c;
-  c.vocab_size = 64;
-  c.context_length = 16;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 64;
-  c.mtp_depth = 1;
-  GPT model(c, DType::kF32, dev, 7);
-  parallel::SelfCommunicator comm(dev);
-  parallel::DataParallel dp(model.parameters(), &comm, parallel::DdpOptions{});
-  std::unordered_set<const Parameter*> decayed;
-  for (const Parameter* p : model.parameters())
-    if (p->weight_decay) decayed.insert(p);
-  AdamW opt(dp.owned_numel(), decayed, AdamWHyper{}, dev);
-  Bf16Weights shadows;
-  if (packed) shadows.set_packable([](const Parameter&) { return true; });
-  model.set_weight_access(&shadows);
-  opt.set_bf16_shadows([&](Parameter& p) { return shadows.shadow_for_optimizer(p); },
-                       [&](Parameter& p) { return shadows.packed_low(p); });
-  const int64_t B = 2, T = 16;
-  Tensor seed = Tensor::from_vector({1.0}, Shape{}, DType::kF32).to(dev, &stream);
-  Trained out;
-  for (int step = 0; step < 4; ++step) {
-    std::vector<int32_t> tok(static_cast<size_t>(B * (T + 1)));
-    for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>((i * 7 + step * 13) % 64);
-    dp.zero_grads();
-    dp.set_last_microbatch(true);
-    GPTOutput o = model.forward(Tensor::from_ints(tok, {B, T + 1}).to(dev, &stream));
-    backward_with(o.loss, seed);
-    dp.finish_grads();
-    opt.clip_on_device(dp.owned(), 1.0, nullptr);
-    opt.step_on_device(dp.owned(), 1e-2);
-    dp.after_update();
-    shadows.refresh_after_step();
-    out.losses.push_back(o.loss.value().item());
-    if (unpack_midway && step == 1) {  // what a checkpoint does: read every fp32 master
-      UnpackedMasters fp32(&shadows);
-      for (Parameter* p : model.parameters()) host<uint32_t>(p->data.raw(), p->data.numel(), dev);
-    }
-  }
-  out.packed = shadows.packed_parameters();
-  out.shadow_bytes = shadows.shadow_bytes();
-  shadows.unpack_masters();
-  for (Parameter* p : model.parameters()) {
-    const std::vector<uint32_t> w = host<uint32_t>(p->data.raw(), p->data.numel(), dev);
-    out.masters.insert(out.masters.end(), w.begin(), w.end());
-  }
-  model.set_weight_access(nullptr);
-  return out;
-}
-
-TEST(PackedMastersCuda, TrainingFollowsTheFp32MastersAndUnpackingChangesNoBit) {
-  REQUIRE_GPU();
-  const Trained plain = train_tiny(false, false);
-  const Trained packed = train_tiny(true, false);
-  const Trained unpacked = train_tiny(true, true);
-  EXPECT_EQ(plain.packed, 0);
-  EXPECT_GT(packed.packed, 8) << "the linears, their biases and the embedding";
-  EXPECT_LT(packed.shadow_bytes, plain.shadow_bytes / 4) << "the packed shadows hold no bytes";
-  ASSERT_EQ(packed.losses.size(), plain.losses.size());
-  for (size_t i = 0; i < plain.losses.size(); ++i) {
-    EXPECT_NEAR(packed.losses[i], plain.losses[i], 1e-3 * std::fabs(plain.losses[i]))
-        << "step " << i << ": the shadows differ at ties only";
-    EXPECT_EQ(unpacked.losses[i], packed.losses[i]) << "step " << i;
-  }
-  ASSERT_EQ(packed.masters.size(), plain.masters.size());
-  double worst = 0;
-  for (size_t i = 0; i < plain.masters.size(); ++i) {
-    worst = std::max(worst, std::fabs(static_cast<double>(as_float(packed.masters[i])) -
-                                      as_float(plain.masters[i])));
-  }
-  EXPECT_LT(worst, 1e-3) << "masters after four steps";
-  EXPECT_EQ(unpacked.masters, packed.masters) << "an unpack and re-pack between steps";
 }
 
 }  // namespace
