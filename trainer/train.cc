@@ -179,19 +179,24 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
                    cfg_.optimizer.weight_decay};
   opt_ = std::make_unique<AdamW>(par_->owned_numel(), decayed, hyper, device_);
   if (device_.is_cuda()) opt_->set_norm_reduction(par_->norm_reduction());
+  if (cfg_.train.packed_masters) {  // Note [packed masters] in model/mixed_precision.h
+    if (env_.world_size != 1)
+      throw UserError(
+          str_cat("train.packed_masters = true: needs one process (each packed weight updated "
+                  "whole on its rank), but the world size is ",
+                  env_.world_size, "; hint: set train.packed_masters = false for this layout"));
+    if (!bf16_ && is_rank0())
+      std::printf(
+          "train.packed_masters: this run keeps no bf16 weight copies (fp32 on %s); "
+          "nothing to pack\n",
+          device_.str().c_str());
+  }
   if (bf16_ && par_->gtp() == nullptr) {  // under GTP the gathers are bf16 already
     bf16_weights_ = std::make_unique<Bf16Weights>();
     model_->set_weight_access(bf16_weights_.get());
     // AdamW refreshes the shadows of what it updates whole (Note [fused shadow refresh]).
     Bf16Weights* shadows = bf16_weights_.get();
-    if (cfg_.train.packed_masters) {  // Note [packed masters] in model/mixed_precision.h
-      if (env_.world_size != 1)
-        throw UserError(
-            str_cat("train.packed_masters = true: needs one process (each packed "
-                    "weight updated whole on its rank), but the world size is ",
-                    env_.world_size, "; hint: set train.packed_masters = false for this layout"));
-      shadows->set_packable([](const Parameter&) { return true; });
-    }
+    if (cfg_.train.packed_masters) shadows->set_packable([](const Parameter&) { return true; });
     opt_->set_bf16_shadows([shadows](Parameter& p) { return shadows->shadow_for_optimizer(p); },
                            [shadows](Parameter& p) { return shadows->packed_low(p); });
   }

@@ -1,6 +1,7 @@
 // GPU resume is bit-exact: 40 steps straight equal 20 steps + --resume + 20 steps, in bf16, on a
 // model whose head size (64) takes the flash-attention and fused-MLP paths; and graphs full
-// replays that model bit for bit (GPU test; skipped without a GPU).
+// replays that model bit for bit; both with packed masters too (train.packed_masters), whose
+// checkpoints unpack and re-pack without changing a bit (GPU test; skipped without a GPU).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -47,6 +48,41 @@ TEST(TrainResumeCuda, GraphsFullReplaysTheFlashModelBitForBit) {
     EXPECT_EQ(eager.losses[i], full.losses[i]) << "step " << i + 1;
   }
   EXPECT_EQ(eager.val_loss, full.val_loss);
+}
+
+// Note [packed masters] (model/mixed_precision.h) through the trainer.
+TEST(TrainResumeCuda, PackedMastersCheckpointResumeAndReplayBitForBit) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  const std::string packed = "train.packed_masters=true";
+  const TrainSummary plain = testing::train_ok(flash_config(testing::fresh_dir("plain"), {}));
+  const TrainSummary straight =
+      testing::train_ok(flash_config(testing::fresh_dir("packed"), {packed}));
+  const std::string dir = testing::fresh_dir("packed_resumed");
+  const Config cfg = flash_config(dir, {packed, "checkpoint.every=20"});
+  const TrainSummary first = testing::train_ok(cfg);  // saves at 20: an unpack and a re-pack
+  std::filesystem::remove_all(dir + "/checkpoints/step_00000040");
+  TrainSummary resumed;
+  ASSERT_EQ(run_training(cfg, /*resume=*/true, &resumed), kExitOk);
+  ASSERT_EQ(resumed.losses.size(), 20u);
+  const TrainSummary full = testing::train_ok(
+      flash_config(testing::fresh_dir("packed_full"), {packed, "graphs.scope=full"}));
+  ASSERT_EQ(straight.losses.size(), 40u);
+  for (size_t i = 0; i < 40; ++i) {
+    EXPECT_EQ(first.losses[i], straight.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(full.losses[i], straight.losses[i]) << "step " << i + 1 << ", graphs full";
+    // The shadows differ from the cast's at exact ties only.
+    EXPECT_NEAR(straight.losses[i], plain.losses[i], 1e-2 * plain.losses[i]) << "step " << i + 1;
+    if (i >= 20) EXPECT_EQ(resumed.losses[i - 20], straight.losses[i]) << "step " << i + 1;
+  }
+  EXPECT_EQ(resumed.val_loss, straight.val_loss);
+  // A packed run's checkpoint resumes unpacked: the same fp32 values.
+  std::filesystem::remove_all(dir + "/checkpoints/step_00000040");  // the resumed run's
+  const Config unpacked = flash_config(dir, {"train.packed_masters=false", "checkpoint.every=20"});
+  TrainSummary after;
+  ASSERT_EQ(run_training(unpacked, /*resume=*/true, &after), kExitOk);
+  ASSERT_EQ(after.first_step, 21);
+  ASSERT_EQ(after.losses.size(), 20u);
+  EXPECT_NEAR(after.losses[0], straight.losses[20], 1e-2 * straight.losses[20]);
 }
 
 }  // namespace
