@@ -180,6 +180,8 @@ void* Bf16Weights::shadow_for_optimizer(Parameter& p) {
     return nullptr;
   }
   it->second.optimizer_writes = true;
+  // The table built now reads p packed from here on (packed_low), whatever p is now.
+  if (it->second.packable) pack(it->second, true);
   return it->second.value.raw();
 }
 
