@@ -100,6 +100,23 @@ else
     timeout 150 .gpubin/bench_attention --variants fa3pairs,fa3dq --hs 128,64 --T 1024,2048,8192 \
       --modes mha,gqa --repeats 10 --warmup 3 2>&1 | cut -c1-260
   fi
+  if [[ -x .gpubin/bench_fp8_gemm && $(left) -gt 300 ]]; then  # issue 48: fast accumulation?
+    echo "== bench_fp8_gemm, block / vec128 with and without fast accumulation ($(left)s left)"
+    timeout 120 .gpubin/bench_fp8_gemm --algos 4 --reps 10 > $OUT/bench_fp8_gemm.log 2>&1
+    python3 - $OUT/bench_fp8_gemm.log <<'PY'
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    if not line.startswith('{"model"'):
+        continue
+    j = json.loads(line)
+    key = (j["model"], j["linear"], j["product"])
+    name = j.get("mode", "?") + ("+f" if j.get("fast_accum") else "")
+    rows.setdefault(key, {})[name] = j.get("tflops_best", 0.0) if j.get("algos") else 0.0
+for key, r in rows.items():
+    print(" ".join(key), " ".join(f"{k} {v:.0f}" for k, v in sorted(r.items())))
+PY
+  fi
   for D in 0 1; do
     gt "l1b fp8 D=$D" -- "${L1B[@]}" --precision fp8 --D $D
     tc "l1b bf16 D=$D" "${L1B[@]}" --D $D

@@ -8,8 +8,9 @@
 // Modes: bf16; fp8 "tensor" (one fp32 scale per operand), "rowwise" (OUTER_VEC_32F: a scale per
 // row of each operand), "block" (the weight in 128x128 blocks, the activation in 1x128 tiles:
 // DeepSeek-V3's recipe, Note [fp8 recipe]) and "vec128" (1x128 tiles on both operands, the weight
-// gradient's case); "tensor" and "rowwise" also with CUBLASLT_MATMUL_DESC_FAST_ACCUM (no periodic
-// promotion of the tensor cores' partial sums). "gtron" is gtron's kernel (Note [fp8 block GEMM] in
+// gradient's case); each fp8 mode also with CUBLASLT_MATMUL_DESC_FAST_ACCUM (no periodic
+// promotion of the tensor cores' partial sums; "algos": 0 where cuBLASLt offers no algorithm for
+// it, as it may for the block modes, whose scales apply per 128 along K). "gtron" is gtron's kernel (Note [fp8 block GEMM] in
 // model/ops/fp8_gemm_cuda.cu) on the "block" / "vec128" case of each product (the forward and
 // dgrad with the weight in blocks, the wgrad with both operands in tiles), with the tile width its
 // launcher picks; "gtron_n128" and "gtron_n256" force 128 or 256 output columns a tile (where N
@@ -382,7 +383,8 @@ int main(int argc, char** argv) {
       const bool wgrad = !std::strcmp(p.name, "wgrad");
       const Case cases[] = {{Mode::kBf16, false},   {Mode::kTensor, false},
                             {Mode::kTensor, true},  {Mode::kRowwise, false},
-                            {Mode::kRowwise, true}, {wgrad ? Mode::kVec128 : Mode::kBlock, false}};
+                            {Mode::kRowwise, true}, {wgrad ? Mode::kVec128 : Mode::kBlock, false},
+                            {wgrad ? Mode::kVec128 : Mode::kBlock, true}};
       auto print = [&](const char* mode, bool fast, const Timing& t) {
         std::printf(
             "{\"model\": \"%s\", \"linear\": \"%s\", \"product\": \"%s\", \"m\": %ld, \"n\": %ld, "
