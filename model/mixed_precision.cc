@@ -1,6 +1,9 @@
 #include "model/mixed_precision.h"
 
+#include <atomic>
+
 #include "memory/caching_allocator.h"
+#include "model/env.h"
 #include "model/stream.h"
 
 namespace gtron {
@@ -185,10 +188,28 @@ void* Bf16Weights::shadow_for_optimizer(Parameter& p) {
   return it->second.value.raw();
 }
 
+const fp8::QuantizedWeight* Bf16Weights::codes_for_optimizer(Parameter& p) {
+  auto it = codes_.find(&p);
+  if (!fused_fp8_codes() || it == codes_.end() || !it->second.value) return nullptr;
+  it->second.optimizer_writes = true;
+  return it->second.value.get();
+}
+
 void Bf16Weights::refresh_after_step() {
   for (auto& kv : shadows_) kv.second.stale = !kv.second.optimizer_writes;
-  for (auto& kv : codes_) kv.second.stale = true;
+  for (auto& kv : codes_) kv.second.stale = !kv.second.optimizer_writes;
 }
+
+namespace {
+std::atomic<int> g_fused_codes{-1};
+}  // namespace
+
+bool fused_fp8_codes() {
+  return env_once(g_fused_codes, [] { return env_flag("GTRON_FP8_FUSED_CODES", true) ? 1 : 0; }) ==
+         1;
+}
+
+void set_fused_fp8_codes(bool on) { g_fused_codes.store(on ? 1 : 0); }
 
 int64_t Bf16Weights::shadow_bytes() const {
   int64_t n = 0;

@@ -95,8 +95,13 @@ class Bf16Weights : public WeightAccess {
   // fresh. REQUIRES: every later optimizer step rewrites all of p and its shadow, on the stream
   // that later uses read on.
   void* shadow_for_optimizer(Parameter& p);
-  // Call after every optimizer step instead of refresh(): the optimizer-written shadows are fresh,
-  // every other one stale.
+  // p's FP8 codes for the optimizer to write at every step (Note [fp8 codes from the update] in
+  // trainer/optimizer_cuda.h), or null (p has none, or GTRON_FP8_FUSED_CODES=0). From then on
+  // refresh_after_step() counts them fresh. REQUIRES: every later optimizer step rewrites all of p
+  // and its codes, on the stream that later uses read on.
+  const fp8::QuantizedWeight* codes_for_optimizer(Parameter& p);
+  // Call after every optimizer step instead of refresh(): the optimizer-written shadows and codes
+  // are fresh, every other one stale.
   void refresh_after_step();
 
   // Note [packed masters]: parameters for which `packable` answers true are packed at their first
@@ -136,6 +141,7 @@ class Bf16Weights : public WeightAccess {
   struct Codes {
     std::unique_ptr<fp8::QuantizedWeight> value;
     bool stale = true;
+    bool optimizer_writes = false;  // codes_for_optimizer() handed them out
   };
   // p's codes, re-quantized if stale, on the current stream.
   const fp8::QuantizedWeight& current_codes(Parameter& p, Codes& c);
@@ -147,6 +153,12 @@ class Bf16Weights : public WeightAccess {
   int64_t casts_ = 0;
   int64_t fp8_quantizations_ = 0;
 };
+
+// Whether the optimizer writes the FP8 weights' codes (Note [fp8 codes from the update]):
+// GTRON_FP8_FUSED_CODES, 1 (the default) or 0, read at the first question; the setter (tests and
+// benchmarks) overrides it.
+bool fused_fp8_codes();
+void set_fused_fp8_codes(bool on);
 
 // Unpacks every packed master of `w` (null: nothing) for its lifetime and packs them again at its
 // end (Note [packed masters]): checkpoints and loads read and write fp32 values inside one.

@@ -5,6 +5,7 @@
 
 #include "memory/caching_allocator.h"
 #include "model/cuda/runtime.h"
+#include "model/mixed_precision.h"
 #include "model/stream.h"
 #include "trainer/optimizer_cuda.h"
 
@@ -89,6 +90,12 @@ void AdamW::set_bf16_shadows(ShadowFor shadow_for, ShadowFor low_for) {
   low_for_ = std::move(low_for);
 }
 
+void AdamW::set_fp8_codes(CodesFor codes_for) {
+  GTRON_CHECK(device_.is_cuda() && num_chunks_ < 0,
+              "AdamW::set_fp8_codes: a CUDA optimizer before its first step");
+  codes_for_ = std::move(codes_for);
+}
+
 void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
   if (num_chunks_ >= 0) {
     GTRON_CHECK(
@@ -106,7 +113,8 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
     built_g_.push_back(s.g);
   }
   std::vector<cuda::OptimChunk> host;
-  std::vector<int32_t> segment_chunks;  // segment i's first chunk, then the number of chunks
+  std::vector<cuda::OptimBlocks> blocks;  // Note [fp8 codes from the update]
+  std::vector<int32_t> segment_chunks;    // segment i's first chunk, then the number of chunks
   float* m = m_.data<float>();
   float* v = v_.data<float>();
   for (const parallel::OwnedSegment& s : segments) {
@@ -117,6 +125,30 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
     auto* shadow = static_cast<uint16_t*>(whole && shadow_for_ ? shadow_for_(*s.param) : nullptr);
     // Note [packed masters]: s.w's bytes hold the shadow (== `shadow`) and the low halves.
     auto* low = static_cast<uint16_t*>(shadow && low_for_ ? low_for_(*s.param) : nullptr);
+    bool fused = false;
+    if (whole && codes_for_ && !shadow && s.param->data.rank() == 2) {
+      const Fp8Codes codes = codes_for_(*s.param);
+      cuda::OptimBlocks w;
+      w.w = s.w;
+      w.g = s.g;
+      w.m = m + s.state_offset;
+      w.v = v + s.state_offset;
+      w.N = s.param->data.dim(0);
+      w.K = s.param->data.dim(1);
+      w.q = static_cast<uint8_t*>(codes.q);
+      w.s = codes.s;
+      w.qt = static_cast<uint8_t*>(codes.qt);
+      w.st = codes.st;
+      w.first_block = blocks.empty() ? 0
+                                     : blocks.back().first_block +
+                                           cuda::adamw_blocks_of(blocks.back().N, blocks.back().K);
+      w.decay = decay;
+      w.qt_vec = w.N % 8 == 0 && reinterpret_cast<uintptr_t>(w.qt) % 8 == 0;
+      if (cuda::adamw_blocks_ok(w)) {
+        blocks.push_back(w);
+        fused = true;
+      }
+    }
     for (int64_t b = 0; b < s.n; b += cuda::kOptimChunk) {
       cuda::OptimChunk c;
       c.w = low ? nullptr : s.w + b;
@@ -127,6 +159,7 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
       c.v = v + s.state_offset + b;
       c.n = static_cast<int32_t>(std::min<int64_t>(cuda::kOptimChunk, s.n - b));
       c.decay = decay;
+      c.fused = fused ? 1 : 0;
       host.push_back(c);
     }
   }
@@ -142,6 +175,16 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
   partials_ = Tensor::zeros({std::max<int64_t>(num_chunks_, 1)}, DType::kF64, device_, &s);
   if (bytes > 0)
     cuda::memcpy_async(chunks_.raw(), host.data(), static_cast<size_t>(bytes), s.native());
+  num_blocks_weights_ = static_cast<int64_t>(blocks.size());
+  num_blocks_ = blocks.empty() ? 0
+                               : blocks.back().first_block +
+                                     cuda::adamw_blocks_of(blocks.back().N, blocks.back().K);
+  if (!blocks.empty()) {
+    const int64_t block_bytes =
+        num_blocks_weights_ * static_cast<int64_t>(sizeof(cuda::OptimBlocks));
+    blocks_ = Tensor::empty({(block_bytes + 3) / 4}, DType::kI32, device_, &s);
+    cuda::memcpy_async(blocks_.raw(), blocks.data(), static_cast<size_t>(block_bytes), s.native());
+  }
   if (reduces_) {
     const std::vector<int32_t> offsets = group_chunk_offsets(reduction_, segment_chunks);
     const int64_t k = static_cast<int64_t>(reduction_.groups.size());
@@ -192,6 +235,21 @@ void AdamW::step_on_device(const std::vector<parallel::OwnedSegment>& segments, 
   Stream& s = current_stream(device_);
   cuda::adamw_chunks(static_cast<const cuda::OptimChunk*>(chunks_.raw()), num_chunks_, k,
                      scale_.data<float>(), s.native());
+  if (num_blocks_weights_ > 0) {  // Note [fp8 codes from the update]
+    cuda::adamw_blocks(static_cast<const cuda::OptimBlocks*>(blocks_.raw()), num_blocks_weights_,
+                       num_blocks_, k, scale_.data<float>(), s.native());
+  }
+}
+
+AdamW::Fp8Codes fp8_codes_of(Bf16Weights* w, Parameter& p) {
+  AdamW::Fp8Codes c;
+  const fp8::QuantizedWeight* q = w->codes_for_optimizer(p);
+  if (q == nullptr) return c;
+  c.q = q->q.raw();
+  c.s = q->s.data<float>();
+  c.qt = q->qt.raw();
+  c.st = q->st.data<float>();
+  return c;
 }
 
 float clip_scale(double norm, double clip) {

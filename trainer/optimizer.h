@@ -34,6 +34,8 @@
 
 namespace gtron {
 
+class Bf16Weights;
+
 struct AdamWHyper {
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -94,6 +96,20 @@ class AdamW {
   // REQUIRES: a CUDA optimizer whose table is not built yet.
   using ShadowFor = std::function<void*(Parameter&)>;
   void set_bf16_shadows(ShadowFor shadow_for, ShadowFor low_for = nullptr);
+  // Note [fp8 codes from the update] (trainer/optimizer_cuda.h): the FP8 codes of a weight the
+  // update writes (Bf16Weights::codes_for_optimizer), or all null (none). Asked once per
+  // parameter whose owned segment is the whole 2-D tensor, when the chunk table is built; a weight
+  // whose layout adamw_blocks does not take keeps the chunked update.
+  // REQUIRES: a CUDA optimizer whose table is not built yet.
+  struct Fp8Codes {
+    void* q = nullptr;
+    float* s = nullptr;
+    void* qt = nullptr;
+    float* st = nullptr;
+  };
+  using CodesFor = std::function<Fp8Codes(Parameter&)>;
+  void set_fp8_codes(CodesFor codes_for);
+  int64_t fused_fp8_weights() const { return num_blocks_weights_; }  // tests
   // Queues one AdamW update of every segment with the clip factor of the last clip_on_device()
   // (1 if none ran yet).
   void step_on_device(const std::vector<parallel::OwnedSegment>& segments, double lr);
@@ -125,9 +141,15 @@ class AdamW {
   Tensor sums_;           // f64 [groups]: each group's Σ g², then its all-reduced sum
   ShadowFor shadow_for_;  // null: no fused shadows
   ShadowFor low_for_;     // null: no packed masters
-  Tensor scale_;          // f32 [1]: clip factor
-  Tensor norm_;           // f32 [1]: last norm when the caller passes none
+  CodesFor codes_for_;    // null: no codes from the update
+  Tensor blocks_;         // cuda::OptimBlocks[num_blocks_weights_], raw bytes
+  int64_t num_blocks_weights_ = 0, num_blocks_ = 0;
+  Tensor scale_;  // f32 [1]: clip factor
+  Tensor norm_;   // f32 [1]: last norm when the caller passes none
 };
+
+// The codes `w` keeps for p, as AdamW::set_fp8_codes wants them (all null: none).
+AdamW::Fp8Codes fp8_codes_of(Bf16Weights* w, Parameter& p);
 
 // The clipping factor for a global gradient norm: min(1, clip / norm); 1 when clip <= 0.
 float clip_scale(double norm, double clip);

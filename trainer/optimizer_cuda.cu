@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "model/cuda/check.h"
+#include "model/ops/fp8_blocks.cuh"
 #include "model/packed_master.h"
 #include "trainer/optimizer_cuda.h"
 
@@ -147,6 +148,7 @@ __device__ void adamw_packed(const OptimChunk& c, const AdamWConstants& k, float
 
 __global__ void adamw_kernel(const OptimChunk* chunks, AdamWConstants k, const float* scale) {
   const OptimChunk c = chunks[blockIdx.x];
+  if (c.fused) return;  // adamw_blocks updates it (Note [fp8 codes from the update])
   const float gs = scale[0];
   const float wd = c.decay ? k.wd : 0.f;
   if (c.w_lo != nullptr) {
@@ -186,6 +188,50 @@ __global__ void adamw_kernel(const OptimChunk* chunks, AdamWConstants k, const f
     c.w[i] = w;
     if (w16 != nullptr) w16[i] = __float2bfloat16_rn(w);
   }
+}
+
+// Note [fp8 codes from the update]: block blockIdx.x of the launch: its weight (a binary search
+// over first_block), the update of its values as BlockPlace lays them out (float4 of w, g, m, v a
+// row of 4; adamw_element as adamw_kernel), then code_block over the new values.
+__global__ void __launch_bounds__(kBlockThreads, 2)
+    adamw_blocks_kernel(const OptimBlocks* __restrict__ ws, int64_t num_weights, AdamWConstants k,
+                        const float* scale) {
+  const int64_t blk = blockIdx.x;
+  int64_t lo = 0, hi = num_weights - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (ws[mid].first_block <= blk) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const OptimBlocks W = ws[lo];
+  const int64_t tiles_k = (W.K + kBlockTile - 1) / kBlockTile;
+  const int64_t local = blk - W.first_block, by = local / tiles_k, bx = local % tiles_k;
+  const BlockPlace b(W.N, W.K, by, bx);
+  const float gs = scale[0];
+  const float wd = W.decay ? k.wd : 0.f;
+  float vals[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    vals[j][0] = vals[j][1] = vals[j][2] = vals[j][3] = 0.0f;
+    if (b.count(j) == 0) continue;  // K % 4 == 0: a lane holds 4 values of a row or none
+    const int64_t i = b.at + j * W.K;
+    float4 w = *reinterpret_cast<const float4*>(W.w + i);
+    float4 m = *reinterpret_cast<const float4*>(W.m + i);
+    float4 v = *reinterpret_cast<const float4*>(W.v + i);
+    const float4 g = *reinterpret_cast<const float4*>(W.g + i);
+    w.x = adamw_element(w.x, g.x, m.x, v.x, k, gs, wd);
+    w.y = adamw_element(w.y, g.y, m.y, v.y, k, gs, wd);
+    w.z = adamw_element(w.z, g.z, m.z, v.z, k, gs, wd);
+    w.w = adamw_element(w.w, g.w, m.w, v.w, k, gs, wd);
+    *reinterpret_cast<float4*>(W.m + i) = m;
+    *reinterpret_cast<float4*>(W.v + i) = v;
+    *reinterpret_cast<float4*>(W.w + i) = w;
+    vals[j][0] = w.x, vals[j][1] = w.y, vals[j][2] = w.z, vals[j][3] = w.w;
+  }
+  code_block<true>(vals, b, by, bx, W.q, W.s, W.qt, W.st, W.qt_vec != 0);
 }
 
 __global__ void accumulate_kernel(ScalarList list, float factor, float* dst) {
@@ -233,6 +279,27 @@ void adamw_chunks(const OptimChunk* chunks, int64_t num_chunks, const AdamWConst
   if (num_chunks == 0) return;
   adamw_kernel<<<static_cast<unsigned>(num_chunks), kThreads, 0,
                  static_cast<cudaStream_t>(stream)>>>(chunks, k, scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+bool adamw_blocks_ok(const OptimBlocks& b) {
+  const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return b.N > 0 && b.K > 0 && b.K % 4 == 0 && a16(b.w) && a16(b.g) && a16(b.m) && a16(b.v) &&
+         reinterpret_cast<uintptr_t>(b.q) % 4 == 0 && b.q != nullptr && b.s != nullptr &&
+         b.qt != nullptr && b.st != nullptr;
+}
+
+int64_t adamw_blocks_of(int64_t N, int64_t K) {
+  return ceil_div<int64_t>(N, kBlockTile) * ceil_div<int64_t>(K, kBlockTile);
+}
+
+void adamw_blocks(const OptimBlocks* weights, int64_t num_weights, int64_t num_blocks,
+                  const AdamWConstants& k, const float* scale, void* stream) {
+  GTRON_CHECK(num_weights >= 0 && num_blocks >= 0 && num_blocks < (int64_t{1} << 31),
+              "adamw_blocks: ", num_weights, " weights, ", num_blocks, " blocks");
+  if (num_weights == 0 || num_blocks == 0) return;
+  adamw_blocks_kernel<<<static_cast<unsigned>(num_blocks), kBlockThreads, 0,
+                        static_cast<cudaStream_t>(stream)>>>(weights, num_weights, k, scale);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -40,6 +40,7 @@ struct OptimChunk {
   uint16_t* w_lo = nullptr;
   int32_t n = 0;      // 1 <= n <= kOptimChunk
   int32_t decay = 0;  // 1: weight decay applies to this segment
+  int32_t fused = 0;  // 1: adamw_blocks updates these elements (Note [fp8 codes from the update])
 };
 
 // partials[i] = Σ g² over chunk i (double). REQUIRES: `chunks` (device) holds num_chunks entries.
@@ -69,6 +70,39 @@ struct AdamWConstants {
 // — the formula of adamw_update() on the CPU — and w_bf16 = bf16(w) where a chunk has a shadow.
 void adamw_chunks(const OptimChunk* chunks, int64_t num_chunks, const AdamWConstants& k,
                   const float* scale, void* stream);
+
+// Note [fp8 codes from the update]
+// An FP8 linear's weight gets its codes from the fp32 master once a step (Note [fp8 weights once
+// a step] in model/ops/fp8.h): a pass that reads the master (4 bytes a parameter) right after
+// AdamW wrote it. adamw_blocks updates such a weight by 128x128 blocks instead of by chunks, a
+// CTA a block, and codes the new values where they are (code_block of model/ops/fp8_blocks.cuh,
+// the quantizer's own function): the same master, moments and codes bit for bit, without the
+// second read of the master or the quantizer's launches. The gradient norm still runs over the
+// chunks (its sums, and so the clip factor, keep their order); adamw_chunks skips the chunks of
+// the weights adamw_blocks updates (OptimChunk::fused).
+struct OptimBlocks {  // one weight w[N, K], updated whole
+  float* w = nullptr;
+  const float* g = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  int64_t N = 0, K = 0;
+  uint8_t* q = nullptr;     // codes [N, K] (fp8::QuantizedWeight's q, s, qt, st)
+  float* s = nullptr;       // blocks-layout scales of [N, K]
+  uint8_t* qt = nullptr;    // codes [K, N]
+  float* st = nullptr;      // blocks-layout scales of [K, N]
+  int64_t first_block = 0;  // its first block in the launch; its blocks go row by row
+  int32_t decay = 0;
+  int32_t qt_vec = 0;  // N % 8 == 0 and qt 8-byte aligned
+};
+// Whether adamw_blocks takes a weight: K % 4 == 0; w, g, m, v 16-byte aligned; q 4-byte aligned.
+bool adamw_blocks_ok(const OptimBlocks& b);
+// The number of 128x128 blocks of w[N, K].
+int64_t adamw_blocks_of(int64_t N, int64_t K);
+// adamw_chunks' update of every element of each weight, then its codes and scales (those
+// fp8_quantize_blocks gives for the new values). REQUIRES: `weights` (device) holds num_weights
+// entries in first_block order, the first at 0, num_blocks blocks in all; each adamw_blocks_ok.
+void adamw_blocks(const OptimBlocks* weights, int64_t num_weights, int64_t num_blocks,
+                  const AdamWConstants& k, const float* scale, void* stream);
 
 // dst[i] += factor · src[i][0] for i < n: the training loop's per-step loss sums (f32 scalars on
 // the device), so no micro-batch reads a loss back to the host.

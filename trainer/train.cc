@@ -199,6 +199,7 @@ Run::Run(const Config& cfg, bool resume, const std::string& init_dir, TrainSumma
     if (cfg_.train.packed_masters) shadows->set_packable([](const Parameter&) { return true; });
     opt_->set_bf16_shadows([shadows](Parameter& p) { return shadows->shadow_for_optimizer(p); },
                            [shadows](Parameter& p) { return shadows->packed_low(p); });
+    opt_->set_fp8_codes([shadows](Parameter& p) { return fp8_codes_of(shadows, p); });
   }
   sched_ =
       Schedule{cfg_.schedule.kind, cfg_.optimizer.lr,          cfg_.schedule.warmup_steps,

@@ -42,6 +42,7 @@
 
 #include "model/cuda/kernel_util.cuh"
 #include "model/ops/fp8.h"
+#include "model/ops/fp8_blocks.cuh"
 #include "model/ops/fp8_tile.cuh"
 
 namespace gtron::cuda {
@@ -49,6 +50,7 @@ namespace gtron::cuda {
 namespace {
 
 constexpr int kTile = static_cast<int>(fp8::kTile);
+static_assert(kTile == kBlockTile, "fp8_blocks.cuh's block is the recipe's tile");
 
 __device__ __forceinline__ uint32_t bits_of(bf16 v) { return __bfloat16_as_ushort(v); }
 
@@ -128,16 +130,10 @@ __global__ void __launch_bounds__(kColsThreads, kRows ? 4 : 6)
   code_tile_rows_cols<kRows>(tile, w, r0, c0, R, K, q, s, qt, st);
 }
 
-// quantize_blocks: one 128x128 block of w[N, K] a CTA of 512 threads, held in registers: warp w
-// takes rows 8w .. 8w + 7, lane l columns 4l .. 4l + 3 of each (a warp reads a 512-byte fp32 row
-// at once; 8 loads a thread in flight). The block's amax goes through the warps' shuffles and 16
-// floats of shared memory; q is stored from registers (4 codes a lane, a warp a 128-byte row);
-// the codes also go to shared memory, word c of row r at c ^ 2·(r / 8 % 16), from which thread t
-// reads word t / 16 of rows 8·(t % 16) .. + 7 (conflict-free), transposes the 4x4 bytes twice and
-// stores 8 codes of each of its 4 qt rows (16 lanes fill a 128-byte line). kVec: K % 4 == 0, w
-// aligned to 4 values and q to 4 bytes; else element by element. qt_vec: N % 8 == 0, qt 8-byte
-// aligned; else byte stores.
-constexpr int kBlockThreads = 512;
+// quantize_blocks: one 128x128 block of w[N, K] a CTA of 512 threads, held in registers and coded
+// by code_block (fp8_blocks.cuh, which AdamW's fused update shares; 8 loads a thread in flight).
+// kVec: K % 4 == 0, w aligned to 4 values and q to 4 bytes; else element by element. qt_vec:
+// N % 8 == 0, qt 8-byte aligned; else byte stores.
 
 // The n (0-4) values at w[i, i + n) as floats, zeros after them (the pointer is formed only for
 // n > 0: a row past the matrix is never addressed).
@@ -158,98 +154,16 @@ __device__ __forceinline__ void load4(const T* __restrict__ w, int64_t i, int n,
   }
 }
 
-// out[m] = byte m of each of a[0..3] (a[i]'s in byte i): a 4x4 byte transpose.
-__device__ __forceinline__ void transpose4x4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint32_t (&out)[4]) {
-  const uint32_t t0 = __byte_perm(a0, a1, 0x5140), t1 = __byte_perm(a2, a3, 0x5140);
-  const uint32_t t2 = __byte_perm(a0, a1, 0x7362), t3 = __byte_perm(a2, a3, 0x7362);
-  out[0] = __byte_perm(t0, t1, 0x5410);
-  out[1] = __byte_perm(t0, t1, 0x7632);
-  out[2] = __byte_perm(t2, t3, 0x5410);
-  out[3] = __byte_perm(t2, t3, 0x7632);
-}
-
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kBlockThreads, 2)
     quantize_blocks_kernel(const T* __restrict__ w, int64_t N, int64_t K, uint8_t* __restrict__ q,
                            float* __restrict__ s, uint8_t* __restrict__ qt, float* __restrict__ st,
                            bool qt_vec) {
-  __shared__ uint32_t codes[kTile][kTile / 4];
-  __shared__ float warp_max[kBlockThreads / 32];
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kTile;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int rows = static_cast<int>(min(static_cast<int64_t>(kTile), N - n0));
-  const int cols = static_cast<int>(min(static_cast<int64_t>(kTile), K - k0));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  const int ncols = min(max(cols - 4 * lane, 0), 4);       // of this lane's 4 columns, in the block
-  const int64_t at = (n0 + 8 * warp) * K + k0 + 4 * lane;  // row 8·warp, this lane's columns
+  const BlockPlace b(N, K, blockIdx.y, blockIdx.x);
   float v[8][4];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) load4<T, kVec>(w, at + j * K, 8 * warp + j < rows ? ncols : 0, v[j]);
-  float amax = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int m = 0; m < 4; ++m) amax = e4m3_absmax(amax, v[j][m]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = e4m3_absmax(amax, __shfl_xor_sync(~0u, amax, o));
-  if (lane == 0) warp_max[warp] = amax;
-  __syncthreads();
-  amax = warp_max[lane % 16];
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) amax = e4m3_absmax(amax, __shfl_xor_sync(~0u, amax, o));
-  const E4M3Scale t(amax);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int r = 8 * warp + j;
-    const uint32_t c = t.encode4(v[j][0], v[j][1], v[j][2], v[j][3]);
-    codes[r][lane ^ (2 * warp)] = c;
-    if (q == nullptr || r >= rows) continue;
-    uint8_t* dst = q + at + j * K;
-    if (kVec && ncols == 4) {
-      *reinterpret_cast<uint32_t*>(dst) = c;
-    } else {
-      for (int m = 0; m < ncols; ++m) dst[m] = static_cast<uint8_t>(c >> (8 * m));
-    }
-  }
-  const int64_t tiles_n = (N + kTile - 1) / kTile, tiles_k = (K + kTile - 1) / kTile;
-  const int64_t ld = (tiles_k + 3) / 4 * 4, ld_t = (tiles_n + 3) / 4 * 4;
-  if (threadIdx.x == 0) {
-    if (s != nullptr) {
-      s[blockIdx.y * ld + blockIdx.x] = t.scale();
-      if (blockIdx.x == tiles_k - 1)
-        for (int64_t j = tiles_k; j < ld; ++j) s[blockIdx.y * ld + j] = 0.0f;
-    }
-    if (st != nullptr) {
-      st[blockIdx.x * ld_t + blockIdx.y] = t.scale();
-      if (blockIdx.y == tiles_n - 1)
-        for (int64_t j = tiles_n; j < ld_t; ++j) st[blockIdx.x * ld_t + j] = 0.0f;
-    }
-  }
-  if (qt == nullptr) return;
-  __syncthreads();
-  // Thread t: qt rows (w's columns) 4·group + m, their elements (w's rows) 8·part + i.
-  const int group = threadIdx.x / 16, part = threadIdx.x % 16;
-  uint32_t a[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) a[i] = codes[8 * part + i][group ^ (2 * part)];
-  uint32_t lo[4], hi[4];
-  transpose4x4(a[0], a[1], a[2], a[3], lo);
-  transpose4x4(a[4], a[5], a[6], a[7], hi);
-  const int r = 8 * part;
-  if (r >= rows) return;
-#pragma unroll
-  for (int m = 0; m < 4; ++m) {
-    const int c = 4 * group + m;
-    if (c >= cols) break;
-    uint8_t* dst = qt + (k0 + c) * N + n0 + r;
-    if (qt_vec) {
-      *reinterpret_cast<uint2*>(dst) = make_uint2(lo[m], hi[m]);
-    } else {
-      for (int i = 0; i < min(8, rows - r); ++i)
-        dst[i] = static_cast<uint8_t>((i < 4 ? lo[m] : hi[m]) >> (8 * (i % 4)));
-    }
-  }
+  for (int j = 0; j < 8; ++j) load4<T, kVec>(w, b.at + j * K, b.count(j), v[j]);
+  code_block<kVec>(v, b, blockIdx.y, blockIdx.x, q, s, qt, st, qt_vec);
 }
 
 template <typename T>

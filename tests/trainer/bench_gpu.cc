@@ -363,6 +363,7 @@ int main(int argc, char** argv) {
     if (packed) shadows.set_packable([](const Parameter&) { return true; });
     opt.set_bf16_shadows([&shadows](Parameter& p) { return shadows.shadow_for_optimizer(p); },
                          [&shadows](Parameter& p) { return shadows.packed_low(p); });
+    opt.set_fp8_codes([&shadows](Parameter& p) { return fp8_codes_of(&shadows, p); });
   }
   graphs::ModelGraphs graphed(model, scope, dev);  // 2 eager warmups, then capture and replay
 

@@ -17,6 +17,7 @@
 #include "model/device.h"
 #include "model/gpt.h"
 #include "model/mixed_precision.h"
+#include "model/ops/fp8.h"
 #include "model/stream.h"
 #include "parallel/ddp.h"
 #include "parallel/self_communicator.h"
@@ -298,6 +299,78 @@ TEST(AdamWCuda, PackedMastersFollowTheFusedRunAndUnpackingChangesNoBit) {
                         packed.masters.size() * sizeof(float)),
             0)
       << "an unpack and re-pack between steps changed the masters";
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  current_stream(t.device()).synchronize();
+  const Tensor h = t.to(Device::cpu());
+  const auto* p = static_cast<const uint8_t*>(h.raw());
+  return std::vector<uint8_t>(p, p + h.nbytes());
+}
+
+// Note [fp8 codes from the update]: AdamW updating the FP8 weights by blocks and coding them
+// leaves the masters and moments of the chunked update, bit for bit, and the codes and scales the
+// quantizer gives for the new masters. a: whole blocks; b: edge blocks (200 x 300); c: K % 4 != 0,
+// which keeps the chunked update (its codes untouched).
+TEST(AdamWCuda, Fp8CodesFromTheUpdateEqualTheQuantizerOfTheNewMaster) {
+  REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  Stream& stream = current_stream(dev);
+  const Shape shapes[] = {{384, 640}, {200, 300}, {130, 258}};
+  std::vector<std::unique_ptr<Parameter>> fused, plain;
+  std::vector<parallel::OwnedSegment> fused_segs, plain_segs;
+  int64_t offset = 0;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t n = shapes[i].numel();
+    const Tensor w0 = Tensor::from_vector(draw(n, 20 + i, 2.0), shapes[i], DType::kF32);
+    fused.push_back(std::make_unique<Parameter>("f" + std::to_string(i), w0.to(dev)));
+    plain.push_back(std::make_unique<Parameter>("p" + std::to_string(i), w0.to(dev)));
+    fused_segs.push_back(segment(*fused.back(), n, offset));
+    plain_segs.push_back(segment(*plain.back(), n, offset));
+    offset += (n + 3) / 4 * 4;  // the moments of each 16-byte aligned
+  }
+  std::vector<fp8::QuantizedWeight> codes;
+  for (auto& p : fused) codes.push_back(fp8::cuda_quantize_weight(p->data, stream));
+  const std::vector<uint8_t> c_codes = bytes_of(codes[2].q);
+  AdamW opt_fused(offset, {fused[0].get(), fused[1].get()}, AdamWHyper{}, dev);
+  AdamW opt_plain(offset, {plain[0].get(), plain[1].get()}, AdamWHyper{}, dev);
+  opt_fused.set_fp8_codes([&](Parameter& p) {
+    AdamW::Fp8Codes c;
+    for (int i = 0; i < 3; ++i) {
+      if (&p != fused[static_cast<size_t>(i)].get()) continue;
+      c.q = codes[i].q.raw();
+      c.s = codes[i].s.data<float>();
+      c.qt = codes[i].qt.raw();
+      c.st = codes[i].st.data<float>();
+    }
+    return c;
+  });
+  for (int step = 0; step < 2; ++step) {
+    for (int i = 0; i < 3; ++i) {
+      const Tensor g = Tensor::from_vector(draw(shapes[i].numel(), 30 + 3 * step + i, 0.3),
+                                           shapes[i], DType::kF32);
+      fused[i]->main_grad.copy_from(g);
+      plain[i]->main_grad.copy_from(g);
+    }
+    opt_fused.clip_on_device(fused_segs, 1.0, nullptr);
+    opt_fused.step_on_device(fused_segs, 1e-2);
+    opt_plain.clip_on_device(plain_segs, 1.0, nullptr);
+    opt_plain.step_on_device(plain_segs, 1e-2);
+  }
+  EXPECT_EQ(opt_fused.fused_fp8_weights(), 2) << "a and b by blocks; c (K % 4 != 0) by chunks";
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(bytes_of(fused[i]->data), bytes_of(plain[i]->data)) << "master " << i;
+  }
+  EXPECT_EQ(bytes_of(opt_fused.m()), bytes_of(opt_plain.m()));
+  EXPECT_EQ(bytes_of(opt_fused.v()), bytes_of(opt_plain.v()));
+  for (int i = 0; i < 2; ++i) {
+    const fp8::QuantizedWeight want = fp8::cuda_quantize_weight(fused[i]->data, stream);
+    EXPECT_EQ(bytes_of(codes[i].q), bytes_of(want.q)) << "q of " << i;
+    EXPECT_EQ(bytes_of(codes[i].s), bytes_of(want.s)) << "s of " << i;
+    EXPECT_EQ(bytes_of(codes[i].qt), bytes_of(want.qt)) << "qt of " << i;
+    EXPECT_EQ(bytes_of(codes[i].st), bytes_of(want.st)) << "st of " << i;
+  }
+  EXPECT_EQ(bytes_of(codes[2].q), c_codes) << "c's codes are the chunked update's business";
 }
 
 // The group sums of the device norm: each group's chunk partials summed in index order, so the

@@ -1,12 +1,14 @@
 // GPU resume is bit-exact: 40 steps straight equal 20 steps + --resume + 20 steps, in bf16, on a
 // model whose head size (64) takes the flash-attention and fused-MLP paths; and graphs full
 // replays that model bit for bit; both with packed masters too (train.packed_masters), whose
-// checkpoints unpack and re-pack without changing a bit (GPU test; skipped without a GPU).
+// checkpoints unpack and re-pack without changing a bit; and fp8 with the codes written by AdamW
+// (GPU test; skipped without a GPU).
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
 #include "model/device.h"
+#include "model/mixed_precision.h"
 #include "tests/trainer/gpu_train_util.h"
 
 namespace gtron {
@@ -83,6 +85,32 @@ TEST(TrainResumeCuda, PackedMastersCheckpointResumeAndReplayBitForBit) {
   ASSERT_EQ(after.first_step, 21);
   ASSERT_EQ(after.losses.size(), 20u);
   EXPECT_NEAR(after.losses[0], straight.losses[20], 1e-2 * straight.losses[20]);
+}
+
+// Note [fp8 codes from the update] (trainer/optimizer_cuda.h): an fp8 run whose AdamW writes the
+// weights' codes gives the losses of one that quantizes them at their next use, bit for bit; and
+// it resumes bit for bit.
+TEST(TrainResumeCuda, Fp8CodesFromTheUpdateChangeNoBit) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  const std::vector<std::string> wide = {"model.n_embd=256", "model.n_head=4",
+                                         "checkpoint.every=20"};
+  const std::string dir = testing::fresh_dir("fp8_fused");
+  const Config cfg = testing::tiny_train_config(dir, "cuda", "fp8", 40, 1, wide);
+  set_fused_fp8_codes(false);
+  const TrainSummary requantized = testing::train_ok(
+      testing::tiny_train_config(testing::fresh_dir("fp8_plain"), "cuda", "fp8", 40, 1, wide));
+  set_fused_fp8_codes(true);
+  const TrainSummary fused = testing::train_ok(cfg);
+  ASSERT_EQ(fused.losses.size(), requantized.losses.size());
+  for (size_t i = 0; i < fused.losses.size(); ++i) {
+    EXPECT_EQ(fused.losses[i], requantized.losses[i]) << "step " << i + 1;
+  }
+  EXPECT_EQ(fused.val_loss, requantized.val_loss);
+  std::filesystem::remove_all(dir + "/checkpoints/step_00000040");
+  TrainSummary resumed;
+  ASSERT_EQ(run_training(cfg, /*resume=*/true, &resumed), kExitOk);
+  ASSERT_EQ(resumed.losses.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(resumed.losses[i], fused.losses[20 + i]) << i + 21;
 }
 
 }  // namespace
