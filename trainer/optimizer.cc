@@ -96,6 +96,52 @@ void AdamW::set_fp8_codes(CodesFor codes_for) {
   codes_for_ = std::move(codes_for);
 }
 
+bool AdamW::add_fp8_blocks(const parallel::OwnedSegment& s, int32_t decay,
+                           std::vector<cuda::OptimBlocks>& blocks) {
+  const Tensor& d = s.param->data;
+  if (!codes_for_ || d.rank() != 2) return false;
+  cuda::OptimBlocks w;
+  w.w = s.w;
+  w.g = s.g;
+  w.m = m_.data<float>() + s.state_offset;
+  w.v = v_.data<float>() + s.state_offset;
+  w.N = d.dim(0);
+  w.K = d.dim(1);
+  const cuda::OptimBlocks* last = blocks.empty() ? nullptr : &blocks.back();
+  w.first_block = last ? last->first_block + cuda::adamw_blocks_of(last->N, last->K) : 0;
+  w.decay = decay;
+  // Asked only for a layout the kernel takes: asking makes the codes the optimizer's to write.
+  if (!cuda::adamw_blocks_layout_ok(w)) return false;
+  const Fp8Codes codes = codes_for_(*s.param);
+  if (codes.q == nullptr) return false;
+  w.q = static_cast<uint8_t*>(codes.q);
+  w.s = codes.s;
+  w.qt = static_cast<uint8_t*>(codes.qt);
+  w.st = codes.st;
+  w.qt_vec = w.N % 8 == 0 && reinterpret_cast<uintptr_t>(w.qt) % 8 == 0;
+  GTRON_CHECK(cuda::adamw_blocks_ok(w), "AdamW: the FP8 codes of ", s.param->name,
+              " are not where adamw_blocks can write them");
+  blocks.push_back(w);
+  return true;
+}
+
+void AdamW::upload_update_tables(const std::vector<cuda::OptimChunk>& update,
+                                 const std::vector<cuda::OptimBlocks>& blocks, Stream& s) {
+  num_update_chunks_ = static_cast<int64_t>(update.size());
+  const int64_t bytes = num_update_chunks_ * static_cast<int64_t>(sizeof(cuda::OptimChunk));
+  update_chunks_ = Tensor::empty({std::max<int64_t>((bytes + 3) / 4, 1)}, DType::kI32, device_, &s);
+  if (bytes > 0)
+    cuda::memcpy_async(update_chunks_.raw(), update.data(), static_cast<size_t>(bytes), s.native());
+  num_blocks_weights_ = static_cast<int64_t>(blocks.size());
+  num_blocks_ = blocks.empty() ? 0
+                               : blocks.back().first_block +
+                                     cuda::adamw_blocks_of(blocks.back().N, blocks.back().K);
+  if (blocks.empty()) return;
+  const int64_t block_bytes = num_blocks_weights_ * static_cast<int64_t>(sizeof(cuda::OptimBlocks));
+  blocks_ = Tensor::empty({(block_bytes + 3) / 4}, DType::kI32, device_, &s);
+  cuda::memcpy_async(blocks_.raw(), blocks.data(), static_cast<size_t>(block_bytes), s.native());
+}
+
 void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
   if (num_chunks_ >= 0) {
     GTRON_CHECK(
@@ -113,8 +159,11 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
     built_g_.push_back(s.g);
   }
   std::vector<cuda::OptimChunk> host;
-  std::vector<cuda::OptimBlocks> blocks;  // Note [fp8 codes from the update]
-  std::vector<int32_t> segment_chunks;    // segment i's first chunk, then the number of chunks
+  // Note [fp8 codes from the update]: the weights AdamW updates by blocks, and the chunks of the
+  // others (the norm's table `host` has them all).
+  std::vector<cuda::OptimBlocks> blocks;
+  std::vector<cuda::OptimChunk> update;
+  std::vector<int32_t> segment_chunks;  // segment i's first chunk, then the number of chunks
   float* m = m_.data<float>();
   float* v = v_.data<float>();
   for (const parallel::OwnedSegment& s : segments) {
@@ -125,30 +174,7 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
     auto* shadow = static_cast<uint16_t*>(whole && shadow_for_ ? shadow_for_(*s.param) : nullptr);
     // Note [packed masters]: s.w's bytes hold the shadow (== `shadow`) and the low halves.
     auto* low = static_cast<uint16_t*>(shadow && low_for_ ? low_for_(*s.param) : nullptr);
-    bool fused = false;
-    if (whole && codes_for_ && !shadow && s.param->data.rank() == 2) {
-      const Fp8Codes codes = codes_for_(*s.param);
-      cuda::OptimBlocks w;
-      w.w = s.w;
-      w.g = s.g;
-      w.m = m + s.state_offset;
-      w.v = v + s.state_offset;
-      w.N = s.param->data.dim(0);
-      w.K = s.param->data.dim(1);
-      w.q = static_cast<uint8_t*>(codes.q);
-      w.s = codes.s;
-      w.qt = static_cast<uint8_t*>(codes.qt);
-      w.st = codes.st;
-      w.first_block = blocks.empty() ? 0
-                                     : blocks.back().first_block +
-                                           cuda::adamw_blocks_of(blocks.back().N, blocks.back().K);
-      w.decay = decay;
-      w.qt_vec = w.N % 8 == 0 && reinterpret_cast<uintptr_t>(w.qt) % 8 == 0;
-      if (cuda::adamw_blocks_ok(w)) {
-        blocks.push_back(w);
-        fused = true;
-      }
-    }
+    const bool fused = whole && !shadow && add_fp8_blocks(s, decay, blocks);
     for (int64_t b = 0; b < s.n; b += cuda::kOptimChunk) {
       cuda::OptimChunk c;
       c.w = low ? nullptr : s.w + b;
@@ -159,8 +185,8 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
       c.v = v + s.state_offset + b;
       c.n = static_cast<int32_t>(std::min<int64_t>(cuda::kOptimChunk, s.n - b));
       c.decay = decay;
-      c.fused = fused ? 1 : 0;
       host.push_back(c);
+      if (!fused) update.push_back(c);
     }
   }
   num_chunks_ = static_cast<int64_t>(host.size());
@@ -175,16 +201,7 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
   partials_ = Tensor::zeros({std::max<int64_t>(num_chunks_, 1)}, DType::kF64, device_, &s);
   if (bytes > 0)
     cuda::memcpy_async(chunks_.raw(), host.data(), static_cast<size_t>(bytes), s.native());
-  num_blocks_weights_ = static_cast<int64_t>(blocks.size());
-  num_blocks_ = blocks.empty() ? 0
-                               : blocks.back().first_block +
-                                     cuda::adamw_blocks_of(blocks.back().N, blocks.back().K);
-  if (!blocks.empty()) {
-    const int64_t block_bytes =
-        num_blocks_weights_ * static_cast<int64_t>(sizeof(cuda::OptimBlocks));
-    blocks_ = Tensor::empty({(block_bytes + 3) / 4}, DType::kI32, device_, &s);
-    cuda::memcpy_async(blocks_.raw(), blocks.data(), static_cast<size_t>(block_bytes), s.native());
-  }
+  upload_update_tables(update, blocks, s);
   if (reduces_) {
     const std::vector<int32_t> offsets = group_chunk_offsets(reduction_, segment_chunks);
     const int64_t k = static_cast<int64_t>(reduction_.groups.size());
@@ -233,8 +250,8 @@ void AdamW::step_on_device(const std::vector<parallel::OwnedSegment>& segments, 
   k.c2 = static_cast<float>(1.0 / (1.0 - std::pow(h.beta2, static_cast<double>(t_))));
   k.wd = static_cast<float>(h.weight_decay);
   Stream& s = current_stream(device_);
-  cuda::adamw_chunks(static_cast<const cuda::OptimChunk*>(chunks_.raw()), num_chunks_, k,
-                     scale_.data<float>(), s.native());
+  cuda::adamw_chunks(static_cast<const cuda::OptimChunk*>(update_chunks_.raw()), num_update_chunks_,
+                     k, scale_.data<float>(), s.native());
   if (num_blocks_weights_ > 0) {  // Note [fp8 codes from the update]
     cuda::adamw_blocks(static_cast<const cuda::OptimBlocks*>(blocks_.raw()), num_blocks_weights_,
                        num_blocks_, k, scale_.data<float>(), s.native());

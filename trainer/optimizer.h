@@ -31,10 +31,12 @@
 
 #include "model/autograd.h"
 #include "parallel/ddp.h"
+#include "trainer/optimizer_cuda.h"
 
 namespace gtron {
 
 class Bf16Weights;
+class Stream;
 
 struct AdamWHyper {
   double beta1 = 0.9;
@@ -122,6 +124,13 @@ class AdamW {
 
  private:
   void build_chunks(const std::vector<parallel::OwnedSegment>& segments);
+  // Note [fp8 codes from the update]: appends s's weight to `blocks` when it has codes and
+  // adamw_blocks takes its layout; true then.
+  bool add_fp8_blocks(const parallel::OwnedSegment& s, int32_t decay,
+                      std::vector<cuda::OptimBlocks>& blocks);
+  // The update's tables on the device: the chunks adamw_chunks updates, the blocked weights.
+  void upload_update_tables(const std::vector<cuda::OptimChunk>& update,
+                            const std::vector<cuda::OptimBlocks>& blocks, Stream& s);
 
   std::unordered_set<const Parameter*> decayed_;
   AdamWHyper hyper_;
@@ -142,7 +151,9 @@ class AdamW {
   ShadowFor shadow_for_;  // null: no fused shadows
   ShadowFor low_for_;     // null: no packed masters
   CodesFor codes_for_;    // null: no codes from the update
-  Tensor blocks_;         // cuda::OptimBlocks[num_blocks_weights_], raw bytes
+  Tensor update_chunks_;  // cuda::OptimChunk[num_update_chunks_]: chunks_ less the blocked ones
+  int64_t num_update_chunks_ = 0;
+  Tensor blocks_;  // cuda::OptimBlocks[num_blocks_weights_], raw bytes
   int64_t num_blocks_weights_ = 0, num_blocks_ = 0;
   Tensor scale_;  // f32 [1]: clip factor
   Tensor norm_;   // f32 [1]: last norm when the caller passes none

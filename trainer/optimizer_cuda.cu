@@ -148,7 +148,6 @@ __device__ void adamw_packed(const OptimChunk& c, const AdamWConstants& k, float
 
 __global__ void adamw_kernel(const OptimChunk* chunks, AdamWConstants k, const float* scale) {
   const OptimChunk c = chunks[blockIdx.x];
-  if (c.fused) return;  // adamw_blocks updates it (Note [fp8 codes from the update])
   const float gs = scale[0];
   const float wd = c.decay ? k.wd : 0.f;
   if (c.w_lo != nullptr) {
@@ -282,11 +281,14 @@ void adamw_chunks(const OptimChunk* chunks, int64_t num_chunks, const AdamWConst
   CUDA_CHECK_LAUNCH();
 }
 
-bool adamw_blocks_ok(const OptimBlocks& b) {
+bool adamw_blocks_layout_ok(const OptimBlocks& b) {
   const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return b.N > 0 && b.K > 0 && b.K % 4 == 0 && a16(b.w) && a16(b.g) && a16(b.m) && a16(b.v) &&
-         reinterpret_cast<uintptr_t>(b.q) % 4 == 0 && b.q != nullptr && b.s != nullptr &&
-         b.qt != nullptr && b.st != nullptr;
+  return b.N > 0 && b.K > 0 && b.K % 4 == 0 && a16(b.w) && a16(b.g) && a16(b.m) && a16(b.v);
+}
+
+bool adamw_blocks_ok(const OptimBlocks& b) {
+  return adamw_blocks_layout_ok(b) && b.q != nullptr && b.s != nullptr && b.qt != nullptr &&
+         b.st != nullptr && reinterpret_cast<uintptr_t>(b.q) % 4 == 0;
 }
 
 int64_t adamw_blocks_of(int64_t N, int64_t K) {

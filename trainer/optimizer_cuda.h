@@ -40,7 +40,6 @@ struct OptimChunk {
   uint16_t* w_lo = nullptr;
   int32_t n = 0;      // 1 <= n <= kOptimChunk
   int32_t decay = 0;  // 1: weight decay applies to this segment
-  int32_t fused = 0;  // 1: adamw_blocks updates these elements (Note [fp8 codes from the update])
 };
 
 // partials[i] = Σ g² over chunk i (double). REQUIRES: `chunks` (device) holds num_chunks entries.
@@ -78,8 +77,8 @@ void adamw_chunks(const OptimChunk* chunks, int64_t num_chunks, const AdamWConst
 // CTA a block, and codes the new values where they are (code_block of model/ops/fp8_blocks.cuh,
 // the quantizer's own function): the same master, moments and codes bit for bit, without the
 // second read of the master or the quantizer's launches. The gradient norm still runs over the
-// chunks (its sums, and so the clip factor, keep their order); adamw_chunks skips the chunks of
-// the weights adamw_blocks updates (OptimChunk::fused).
+// chunks (its sums, and so the clip factor, keep their order); adamw_chunks gets a table without
+// the chunks of the weights adamw_blocks updates.
 struct OptimBlocks {  // one weight w[N, K], updated whole
   float* w = nullptr;
   const float* g = nullptr;
@@ -94,7 +93,9 @@ struct OptimBlocks {  // one weight w[N, K], updated whole
   int32_t decay = 0;
   int32_t qt_vec = 0;  // N % 8 == 0 and qt 8-byte aligned
 };
-// Whether adamw_blocks takes a weight: K % 4 == 0; w, g, m, v 16-byte aligned; q 4-byte aligned.
+// Whether adamw_blocks takes a weight's layout: K % 4 == 0; w, g, m, v 16-byte aligned; and with
+// its codes: q, s, qt, st set, q 4-byte aligned.
+bool adamw_blocks_layout_ok(const OptimBlocks& b);
 bool adamw_blocks_ok(const OptimBlocks& b);
 // The number of 128x128 blocks of w[N, K].
 int64_t adamw_blocks_of(int64_t N, int64_t K);
