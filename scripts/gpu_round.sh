@@ -3,7 +3,8 @@
 # seconds (default 560) allow, in this order:
 # PART=1
 #   1. the tests of the code no GPU has run yet, three lanes at once (correctness only):
-#      packed_masters_cuda_test, optim_cuda_test, train_resume_cuda_test (Note [packed masters]),
+#      packed_masters_cuda_test, optim_cuda_test, train_resume_cuda_test (Note [packed masters],
+#      Note [fp8 codes from the update]), fp8_cuda_test (the quantizer's tail in fp8_blocks.cuh),
 #      moe_cuda_test
 #      (GatheredRowsEqualDispatchThenGrouped: Note [regathered expert rows]),
 #      train_moe_cuda_test, cuda_graph_test, train_graphs_cuda_test, gpt_cuda_test; per test one
@@ -20,7 +21,7 @@
 #   4. issue 49: ncu of the FA3 forward, key and query kernels at T=8192, head sizes 128 and 64;
 #   5. FP8 parity at batch 32, the windows fixed (data.seed 7), seeds 7-9 (carry .gpupack/parity2).
 # Here: GTRON_GPU_PACK=1 bash scripts/gpu_tests.sh moe_cuda train_moe cuda_graph train_graphs gpt_cuda \
-#   flash_fa3_bwd packed_masters optim_cuda train_resume
+#   flash_fa3_bwd packed_masters optim_cuda train_resume fp8_cuda
 # There (the device tool, carrying .gpupack/gpubin.tar.xz), from the repository root:
 #   PART=1 BUDGET=560 bash scripts/gpu_round.sh
 # Every log goes to $OUT/logs.tgz ($OUT: the device tool's output folder; a new temporary folder
@@ -46,10 +47,10 @@ run_test() {
 PART=${PART:-1}
 if [[ $PART == 1 ]]; then
   lane1() { run_test packed_masters_cuda_test 60; run_test moe_cuda_test 90; run_test cuda_graph_test 60; }
-  lane2() { run_test optim_cuda_test 60; run_test train_moe_cuda_test 150; }
+  lane2() { run_test optim_cuda_test 60; run_test fp8_cuda_test 60; run_test train_moe_cuda_test 150; }
   lane3() { run_test gpt_cuda_test 150; run_test train_graphs_cuda_test 80; run_test train_resume_cuda_test 90; }
   lane1 & lane2 & lane3 & wait
-  for f in packed_masters_cuda_test optim_cuda_test moe_cuda_test cuda_graph_test \
+  for f in packed_masters_cuda_test optim_cuda_test fp8_cuda_test moe_cuda_test cuda_graph_test \
     train_moe_cuda_test gpt_cuda_test train_graphs_cuda_test train_resume_cuda_test; do
     cat $OUT/$f.sum 2>/dev/null || echo "== $f no summary"
   done
