@@ -139,6 +139,16 @@ TEST(ConfigFiles, LlamaShapesLoadAndValidate) {
   EXPECT_DOUBLE_EQ(big.model.rope_scaling.factor, 32.0);
   EXPECT_TRUE(big.model.tied_embeddings);
   validate(big, 1);
+  // Issue 50's benchmark shape (scripts/bench_moe.sh) as a config.
+  const Config moe = load_config("configs/qwen3_moe.json");
+  EXPECT_EQ(moe.model.moe.num_experts, 64);
+  EXPECT_EQ(moe.model.moe.top_k, 8);
+  EXPECT_EQ(moe.model.moe.expert_intermediate_size, 768);
+  EXPECT_EQ(moe.model.head_dim, 128);
+  EXPECT_TRUE(moe.model.qk_norm);
+  EXPECT_TRUE(moe.train.packed_masters);
+  EXPECT_EQ(moe.graphs.scope, GraphScope::kFull);
+  validate(moe, 1);
 }
 
 TEST(ConfigFiles, EveryShippedConfigValidates) {
