@@ -325,6 +325,9 @@ def main():
     ap.add_argument("--transient-grads", choices=["0", "1", "auto"], default="auto",
                     help="bench_gpu's flag, accepted so --compare can pass it to both; PyTorch's "
                          "gradients come into being in the backward anyway (set_to_none)")
+    ap.add_argument("--packed-masters", choices=["0", "1"], default="0",
+                    help="bench_gpu's flag, accepted so --compare can pass it to both; PyTorch "
+                         "keeps no bf16 copy of its fp32 weights (autocast casts them per use)")
     ap.add_argument("--fp8", choices=["none", "rowwise"], default="none",
                     help="rowwise: the block and MTP linears' products in FP8 e4m3 through "
                          "torch._scaled_mm with row-wise scales (the PyTorch FP8 reference)")
