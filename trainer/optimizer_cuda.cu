@@ -87,14 +87,15 @@ __device__ __forceinline__ bool vector_chunk(const OptimChunk& c) {
   return bits % 16 == 0 && reinterpret_cast<uintptr_t>(c.w_bf16) % 8 == 0;
 }
 
-// Note [packed masters]: the fp32 value of element i of a packed chunk, and its store.
-__device__ __forceinline__ float packed_load(const uint16_t* hi, const uint16_t* lo, int i) {
-  return __uint_as_float(packed::unpack(hi[i], lo[i]));
-}
-__device__ __forceinline__ void packed_store(uint16_t* hi, uint16_t* lo, int i, float w) {
+// Note [packed masters]: one element of a packed chunk, its fp32 value rebuilt from the shadow h
+// and the low half l, updated as adamw_element does, and stored back into both halves.
+__device__ __forceinline__ void adamw_packed_element(uint16_t& h, uint16_t& l, float g, float& m,
+                                                     float& v, const AdamWConstants& k, float gs,
+                                                     float wd) {
+  const float w = adamw_element(__uint_as_float(packed::unpack(h, l)), g, m, v, k, gs, wd);
   const uint32_t b = __float_as_uint(w);
-  hi[i] = packed::high_of(b);
-  lo[i] = packed::low_of(b);
+  h = packed::high_of(b);
+  l = packed::low_of(b);
 }
 
 __device__ __forceinline__ bool packed_vector_chunk(const OptimChunk& c) {
@@ -104,7 +105,7 @@ __device__ __forceinline__ bool packed_vector_chunk(const OptimChunk& c) {
   return bits % 16 == 0 && bits8 % 8 == 0;
 }
 
-// The update of a packed chunk: the same per-element formula as adamw_kernel's.
+// The update of a packed chunk: 8 bytes of shadow and 8 of low halves a thread when aligned.
 __device__ void adamw_packed(const OptimChunk& c, const AdamWConstants& k, float gs, float wd) {
   int done = 0;
   if (packed_vector_chunk(c)) {  // uniform over the block
@@ -118,20 +119,12 @@ __device__ void adamw_packed(const OptimChunk& c, const AdamWConstants& k, float
       float4 m = m4[i], v = v4[i];
       const float4 g = g4[i];
       ushort4 h = hi4[i], l = lo4[i];
-      const float wx =
-          adamw_element(__uint_as_float(packed::unpack(h.x, l.x)), g.x, m.x, v.x, k, gs, wd);
-      const float wy =
-          adamw_element(__uint_as_float(packed::unpack(h.y, l.y)), g.y, m.y, v.y, k, gs, wd);
-      const float wz =
-          adamw_element(__uint_as_float(packed::unpack(h.z, l.z)), g.z, m.z, v.z, k, gs, wd);
-      const float ww =
-          adamw_element(__uint_as_float(packed::unpack(h.w, l.w)), g.w, m.w, v.w, k, gs, wd);
+      adamw_packed_element(h.x, l.x, g.x, m.x, v.x, k, gs, wd);
+      adamw_packed_element(h.y, l.y, g.y, m.y, v.y, k, gs, wd);
+      adamw_packed_element(h.z, l.z, g.z, m.z, v.z, k, gs, wd);
+      adamw_packed_element(h.w, l.w, g.w, m.w, v.w, k, gs, wd);
       m4[i] = m;
       v4[i] = v;
-      h = make_ushort4(packed::high_of(__float_as_uint(wx)), packed::high_of(__float_as_uint(wy)),
-                       packed::high_of(__float_as_uint(wz)), packed::high_of(__float_as_uint(ww)));
-      l = make_ushort4(packed::low_of(__float_as_uint(wx)), packed::low_of(__float_as_uint(wy)),
-                       packed::low_of(__float_as_uint(wz)), packed::low_of(__float_as_uint(ww)));
       hi4[i] = h;
       lo4[i] = l;
     }
@@ -139,10 +132,9 @@ __device__ void adamw_packed(const OptimChunk& c, const AdamWConstants& k, float
   }
   for (int i = done + threadIdx.x; i < c.n; i += kThreads) {
     float m = c.m[i], v = c.v[i];
-    const float w = adamw_element(packed_load(c.w_bf16, c.w_lo, i), c.g[i], m, v, k, gs, wd);
+    adamw_packed_element(c.w_bf16[i], c.w_lo[i], c.g[i], m, v, k, gs, wd);
     c.m[i] = m;
     c.v[i] = v;
-    packed_store(c.w_bf16, c.w_lo, i, w);
   }
 }
 
