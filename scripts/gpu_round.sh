@@ -18,6 +18,7 @@
 #      the fp32 reference and flash_fa3_backward) and bench_attention's fa3dq beside fa3pairs;
 #      issue 48's second comparison, not rerun since the ninth session: gtron fp8 against
 #      torch.compile bf16 and PyTorch FP8 rowwise at the Llama-3.2-1B shape, D=0 and D=1;
+#   3b. issue 48: the Llama-3.2-1B fp8 step traced (scripts/trace_gpu.sh), where its time goes;
 #   4. issue 49: ncu of the FA3 forward, key and query kernels at T=8192, head sizes 128 and 64;
 #   5. FP8 parity at batch 32, the windows fixed (data.seed 7), seeds 7-9 (carry .gpupack/parity2).
 # Here: GTRON_GPU_PACK=1 bash scripts/gpu_tests.sh moe_cuda train_moe cuda_graph train_graphs gpt_cuda \
@@ -123,6 +124,12 @@ PY
     tc "l1b bf16 D=$D" "${L1B[@]}" --D $D
     tc "l1b fp8 rowwise D=$D" "${L1B[@]}" --D $D --fp8 rowwise
   done
+  if [[ $(left) -gt 80 ]]; then  # issue 48: where the fp8 step's time goes now
+    echo "== trace of the l1b fp8 step, D=0 ($(left)s left)"
+    GTRON_TRACE_OUT=$OUT/trace_l1b_fp8.tsv timeout 70 bash scripts/trace_gpu.sh "${L1B[@]}" \
+      --precision fp8 --D 0 2>&1 | grep -v '^{"system"' | tail -45 | cut -c1-200
+    rm -f $OUT/trace_l1b_fp8.tsv
+  fi
   if [[ -x .gpubin/bench_attention && $(left) -gt 250 ]]; then  # issue 49: what bounds the backward
     echo "== ncu of the FA3 attention kernels, T=8192 ($(left)s left)"
     timeout 120 ncu --clock-control none --kernel-name regex:"fa3_backward_kv|wg_backward_q|fa3_forward" \
