@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two device commands (PART=1, PART=2) for the GPU work that waits, each as much of it as BUDGET
+# Device commands (PART=1, 2, 3) for the GPU work that waits, each as much of it as BUDGET
 # seconds (default 560) allow, in this order:
 # PART=1
 #   1. the tests of the code no GPU has run yet, three lanes at once (correctness only):
@@ -13,6 +13,9 @@
 #      against torch.compile); then the Qwen3-MoE step (D=1) with packed masters: graphs full,
 #      graphs none (the same loss), and full with GTRON_MOE_REGATHER (the same loss, its peak);
 #      last, if time is left, ncu of the grouped wgmma kernels.
+# PART=3 (after the first two of the thirteenth session): the fixed tests (packed masters, the
+#   ordered-dQ launch, SwiGLU's codes-only backward), the Llama-3.2-1B fp8 step beside
+#   torch.compile bf16, then bench_attention's fa3dq beside fa3pairs.
 # PART=2
 #   3. issue 49: flash_fa3_bwd_cuda_test (the ordered-dQ backward, flash_fa3_backward_dq, against
 #      the fp32 reference and flash_fa3_backward) and bench_attention's fa3dq beside fa3pairs;
@@ -75,6 +78,24 @@ tc() {  # NAME FLAGS...: one torch.compile bf16 line
   echo "== torch.compile $name ($(left)s left)"
   timeout 200 python3 scripts/bench_torch.py --mode compile "$@" 2>&1 | tail -1 | cut -c1-260
 }
+if [[ $PART == 3 ]]; then  # the fixes after PART 1 and 2 of 2026-12-07 (thirteenth session)
+  lane1() { run_test packed_masters_cuda_test 60; run_test optim_cuda_test 60; run_test fp8_cuda_test 60; }
+  lane2() { run_test fp8_fused_cuda_test 120; run_test train_resume_cuda_test 90; }
+  lane3() { run_test flash_fa3_bwd_cuda_test 200; }
+  lane1 & lane2 & lane3 & wait
+  for f in packed_masters_cuda_test optim_cuda_test fp8_cuda_test fp8_fused_cuda_test \
+    train_resume_cuda_test flash_fa3_bwd_cuda_test; do
+    cat $OUT/$f.sum 2>/dev/null || echo "== $f no summary"
+  done
+  gt "l1b fp8 D=0" -- "${L1B[@]}" --precision fp8 --D 0
+  tc "l1b bf16 D=0" "${L1B[@]}" --D 0
+  gt "l1b fp8 D=0" -- "${L1B[@]}" --precision fp8 --D 0
+  if [[ -x .gpubin/bench_attention && $(left) -gt 100 ]]; then
+    echo "== bench_attention fa3pairs, fa3dq ($(left)s left)"
+    timeout $(( $(left) - 10 )) .gpubin/bench_attention --variants fa3pairs,fa3dq --hs 128,64 \
+      --T 1024,2048,8192 --modes mha,gqa --repeats 10 --warmup 3 2>&1 | cut -c1-300
+  fi
+fi
 if [[ $PART == 1 ]]; then
   if [[ $(left) -gt 230 ]]; then  # issue 50's acceptance 3, alternating with torch.compile
     echo "== bench_moe.sh, D=1, two rounds, packed masters ($(left)s left)"
@@ -94,7 +115,7 @@ if [[ $PART == 1 ]]; then
     grep -E "grouped_wgmma_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" \
       $OUT/ncu_grouped.txt | cut -c1-150 | head -160
   fi
-else
+elif [[ $PART == 2 ]]; then
   run_test flash_fa3_bwd_cuda_test 200
   cat $OUT/flash_fa3_bwd_cuda_test.sum 2>/dev/null
   if [[ -x .gpubin/bench_attention && $(left) -gt 300 ]]; then  # issue 49: fa3dq against fa3pairs
