@@ -112,7 +112,7 @@ void launch_tail(const FlashBackwardArgs& a, float* delta, float* sums, int* tur
                  cudaStream_t st) {
   const int64_t rows = static_cast<int64_t>(a.B) * a.NH * a.T;
   delta_kernel<HS>
-      <<<static_cast<unsigned>(ceil_div<int64_t>(rows, kDeltaRows)), 32 * kDeltaRows, 0, st>>>(
+      <<<static_cast<unsigned>(ceil_div<int64_t>(rows, kDeltaRows)), 4 * kDeltaRows, 0, st>>>(
           a, delta);
   CUDA_CHECK_LAUNCH();
   CUDA_CHECK(cudaMemsetAsync(turns, 0, static_cast<size_t>(turns_bytes(a)), st));
