@@ -53,7 +53,9 @@ std::vector<uint32_t> words(int64_t n, uint64_t seed) {
   }
   const uint32_t special[] = {0x7F800000u, 0xFF800000u, 0x7F7FFFFFu, 0xFF7FFFFFu, 0x7FC00000u,
                               0x7FFFFFFFu, 0x00000001u, 0x80008000u, 0x00000000u, 0x80000000u};
-  for (size_t k = 0; k < sizeof special / sizeof special[0]; ++k) w[k * 5] = special[k];
+  for (size_t k = 0; k < sizeof special / sizeof special[0] && k * 5 < w.size(); ++k) {
+    w[k * 5] = special[k];
+  }
   return w;
 }
 
