@@ -116,10 +116,17 @@ Var Var::output(Tensor value, bool requires_grad) {
   return v;
 }
 
+void Var::drop_grad_codes() const {
+  GTRON_CHECK(!impl_->grad_values_skipped,
+              "a gradient whose values its writer skipped (codes only: Note [gradient fp8 codes]) "
+              "was accessed before its reader took the codes");
+  impl_->grad_codes = GradCodes();
+}
+
 Tensor& Var::grad_for_write(bool* overwrite) const {
   GTRON_CHECK(requires_grad(), "grad_for_write() of a Var that does not require grad");
-  impl_->col_partials = Tensor();   // Note [gradient column partials]: a new write
-  impl_->grad_codes = GradCodes();  // Note [gradient fp8 codes]
+  impl_->col_partials = Tensor();  // Note [gradient column partials]: a new write
+  drop_grad_codes();               // Note [gradient fp8 codes]
   *overwrite = impl_->param == nullptr && !impl_->grad.defined();
   if (*overwrite) {
     impl_->grad = Tensor::empty(impl_->value.shape(), impl_->value.dtype(), impl_->value.device());
@@ -133,15 +140,15 @@ Tensor& Var::weight_grad(bool* overwrite) const {
     return grad();
   }
   GTRON_CHECK(requires_grad(), "weight_grad() of a Var that does not require grad");
-  impl_->col_partials = Tensor();   // Note [gradient column partials]: a new write
-  impl_->grad_codes = GradCodes();  // Note [gradient fp8 codes]
+  impl_->col_partials = Tensor();  // Note [gradient column partials]: a new write
+  drop_grad_codes();               // Note [gradient fp8 codes]
   return impl_->param->grad_for_write(overwrite);
 }
 
 Tensor& Var::grad() const {
   GTRON_CHECK(requires_grad(), "grad() of a Var that does not require grad");
-  impl_->col_partials = Tensor();   // Note [gradient column partials]: maybe a new write
-  impl_->grad_codes = GradCodes();  // Note [gradient fp8 codes]
+  impl_->col_partials = Tensor();  // Note [gradient column partials]: maybe a new write
+  drop_grad_codes();               // Note [gradient fp8 codes]
   if (impl_->param != nullptr) return impl_->param->grad();
   if (!impl_->grad.defined()) {
     impl_->grad = Tensor::zeros(impl_->value.shape(), impl_->value.dtype(), impl_->value.device());

@@ -94,6 +94,8 @@ struct VarImpl {
   int64_t col_chunks = 0;
   // Note [gradient fp8 codes]
   bool wants_grad_codes = false;
+  bool grad_values_unread = false;   // the reader takes the codes only
+  bool grad_values_skipped = false;  // the writer stored the codes only
   GradCodes grad_codes;
 };
 
@@ -120,9 +122,9 @@ class Var {
   // ops read Var values when their backward runs).
   void set_value(Tensor value) const { impl_->value = std::move(value); }
   void set_grad(Tensor grad) const {
+    drop_grad_codes();
     impl_->grad = std::move(grad);
     impl_->col_partials = Tensor();
-    impl_->grad_codes = GradCodes();
   }
 
   bool defined() const { return impl_ != nullptr; }
@@ -181,13 +183,28 @@ class Var {
   // gradient as it was when they were set: any later grad(), grad_for_write() or set_grad() drops
   // them. The linear asks in its forward (request_grad_codes) and takes them in its backward before
   // it reads its grad.
-  void request_grad_codes() const { impl_->wants_grad_codes = true; }
+  //
+  // A reader that will take the codes and never read dy's values (the linear without a bias
+  // gradient or a residual to hand dy on to) says so with values_unread; dy's producer may then
+  // leave the values unwritten (SwiGLU's backward does: 2 bytes an element less to store) and
+  // says so with values_skipped. Until the codes are taken, any other access to such a gradient
+  // (grad(), grad_for_write(), weight_grad(), set_grad(): a second writer) is an internal error,
+  // not a sum over unwritten memory.
+  void request_grad_codes(bool values_unread = false) const {
+    impl_->wants_grad_codes = true;
+    impl_->grad_values_unread = values_unread;
+  }
   bool grad_codes_requested() const { return impl_->wants_grad_codes; }
-  void set_grad_codes(GradCodes codes) const { impl_->grad_codes = std::move(codes); }
+  bool grad_values_unread() const { return impl_->wants_grad_codes && impl_->grad_values_unread; }
+  void set_grad_codes(GradCodes codes, bool values_skipped = false) const {
+    impl_->grad_codes = std::move(codes);
+    impl_->grad_values_skipped = values_skipped && impl_->grad_values_unread;
+  }
   // The codes left by the last writer (undefined if none, or dropped).
   GradCodes take_grad_codes() const {
     GradCodes c = std::move(impl_->grad_codes);
     impl_->grad_codes = GradCodes();
+    impl_->grad_values_skipped = false;
     return c;
   }
   const Shape& shape() const { return impl_->value.shape(); }
@@ -195,6 +212,7 @@ class Var {
   Device device() const { return impl_->value.device(); }
 
  private:
+  void drop_grad_codes() const;  // checks the values are there (Note [gradient fp8 codes])
   std::shared_ptr<VarImpl> impl_;
 };
 

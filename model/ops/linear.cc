@@ -82,7 +82,11 @@ Var linear(const Var& x, const Var& w, const Var& b, const Var& residual, bool f
   if (out.requires_grad() && x.device().is_cuda() && b.defined() && b.requires_grad())
     out.request_col_partials();
   // Note [gradient fp8 codes]: dy's last writer may make its FP8 codes on the way.
-  if (out.requires_grad() && fp8_cuda && fp8::fused_producers()) out.request_grad_codes();
+  // Without a bias gradient or a residual to hand dy on to, the backward reads the codes only.
+  if (out.requires_grad() && fp8_cuda && fp8::fused_producers()) {
+    out.request_grad_codes(/*values_unread=*/!residual.defined() &&
+                           !(b.defined() && b.requires_grad()));
+  }
   if (out.requires_grad()) {
     record_backward([x, w, b, residual, out, N, Cin, Cout, fp8, have_wq, wcodes] {
       if (!out.has_grad()) return;

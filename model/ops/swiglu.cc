@@ -51,11 +51,12 @@ Var swiglu(const Var& x, fp8::QuantizedRows* codes) {
         if (overwrite && x.grad_codes_requested() && out.dtype() == DType::kBF16 &&
             cuda::swiglu_backward_codes_ok(N, F, x.value().raw(), out.grad().raw(), dx.raw())) {
           GradCodes codes = fp8::scratch_grad_codes(N, 2 * F, s);
-          cuda::swiglu_backward_fp8(x.value().raw(), out.grad().raw(), dx.raw(), N, F,
-                                    static_cast<uint8_t*>(codes.q.raw()), codes.s.data<float>(),
-                                    static_cast<uint8_t*>(codes.qt.raw()), codes.st.data<float>(),
-                                    s.native());
-          x.set_grad_codes(std::move(codes));
+          const bool codes_only = x.grad_values_unread();  // dx's values: nobody reads them
+          cuda::swiglu_backward_fp8(
+              x.value().raw(), out.grad().raw(), codes_only ? nullptr : dx.raw(), N, F,
+              static_cast<uint8_t*>(codes.q.raw()), codes.s.data<float>(),
+              static_cast<uint8_t*>(codes.qt.raw()), codes.st.data<float>(), s.native());
+          x.set_grad_codes(std::move(codes), codes_only);
           return;
         }
         cuda::swiglu_backward(x.value().raw(), out.grad().raw(), dx.raw(), N, F, out.dtype(),

@@ -42,6 +42,7 @@ void swiglu_backward(const void* x, const void* dy, void* dx, int64_t N, int64_t
 // The backward in bf16, dx written (not accumulated), plus dx's FP8 codes as
 // fp8_quantize_rows_cols (model/ops/fp8.h) makes them of dx [N, 2F]: q [N, 2F] with rows-layout
 // scales qs, qt [2F, N] with qts (Note [SwiGLU backward with FP8 codes] in swiglu_cuda.cu).
+// dx null: the codes only (the reader never reads dx's values).
 // REQUIRES: swiglu_backward_codes_ok(N, F, x, dy, dx); q and qt 16-byte aligned.
 bool swiglu_backward_codes_ok(int64_t N, int64_t F, const void* x, const void* dy, const void* dx);
 void swiglu_backward_fp8(const void* x, const void* dy, void* dx, int64_t N, int64_t F, uint8_t* q,

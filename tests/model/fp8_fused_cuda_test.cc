@@ -208,7 +208,8 @@ TEST(Fp8Fused, SwigluCodesEqualQuantizedOutput) {
 // SwiGLU's backward with its gradient's FP8 codes (Note [SwiGLU backward with FP8 codes]): dx
 // byte for byte the plain backward's (written, not accumulated), and codes and scales of both
 // orientations equal to fp8_quantize_rows_cols of it, at F = 128 and 384 and N = 128 and 384, with
-// a NaN gradient (its row tile and column tile NaN) and a zero tile; swiglu_backward_codes_ok
+// a NaN gradient (its row tile and column tile NaN) and a zero tile, and the same codes with dx
+// null (codes only); swiglu_backward_codes_ok
 // refuses sizes that are not whole tiles.
 TEST(Fp8Fused, SwigluBackwardCodesEqualQuantizedGradient) {
   GTRON_REQUIRE_GPU();
@@ -251,6 +252,19 @@ TEST(Fp8Fused, SwigluBackwardCodesEqualQuantizedGradient) {
       for (float v : sf) nan += std::isnan(v);
       EXPECT_GT(nonzero, N * K / 4) << "the codes are mostly zero: the comparison would be empty";
       EXPECT_EQ(nan, 2) << "row 5's NaN: its d gate and d up columns";
+      // Codes only (dx null: the d up tile computed again instead of read back): the same bytes.
+      Tensor q2 = device_bytes(N * K), s2 = device_bytes(4 * ns), qt2 = device_bytes(N * K),
+             st2 = device_bytes(4 * nst);
+      for (const Tensor* t : {&q2, &s2, &qt2, &st2}) cudaMemset(t->raw(), 0x5a, t->nbytes());
+      cuda::swiglu_backward_fp8(xd.ptr(), dyd.ptr(), nullptr, N, F, static_cast<uint8_t*>(q2.raw()),
+                                s2.data<float>(), static_cast<uint8_t*>(qt2.raw()),
+                                st2.data<float>(), stream());
+      EXPECT_EQ(differing(host_bytes(q2.raw(), N * K), qr), 0) << "codes only: row codes";
+      EXPECT_EQ(differing(host_bytes(s2.raw(), 4 * ns), host_bytes(s_ref.raw(), 4 * ns)), 0)
+          << "codes only: row scales";
+      EXPECT_EQ(differing(host_bytes(qt2.raw(), N * K), host_bytes(qt_ref.raw(), N * K)), 0)
+          << "codes only: column codes";
+      EXPECT_EQ(differing(host_bytes(st2.raw(), 4 * nst), stb), 0) << "codes only: column scales";
     }
   }
   EXPECT_FALSE(cuda::swiglu_backward_codes_ok(100, 128, nullptr, nullptr, nullptr));
