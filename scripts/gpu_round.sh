@@ -90,6 +90,19 @@ if [[ $PART == 3 ]]; then  # the fixes after PART 1 and 2 of 2026-12-07 (thirtee
   gt "l1b fp8 D=0" -- "${L1B[@]}" --precision fp8 --D 0
   tc "l1b bf16 D=0" "${L1B[@]}" --D 0
   gt "l1b fp8 D=0" -- "${L1B[@]}" --precision fp8 --D 0
+  if [[ -x .gpubin/bench_fp8_gemm && $(left) -gt 60 ]]; then  # more of the heuristic's algorithms
+    echo "== bench_fp8_gemm --algos 32, the llama products ($(left)s left)"
+    timeout 50 .gpubin/bench_fp8_gemm --algos 32 --reps 10 > $OUT/bench_fp8_gemm32.log 2>&1
+    python3 - $OUT/bench_fp8_gemm32.log <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith('{"model": "llama1b"'):
+        j = json.loads(line)
+        if j["mode"] in ("block", "vec128", "rowwise") and not j.get("fast_accum"):
+            print(j["linear"], j["product"], j["mode"], "algos", j.get("algos"),
+                  "first", j.get("tflops_first"), "best", j.get("tflops_best"))
+PY
+  fi
   if [[ -x .gpubin/bench_attention && $(left) -gt 100 ]]; then
     echo "== bench_attention fa3pairs, fa3dq ($(left)s left)"
     timeout $(( $(left) - 10 )) .gpubin/bench_attention --variants fa3pairs,fa3dq --hs 128,64 \
