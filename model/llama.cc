@@ -126,6 +126,16 @@ Var LlamaBlock::mlp_after_gate_up(const Var& gu, const Var& residual, WeightAcce
     w.used(*down.weight, wd);
     return y;
   }
+  if (down.fp8 && down.tp == nullptr && down.bias == nullptr && fp8_swiglu_down() &&
+      swiglu_linear_fp8_ok(gu, down.in_features, down.out_features)) {
+    // Note [SwiGLU into an FP8 down projection]: both codes of the SwiGLU output, no bf16 copy.
+    const fp8::QuantizedWeight* wq = nullptr;
+    Var wd = w.use_fp8(*down.weight, &wq);
+    const bool in_gemm = residual_in_gemm();
+    Var y = swiglu_linear_fp8(gu, wd, wq, in_gemm ? residual : Var());
+    w.used(*down.weight, wd);
+    return in_gemm ? y : add(residual, y);
+  }
   fp8::QuantizedRows codes;  // SwiGLU writes down's FP8 input where down wants it
   const fp8::QuantizedRows* xq = down.wants_fp8_codes(gu) ? &codes : nullptr;
   Var act = swiglu(gu, xq != nullptr ? &codes : nullptr);

@@ -5,10 +5,12 @@
 // Codes and scales live only from their quantizer to the GEMM that reads them: scratch tensors on
 // the op's stream, released as soon as the GEMM is queued (the allocator orders their reuse after
 // it); the input codes a producer wrote (Note [fp8 fused producers] in fp8.h) live the same way,
-// from the producer to the forward product. Nothing is kept from the forward for the backward: the
-// backward quantizes x along the tokens again, and the weight's transposed codes come from its
-// QuantizedWeight (Note [fp8 weights once a step] in fp8.h) or are made again, so the FP8 path
-// holds no more activation memory between the passes than the bf16 one.
+// from the producer to the forward product. Nothing else is kept from the forward for the
+// backward: the backward quantizes x along the tokens again, and the weight's transposed codes
+// come from its QuantizedWeight (Note [fp8 weights once a step] in fp8.h) or are made again, so
+// the FP8 path holds no more activation memory between the passes than the bf16 one. The one
+// exception holds less: swiglu_linear_fp8 keeps its input's column codes (N·F bytes) instead of
+// the bf16 input (2·N·F; Note [SwiGLU into an FP8 down projection] in fused_mlp.h).
 #include "model/ops/fp8.h"
 
 #include <atomic>
@@ -222,8 +224,9 @@ QuantizedRows scratch_rows(int64_t R, int64_t K, Stream& s) {
 void cuda_forward(const Tensor& x, const Tensor& w, const void* bias, DType bias_dtype, Tensor& y,
                   const void* residual, int64_t N, int64_t Cin, int64_t Cout, Stream& s,
                   const QuantizedWeight* wq, const QuantizedRows* xq) {
-  GTRON_CHECK(cuda::fp8_gemm_ok(N, Cin, Cout) && x.dtype() == DType::kBF16, "fp8 linear: ", N,
-              " rows, Cin ", Cin, ", Cout ", Cout, ", ", dtype_name(x.dtype()));
+  GTRON_CHECK(cuda::fp8_gemm_ok(N, Cin, Cout) && (xq != nullptr || x.dtype() == DType::kBF16),
+              "fp8 linear: ", N, " rows, Cin ", Cin, ", Cout ", Cout, ", x ",
+              x.defined() ? dtype_name(x.dtype()) : "absent");
   Quantized xc;
   if (xq != nullptr) {  // Note [fp8 fused producers]: x's producer wrote them
     GTRON_CHECK(xq->q.nbytes() >= static_cast<size_t>(N * Cin) &&
@@ -245,7 +248,7 @@ void cuda_forward(const Tensor& x, const Tensor& w, const void* bias, DType bias
 
 void cuda_backward(const Tensor& x, const Tensor& w, const Tensor& dy, void* dx, bool dx_overwrite,
                    Tensor* dw, bool dw_overwrite, int64_t N, int64_t Cin, int64_t Cout, Stream& s,
-                   const QuantizedWeight* wq, const GradCodes* given) {
+                   const QuantizedWeight* wq, const GradCodes* given, const QuantizedRows* xtq) {
   // dy in tiles along its rows (dgrad) and along its columns, transposed (wgrad): one pass over dy
   // when both are wanted, none when dy's producer made them.
   Quantized dyq, dyt;
@@ -273,8 +276,17 @@ void cuda_backward(const Tensor& x, const Tensor& w, const Tensor& dy, void* dx,
                 Cin, Cout, s);
   }
   if (dw != nullptr) {  // dw[Cout, Cin] = dyᵀ[Cout, N]·(xᵀ[Cin, N])ᵀ, both in tiles along N
-    Quantized xt = scratch(N * Cin, row_scale_floats(Cin, N), s);
-    cuda::fp8_quantize_cols(x.raw(), N, Cin, xt.q(), xt.sc(), s.native());
+    Quantized xt;
+    if (xtq != nullptr) {  // kept from the forward
+      GTRON_CHECK(xtq->q.nbytes() >= static_cast<size_t>(N * Cin) &&
+                      xtq->s.numel() >= row_scale_floats(Cin, N) && xtq->s.dtype() == DType::kF32,
+                  "fp8 linear: the transposed input codes handed in are smaller than the [", Cin,
+                  ", ", N, "] matrix");
+      xt = Quantized{xtq->q, xtq->s};
+    } else {
+      xt = scratch(N * Cin, row_scale_floats(Cin, N), s);
+      cuda::fp8_quantize_cols(x.raw(), N, Cin, xt.q(), xt.sc(), s.native());
+    }
     fp8_product(dyt, xt, cuda::Fp8Scales::kRows, dw->raw(), dw->dtype(), dw_overwrite ? 0.0f : 1.0f,
                 Cout, Cin, N, s);
   }

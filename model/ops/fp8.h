@@ -183,15 +183,19 @@ bool parse_gemm_kernel(const char* name, GemmKernel* out);
 // and no bias gradient (the caller sums dy's columns). REQUIRES: cuda::fp8_gemm_ok(N, Cin, Cout);
 // w (the bf16 shadow) [Cout, Cin]. `wq`: w's codes made beforehand (Note [fp8 weights once a
 // step]), or null to quantize w here. `xq`: x's codes made by its producer (Note [fp8 fused
-// producers]; at least N·Cin codes and row_scale_floats(N, Cin) scales), or null to quantize x.
+// producers]; at least N·Cin codes and row_scale_floats(N, Cin) scales), or null to quantize x;
+// with xq, x is not read and may be undefined.
 void cuda_forward(const Tensor& x, const Tensor& w, const void* bias, DType bias_dtype, Tensor& y,
                   const void* residual, int64_t N, int64_t Cin, int64_t Cout, Stream& s,
                   const QuantizedWeight* wq = nullptr, const QuantizedRows* xq = nullptr);
 // `dyq`: dy's codes made by its producer (Note [gradient fp8 codes] in model/autograd.h), or null
-// to quantize dy here.
+// to quantize dy here. `xtq`: xᵀ's codes [Cin, N] (rows layout of the [Cin, N] matrix: 1x128 tiles
+// along the tokens) kept from the forward (swiglu_linear_fp8), or null to quantize x here; with
+// them x is not read.
 void cuda_backward(const Tensor& x, const Tensor& w, const Tensor& dy, void* dx, bool dx_overwrite,
                    Tensor* dw, bool dw_overwrite, int64_t N, int64_t Cin, int64_t Cout, Stream& s,
-                   const QuantizedWeight* wq = nullptr, const GradCodes* dyq = nullptr);
+                   const QuantizedWeight* wq = nullptr, const GradCodes* dyq = nullptr,
+                   const QuantizedRows* xtq = nullptr);
 // Scratch on `s` for the codes of a gradient dy [R, C] (both orientations; R, C multiples of 128).
 GradCodes scratch_grad_codes(int64_t R, int64_t C, Stream& s);
 // w[N, K] (fp32 or bf16) quantized into a QuantizedWeight allocated on `s` (both orientations).

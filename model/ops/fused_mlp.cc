@@ -1,8 +1,12 @@
 #include "model/ops/fused_mlp.h"
 
+#include <atomic>
+
+#include "model/env.h"
 #include "model/ops/add.h"
 #include "model/ops/column_scratch.h"
 #include "model/ops/device_util.h"
+#include "model/ops/fp8.h"
 #include "model/ops/gelu.h"
 #include "model/ops/linear.h"
 #include "model/ops/shape_check.h"
@@ -192,6 +196,81 @@ Var swiglu_linear(const Var& gu, const Var& w, const Var& residual, bool keep_ac
       Tensor& dgu = gu.grad_for_write(&overwrite);
       cuda::swiglu_backward(gu.value().raw(), da.raw(), dgu.raw(), N, F, DType::kBF16, s.native(),
                             overwrite);
+    });
+  }
+  return out;
+}
+
+namespace {
+std::atomic<int> g_fp8_swiglu_down{-1};
+std::atomic<int64_t> g_swiglu_linear_fp8_calls{0};
+}  // namespace
+
+bool fp8_swiglu_down() {
+  return env_once(g_fp8_swiglu_down,
+                  [] { return env_flag("GTRON_FP8_SWIGLU_DOWN", true) ? 1 : 0; }) == 1;
+}
+
+int64_t swiglu_linear_fp8_calls() { return g_swiglu_linear_fp8_calls.load(); }
+
+bool swiglu_linear_fp8_ok(const Var& gu, int64_t F, int64_t Cout) {
+  if (!fused_mlp_supported(gu) || !fp8::fused_producers() || F <= 0) return false;
+  const Shape& gs = gu.shape();
+  if (gs.rank() < 1 || gs[gs.rank() - 1] != 2 * F) return false;
+  const int64_t N = gu.value().numel() / (2 * F);
+  return cuda::fp8_gemm_ok(N, F, Cout) &&
+         cuda::swiglu_backward_codes_ok(N, F, gu.value().raw(), nullptr, nullptr);
+}
+
+Var swiglu_linear_fp8(const Var& gu, const Var& w, const fp8::QuantizedWeight* wq,
+                      const Var& residual) {
+  const int64_t Cout = w.shape()[0];
+  const int64_t F = w.shape()[w.shape().rank() - 1];
+  GTRON_CHECK(swiglu_linear_fp8_ok(gu, F, Cout), "swiglu_linear_fp8: [gate | up] ",
+              gu.shape().str(), " on ", gu.device().str(), "/", dtype_name(gu.dtype()),
+              " against a weight ", w.shape().str(),
+              "; expected CUDA bf16, [N, 2F] with N and F multiples of 128");
+  check_shape("swiglu_linear_fp8 weight", w.shape(), Shape{Cout, F});
+  GTRON_CHECK(w.device() == gu.device(), "swiglu_linear_fp8: the weight is on ", w.device().str(),
+              ", gu on ", gu.device().str());
+  const int64_t N = gu.value().numel() / (2 * F);
+  g_swiglu_linear_fp8_calls.fetch_add(1);
+  Stream& s = current_stream(gu.device());
+  const Shape y_shape(with_last(gu.shape(), Cout));
+  if (residual.defined()) {
+    check_shape("swiglu_linear_fp8 residual", residual.shape(), y_shape);
+    check_same_device_dtype("swiglu_linear_fp8 residual", gu.value(), residual.value());
+  }
+  // Rows codes for the product now; column codes (aᵀ [F, N]) kept for the weight gradient.
+  const fp8::QuantizedRows rows = fp8::scratch_rows(N, F, s);
+  const fp8::QuantizedRows cols = fp8::scratch_rows(F, N, s);
+  cuda::swiglu_forward_fp8(gu.value().raw(), nullptr, N, F, static_cast<uint8_t*>(rows.q.raw()),
+                           rows.s.data<float>(), static_cast<uint8_t*>(cols.q.raw()),
+                           cols.s.data<float>(), s.native());
+  Tensor y = Tensor::empty(y_shape, DType::kBF16, gu.device(), &s);
+  const bool have_wq = wq != nullptr;
+  const fp8::QuantizedWeight wcodes = have_wq ? *wq : fp8::QuantizedWeight{};
+  fp8::cuda_forward(Tensor(), w.value(), nullptr, DType::kBF16, y,
+                    residual.defined() ? residual.value().raw() : nullptr, N, F, Cout, s,
+                    have_wq ? &wcodes : nullptr, &rows);
+  const bool need =
+      gu.requires_grad() || w.requires_grad() || (residual.defined() && residual.requires_grad());
+  Var out = Var::output(y, need);
+  if (need) {
+    const Shape a_shape(with_last(gu.shape(), F));
+    record_backward([a_shape, cols, wcodes, have_wq, gu, w, residual, out, N, F, Cout] {
+      if (!out.has_grad()) return;
+      Stream& s = current_stream(out.device());
+      // The residual's share first: dy itself, before the GEMMs below read dy.
+      if (residual.defined()) hand_on_gradient(residual, out.grad());
+      bool dw_overwrite = false;  // Note [first gradient write] in parallel/ddp.h
+      Tensor* dw = w.requires_grad() ? &w.weight_grad(&dw_overwrite) : nullptr;
+      Tensor da;
+      if (gu.requires_grad()) da = Tensor::empty(a_shape, DType::kBF16, out.device(), &s);
+      fp8::cuda_backward(Tensor(), w.value(), out.grad(), da.defined() ? da.raw() : nullptr,
+                         /*dx_overwrite=*/true, dw, dw_overwrite, N, F, Cout, s,
+                         have_wq ? &wcodes : nullptr, nullptr, &cols);
+      if (da.defined()) swiglu_backward_cuda(gu, da, N, F);
     });
   }
   return out;

@@ -20,6 +20,10 @@
 
 namespace gtron {
 
+namespace fp8 {
+struct QuantizedWeight;
+}  // namespace fp8
+
 struct GeluUp {
   Var pre;  // [.., Cout] x·wᵀ + b: its gradient is what linear_gelu_up's backward reads
   Var g;    // [.., Cout] gelu(pre): to be consumed by linear_after_gelu only
@@ -55,6 +59,31 @@ Var linear_after_gelu(const GeluUp& up, const Var& w, const Var& b, const Var& r
 // in the GEMM's epilogue). Backward: dw += dyᵀ·a, dresidual += dy, and d gu (+)= SwiGLU's backward
 // of dy·w. REQUIRES: CUDA, bf16; w not split over TP.
 Var swiglu_linear(const Var& gu, const Var& w, const Var& residual, bool keep_act);
+
+// Note [SwiGLU into an FP8 down projection]
+// With FP8 (train.precision = "fp8") the down projection reads a = silu(gate) ⊙ up only as codes:
+// the forward product as 1x128 tiles along F (the rows codes SwiGLU writes, Note [fp8 fused
+// producers] in fp8.h), the weight gradient as aᵀ in 1x128 tiles along the tokens, which the
+// composed ops make in the backward from a bf16 a kept since the forward (fp8_quantize_cols).
+// swiglu_linear_fp8 makes both codes in the forward, from one tile kernel (Note [SwiGLU forward
+// with both codes] in swiglu_cuda.cu), keeps the column codes for the backward and never stores a
+// at all: per block, 2·N·F bytes less written in the forward and read in the backward, and a
+// quantizer launch less; N·F bytes (plus scales) kept between the passes instead of 2·N·F. The
+// products, codes and gradients are the composed path's bit for bit (the same codes from the same
+// tile arithmetic, the same GEMMs; fp8_fused_cuda_test compares the whole model both ways).
+//
+// gu: [N.., 2F]; w: [Cout, F], read through `wq`, its codes (Note [fp8 weights once a step] in
+// fp8.h), or quantized here when wq is null (w then bf16). y = swiglu(gu)·wᵀ (+ residual in the
+// epilogue). Backward: dw (+)= dyᵀ·a, dresidual += dy, d gu (+)= SwiGLU's backward of dy·w (with
+// gu's gradient codes where its reader asked: Note [gradient fp8 codes] in model/autograd.h).
+// REQUIRES: swiglu_linear_fp8_ok(gu, F, Cout); no bias; w not split over TP.
+// The llama block takes this path unless GTRON_FP8_SWIGLU_DOWN=0 (an A/B switch; read at the
+// first question). The calls so far, for tests.
+bool fp8_swiglu_down();
+int64_t swiglu_linear_fp8_calls();
+bool swiglu_linear_fp8_ok(const Var& gu, int64_t F, int64_t Cout);
+Var swiglu_linear_fp8(const Var& gu, const Var& w, const fp8::QuantizedWeight* wq,
+                      const Var& residual);
 
 namespace cuda {
 // pre[N, Cout] = x·wᵀ + bias, g = gelu(pre), one GEMM when cuBLASLt offers the epilogue (else a

@@ -7,6 +7,26 @@
 
 namespace gtron {
 
+void swiglu_backward_cuda(const Var& x, const Tensor& dy, int64_t N, int64_t F) {
+  Stream& s = current_stream(x.device());
+  bool overwrite = false;
+  Tensor& dx = x.grad_for_write(&overwrite);
+  // Note [gradient fp8 codes]: dx's FP8 codes in the same pass, for the gate|up projection.
+  if (overwrite && x.grad_codes_requested() && dy.dtype() == DType::kBF16 &&
+      cuda::swiglu_backward_codes_ok(N, F, x.value().raw(), dy.raw(), dx.raw())) {
+    GradCodes codes = fp8::scratch_grad_codes(N, 2 * F, s);
+    const bool codes_only = x.grad_values_unread();  // dx's values: nobody reads them
+    cuda::swiglu_backward_fp8(x.value().raw(), dy.raw(), codes_only ? nullptr : dx.raw(), N, F,
+                              static_cast<uint8_t*>(codes.q.raw()), codes.s.data<float>(),
+                              static_cast<uint8_t*>(codes.qt.raw()), codes.st.data<float>(),
+                              s.native());
+    x.set_grad_codes(std::move(codes), codes_only);
+    return;
+  }
+  cuda::swiglu_backward(x.value().raw(), dy.raw(), dx.raw(), N, F, dy.dtype(), s.native(),
+                        overwrite);
+}
+
 Var swiglu(const Var& x, fp8::QuantizedRows* codes) {
   const Shape& in = x.shape();
   GTRON_CHECK(in.rank() >= 1 && in[in.rank() - 1] > 0 && in[in.rank() - 1] % 2 == 0, "swiglu: x ",
@@ -45,22 +65,7 @@ Var swiglu(const Var& x, fp8::QuantizedRows* codes) {
       if (!out.has_grad()) return;
       Stream& s = current_stream(out.device());
       if (out.device().is_cuda()) {
-        bool overwrite = false;
-        Tensor& dx = x.grad_for_write(&overwrite);
-        // Note [gradient fp8 codes]: dx's FP8 codes in the same pass, for the gate|up projection.
-        if (overwrite && x.grad_codes_requested() && out.dtype() == DType::kBF16 &&
-            cuda::swiglu_backward_codes_ok(N, F, x.value().raw(), out.grad().raw(), dx.raw())) {
-          GradCodes codes = fp8::scratch_grad_codes(N, 2 * F, s);
-          const bool codes_only = x.grad_values_unread();  // dx's values: nobody reads them
-          cuda::swiglu_backward_fp8(
-              x.value().raw(), out.grad().raw(), codes_only ? nullptr : dx.raw(), N, F,
-              static_cast<uint8_t*>(codes.q.raw()), codes.s.data<float>(),
-              static_cast<uint8_t*>(codes.qt.raw()), codes.st.data<float>(), s.native());
-          x.set_grad_codes(std::move(codes), codes_only);
-          return;
-        }
-        cuda::swiglu_backward(x.value().raw(), out.grad().raw(), dx.raw(), N, F, out.dtype(),
-                              s.native(), overwrite);
+        swiglu_backward_cuda(x, out.grad(), N, F);
         return;
       }
       dispatch_float(out.dtype(), [&](auto tag) {

@@ -20,6 +20,10 @@ struct QuantizedRows;
 // layout fp8_quantize_rows makes of y ([N, F], tiles along F), into new scratch on the stream, in
 // the same pass as y. REQUIRES (codes): x on CUDA in bf16.
 Var swiglu(const Var& x, fp8::QuantizedRows* codes = nullptr);
+// The backward into x's gradient from dy [N, F] on CUDA, as swiglu's (shared with
+// swiglu_linear_fp8, model/ops/fused_mlp.h): written or accumulated, with x's gradient codes where
+// its reader asked for them (Note [gradient fp8 codes] in model/autograd.h).
+void swiglu_backward_cuda(const Var& x, const Tensor& dy, int64_t N, int64_t F);
 
 namespace cpu {
 // N rows: x [N, 2F], y [N, F].
@@ -47,6 +51,12 @@ void swiglu_backward(const void* x, const void* dy, void* dx, int64_t N, int64_t
 bool swiglu_backward_codes_ok(int64_t N, int64_t F, const void* x, const void* dy, const void* dx);
 void swiglu_backward_fp8(const void* x, const void* dy, void* dx, int64_t N, int64_t F, uint8_t* q,
                          float* qs, uint8_t* qt, float* qts, void* stream);
+// The forward's output y [N, F] (stored only if y is non-null) with its FP8 codes both ways, as
+// fp8_quantize_rows_cols makes them of y: q [N, F] with rows-layout scales qs, qt [F, N] with qts
+// (Note [SwiGLU forward with both codes] in swiglu_cuda.cu). REQUIRES: swiglu_backward_codes_ok(N,
+// F, x, y, nullptr) (the same whole tiles); q and qt 16-byte aligned.
+void swiglu_forward_fp8(const void* x, void* y, int64_t N, int64_t F, uint8_t* q, float* qs,
+                        uint8_t* qt, float* qts, void* stream);
 }  // namespace cuda
 
 }  // namespace gtron

@@ -79,9 +79,9 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ x, const T* __restr
 // rounding as swiglu_backward_kernel's, so dx is bit-identical to it and the codes to
 // fp8_quantize_rows_cols of it. Written, not accumulated (the first writer of dx only).
 // When the projection reads the codes only (dx null: Note [gradient fp8 codes] in
-// model/autograd.h), dx is not stored at all and the d up tile is computed again from x and dy,
-// which this CTA has just read (L2): 2·N·2F bytes less to write, about a third of the kernel's
-// traffic (an H100 trace of the Llama-3.2-1B fp8 step put the kernel at 430 us a layer).
+// model/autograd.h), dx is not stored at all and the d up tile waits in 32 KiB of dynamic shared
+// memory instead of the stores: 2·N·2F bytes less to write, about a third of the kernel's traffic
+// (an H100 trace of the Llama-3.2-1B fp8 step put the kernel at 430 us a layer).
 constexpr int kCodesThreads = 256;
 
 // d gate and d up of 8 elements from the bf16 inputs, rounded to bf16 (swiglu_backward_kernel's
@@ -106,12 +106,17 @@ __device__ __forceinline__ void swiglu_backward_8(const bf16* x, const bf16* dy,
                    hu[6] | hu[7] << 16);
 }
 
+template <bool kStore>
 __global__ void __launch_bounds__(kCodesThreads, 2)
     swiglu_backward_codes_kernel(const bf16* __restrict__ x, const bf16* __restrict__ dy,
                                  bf16* __restrict__ dx, int64_t N, int64_t F,
                                  uint8_t* __restrict__ q, float* __restrict__ s,
                                  uint8_t* __restrict__ qt, float* __restrict__ st) {
   __shared__ uint4 tile[128][16];
+  // Codes only: the d up tile waits in shared memory, each thread's 8 chunks in its own slots
+  // (chunk i of thread t at i·256 + t: conflict-free), read back by the same thread; computing
+  // it again instead spilled 288 bytes a thread (the accurate division's registers).
+  extern __shared__ uint4 up[];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * 128;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * 128 + 8 * (threadIdx.x % 16);
   uint4 w[8];
@@ -120,28 +125,60 @@ __global__ void __launch_bounds__(kCodesThreads, 2)
     const int64_t r = r0 + threadIdx.x / 16 + 16 * i;
     uint4 hu;
     swiglu_backward_8(x, dy, r, F, j, w[i], hu);
-    if (dx != nullptr) {
+    if constexpr (kStore) {
       *reinterpret_cast<uint4*>(dx + r * 2 * F + j) = w[i];
       *reinterpret_cast<uint4*>(dx + r * 2 * F + F + j) = hu;
+    } else {
+      up[i * kCodesThreads + threadIdx.x] = hu;
     }
   }
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * 128;
   code_tile_rows_cols<true>(tile, w, r0, j0, N, 2 * F, q, s, qt, st);
   // The d up tile (holding both tiles in registers spilled): read back what this thread stored,
-  // or computed again when nothing was stored; after every thread's column pass has read the
-  // shared tile.
+  // after every thread's column pass has read the shared tile.
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const int64_t r = r0 + threadIdx.x / 16 + 16 * i;
-    if (dx != nullptr) {
+    if constexpr (kStore) {
+      const int64_t r = r0 + threadIdx.x / 16 + 16 * i;
       w[i] = *reinterpret_cast<const uint4*>(dx + r * 2 * F + F + j);
     } else {
-      uint4 hg;
-      swiglu_backward_8(x, dy, r, F, j, hg, w[i]);
+      w[i] = up[i * kCodesThreads + threadIdx.x];
     }
   }
   __syncthreads();
   code_tile_rows_cols<true>(tile, w, r0, F + j0, N, 2 * F, q, s, qt, st);
+}
+
+// Note [SwiGLU forward with both codes]
+// For the FP8 down projection fused with SwiGLU (swiglu_linear_fp8, model/ops/fused_mlp.h): a CTA
+// of 256 takes rows [r0, r0 + 128) and columns [j0, j0 + 128) of y, computes them as
+// swiglu_forward_kernel does (rounded to bf16 as stored), and codes the tile both ways with
+// code_tile_rows_cols: the row tiles for the forward product, the column tiles (yᵀ in 1x128
+// tiles along the rows) for the weight gradient, which would otherwise quantize y again from a
+// bf16 copy kept for the backward. y itself is stored only when asked for (y non-null).
+__global__ void __launch_bounds__(kCodesThreads, 2)
+    swiglu_forward_codes_kernel(const bf16* __restrict__ x, bf16* __restrict__ y, int64_t N,
+                                int64_t F, uint8_t* __restrict__ q, float* __restrict__ s,
+                                uint8_t* __restrict__ qt, float* __restrict__ st) {
+  __shared__ uint4 tile[128][16];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * 128;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 128 + 8 * (threadIdx.x % 16);
+  uint4 w[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t r = r0 + threadIdx.x / 16 + 16 * i;
+    float g[8], u[8];
+    load_floats<8>(x + r * 2 * F + j, g);
+    load_floats<8>(x + r * 2 * F + F + j, u);
+    uint32_t h[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      h[k] = __bfloat16_as_ushort(from_float<bf16>(g[k] * sigmoid(g[k]) * u[k]));
+    w[i] = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+    if (y != nullptr) *reinterpret_cast<uint4*>(y + r * F + j) = w[i];
+  }
+  code_tile_rows_cols<true>(tile, w, r0, static_cast<int64_t>(blockIdx.x) * 128, N, F, q, s, qt,
+                            st);
 }
 
 // Whether kV-element packs fit every operand (F a multiple of kV, pointers 16-byte aligned).
@@ -210,6 +247,18 @@ void swiglu_backward(const void* x, const void* dy, void* dx, int64_t N, int64_t
   });
 }
 
+void swiglu_forward_fp8(const void* x, void* y, int64_t N, int64_t F, uint8_t* q, float* qs,
+                        uint8_t* qt, float* qts, void* stream) {
+  GTRON_CHECK(
+      swiglu_backward_codes_ok(N, F, x, y, nullptr) && is_aligned(q, 16) && is_aligned(qt, 16),
+      "swiglu_forward_fp8: N = ", N, ", F = ", F,
+      " (both multiples of 128, 16-byte aligned operands required)");
+  const dim3 grid(static_cast<unsigned>(F / 128), static_cast<unsigned>(N / 128));
+  swiglu_forward_codes_kernel<<<grid, kCodesThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const bf16*>(x), static_cast<bf16*>(y), N, F, q, qs, qt, qts);
+  CUDA_CHECK_LAUNCH();
+}
+
 bool swiglu_backward_codes_ok(int64_t N, int64_t F, const void* x, const void* dy, const void* dx) {
   return N > 0 && N % 128 == 0 && F % 128 == 0 && N / 128 <= 65535 && is_aligned(x, 16) &&
          is_aligned(dy, 16) && is_aligned(dx, 16);
@@ -221,9 +270,23 @@ void swiglu_backward_fp8(const void* x, const void* dy, void* dx, int64_t N, int
               "swiglu_backward_fp8: N = ", N, ", F = ", F,
               " (both multiples of 128, 16-byte aligned operands required)");
   const dim3 grid(static_cast<unsigned>(F / 128), static_cast<unsigned>(N / 128));
-  swiglu_backward_codes_kernel<<<grid, kCodesThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const bf16*>(x), static_cast<const bf16*>(dy), static_cast<bf16*>(dx), N, F, q,
-      qs, qt, qts);
+  const auto st = static_cast<cudaStream_t>(stream);
+  const auto* xb = static_cast<const bf16*>(x);
+  const auto* dyb = static_cast<const bf16*>(dy);
+  if (dx != nullptr) {
+    swiglu_backward_codes_kernel<true>
+        <<<grid, kCodesThreads, 0, st>>>(xb, dyb, static_cast<bf16*>(dx), N, F, q, qs, qt, qts);
+  } else {
+    constexpr int kUpBytes = 8 * kCodesThreads * 16;  // beside the static 32 KiB tile
+    static const bool once = [] {
+      CUDA_CHECK(cudaFuncSetAttribute(swiglu_backward_codes_kernel<false>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kUpBytes));
+      return true;
+    }();
+    (void)once;
+    swiglu_backward_codes_kernel<false>
+        <<<grid, kCodesThreads, kUpBytes, st>>>(xb, dyb, nullptr, N, F, q, qs, qt, qts);
+  }
   CUDA_CHECK_LAUNCH();
 }
 

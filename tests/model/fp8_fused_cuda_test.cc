@@ -21,6 +21,7 @@
 #include "model/mixed_precision.h"
 #include "model/ops/concat.h"
 #include "model/ops/fp8.h"
+#include "model/ops/fused_mlp.h"
 #include "model/ops/gelu.h"
 #include "model/ops/norm.h"
 #include "model/ops/swiglu.h"
@@ -201,6 +202,62 @@ TEST(Fp8Fused, SwigluCodesEqualQuantizedOutput) {
             });
         EXPECT_EQ(nan, 2) << at << ": the NaN tile and the overflowing one";
       }
+    }
+  }
+}
+
+// SwiGLU's forward with both codes (Note [SwiGLU forward with both codes]): y byte for byte the
+// plain forward's, and its codes both ways equal to fp8_quantize_rows_cols of it, at N, F = 128 and
+// 384, with a NaN input (its row tile and column tile NaN) and a zero tile; then the same codes
+// without y stored (swiglu_linear_fp8's case).
+TEST(Fp8Fused, SwigluForwardBothCodesEqualQuantizedOutput) {
+  GTRON_REQUIRE_GPU();
+  for (int64_t N : {128, 384}) {
+    for (int64_t F : {128, 384}) {
+      SCOPED_TRACE("N " + std::to_string(N) + ", F " + std::to_string(F));
+      std::vector<float> x = normal_values(N * 2 * F, 8, 2.0);
+      x[3 * 2 * F + 7] = NAN;
+      for (int64_t j = 0; j < 128; ++j) x[11 * 2 * F + F + j] = 0.0f;  // up zero: y zero there
+      const DeviceValues xd = device_bf16(x, 0);
+      const int64_t ns = fp8::row_scale_floats(N, F), nst = fp8::row_scale_floats(F, N);
+      Tensor plain = device_bytes(2 * N * F), y = device_bytes(2 * N * F);
+      Tensor q_ref = device_bytes(N * F), s_ref = device_bytes(4 * ns),
+             qt_ref = device_bytes(N * F), st_ref = device_bytes(4 * nst);
+      cuda::swiglu_forward(xd.ptr(), plain.raw(), N, F, DType::kBF16, stream());
+      cuda::fp8_quantize_rows_cols(plain.raw(), N, F, static_cast<uint8_t*>(q_ref.raw()),
+                                   s_ref.data<float>(), static_cast<uint8_t*>(qt_ref.raw()),
+                                   st_ref.data<float>(), stream());
+      const std::vector<uint8_t> qr = host_bytes(q_ref.raw(), N * F),
+                                 sr = host_bytes(s_ref.raw(), 4 * ns),
+                                 qtr = host_bytes(qt_ref.raw(), N * F),
+                                 str = host_bytes(st_ref.raw(), 4 * nst);
+      for (bool store : {true, false}) {
+        SCOPED_TRACE(store ? "y stored" : "codes only");
+        Tensor q = device_bytes(N * F), sc = device_bytes(4 * ns), qt = device_bytes(N * F),
+               st = device_bytes(4 * nst);
+        for (const Tensor* t : {&q, &sc, &qt, &st}) cudaMemset(t->raw(), 0xa5, t->nbytes());
+        cudaMemset(y.raw(), 0x5a, y.nbytes());
+        cuda::swiglu_forward_fp8(xd.ptr(), store ? y.raw() : nullptr, N, F,
+                                 static_cast<uint8_t*>(q.raw()), sc.data<float>(),
+                                 static_cast<uint8_t*>(qt.raw()), st.data<float>(), stream());
+        if (store) {
+          EXPECT_EQ(differing(host_bytes(y.raw(), 2 * N * F), host_bytes(plain.raw(), 2 * N * F)),
+                    0)
+              << "y bytes";
+        }
+        EXPECT_EQ(differing(host_bytes(q.raw(), N * F), qr), 0) << "row codes";
+        EXPECT_EQ(differing(host_bytes(sc.raw(), 4 * ns), sr), 0) << "row scales";
+        EXPECT_EQ(differing(host_bytes(qt.raw(), N * F), qtr), 0) << "column codes";
+        EXPECT_EQ(differing(host_bytes(st.raw(), 4 * nst), str), 0) << "column scales";
+      }
+      int64_t nonzero = 0;
+      for (uint8_t c : qr) nonzero += (c & 0x7f) != 0;
+      EXPECT_GT(nonzero, N * F / 4) << "the codes are mostly zero: the comparison would be empty";
+      std::vector<float> sf(static_cast<size_t>(nst));
+      std::memcpy(sf.data(), str.data(), str.size());
+      int64_t nan = 0;
+      for (float v : sf) nan += std::isnan(v);
+      EXPECT_EQ(nan, 1) << "row 3's NaN: one column tile";
     }
   }
 }
@@ -411,8 +468,13 @@ void expect_fusion_bit_identical(Arch arch, Recompute recompute) {
   const GPTConfig c = tiny_fp8(arch, recompute);
   const int64_t L = c.n_layer, D = c.mtp_depth;
   const int64_t blocks = (recompute == Recompute::kFull ? 2 * L : L) + D;
+  const int64_t calls_before = swiglu_linear_fp8_calls();
   const Step fused = train_step(c, true);
+  const int64_t calls_fused = swiglu_linear_fp8_calls() - calls_before;
   const Step plain = train_step(c, false);
+  // Note [SwiGLU into an FP8 down projection]: llama's down projections took the fused op.
+  EXPECT_EQ(calls_fused, arch == Arch::kLlama ? blocks : 0);
+  EXPECT_EQ(swiglu_linear_fp8_calls() - calls_before, calls_fused) << "the unfused run took it";
   EXPECT_EQ(fused.counts.handed_in, 3 * blocks + D);
   EXPECT_EQ(fused.counts.quantized, blocks);
   EXPECT_EQ(plain.counts.handed_in, 0);
