@@ -89,6 +89,7 @@ if [[ $PART == 3 ]]; then  # the fixes after PART 1 and 2 of 2026-12-07 (thirtee
   done
   gt "l1b fp8 D=0" -- "${L1B[@]}" --precision fp8 --D 0
   tc "l1b bf16 D=0" "${L1B[@]}" --D 0
+  gt "l1b fp8 D=0, GTRON_FP8_SWIGLU_DOWN=0" GTRON_FP8_SWIGLU_DOWN=0 -- "${L1B[@]}" --precision fp8 --D 0
   gt "l1b fp8 D=0" -- "${L1B[@]}" --precision fp8 --D 0
   if [[ -x .gpubin/bench_fp8_gemm && $(left) -gt 60 ]]; then  # more of the heuristic's algorithms
     echo "== bench_fp8_gemm --algos 32, the llama products ($(left)s left)"
