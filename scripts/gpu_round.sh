@@ -14,8 +14,12 @@
 #      graphs none (the same loss), and full with GTRON_MOE_REGATHER (the same loss, its peak);
 #      last, if time is left, ncu of the grouped wgmma kernels.
 # PART=3 (after the first two of the thirteenth session): the fixed tests (packed masters, the
-#   ordered-dQ launch, SwiGLU's codes-only backward), the Llama-3.2-1B fp8 step beside
-#   torch.compile bf16, then bench_attention's fa3dq beside fa3pairs.
+#   ordered-dQ launch, SwiGLU's codes-only backward, swiglu_linear_fp8), the Llama-3.2-1B fp8
+#   step with and without GTRON_FP8_SWIGLU_DOWN beside torch.compile bf16, bench_fp8_gemm with 32
+#   algorithms, then bench_attention's fa3dq beside fa3pairs. Pack: GTRON_GPU_PACK=1 bash
+#   scripts/gpu_tests.sh fp8_fused packed_masters optim_cuda flash_fa3_bwd train_resume fp8_cuda.
+#   After it, PART=2's parity (seeds 7-9, carry .gpupack/parity2) and ncu of the FA3 kernels,
+#   which the thirteenth session's PART=2 ran out of time for.
 # PART=2
 #   3. issue 49: flash_fa3_bwd_cuda_test (the ordered-dQ backward, flash_fa3_backward_dq, against
 #      the fp32 reference and flash_fa3_backward) and bench_attention's fa3dq beside fa3pairs;
