@@ -103,7 +103,7 @@ import json, sys
 for line in open(sys.argv[1]):
     if line.startswith('{"model": "llama1b"'):
         j = json.loads(line)
-        if j["mode"] in ("block", "vec128", "rowwise") and not j.get("fast_accum"):
+        if j["mode"] in ("block", "block_b", "vec128", "rowwise") and not j.get("fast_accum"):
             print(j["linear"], j["product"], j["mode"], "algos", j.get("algos"),
                   "first", j.get("tflops_first"), "best", j.get("tflops_best"))
 PY

@@ -8,18 +8,18 @@
 // Modes: bf16; fp8 "tensor" (one fp32 scale per operand), "rowwise" (OUTER_VEC_32F: a scale per
 // row of each operand), "block" (the weight in 128x128 blocks, the activation in 1x128 tiles:
 // DeepSeek-V3's recipe, Note [fp8 recipe]) and "vec128" (1x128 tiles on both operands, the weight
-// gradient's case; the weight gradient also in "block", one operand in 128x128 blocks, a recipe
-// gtron does not use, to know its price); each fp8 mode also with CUBLASLT_MATMUL_DESC_FAST_ACCUM
-// (no periodic promotion of the tensor cores' partial sums; "algos": 0 where cuBLASLt offers no
-// algorithm for it, as it may for the block modes, whose scales apply per 128 along K). "gtron" is
-// gtron's kernel (Note [fp8 block GEMM] in model/ops/fp8_gemm_cuda.cu) on the "block" / "vec128"
-// case of each product (the forward and dgrad with the weight in blocks, the wgrad with both
-// operands in tiles), with the tile width its launcher picks; "gtron_n128" and "gtron_n256" force
-// 128 or 256 output columns a tile (where N allows). Its lines have one "algorithm" (algos 1, first
-// = best) and appear on compute capability 9.0 only, for the shapes it takes (every dimension a
-// multiple of 128; algos 0 otherwise). Operands are random codes and unit scales: the products'
-// values do not matter here, only their time (gtron's fp8 tests, fp8_gemm_cuda_test among them,
-// check values).
+// gradient's case; the weight gradient also in "block" and "block_b", cuBLASLt's A or B operand
+// in 128x128 blocks, a recipe gtron does not use, to know its price); each fp8 mode also with
+// CUBLASLT_MATMUL_DESC_FAST_ACCUM (no periodic promotion of the tensor cores' partial sums;
+// "algos": 0 where cuBLASLt offers no algorithm for it, as it may for the block modes, whose scales
+// apply per 128 along K). "gtron" is gtron's kernel (Note [fp8 block GEMM] in
+// model/ops/fp8_gemm_cuda.cu) on the "block" / "vec128" case of each product (the forward and dgrad
+// with the weight in blocks, the wgrad with both operands in tiles), with the tile width its
+// launcher picks; "gtron_n128" and "gtron_n256" force 128 or 256 output columns a tile (where N
+// allows). Its lines have one "algorithm" (algos 1, first = best) and appear on compute
+// capability 9.0 only, for the shapes it takes (every dimension a multiple of 128; algos 0
+// otherwise). Operands are random codes and unit scales: the products' values do not matter here,
+// only their time (gtron's fp8 tests, fp8_gemm_cuda_test among them, check values).
 //
 // First, the FP8 quantizers (model/ops/fp8.h's cuda::fp8_quantize_*) at the Llama-3.2-1B shapes:
 // one JSON line each, {"quantizer", "shape", "us", "gbps"}, gbps being the bytes the quantizer must
@@ -71,7 +71,7 @@ const Linear kLinears[] = {
     {"gpt2_1.5b", "fc", 6400, 1600},     {"gpt2_1.5b", "fc2", 1600, 6400},
 };
 
-enum class Mode { kBf16, kTensor, kRowwise, kBlock, kVec128 };
+enum class Mode { kBf16, kTensor, kRowwise, kBlock, kBlockB, kVec128 };
 const char* mode_name(Mode m) {
   switch (m) {
     case Mode::kBf16:
@@ -82,6 +82,8 @@ const char* mode_name(Mode m) {
       return "rowwise";
     case Mode::kBlock:
       return "block";
+    case Mode::kBlockB:
+      return "block_b";
     case Mode::kVec128:
       return "vec128";
   }
@@ -120,6 +122,10 @@ Timing time_gemm(cublasLtHandle_t h, const Buffers& buf, Mode mode, bool fast, l
     if (mode == Mode::kBlock) {
       ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
       mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    }
+    if (mode == Mode::kBlockB) {  // the blocks on the other operand
+      ma = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      mb = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
     }
     if (mode == Mode::kVec128) ma = mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof(ma)));
@@ -392,7 +398,10 @@ int main(int argc, char** argv) {
                                  {wgrad ? Mode::kVec128 : Mode::kBlock, true}};
       // What the weight gradient would cost with one operand in 128x128 blocks (a recipe that
       // quantizes dyᵀ by blocks for it; not gtron's today).
-      if (wgrad) cases.push_back({Mode::kBlock, false});
+      if (wgrad) {
+        cases.push_back({Mode::kBlock, false});
+        cases.push_back({Mode::kBlockB, false});
+      }
       auto print = [&](const char* mode, bool fast, const Timing& t) {
         std::printf(
             "{\"model\": \"%s\", \"linear\": \"%s\", \"product\": \"%s\", \"m\": %ld, \"n\": %ld, "
