@@ -15,6 +15,16 @@ namespace {
 
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
+// The forward and backward of one element, shared by every kernel here so that the tile kernels'
+// codes equal the quantizers' of the plain kernels' outputs bit for bit.
+__device__ __forceinline__ float swiglu_of(float g, float u) { return g * sigmoid(g) * u; }
+__device__ __forceinline__ void swiglu_grad(float g, float u, float d, float& dg, float& du) {
+  const float s = sigmoid(g);
+  const float dsilu = s * (1.0f + g * (1.0f - s));
+  du = d * g * s;
+  dg = d * u * dsilu;
+}
+
 // y = silu(gate)·up; with kQ also y's FP8 codes (kV = 8, F % 128 == 0: whole half-warps leave
 // at the end of the grid together).
 template <typename T, int kV, bool kQ>
@@ -28,7 +38,7 @@ __global__ void swiglu_forward_kernel(const T* __restrict__ x, T* __restrict__ y
   load_floats<kV>(gate, g);
   load_floats<kV>(gate + F, u);
 #pragma unroll
-  for (int k = 0; k < kV; ++k) g[k] = g[k] * sigmoid(g[k]) * u[k];
+  for (int k = 0; k < kV; ++k) g[k] = swiglu_of(g[k], u[k]);
   store_floats<kV>(y + e, g);
   if constexpr (kQ) {
     static_assert(kV == 8, "fp8 codes from 16-byte bf16 packs only");
@@ -50,13 +60,7 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ x, const T* __restr
   load_floats<kV>(x + off + F, u);
   load_floats<kV>(dy + e, d);
 #pragma unroll
-  for (int k = 0; k < kV; ++k) {
-    const float s = sigmoid(g[k]);
-    const float dsilu = s * (1.0f + g[k] * (1.0f - s));
-    const float dup = d[k] * g[k] * s;
-    g[k] = d[k] * u[k] * dsilu;  // d gate
-    u[k] = dup;
-  }
+  for (int k = 0; k < kV; ++k) swiglu_grad(g[k], u[k], d[k], g[k], u[k]);  // d gate, d up
   if constexpr (kOverwrite) {
     store_floats<kV>(dx + off, g);
     store_floats<kV>(dx + off + F, u);
@@ -95,10 +99,10 @@ __device__ __forceinline__ void swiglu_backward_8(const bf16* x, const bf16* dy,
   uint32_t hg[8], hu[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    const float sg = sigmoid(g[k]);
-    const float dsilu = sg * (1.0f + g[k] * (1.0f - sg));
-    hu[k] = __bfloat16_as_ushort(from_float<bf16>(d[k] * g[k] * sg));
-    hg[k] = __bfloat16_as_ushort(from_float<bf16>(d[k] * u[k] * dsilu));
+    float dg, du;
+    swiglu_grad(g[k], u[k], d[k], dg, du);
+    hg[k] = __bfloat16_as_ushort(from_float<bf16>(dg));
+    hu[k] = __bfloat16_as_ushort(from_float<bf16>(du));
   }
   hg4 = make_uint4(hg[0] | hg[1] << 16, hg[2] | hg[3] << 16, hg[4] | hg[5] << 16,
                    hg[6] | hg[7] << 16);
@@ -173,7 +177,7 @@ __global__ void __launch_bounds__(kCodesThreads, 2)
     uint32_t h[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k)
-      h[k] = __bfloat16_as_ushort(from_float<bf16>(g[k] * sigmoid(g[k]) * u[k]));
+      h[k] = __bfloat16_as_ushort(from_float<bf16>(swiglu_of(g[k], u[k])));
     w[i] = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
     if (y != nullptr) *reinterpret_cast<uint4*>(y + r * F + j) = w[i];
   }
