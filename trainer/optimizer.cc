@@ -30,6 +30,16 @@ std::vector<int32_t> group_chunk_offsets(const NormReduction& r,
   return out;
 }
 
+// `rows` copied into a new device tensor of raw 32-bit words on `s` (one word when empty, so the
+// tensor is always defined); the caller keeps `rows` alive until `s` has run the copy.
+template <typename T>
+Tensor device_table(const std::vector<T>& rows, Device dev, Stream& s) {
+  const int64_t bytes = static_cast<int64_t>(rows.size() * sizeof(T));
+  Tensor t = Tensor::empty({std::max<int64_t>((bytes + 3) / 4, 1)}, DType::kI32, dev, &s);
+  if (bytes > 0) cuda::memcpy_async(t.raw(), rows.data(), static_cast<size_t>(bytes), s.native());
+  return t;
+}
+
 }  // namespace
 
 void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, double lr,
@@ -128,18 +138,12 @@ bool AdamW::add_fp8_blocks(const parallel::OwnedSegment& s, int32_t decay,
 void AdamW::upload_update_tables(const std::vector<cuda::OptimChunk>& update,
                                  const std::vector<cuda::OptimBlocks>& blocks, Stream& s) {
   num_update_chunks_ = static_cast<int64_t>(update.size());
-  const int64_t bytes = num_update_chunks_ * static_cast<int64_t>(sizeof(cuda::OptimChunk));
-  update_chunks_ = Tensor::empty({std::max<int64_t>((bytes + 3) / 4, 1)}, DType::kI32, device_, &s);
-  if (bytes > 0)
-    cuda::memcpy_async(update_chunks_.raw(), update.data(), static_cast<size_t>(bytes), s.native());
+  update_chunks_ = device_table(update, device_, s);
   num_blocks_weights_ = static_cast<int64_t>(blocks.size());
   num_blocks_ = blocks.empty() ? 0
                                : blocks.back().first_block +
                                      cuda::adamw_blocks_of(blocks.back().N, blocks.back().K);
-  if (blocks.empty()) return;
-  const int64_t block_bytes = num_blocks_weights_ * static_cast<int64_t>(sizeof(cuda::OptimBlocks));
-  blocks_ = Tensor::empty({(block_bytes + 3) / 4}, DType::kI32, device_, &s);
-  cuda::memcpy_async(blocks_.raw(), blocks.data(), static_cast<size_t>(block_bytes), s.native());
+  blocks_ = device_table(blocks, device_, s);
 }
 
 void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
@@ -194,13 +198,10 @@ void AdamW::build_chunks(const std::vector<parallel::OwnedSegment>& segments) {
   segment_chunks.push_back(static_cast<int32_t>(num_chunks_));
   num_segments_ = segments.size();
   first_w_ = segments.empty() ? nullptr : segments.front().w;
-  const int64_t bytes = num_chunks_ * static_cast<int64_t>(sizeof(cuda::OptimChunk));
   Stream& s = current_stream(device_);
   memory::AllocKindScope kind(memory::AllocKind::kOptimizer);
-  chunks_ = Tensor::empty({std::max<int64_t>((bytes + 3) / 4, 1)}, DType::kI32, device_, &s);
+  chunks_ = device_table(host, device_, s);
   partials_ = Tensor::zeros({std::max<int64_t>(num_chunks_, 1)}, DType::kF64, device_, &s);
-  if (bytes > 0)
-    cuda::memcpy_async(chunks_.raw(), host.data(), static_cast<size_t>(bytes), s.native());
   upload_update_tables(update, blocks, s);
   if (reduces_) {
     const std::vector<int32_t> offsets = group_chunk_offsets(reduction_, segment_chunks);
